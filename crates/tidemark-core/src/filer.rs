@@ -1,0 +1,84 @@
+//! The `Filer` trait: the namespace as every other component sees it. The in-process filer
+//! (`tidemark_filer::LocalFiler`) and the HTTP client (`tidemark_filer::HttpFiler`) both
+//! implement it, so the engine, the shell and the tests do not care which one they hold.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Precondition, Txn};
+
+/// A stream of content bytes. Content is streamed, never buffered whole.
+pub type ByteStream = BoxStream<'static, std::io::Result<Bytes>>;
+
+/// A byte range of a file's content: `length: None` reads to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByteRange {
+    pub offset: u64,
+    pub length: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteOptions {
+    pub precondition: Precondition,
+    pub mode: Option<u32>,
+    pub mtime_ms: Option<i64>,
+    pub origin: Origin,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions { precondition: Precondition::Any, mode: None, mtime_ms: None, origin: Origin::Local }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteOptions {
+    pub recursive: bool,
+    pub precondition: Precondition,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+    pub store: String,
+    pub last_seq: u64,
+}
+
+#[async_trait]
+pub trait Filer: Send + Sync + 'static {
+    async fn health(&self) -> Result<Health>;
+
+    async fn stat(&self, path: &str) -> Result<Option<Entry>>;
+
+    /// See [`crate::MetaStore::list`].
+    async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page>;
+
+    /// See [`crate::MetaStore::scan`].
+    async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page>;
+
+    /// The entry and a stream of its content (or of `range` of it).
+    async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)>;
+
+    /// Writes a file from a stream. The entry is committed only after every byte is durable;
+    /// a write that fails or is interrupted leaves the previous entry (or none) in place.
+    async fn write(&self, path: &str, body: ByteStream, opts: WriteOptions) -> Result<Entry>;
+
+    async fn delete(&self, path: &str, opts: DeleteOptions) -> Result<Applied>;
+
+    /// The conditional, optionally fenced transaction (metadata and inline content only).
+    async fn apply(&self, txn: Txn) -> Result<Applied>;
+
+    async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease>;
+    async fn lease_renew(&self, fence: &Fence, ttl: Duration) -> Result<Lease>;
+    async fn lease_release(&self, fence: &Fence) -> Result<()>;
+    async fn lease_get(&self, name: &str) -> Result<Option<Lease>>;
+
+    /// Change-log records after `after`; if there are none yet, waits up to `wait` for some.
+    async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>>;
+}

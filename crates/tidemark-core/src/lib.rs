@@ -1,0 +1,20 @@
+//! Tidemark's core: the data model, the pure logic (path rules, key <-> path mapping) and the
+//! traits that adapters implement ([`MetaStore`] for stores, [`Filer`] for the filer and its HTTP
+//! client). Nothing in this crate performs I/O, so everything here is testable exhaustively.
+
+pub mod clock;
+pub mod error;
+pub mod filer;
+pub mod keymap;
+pub mod model;
+pub mod path;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, ErrorCode, Result};
+pub use filer::{ByteRange, ByteStream, DeleteOptions, Filer, Health, WriteOptions};
+pub use model::{
+    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin,
+    Page, Precondition, RemoteEntry, Txn,
+};
+pub use store::MetaStore;

@@ -1,0 +1,413 @@
+//! The data model shared by every layer: entries of the namespace, the one transaction primitive
+//! that changes them, leases that fence writers, and the change log.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    File,
+    Dir,
+}
+
+/// Where an entry's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Content {
+    /// No bytes: a directory, or an empty file.
+    #[default]
+    Empty,
+    /// Small content kept in the store row itself (system documents, small files).
+    Inline,
+    /// Content in a file of the filer's data directory, named by `id`.
+    Blob { id: String },
+}
+
+/// What the namespace believes the remote object behind an entry is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteEntry {
+    /// The `remote.configure` name of the storage.
+    pub storage: String,
+    /// Normalised (unquoted) ETag.
+    pub etag: String,
+    pub remote_mtime_ms: i64,
+    pub remote_size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_local_sync_ms: Option<i64>,
+}
+
+/// One entry of the namespace as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mtime_ms: i64,
+    pub mode: u32,
+    /// The sequence number of the change-log record that last wrote this entry. It increases on
+    /// every write, is never reused (not even after a delete and re-create), and is the token
+    /// of [`Precondition::Version`].
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteEntry>,
+    #[serde(default)]
+    pub content: Content,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extended: BTreeMap<String, String>,
+}
+
+impl Entry {
+    pub fn is_dir(&self) -> bool {
+        self.kind == EntryKind::Dir
+    }
+    pub fn name(&self) -> &str {
+        path::name(&self.path)
+    }
+    /// The entry's fields as they would be written again (for read-modify-write).
+    pub fn to_new(&self) -> NewEntry {
+        NewEntry {
+            kind: self.kind,
+            size: self.size,
+            mtime_ms: self.mtime_ms,
+            mode: self.mode,
+            remote: self.remote.clone(),
+            content: self.content.clone(),
+            extended: self.extended.clone(),
+        }
+    }
+}
+
+/// An entry as a writer proposes it; the store assigns `path` and `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewEntry {
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mtime_ms: i64,
+    pub mode: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteEntry>,
+    #[serde(default)]
+    pub content: Content,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extended: BTreeMap<String, String>,
+}
+
+pub const DEFAULT_FILE_MODE: u32 = 0o644;
+pub const DEFAULT_DIR_MODE: u32 = 0o755;
+
+impl NewEntry {
+    pub fn dir(mtime_ms: i64) -> Self {
+        NewEntry {
+            kind: EntryKind::Dir,
+            size: 0,
+            mtime_ms,
+            mode: DEFAULT_DIR_MODE,
+            remote: None,
+            content: Content::Empty,
+            extended: BTreeMap::new(),
+        }
+    }
+    pub fn file(size: u64, mtime_ms: i64, content: Content) -> Self {
+        NewEntry {
+            kind: EntryKind::File,
+            size,
+            mtime_ms,
+            mode: DEFAULT_FILE_MODE,
+            remote: None,
+            content,
+            extended: BTreeMap::new(),
+        }
+    }
+}
+
+/// Who caused a mutation. The outbound sync uploads only `local` changes; `remote` changes came
+/// from the bucket and must never be sent back to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    Local,
+    Remote,
+    System,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Local => "local",
+            Origin::Remote => "remote",
+            Origin::System => "system",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "local" => Some(Origin::Local),
+            "remote" => Some(Origin::Remote),
+            "system" => Some(Origin::System),
+            _ => None,
+        }
+    }
+}
+
+/// What the target entry must look like for a transaction to proceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "type", content = "version", rename_all = "snake_case")]
+pub enum Precondition {
+    #[default]
+    Any,
+    Absent,
+    Version(u64),
+}
+
+impl Precondition {
+    pub fn holds(self, current: Option<u64>) -> bool {
+        match self {
+            Precondition::Any => true,
+            Precondition::Absent => current.is_none(),
+            Precondition::Version(v) => current == Some(v),
+        }
+    }
+}
+
+/// Proof that the writer holds a lease: the lease row must still name this holder and
+/// generation, unexpired, when the transaction commits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    pub lease: String,
+    pub holder: String,
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Mutation {
+    /// Create or replace the entry. Missing ancestors are created as directories in the same
+    /// transaction. `data` carries the bytes when `entry.content` is [`Content::Inline`].
+    Put {
+        entry: NewEntry,
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_base64")]
+        data: Option<Bytes>,
+    },
+    /// Remove the entry; with `recursive`, everything below it too, in the same transaction.
+    Delete {
+        #[serde(default)]
+        recursive: bool,
+    },
+}
+
+/// The one transaction primitive: check the fence (if any) and the precondition on `path`,
+/// then apply the mutation, assign versions and append change-log records, atomically.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Txn {
+    pub path: String,
+    #[serde(default)]
+    pub precondition: Precondition,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<Fence>,
+    pub mutation: Mutation,
+    pub origin: Origin,
+}
+
+/// Upper bound on inline content; larger content belongs in a blob.
+pub const MAX_INLINE_BYTES: usize = 64 * 1024;
+
+impl Txn {
+    pub fn put(path: impl Into<String>, entry: NewEntry, origin: Origin) -> Self {
+        Txn { path: path.into(), precondition: Precondition::Any, fence: None, mutation: Mutation::Put { entry, data: None }, origin }
+    }
+    pub fn delete(path: impl Into<String>, recursive: bool, origin: Origin) -> Self {
+        Txn { path: path.into(), precondition: Precondition::Any, fence: None, mutation: Mutation::Delete { recursive }, origin }
+    }
+    pub fn with_precondition(mut self, p: Precondition) -> Self {
+        self.precondition = p;
+        self
+    }
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+    pub fn with_data(mut self, bytes: Bytes) -> Self {
+        if let Mutation::Put { data, .. } = &mut self.mutation {
+            *data = Some(bytes);
+        }
+        self
+    }
+
+    /// The checks every store backend makes before touching anything, so that all backends
+    /// reject the same malformed transactions with the same errors.
+    pub fn validate(&self) -> Result<()> {
+        path::validate(&self.path)?;
+        match &self.mutation {
+            Mutation::Put { entry, data } => {
+                if self.path == path::ROOT && entry.kind != EntryKind::Dir {
+                    return Err(Error::invalid_argument("the root must stay a directory"));
+                }
+                match (&entry.content, data) {
+                    (Content::Inline, Some(d)) => {
+                        if d.len() > MAX_INLINE_BYTES {
+                            return Err(Error::invalid_argument(format!(
+                                "inline content of {} bytes exceeds the limit of {MAX_INLINE_BYTES}",
+                                d.len()
+                            )));
+                        }
+                        if d.len() as u64 != entry.size {
+                            return Err(Error::invalid_argument("inline data length differs from the entry's size"));
+                        }
+                    }
+                    (Content::Inline, None) => return Err(Error::invalid_argument("inline content without data")),
+                    (_, Some(_)) => return Err(Error::invalid_argument("data given for content that is not inline")),
+                    (_, None) => {}
+                }
+                if entry.kind == EntryKind::Dir && entry.content != Content::Empty {
+                    return Err(Error::invalid_argument("a directory has no content"));
+                }
+            }
+            Mutation::Delete { .. } => {
+                if self.path == path::ROOT {
+                    return Err(Error::invalid_argument("the root cannot be deleted"));
+                }
+                if self.precondition == Precondition::Absent {
+                    return Err(Error::invalid_argument("a delete cannot require the entry to be absent"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of a committed transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The sequence number of the last change-log record the transaction appended.
+    pub seq: u64,
+    /// The entry before the transaction (`None`: it did not exist).
+    pub old: Option<Entry>,
+    /// The entry after it (`None`: deleted).
+    pub new: Option<Entry>,
+}
+
+/// One record of the append-only change log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeRecord {
+    pub seq: u64,
+    pub ts_ms: i64,
+    pub path: String,
+    pub origin: Origin,
+    pub old: Option<Entry>,
+    pub new: Option<Entry>,
+}
+
+/// A lease row: who may write under this name, and with which generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub name: String,
+    pub holder: String,
+    /// Incremented on every acquisition; a write fenced with an older generation is rejected.
+    pub generation: u64,
+    pub expires_at_ms: i64,
+}
+
+impl Lease {
+    pub fn fence(&self) -> Fence {
+        Fence { lease: self.name.clone(), holder: self.holder.clone(), generation: self.generation }
+    }
+}
+
+/// A page of entries in byte order of their paths. `next` is the `start_after` of the next page,
+/// `None` on the last page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Page {
+    pub entries: Vec<Entry>,
+    pub next: Option<String>,
+}
+
+impl Page {
+    /// Builds a page from up to `limit + 1` fetched rows: the extra row only says "there is more".
+    pub fn from_rows(mut rows: Vec<Entry>, limit: usize) -> Self {
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next = if more { rows.last().map(|e| e.path.clone()) } else { None };
+        Page { entries: rows, next }
+    }
+}
+
+mod opt_base64 {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Bytes>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_str(&STANDARD.encode(b)),
+            None => s.serialize_none(),
+        }
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Bytes>, D::Error> {
+        let s: Option<String> = Option::deserialize(d)?;
+        s.map(|s| STANDARD.decode(s).map(Bytes::from).map_err(serde::de::Error::custom)).transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preconditions() {
+        assert!(Precondition::Any.holds(None));
+        assert!(Precondition::Any.holds(Some(3)));
+        assert!(Precondition::Absent.holds(None));
+        assert!(!Precondition::Absent.holds(Some(3)));
+        assert!(Precondition::Version(3).holds(Some(3)));
+        assert!(!Precondition::Version(3).holds(Some(4)));
+        assert!(!Precondition::Version(3).holds(None));
+    }
+
+    #[test]
+    fn txn_validation_rejects_inconsistent_content() {
+        let inline = NewEntry::file(3, 0, Content::Inline);
+        assert!(Txn::put("/a", inline.clone(), Origin::Local).validate().is_err());
+        Txn::put("/a", inline.clone(), Origin::Local).with_data(Bytes::from_static(b"abc")).validate().unwrap();
+        assert!(Txn::put("/a", inline, Origin::Local).with_data(Bytes::from_static(b"ab")).validate().is_err());
+        assert!(Txn::delete("/", true, Origin::Local).validate().is_err());
+        assert!(Txn::put("/a/", NewEntry::dir(0), Origin::Local).validate().is_err());
+        assert!(Txn::delete("/a", false, Origin::Local).with_precondition(Precondition::Absent).validate().is_err());
+    }
+
+    #[test]
+    fn txn_json_round_trip_with_inline_data() {
+        let t = Txn::put("/etc/x", NewEntry::file(2, 5, Content::Inline), Origin::System)
+            .with_data(Bytes::from_static(b"hi"))
+            .with_precondition(Precondition::Version(9));
+        let json = serde_json::to_string(&t).unwrap();
+        let back: Txn = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, t);
+    }
+
+    #[test]
+    fn page_from_rows() {
+        let e = |p: &str| Entry {
+            path: p.into(),
+            kind: EntryKind::File,
+            size: 0,
+            mtime_ms: 0,
+            mode: 0,
+            version: 1,
+            remote: None,
+            content: Content::Empty,
+            extended: Default::default(),
+        };
+        let p = Page::from_rows(vec![e("/a"), e("/b"), e("/c")], 2);
+        assert_eq!(p.entries.len(), 2);
+        assert_eq!(p.next.as_deref(), Some("/b"));
+        assert_eq!(Page::from_rows(vec![e("/a")], 2).next, None);
+    }
+}

@@ -1,0 +1,372 @@
+//! The `MetaStore` conformance suite. Every backend's tests invoke [`metastore_conformance!`]
+//! with a factory, which expands to one test per function below; a backend that passes them all
+//! honours the contract in `tidemark_core::store`.
+//!
+//! The functions panic on a violated expectation, like any test.
+
+use std::any::Any;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use tidemark_core::model::{Content, EntryKind, Mutation, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::{Error, ManualClock, MetaStore};
+
+/// Moves the store's clock forward: a manual clock for embedded stores, a sleep for a store
+/// whose clock is a database server's.
+#[async_trait]
+pub trait Advance: Send + Sync {
+    async fn advance_ms(&self, ms: i64);
+}
+
+#[async_trait]
+impl Advance for ManualClock {
+    async fn advance_ms(&self, ms: i64) {
+        ManualClock::advance_ms(self, ms)
+    }
+}
+
+/// What a factory hands the suite: a fresh, empty store, its clock, and whatever must live as
+/// long as the store (a temporary directory, a database).
+pub struct Harness {
+    pub store: Arc<dyn MetaStore>,
+    pub clock: Arc<dyn Advance>,
+    pub guard: Box<dyn Any + Send + Sync>,
+}
+
+/// Expands to one `#[tokio::test]` per conformance check; `$factory` is an expression that
+/// evaluates to a `Future<Output = Harness>`.
+#[macro_export]
+macro_rules! metastore_conformance {
+    ($factory:expr) => {
+        $crate::metastore_conformance!(@each $factory;
+            ordering_with_tricky_names, pagination_boundaries, each_precondition,
+            implicit_parents_and_kind_conflicts, inline_content, versions_are_never_reused,
+            lease_acquire_renew_expiry_takeover, stale_generation_write_is_rejected,
+            change_log_order_and_contents, cas_race_one_winner_per_version, invalid_input_is_rejected);
+    };
+    (@each $factory:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let harness = $factory.await;
+                $crate::conformance::$name(&harness).await;
+            }
+        )*
+    };
+}
+
+fn file(size: u64) -> NewEntry {
+    NewEntry::file(size, 1_000, Content::Empty)
+}
+
+async fn put(s: &dyn MetaStore, path: &str) -> u64 {
+    s.apply(Txn::put(path, file(0), Origin::Local)).await.unwrap_or_else(|e| panic!("put {path}: {e}")).seq
+}
+
+async fn all_children(s: &dyn MetaStore, dir: &str, page: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let p = s.list(dir, after.as_deref(), page).await.unwrap();
+        assert!(p.entries.len() <= page);
+        out.extend(p.entries.iter().map(|e| e.path.clone()));
+        match p.next {
+            Some(n) => after = Some(n),
+            None => return out,
+        }
+    }
+}
+
+async fn all_below(s: &dyn MetaStore, dir: &str, page: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let p = s.scan(dir, after.as_deref(), page).await.unwrap();
+        out.extend(p.entries.iter().map(|e| e.path.clone()));
+        match p.next {
+            Some(n) => after = Some(n),
+            None => return out,
+        }
+    }
+}
+
+const TRICKY: &[&str] = &["a", "a b", "a+b", "a-b", "a0", "a.b", "A", "ü", "日本", "a%2Fb", "~", "z"];
+
+pub async fn ordering_with_tricky_names(h: &Harness) {
+    let s = &*h.store;
+    for name in TRICKY {
+        put(s, &format!("/d/{name}")).await;
+    }
+    // `a` becomes a directory holding `b`, beside the file `a-b` and `a0`: byte order must put
+    // `/d/a-b` < `/d/a/b` < `/d/a0` in the recursive scan, as in an S3 LIST.
+    s.apply(Txn::delete("/d/a", false, Origin::Local)).await.unwrap();
+    put(s, "/d/a/b").await;
+
+    let mut expected: Vec<String> = TRICKY.iter().map(|n| format!("/d/{n}")).collect();
+    expected.sort_by(|x, y| x.as_bytes().cmp(y.as_bytes()));
+    assert_eq!(all_children(s, "/d", 100).await, expected, "children in byte order");
+
+    let mut below = expected.clone();
+    below.push("/d/a/b".into());
+    below.sort_by(|x, y| x.as_bytes().cmp(y.as_bytes()));
+    assert_eq!(all_below(s, "/d", 100).await, below, "recursive scan in byte order");
+    let pos = |p: &str| below.iter().position(|x| x == p).unwrap();
+    assert!(pos("/d/a-b") < pos("/d/a/b") && pos("/d/a/b") < pos("/d/a0"));
+
+    // Root scan sees everything, the directory itself included; a prefix sibling is excluded.
+    put(s, "/dd").await;
+    assert!(!all_below(s, "/d", 100).await.contains(&"/dd".to_string()));
+    let root = all_below(s, "/", 100).await;
+    assert!(root.contains(&"/d".to_string()) && root.contains(&"/dd".to_string()) && root.contains(&"/d/a/b".to_string()));
+}
+
+pub async fn pagination_boundaries(h: &Harness) {
+    let s = &*h.store;
+    let names: Vec<String> = (0..10).map(|i| format!("/p/f{i:02}")).collect();
+    for n in &names {
+        put(s, n).await;
+    }
+    for page in [1, 3, 5, 9, 10, 11, 100] {
+        assert_eq!(all_children(s, "/p", page).await, names, "page size {page}");
+        assert_eq!(all_below(s, "/p", page).await, names, "scan page size {page}");
+    }
+    let exact = s.list("/p", None, 10).await.unwrap();
+    assert_eq!(exact.entries.len(), 10);
+    assert_eq!(exact.next, None, "a page that ends exactly at the last entry is the last page");
+    let after_last = s.list("/p", Some("/p/f09"), 5).await.unwrap();
+    assert!(after_last.entries.is_empty() && after_last.next.is_none());
+    let mid = s.scan("/p", Some("/p/f04"), 2).await.unwrap();
+    assert_eq!(mid.entries.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["/p/f05", "/p/f06"]);
+    assert_eq!(mid.next.as_deref(), Some("/p/f06"));
+    // A start_after that is not itself an entry still resumes at the next greater path.
+    let between = s.list("/p", Some("/p/f04x"), 1).await.unwrap();
+    assert_eq!(between.entries[0].path, "/p/f05");
+    assert!(s.scan("/nowhere", None, 10).await.unwrap().entries.is_empty());
+    assert!(matches!(s.list("/nowhere", None, 10).await, Err(Error::NotFound { .. })));
+    assert!(matches!(s.list("/p/f00", None, 10).await, Err(Error::NotADirectory { .. })));
+}
+
+pub async fn each_precondition(h: &Harness) {
+    let s = &*h.store;
+    let v1 = s.apply(Txn::put("/x", file(1), Origin::Local).with_precondition(Precondition::Absent)).await.unwrap().seq;
+    let err = s.apply(Txn::put("/x", file(2), Origin::Local).with_precondition(Precondition::Absent)).await.unwrap_err();
+    assert_eq!(err, Error::PreconditionFailed { path: "/x".into(), current: Some(v1) });
+
+    let err = s.apply(Txn::put("/x", file(2), Origin::Local).with_precondition(Precondition::Version(v1 + 100))).await.unwrap_err();
+    assert_eq!(err, Error::PreconditionFailed { path: "/x".into(), current: Some(v1) });
+    assert_eq!(s.get("/x").await.unwrap().unwrap().size, 1, "a failed precondition writes nothing");
+
+    let a = s.apply(Txn::put("/x", file(2), Origin::Local).with_precondition(Precondition::Version(v1))).await.unwrap();
+    assert!(a.seq > v1);
+    assert_eq!(a.old.unwrap().version, v1);
+    let v2 = a.new.unwrap().version;
+    assert_eq!(v2, a.seq);
+    assert_eq!(s.get("/x").await.unwrap().unwrap().version, v2);
+
+    let err = s.apply(Txn::put("/y", file(0), Origin::Local).with_precondition(Precondition::Version(v2))).await.unwrap_err();
+    assert_eq!(err, Error::PreconditionFailed { path: "/y".into(), current: None });
+
+    let err = s.apply(Txn::delete("/x", false, Origin::Local).with_precondition(Precondition::Version(v1))).await.unwrap_err();
+    assert!(matches!(err, Error::PreconditionFailed { .. }));
+    s.apply(Txn::delete("/x", false, Origin::Local).with_precondition(Precondition::Version(v2))).await.unwrap();
+    assert!(s.get("/x").await.unwrap().is_none());
+    assert!(matches!(s.apply(Txn::delete("/x", false, Origin::Local)).await, Err(Error::NotFound { .. })));
+    s.apply(Txn::put("/x", file(3), Origin::Local)).await.unwrap();
+}
+
+pub async fn implicit_parents_and_kind_conflicts(h: &Harness) {
+    let s = &*h.store;
+    put(s, "/a/b/c/file").await;
+    for dir in ["/a", "/a/b", "/a/b/c"] {
+        let e = s.get(dir).await.unwrap().unwrap_or_else(|| panic!("{dir} was not created"));
+        assert_eq!(e.kind, EntryKind::Dir);
+    }
+    // A file cannot have children.
+    let err = s.apply(Txn::put("/a/b/c/file/under", file(0), Origin::Local)).await.unwrap_err();
+    assert_eq!(err, Error::NotADirectory { path: "/a/b/c/file".into() });
+    assert!(s.get("/a/b/c/file/under").await.unwrap().is_none());
+    // A non-empty directory cannot become a file, nor be deleted without `recursive`.
+    assert!(matches!(s.apply(Txn::put("/a/b", file(0), Origin::Local)).await, Err(Error::DirectoryNotEmpty { .. })));
+    assert!(matches!(s.apply(Txn::delete("/a", false, Origin::Local)).await, Err(Error::DirectoryNotEmpty { .. })));
+    assert!(s.get("/a/b/c/file").await.unwrap().is_some());
+    // Recursive delete removes the tree in one transaction, children first in the log.
+    let before = s.last_seq().await.unwrap();
+    s.apply(Txn::delete("/a", true, Origin::Local)).await.unwrap();
+    assert!(s.scan("/a", None, 10).await.unwrap().entries.is_empty());
+    assert!(s.get("/a").await.unwrap().is_none());
+    let log: Vec<String> = s.changes(before, 100).await.unwrap().into_iter().map(|c| c.path).collect();
+    assert_eq!(log, ["/a/b/c/file", "/a/b/c", "/a/b", "/a"]);
+    // The root always exists and stays.
+    assert_eq!(s.get("/").await.unwrap().unwrap().kind, EntryKind::Dir);
+}
+
+pub async fn inline_content(h: &Harness) {
+    let s = &*h.store;
+    let data = Bytes::from_static(b"{\"k\": 1}");
+    let txn = Txn::put("/etc/tidemark/doc.json", NewEntry::file(data.len() as u64, 1, Content::Inline), Origin::System).with_data(data.clone());
+    s.apply(txn).await.unwrap();
+    assert_eq!(s.read_inline("/etc/tidemark/doc.json").await.unwrap(), Some(data));
+    assert_eq!(s.get("/etc/tidemark/doc.json").await.unwrap().unwrap().content, Content::Inline);
+    // Replacing the entry with non-inline content drops the bytes.
+    s.apply(Txn::put("/etc/tidemark/doc.json", file(0), Origin::System)).await.unwrap();
+    assert_eq!(s.read_inline("/etc/tidemark/doc.json").await.unwrap(), None);
+    assert_eq!(s.read_inline("/missing").await.unwrap(), None);
+}
+
+pub async fn versions_are_never_reused(h: &Harness) {
+    let s = &*h.store;
+    let mut seen = BTreeSet::new();
+    for _ in 0..3 {
+        let a = s.apply(Txn::put("/v", file(0), Origin::Local)).await.unwrap();
+        assert!(seen.insert(a.new.unwrap().version));
+        let d = s.apply(Txn::delete("/v", false, Origin::Local)).await.unwrap();
+        assert!(seen.insert(d.seq));
+    }
+    let versions: Vec<u64> = seen.into_iter().collect();
+    assert!(versions.windows(2).all(|w| w[0] < w[1]));
+}
+
+pub async fn lease_acquire_renew_expiry_takeover(h: &Harness) {
+    let s = &*h.store;
+    let a = s.lease_acquire("sub", "worker-a", 10_000).await.unwrap();
+    assert_eq!((a.holder.as_str(), a.generation), ("worker-a", 1));
+    let held = s.lease_acquire("sub", "worker-b", 10_000).await.unwrap_err();
+    assert!(matches!(held, Error::LeaseHeld { ref holder, .. } if holder == "worker-a"), "{held}");
+
+    h.clock.advance_ms(5_000).await;
+    let renewed = s.lease_renew(&a.fence(), 10_000).await.unwrap();
+    assert_eq!(renewed.generation, 1);
+    assert!(renewed.expires_at_ms > a.expires_at_ms);
+    h.clock.advance_ms(7_000).await;
+    assert!(s.lease_acquire("sub", "worker-b", 10_000).await.is_err(), "the renewal must have extended the lease");
+
+    // Expiry: after the ttl passes unrenewed, another holder takes over with a new generation,
+    // and the old holder can no longer renew or release.
+    h.clock.advance_ms(11_000).await;
+    assert!(matches!(s.lease_renew(&a.fence(), 10_000).await, Err(Error::Fenced { .. })), "an expired lease cannot be renewed");
+    let b = s.lease_acquire("sub", "worker-b", 10_000).await.unwrap();
+    assert_eq!(b.generation, 2);
+    assert_eq!(s.lease_release(&a.fence()).await.unwrap_err(), Error::Fenced { lease: "sub".into(), current_generation: Some(2) });
+
+    // Re-acquiring one's own lease is a new acquisition: a new generation fences the old one.
+    let b2 = s.lease_acquire("sub", "worker-b", 10_000).await.unwrap();
+    assert_eq!(b2.generation, 3);
+    assert!(s.lease_renew(&b.fence(), 10_000).await.is_err());
+
+    // Release frees the lease at once; the generation keeps counting.
+    s.lease_release(&b2.fence()).await.unwrap();
+    let c = s.lease_acquire("sub", "worker-c", 10_000).await.unwrap();
+    assert_eq!(c.generation, 4);
+    assert_eq!(s.lease_get("sub").await.unwrap().unwrap(), c);
+    assert!(s.lease_get("other").await.unwrap().is_none());
+    assert!(matches!(s.lease_acquire("x", "w", 0).await, Err(Error::InvalidArgument { .. })));
+}
+
+pub async fn stale_generation_write_is_rejected(h: &Harness) {
+    let s = &*h.store;
+    let old = s.lease_acquire("fp", "w1", 1_000).await.unwrap();
+    s.apply(Txn::put("/m/k", file(1), Origin::Remote).with_fence(old.fence())).await.unwrap();
+
+    h.clock.advance_ms(1_001).await;
+    // Expired but not yet taken: still fenced, nothing written.
+    let err = s.apply(Txn::put("/m/k", file(2), Origin::Remote).with_fence(old.fence())).await.unwrap_err();
+    assert_eq!(err, Error::Fenced { lease: "fp".into(), current_generation: Some(1) });
+
+    let new = s.lease_acquire("fp", "w2", 1_000).await.unwrap();
+    let before = s.last_seq().await.unwrap();
+    for m in [Mutation::Put { entry: file(3), data: None }, Mutation::Delete { recursive: true }] {
+        let txn = Txn { path: "/m/k".into(), precondition: Precondition::Any, fence: Some(old.fence()), mutation: m, origin: Origin::Remote };
+        assert_eq!(s.apply(txn).await.unwrap_err(), Error::Fenced { lease: "fp".into(), current_generation: Some(2) });
+    }
+    // A forged fence (right generation, wrong holder) and a fence on an unknown lease fail too.
+    let forged = tidemark_core::Fence { holder: "w1".into(), ..new.fence() };
+    assert!(matches!(s.apply(Txn::put("/m/k", file(4), Origin::Remote).with_fence(forged)).await, Err(Error::Fenced { .. })));
+    let unknown = tidemark_core::Fence { lease: "nope".into(), ..new.fence() };
+    assert_eq!(
+        s.apply(Txn::put("/m/k", file(4), Origin::Remote).with_fence(unknown)).await.unwrap_err(),
+        Error::Fenced { lease: "nope".into(), current_generation: None }
+    );
+    assert_eq!(s.last_seq().await.unwrap(), before, "rejected writes leave no change-log record");
+    assert_eq!(s.get("/m/k").await.unwrap().unwrap().size, 1);
+    s.apply(Txn::put("/m/k", file(5), Origin::Remote).with_fence(new.fence())).await.unwrap();
+    assert_eq!(s.get("/m/k").await.unwrap().unwrap().size, 5);
+}
+
+pub async fn change_log_order_and_contents(h: &Harness) {
+    let s = &*h.store;
+    let start = s.last_seq().await.unwrap();
+    let mut rx = s.subscribe();
+    let a = s.apply(Txn::put("/c/one", file(1), Origin::Local)).await.unwrap();
+    assert!(rx.has_changed().unwrap(), "subscribers are notified of commits");
+    assert_eq!(*rx.borrow_and_update(), a.seq);
+    s.apply(Txn::put("/c/one", file(2), Origin::Remote)).await.unwrap();
+    s.apply(Txn::delete("/c/one", false, Origin::System)).await.unwrap();
+
+    let log = s.changes(start, 100).await.unwrap();
+    let summary: Vec<(&str, Origin, Option<u64>, Option<u64>)> =
+        log.iter().map(|c| (c.path.as_str(), c.origin, c.old.as_ref().map(|e| e.size), c.new.as_ref().map(|e| e.size))).collect();
+    assert_eq!(
+        summary,
+        [
+            ("/c", Origin::Local, None, Some(0)),
+            ("/c/one", Origin::Local, None, Some(1)),
+            ("/c/one", Origin::Remote, Some(1), Some(2)),
+            ("/c/one", Origin::System, Some(2), None),
+        ]
+    );
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "sequence numbers are dense and increasing");
+    assert_eq!(log.last().unwrap().seq, s.last_seq().await.unwrap());
+    for c in &log {
+        if let Some(n) = &c.new {
+            assert_eq!(n.version, c.seq, "a record's new entry carries the record's seq as version");
+        }
+    }
+    let paged = s.changes(start + 1, 2).await.unwrap();
+    assert_eq!(paged.iter().map(|c| c.seq).collect::<Vec<_>>(), [start + 2, start + 3]);
+    assert!(s.changes(s.last_seq().await.unwrap(), 10).await.unwrap().is_empty());
+}
+
+pub async fn cas_race_one_winner_per_version(h: &Harness) {
+    const TASKS: usize = 32;
+    const ROUNDS: usize = 5;
+    let s = h.store.clone();
+    s.apply(Txn::put("/race", file(0), Origin::Local)).await.unwrap();
+    for round in 0..ROUNDS {
+        let v = s.get("/race").await.unwrap().unwrap().version;
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let handles: Vec<_> = (0..TASKS)
+            .map(|i| {
+                let (s, barrier) = (s.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let txn = Txn::put("/race", file(i as u64), Origin::Local).with_precondition(Precondition::Version(v));
+                    s.apply(txn).await
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for (i, handle) in handles.into_iter().enumerate() {
+            match handle.await.unwrap() {
+                Ok(_) => winners.push(i),
+                Err(Error::PreconditionFailed { .. }) => {}
+                Err(e) => panic!("task {i}: unexpected error {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one CAS on version {v} wins, got {winners:?}");
+        assert_eq!(s.get("/race").await.unwrap().unwrap().size, winners[0] as u64);
+    }
+}
+
+pub async fn invalid_input_is_rejected(h: &Harness) {
+    let s = &*h.store;
+    for bad in ["relative", "/trailing/", "/a//b", "/a/../b", "/nul\0"] {
+        assert!(matches!(s.get(bad).await, Err(Error::InvalidPath { .. })), "get {bad:?}");
+        assert!(matches!(s.apply(Txn::put(bad, file(0), Origin::Local)).await, Err(Error::InvalidPath { .. })), "put {bad:?}");
+    }
+    assert!(matches!(s.apply(Txn::delete("/", true, Origin::Local)).await, Err(Error::InvalidArgument { .. })));
+    assert!(matches!(s.apply(Txn::put("/", file(0), Origin::Local)).await, Err(Error::InvalidArgument { .. })));
+    assert_eq!(s.last_seq().await.unwrap(), 0, "nothing was written");
+}
