@@ -285,6 +285,10 @@ impl Txn {
 /// The outcome of a committed transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
+    /// The sequence numbers of the change-log records the transaction appended are the dense
+    /// range `first_seq..=seq` (implicitly created parents and the children of a recursive
+    /// delete have their own records).
+    pub first_seq: u64,
     /// The sequence number of the last change-log record the transaction appended.
     pub seq: u64,
     /// The entry before the transaction (`None`: it did not exist).

@@ -1,0 +1,17 @@
+//! The Tidemark filer: the only writer of the store.
+//!
+//! - [`LocalFiler`]: the [`Filer`](tidemark_core::Filer) over a `MetaStore` and the blob
+//!   directory; what `tidemark filer` and `tidemark server` run.
+//! - [`http`]: the HTTP/JSON API under `/api/v1/` that exposes a `Filer`.
+//! - [`HttpFiler`]: the client of that API; it implements the same trait, so callers do not care
+//!   whether the filer is in their process or across the network.
+
+pub mod blobs;
+pub mod client;
+pub mod datadir;
+pub mod http;
+pub mod local;
+
+pub use client::HttpFiler;
+pub use datadir::DataDir;
+pub use local::LocalFiler;

@@ -194,7 +194,8 @@ pub async fn implicit_parents_and_kind_conflicts(h: &Harness) {
     assert!(s.get("/a/b/c/file").await.unwrap().is_some());
     // Recursive delete removes the tree in one transaction, children first in the log.
     let before = s.last_seq().await.unwrap();
-    s.apply(Txn::delete("/a", true, Origin::Local)).await.unwrap();
+    let applied = s.apply(Txn::delete("/a", true, Origin::Local)).await.unwrap();
+    assert_eq!((applied.first_seq, applied.seq), (before + 1, before + 4));
     assert!(s.scan("/a", None, 10).await.unwrap().entries.is_empty());
     assert!(s.get("/a").await.unwrap().is_none());
     let log: Vec<String> = s.changes(before, 100).await.unwrap().into_iter().map(|c| c.path).collect();
@@ -300,6 +301,7 @@ pub async fn change_log_order_and_contents(h: &Harness) {
     let start = s.last_seq().await.unwrap();
     let mut rx = s.subscribe();
     let a = s.apply(Txn::put("/c/one", file(1), Origin::Local)).await.unwrap();
+    assert_eq!((a.first_seq, a.seq), (start + 1, start + 2), "the implicit parent has its own record");
     assert!(rx.has_changed().unwrap(), "subscribers are notified of commits");
     assert_eq!(*rx.borrow_and_update(), a.seq);
     s.apply(Txn::put("/c/one", file(2), Origin::Remote)).await.unwrap();

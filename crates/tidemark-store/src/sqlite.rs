@@ -281,6 +281,7 @@ fn apply_txn(tx: &Connection, txn: Txn, now_ms: i64) -> Result<Applied> {
     if let Some(f) = &txn.fence {
         check_fence(tx, f, now_ms)?;
     }
+    let first_seq = current_seq(tx)? + 1;
     let current = get_entry(tx, &txn.path)?;
     if !txn.precondition.holds(current.as_ref().map(|e| e.version)) {
         return Err(Error::PreconditionFailed { path: txn.path.clone(), current: current.map(|e| e.version) });
@@ -310,7 +311,7 @@ fn apply_txn(tx: &Connection, txn: Txn, now_ms: i64) -> Result<Applied> {
             let new = materialise(&txn.path, seq, entry);
             put_row(tx, &new, data.as_deref())?;
             log_change(tx, seq, now_ms, &txn.path, txn.origin, current.as_ref(), Some(&new))?;
-            Ok(Applied { seq, old: current, new: Some(new) })
+            Ok(Applied { first_seq, seq, old: current, new: Some(new) })
         }
         Mutation::Delete { recursive } => {
             let Some(cur) = current else {
@@ -332,7 +333,7 @@ fn apply_txn(tx: &Connection, txn: Txn, now_ms: i64) -> Result<Applied> {
             let seq = next_seq(tx)?;
             tx.execute("DELETE FROM entries WHERE path = ?1", [&txn.path]).map_err(db_err)?;
             log_change(tx, seq, now_ms, &txn.path, txn.origin, Some(&cur), None)?;
-            Ok(Applied { seq, old: Some(cur), new: None })
+            Ok(Applied { first_seq, seq, old: Some(cur), new: None })
         }
     }
 }

@@ -1,0 +1,189 @@
+//! File content kept in the data directory. A write streams into `tmp/`, is fsynced, and is
+//! renamed into `blobs/` *before* the entry that names it commits; so a crash at any point leaves
+//! either the old entry or the new one, each with all of its bytes (at worst an unreferenced
+//! blob is left behind, never a referenced one missing). Content of at most
+//! [`MAX_INLINE_BYTES`](tidemark_core::model::MAX_INLINE_BYTES) stays in the store row instead.
+
+use std::io::SeekFrom;
+use std::path::{Path, PathBuf};
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+use tidemark_core::model::MAX_INLINE_BYTES;
+use tidemark_core::{ByteRange, ByteStream, Error, Result};
+
+/// Where the bytes of one write ended up.
+#[derive(Debug)]
+pub enum Stored {
+    Inline(Bytes),
+    Blob { id: String, size: u64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct BlobDir {
+    blobs: PathBuf,
+    tmp: PathBuf,
+}
+
+fn new_id() -> Result<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| Error::internal(format!("no randomness for a blob id: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn valid_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+impl BlobDir {
+    /// Opens the blob directories under `root`, discarding partial writes a crash left in `tmp/`.
+    pub fn open(root: &Path) -> Result<Self> {
+        let dir = BlobDir { blobs: root.join("blobs"), tmp: root.join("tmp") };
+        if dir.tmp.exists() {
+            std::fs::remove_dir_all(&dir.tmp).map_err(|e| Error::io(format!("clearing {}", dir.tmp.display()), e))?;
+        }
+        for d in [&dir.blobs, &dir.tmp] {
+            std::fs::create_dir_all(d).map_err(|e| Error::io(format!("creating {}", d.display()), e))?;
+        }
+        Ok(dir)
+    }
+
+    fn path_of(&self, id: &str) -> Result<PathBuf> {
+        if !valid_id(id) {
+            return Err(Error::internal(format!("malformed blob id {id:?} in an entry")));
+        }
+        Ok(self.blobs.join(&id[..2]).join(id))
+    }
+
+    /// Consumes `body`; returns its bytes inline if small, else as a durable blob.
+    pub async fn store(&self, mut body: ByteStream) -> Result<Stored> {
+        let mut head = BytesMut::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| Error::io("reading the request body", e))?;
+            head.extend_from_slice(&chunk);
+            if head.len() > MAX_INLINE_BYTES {
+                return self.spill(head.freeze(), body).await;
+            }
+        }
+        Ok(Stored::Inline(head.freeze()))
+    }
+
+    async fn spill(&self, head: Bytes, mut body: ByteStream) -> Result<Stored> {
+        let id = new_id()?;
+        let tmp = self.tmp.join(&id);
+        let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}", tmp.display()), e);
+        let mut f = tokio::fs::File::create(&tmp).await.map_err(|e| io("creating", e))?;
+        let result: Result<u64> = async {
+            f.write_all(&head).await.map_err(|e| io("writing", e))?;
+            let mut size = head.len() as u64;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| Error::io("reading the request body", e))?;
+                f.write_all(&chunk).await.map_err(|e| io("writing", e))?;
+                size += chunk.len() as u64;
+            }
+            f.sync_all().await.map_err(|e| io("syncing", e))?;
+            Ok(size)
+        }
+        .await;
+        let size = match result {
+            Ok(size) => size,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                return Err(e);
+            }
+        };
+        let dest = self.path_of(&id)?;
+        let shard = dest.parent().unwrap_or(&self.blobs).to_path_buf();
+        tokio::fs::create_dir_all(&shard).await.map_err(|e| Error::io(format!("creating {}", shard.display()), e))?;
+        tokio::fs::rename(&tmp, &dest).await.map_err(|e| io("renaming", e))?;
+        // The rename must be durable before an entry may name the blob.
+        sync_dir(&shard).await?;
+        Ok(Stored::Blob { id, size })
+    }
+
+    /// Streams `range` of a blob. `NotFound` if the blob is gone (a concurrent overwrite).
+    pub async fn open_range(&self, id: &str, range: Option<ByteRange>) -> Result<ByteStream> {
+        let p = self.path_of(id)?;
+        let mut f = match tokio::fs::File::open(&p).await {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::not_found(p.display().to_string())),
+            Err(e) => return Err(Error::io(format!("opening {}", p.display()), e)),
+        };
+        let Some(r) = range else {
+            return Ok(tokio_util::io::ReaderStream::new(f).boxed());
+        };
+        f.seek(SeekFrom::Start(r.offset)).await.map_err(|e| Error::io(format!("seeking {}", p.display()), e))?;
+        match r.length {
+            Some(n) => Ok(tokio_util::io::ReaderStream::new(f.take(n)).boxed()),
+            None => Ok(tokio_util::io::ReaderStream::new(f).boxed()),
+        }
+    }
+
+    /// Removes a blob no entry names any more. A missing blob is fine (already removed).
+    pub async fn remove(&self, id: &str) -> Result<()> {
+        let p = self.path_of(id)?;
+        match tokio::fs::remove_file(&p).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(format!("removing {}", p.display()), e)),
+        }
+    }
+}
+
+async fn sync_dir(dir: &Path) -> Result<()> {
+    let d = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || std::fs::File::open(&d).and_then(|f| f.sync_all()))
+        .await
+        .map_err(|e| Error::internal(format!("sync task failed: {e}")))?
+        .map_err(|e| Error::io(format!("syncing {}", dir.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(chunks: Vec<Vec<u8>>) -> ByteStream {
+        futures::stream::iter(chunks.into_iter().map(|c| Ok(Bytes::from(c)))).boxed()
+    }
+
+    async fn collect(s: ByteStream) -> Vec<u8> {
+        let parts: Vec<Bytes> = s.map(|c| c.unwrap()).collect().await;
+        parts.concat()
+    }
+
+    #[tokio::test]
+    async fn small_content_stays_inline_and_large_spills_to_a_blob() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = BlobDir::open(root.path()).unwrap();
+        match dir.store(body(vec![b"hello".to_vec()])).await.unwrap() {
+            Stored::Inline(b) => assert_eq!(&b[..], b"hello"),
+            other => panic!("{other:?}"),
+        }
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let chunks = big.chunks(7_000).map(|c| c.to_vec()).collect();
+        let Stored::Blob { id, size } = dir.store(body(chunks)).await.unwrap() else { panic!("expected a blob") };
+        assert_eq!(size, big.len() as u64);
+        assert_eq!(collect(dir.open_range(&id, None).await.unwrap()).await, big);
+        let part = dir.open_range(&id, Some(ByteRange { offset: 1000, length: Some(10) })).await.unwrap();
+        assert_eq!(collect(part).await, &big[1000..1010]);
+        assert!(std::fs::read_dir(root.path().join("tmp")).unwrap().next().is_none(), "nothing left in tmp/");
+        dir.remove(&id).await.unwrap();
+        dir.remove(&id).await.unwrap();
+        assert!(matches!(dir.open_range(&id, None).await, Err(Error::NotFound { .. })));
+        assert!(dir.open_range("../../etc/passwd", None).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_failing_body_leaves_nothing_behind() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = BlobDir::open(root.path()).unwrap();
+        let chunks: Vec<std::io::Result<Bytes>> =
+            vec![Ok(Bytes::from(vec![0u8; 100_000])), Err(std::io::Error::other("client went away"))];
+        let err = dir.store(futures::stream::iter(chunks).boxed()).await.unwrap_err();
+        assert!(err.to_string().contains("client went away"));
+        assert!(std::fs::read_dir(root.path().join("tmp")).unwrap().next().is_none());
+        assert!(std::fs::read_dir(root.path().join("blobs")).unwrap().next().is_none());
+    }
+}

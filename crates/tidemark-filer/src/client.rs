@@ -1,0 +1,203 @@
+//! `HttpFiler`: the filer's HTTP API as a [`Filer`]. Errors the filer returns arrive as the same
+//! [`Error`] variants; failing to reach the filer at all is `Unavailable`, naming the address.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine;
+use futures::{StreamExt, TryStreamExt};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::de::DeserializeOwned;
+
+use tidemark_core::error::ErrorBody;
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Precondition, Txn};
+use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
+
+use crate::http::{AcquireRequest, ENTRY_HEADER, ReleaseRequest, RenewRequest};
+
+#[derive(Clone, Debug)]
+pub struct HttpFiler {
+    base: String,
+    token: Option<String>,
+    client: reqwest::Client,
+}
+
+impl HttpFiler {
+    /// `addr` is `host:port` or a URL (`http://host:port`).
+    pub fn new(addr: &str, token: Option<String>) -> Result<Self> {
+        let base = if addr.starts_with("http://") || addr.starts_with("https://") {
+            addr.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        reqwest::Url::parse(&base).map_err(|e| Error::invalid_argument(format!("bad filer address {addr:?}: {e}")))?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| Error::internal(format!("building the HTTP client: {e}")))?;
+        Ok(HttpFiler { base, token: token.filter(|t| !t.is_empty()), client })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: Method, endpoint: &str) -> RequestBuilder {
+        let rb = self.client.request(method, format!("{}/api/v1/{endpoint}", self.base));
+        match &self.token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+    }
+
+    async fn send(&self, rb: RequestBuilder) -> Result<Response> {
+        let resp = rb.send().await.map_err(|e| self.transport(e))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => Err(body.error),
+            Err(_) if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::BAD_GATEWAY => {
+                Err(Error::Unavailable { message: format!("filer at {} answered {status}", self.base) })
+            }
+            Err(_) => Err(Error::internal(format!("filer at {} answered {status}: {}", self.base, text.trim()))),
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(&self, rb: RequestBuilder) -> Result<T> {
+        let resp = self.send(rb).await?;
+        resp.json().await.map_err(|e| self.transport(e))
+    }
+
+    fn transport(&self, e: reqwest::Error) -> Error {
+        let what = if e.is_connect() {
+            "cannot connect to the filer (is `tidemark filer` or `tidemark server` running there? set --filer or TIDEMARK_FILER)"
+        } else if e.is_timeout() {
+            "the filer did not answer in time"
+        } else if e.is_decode() {
+            "the filer's answer could not be decoded"
+        } else {
+            "request to the filer failed"
+        };
+        let mut detail = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            detail = format!("{detail}: {s}");
+            src = s.source();
+        }
+        Error::Unavailable { message: format!("{} at {}: {detail}", what, self.base) }
+    }
+}
+
+#[async_trait]
+impl Filer for HttpFiler {
+    async fn health(&self) -> Result<Health> {
+        self.call(self.request(Method::GET, "health")).await
+    }
+
+    async fn stat(&self, path: &str) -> Result<Option<Entry>> {
+        match self.call(self.request(Method::GET, "entry").query(&[("path", path)])).await {
+            Ok(e) => Ok(Some(e)),
+            Err(Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
+        let mut rb = self.request(Method::GET, "list").query(&[("dir", dir)]).query(&[("limit", limit)]);
+        if let Some(a) = start_after {
+            rb = rb.query(&[("start_after", a)]);
+        }
+        self.call(rb).await
+    }
+
+    async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
+        let mut rb = self.request(Method::GET, "scan").query(&[("dir", dir)]).query(&[("limit", limit)]);
+        if let Some(a) = start_after {
+            rb = rb.query(&[("start_after", a)]);
+        }
+        self.call(rb).await
+    }
+
+    async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
+        let mut rb = self.request(Method::GET, "content").query(&[("path", path)]);
+        if let Some(r) = range {
+            let spec = match r.length {
+                Some(0) => return Err(Error::invalid_argument("an empty range")),
+                Some(n) => format!("bytes={}-{}", r.offset, r.offset + n - 1),
+                None => format!("bytes={}-", r.offset),
+            };
+            rb = rb.header(reqwest::header::RANGE, spec);
+        }
+        let resp = self.send(rb).await?;
+        let header = resp
+            .headers()
+            .get(ENTRY_HEADER)
+            .ok_or_else(|| Error::internal(format!("the filer's content response lacks {ENTRY_HEADER}")))?;
+        let json = base64::engine::general_purpose::STANDARD
+            .decode(header.as_bytes())
+            .map_err(|e| Error::internal(format!("bad {ENTRY_HEADER}: {e}")))?;
+        let entry: Entry = serde_json::from_slice(&json).map_err(|e| Error::internal(format!("bad {ENTRY_HEADER}: {e}")))?;
+        let stream = resp.bytes_stream().map_err(std::io::Error::other).boxed();
+        Ok((entry, stream))
+    }
+
+    async fn write(&self, path: &str, body: ByteStream, opts: WriteOptions) -> Result<Entry> {
+        let mut rb = self.request(Method::PUT, "content").query(&[("path", path), ("origin", opts.origin.as_str())]);
+        match opts.precondition {
+            Precondition::Any => {}
+            Precondition::Absent => rb = rb.query(&[("if_absent", true)]),
+            Precondition::Version(v) => rb = rb.query(&[("if_version", v)]),
+        }
+        if let Some(m) = opts.mode {
+            rb = rb.query(&[("mode", m)]);
+        }
+        if let Some(t) = opts.mtime_ms {
+            rb = rb.query(&[("mtime_ms", t)]);
+        }
+        self.call(rb.body(reqwest::Body::wrap_stream(body))).await
+    }
+
+    async fn delete(&self, path: &str, opts: DeleteOptions) -> Result<Applied> {
+        let mut rb = self.request(Method::DELETE, "entry").query(&[("path", path)]).query(&[("recursive", opts.recursive)]);
+        match opts.precondition {
+            Precondition::Any => {}
+            Precondition::Version(v) => rb = rb.query(&[("if_version", v)]),
+            Precondition::Absent => return Err(Error::invalid_argument("a delete cannot require the entry to be absent")),
+        }
+        self.call(rb).await
+    }
+
+    async fn apply(&self, txn: Txn) -> Result<Applied> {
+        self.call(self.request(Method::POST, "apply").json(&txn)).await
+    }
+
+    async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
+        let req = AcquireRequest { name: name.into(), holder: holder.into(), ttl_ms: ttl.as_millis() as u64 };
+        self.call(self.request(Method::POST, "lease/acquire").json(&req)).await
+    }
+
+    async fn lease_renew(&self, fence: &Fence, ttl: Duration) -> Result<Lease> {
+        let req = RenewRequest { fence: fence.clone(), ttl_ms: ttl.as_millis() as u64 };
+        self.call(self.request(Method::POST, "lease/renew").json(&req)).await
+    }
+
+    async fn lease_release(&self, fence: &Fence) -> Result<()> {
+        self.send(self.request(Method::POST, "lease/release").json(&ReleaseRequest { fence: fence.clone() })).await?;
+        Ok(())
+    }
+
+    async fn lease_get(&self, name: &str) -> Result<Option<Lease>> {
+        self.call(self.request(Method::GET, "lease").query(&[("name", name)])).await
+    }
+
+    async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>> {
+        let rb = self
+            .request(Method::GET, "changes")
+            .query(&[("after", after), ("limit", limit as u64), ("wait_ms", wait.as_millis() as u64)])
+            .timeout(wait + Duration::from_secs(30));
+        self.call(rb).await
+    }
+}

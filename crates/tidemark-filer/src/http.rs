@@ -1,0 +1,375 @@
+//! The filer's HTTP/JSON API, versioned under `/api/v1/`. Every error is a JSON
+//! [`ErrorBody`](tidemark_core::error::ErrorBody) whose `code` names the problem, with a status
+//! that says who must act: 4xx the caller, 5xx the filer.
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | GET | `/api/v1/health` | liveness and the store's last sequence number |
+//! | GET | `/api/v1/entry?path=` | one entry (404 if absent) |
+//! | DELETE | `/api/v1/entry?path=&recursive=&if_version=` | delete |
+//! | GET | `/api/v1/list?dir=&start_after=&limit=` | children, byte order |
+//! | GET | `/api/v1/scan?dir=&start_after=&limit=` | descendants, byte order |
+//! | GET | `/api/v1/content?path=` (+ `Range: bytes=a-b`) | stream content; the entry in `x-tidemark-entry` |
+//! | PUT | `/api/v1/content?path=&if_version=&if_absent=&mode=&mtime_ms=&origin=` | stream a file in |
+//! | POST | `/api/v1/apply` | the conditional, fenced transaction (`Txn` JSON) |
+//! | POST | `/api/v1/lease/{acquire,renew,release}`, GET `/api/v1/lease?name=` | leases |
+//! | GET | `/api/v1/changes?after=&limit=&wait_ms=` | the change log, long-polling |
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
+
+use tidemark_core::error::ErrorBody;
+use tidemark_core::model::{Fence, Origin, Precondition, Txn};
+use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions};
+
+pub const ENTRY_HEADER: &str = "x-tidemark-entry";
+pub const DEFAULT_PAGE: usize = 1000;
+pub const MAX_PAGE: usize = 10_000;
+
+/// An error on its way to the client.
+pub struct ApiError(pub Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError(e)
+    }
+}
+
+pub fn status_of(e: &Error) -> StatusCode {
+    match e {
+        Error::NotFound { .. } => StatusCode::NOT_FOUND,
+        Error::PreconditionFailed { .. } => StatusCode::PRECONDITION_FAILED,
+        Error::Fenced { .. }
+        | Error::LeaseHeld { .. }
+        | Error::NotADirectory { .. }
+        | Error::IsADirectory { .. }
+        | Error::DirectoryNotEmpty { .. } => StatusCode::CONFLICT,
+        Error::InvalidPath { .. } | Error::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+        Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+        Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_of(&self.0);
+        if status.is_server_error() {
+            tracing::error!(error = %self.0, "request failed");
+        }
+        (status, Json(ErrorBody::from(self.0))).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn bad_request(message: String) -> ApiError {
+    ApiError(Error::InvalidArgument { message })
+}
+
+/// Unwraps a query string, turning axum's plain-text rejection into our JSON error.
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+    q.map(|Query(t)| t).map_err(|r| bad_request(format!("bad query string: {}", r.body_text())))
+}
+
+fn json<T>(j: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    j.map(|Json(t)| t).map_err(|r| bad_request(format!("bad JSON body: {}", r.body_text())))
+}
+
+#[derive(Clone)]
+struct AppState {
+    filer: Arc<dyn Filer>,
+    token: Option<Arc<str>>,
+}
+
+/// The API router over any `Filer`. With a token, every request must carry
+/// `Authorization: Bearer <token>`.
+pub fn router(filer: Arc<dyn Filer>, token: Option<String>) -> Router {
+    let state = AppState { filer, token: token.map(Arc::from) };
+    Router::new()
+        .route("/api/v1/health", get(health))
+        .route("/api/v1/entry", get(stat).delete(delete))
+        .route("/api/v1/list", get(list))
+        .route("/api/v1/scan", get(scan))
+        .route("/api/v1/content", get(read).put(write).layer(DefaultBodyLimit::disable()))
+        .route("/api/v1/apply", post(apply))
+        .route("/api/v1/lease", get(lease_get))
+        .route("/api/v1/lease/acquire", post(lease_acquire))
+        .route("/api/v1/lease/renew", post(lease_renew))
+        .route("/api/v1/lease/release", post(lease_release))
+        .route("/api/v1/changes", get(changes))
+        .fallback(|| async { ApiError(Error::NotFound { path: "no such API endpoint; see /api/v1/health".into() }) })
+        .method_not_allowed_fallback(|| async {
+            (StatusCode::METHOD_NOT_ALLOWED, Json(ErrorBody::from(Error::invalid_argument("method not allowed on this endpoint"))))
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state)
+}
+
+async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(token) = &state.token {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            return ApiError(Error::Unauthorized {
+                message: "missing or wrong token: pass --token or set TIDEMARK_TOKEN to the filer's token".into(),
+            })
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Refuses to expose the filer beyond this machine without a token.
+pub fn check_bind(addr: SocketAddr, token: Option<&str>) -> Result<(), Error> {
+    if !addr.ip().is_loopback() && token.is_none_or(str::is_empty) {
+        return Err(Error::invalid_argument(format!(
+            "refusing to listen on {addr} without a token: anyone who can reach it could change the namespace; \
+             pass --token (or TIDEMARK_TOKEN), or bind 127.0.0.1"
+        )));
+    }
+    Ok(())
+}
+
+async fn health(State(s): State<AppState>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(s.filer.health().await?))
+}
+
+#[derive(Deserialize)]
+struct PathQuery {
+    path: String,
+}
+
+async fn stat(State(s): State<AppState>, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    let entry = s.filer.stat(&q.path).await?.ok_or_else(|| Error::not_found(&q.path))?;
+    Ok(Json(entry))
+}
+
+#[derive(Deserialize)]
+struct DeleteQuery {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    if_version: Option<u64>,
+}
+
+async fn delete(State(s): State<AppState>, q: Result<Query<DeleteQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    let precondition = q.if_version.map_or(Precondition::Any, Precondition::Version);
+    Ok(Json(s.filer.delete(&q.path, DeleteOptions { recursive: q.recursive, precondition }).await?))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    dir: String,
+    start_after: Option<String>,
+    limit: Option<usize>,
+}
+
+impl ListQuery {
+    fn limit(&self) -> ApiResult<usize> {
+        match self.limit.unwrap_or(DEFAULT_PAGE) {
+            0 => Err(bad_request("limit must be at least 1".into())),
+            n if n > MAX_PAGE => Err(bad_request(format!("limit must be at most {MAX_PAGE}"))),
+            n => Ok(n),
+        }
+    }
+}
+
+async fn list(State(s): State<AppState>, q: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    Ok(Json(s.filer.list(&q.dir, q.start_after.as_deref(), q.limit()?).await?))
+}
+
+async fn scan(State(s): State<AppState>, q: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    Ok(Json(s.filer.scan(&q.dir, q.start_after.as_deref(), q.limit()?).await?))
+}
+
+/// Parses `Range: bytes=a-b` / `bytes=a-` (one range; suffix ranges are not supported).
+pub fn parse_range(v: &str) -> Result<ByteRange, Error> {
+    let bad = || Error::invalid_argument(format!("unsupported Range header {v:?}: use bytes=START-END or bytes=START-"));
+    let spec = v.trim().strip_prefix("bytes=").ok_or_else(bad)?;
+    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let start: u64 = a.trim().parse().map_err(|_| bad())?;
+    let length = match b.trim() {
+        "" => None,
+        end => {
+            let end: u64 = end.parse().map_err(|_| bad())?;
+            if end < start {
+                return Err(bad());
+            }
+            Some(end - start + 1)
+        }
+    };
+    Ok(ByteRange { offset: start, length })
+}
+
+async fn read(State(s): State<AppState>, headers: HeaderMap, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<Response> {
+    let q = query(q)?;
+    let range = match headers.get(header::RANGE) {
+        Some(v) => Some(parse_range(v.to_str().map_err(|_| bad_request("Range header is not ASCII".into()))?)?),
+        None => None,
+    };
+    let (entry, stream) = s.filer.read(&q.path, range).await?;
+    let entry_json = serde_json::to_vec(&entry).map_err(Error::internal)?;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(entry_json);
+    let mut resp = Response::new(Body::from_stream(stream));
+    if range.is_some() {
+        *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+    }
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(ENTRY_HEADER, HeaderValue::from_str(&encoded).map_err(Error::internal)?);
+    match range {
+        Some(r) => {
+            let len = r.length.map_or(entry.size - r.offset, |n| n.min(entry.size - r.offset));
+            let last = (r.offset + len).saturating_sub(1);
+            let value = format!("bytes {}-{}/{}", r.offset, last, entry.size);
+            h.insert(header::CONTENT_RANGE, HeaderValue::from_str(&value).map_err(Error::internal)?);
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+        None => {
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
+        }
+    }
+    Ok(resp)
+}
+
+#[derive(Deserialize)]
+struct WriteQuery {
+    path: String,
+    if_version: Option<u64>,
+    #[serde(default)]
+    if_absent: bool,
+    mode: Option<u32>,
+    mtime_ms: Option<i64>,
+    origin: Option<Origin>,
+}
+
+async fn write(State(s): State<AppState>, q: Result<Query<WriteQuery>, QueryRejection>, body: Body) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    let precondition = match (q.if_version, q.if_absent) {
+        (Some(_), true) => return Err(bad_request("if_version and if_absent exclude each other".into())),
+        (Some(v), false) => Precondition::Version(v),
+        (None, true) => Precondition::Absent,
+        (None, false) => Precondition::Any,
+    };
+    let opts = WriteOptions { precondition, mode: q.mode, mtime_ms: q.mtime_ms, origin: q.origin.unwrap_or(Origin::Local) };
+    let stream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
+    Ok(Json(s.filer.write(&q.path, stream, opts).await?))
+}
+
+async fn apply(State(s): State<AppState>, j: Result<Json<Txn>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(s.filer.apply(json(j)?).await?))
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct AcquireRequest {
+    pub name: String,
+    pub holder: String,
+    pub ttl_ms: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct RenewRequest {
+    pub fence: Fence,
+    pub ttl_ms: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    pub fence: Fence,
+}
+
+#[derive(Deserialize)]
+struct NameQuery {
+    name: String,
+}
+
+async fn lease_get(State(s): State<AppState>, q: Result<Query<NameQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    Ok(Json(s.filer.lease_get(&q.name).await?))
+}
+
+async fn lease_acquire(State(s): State<AppState>, j: Result<Json<AcquireRequest>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+    let r = json(j)?;
+    Ok(Json(s.filer.lease_acquire(&r.name, &r.holder, Duration::from_millis(r.ttl_ms)).await?))
+}
+
+async fn lease_renew(State(s): State<AppState>, j: Result<Json<RenewRequest>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+    let r = json(j)?;
+    Ok(Json(s.filer.lease_renew(&r.fence, Duration::from_millis(r.ttl_ms)).await?))
+}
+
+async fn lease_release(State(s): State<AppState>, j: Result<Json<ReleaseRequest>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+    let r = json(j)?;
+    s.filer.lease_release(&r.fence).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct ChangesQuery {
+    #[serde(default)]
+    after: u64,
+    limit: Option<usize>,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+async fn changes(State(s): State<AppState>, q: Result<Query<ChangesQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    Ok(Json(s.filer.changes(q.after, limit, Duration::from_millis(q.wait_ms)).await?))
+}
+
+/// Serves the API on `listener` until `shutdown` resolves, then finishes the requests in flight.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    filer: Arc<dyn Filer>,
+    token: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(filer, token)).with_graceful_shutdown(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-9").unwrap(), ByteRange { offset: 0, length: Some(10) });
+        assert_eq!(parse_range("bytes=5-").unwrap(), ByteRange { offset: 5, length: None });
+        for bad in ["bytes=-5", "bytes=9-1", "items=0-1", "bytes=a-b", "bytes=0-1,3-4"] {
+            assert!(parse_range(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn binding_beyond_loopback_needs_a_token() {
+        check_bind("127.0.0.1:8888".parse().unwrap(), None).unwrap();
+        check_bind("[::1]:8888".parse().unwrap(), None).unwrap();
+        let err = check_bind("0.0.0.0:8888".parse().unwrap(), None).unwrap_err().to_string();
+        assert!(err.contains("--token"), "{err}");
+        assert!(check_bind("0.0.0.0:8888".parse().unwrap(), Some("")).is_err());
+        check_bind("0.0.0.0:8888".parse().unwrap(), Some("s3cret")).unwrap();
+    }
+}

@@ -1,0 +1,279 @@
+//! The in-process filer: the namespace over a `MetaStore` and the blob directory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+
+use tidemark_core::model::{Applied, ChangeRecord, Content, Entry, Fence, Lease, Mutation, NewEntry, Page, Precondition, Txn};
+use tidemark_core::{
+    ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions, path,
+};
+use tidemark_store::SqliteStore;
+
+use crate::blobs::{BlobDir, Stored};
+use crate::datadir::DataDir;
+
+/// How often a write re-reads the entry when a concurrent write changed it in between.
+const WRITE_RETRIES: usize = 8;
+/// The most change-log records one call returns, whatever the caller asks.
+pub const MAX_CHANGES_PER_CALL: usize = 10_000;
+/// The longest a change-log read waits for new records.
+pub const MAX_CHANGES_WAIT: Duration = Duration::from_secs(60);
+
+pub struct LocalFiler {
+    store: Arc<dyn MetaStore>,
+    blobs: BlobDir,
+    clock: Arc<dyn Clock>,
+    _data_dir: Option<DataDir>,
+}
+
+impl LocalFiler {
+    /// Opens the filer on a data directory with the embedded SQLite store.
+    pub fn open(data_dir: DataDir) -> Result<Self> {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let store = SqliteStore::open(data_dir.store_file(), clock.clone())?;
+        let blobs = BlobDir::open(data_dir.root())?;
+        Ok(LocalFiler { store: Arc::new(store), blobs, clock, _data_dir: Some(data_dir) })
+    }
+
+    /// A filer over any store, with blobs under `blob_root` (tests, other backends).
+    pub fn with_store(store: Arc<dyn MetaStore>, blob_root: &std::path::Path, clock: Arc<dyn Clock>) -> Result<Self> {
+        Ok(LocalFiler { store, blobs: BlobDir::open(blob_root)?, clock, _data_dir: None })
+    }
+
+    pub fn store(&self) -> &Arc<dyn MetaStore> {
+        &self.store
+    }
+
+    /// Applies a transaction, then removes the blobs that no entry names any more. The records
+    /// of one transaction are the dense range `first_seq..=seq`, so they are read back exactly.
+    async fn commit(&self, txn: Txn) -> Result<Applied> {
+        let applied = self.store.apply(txn).await?;
+        let n = (applied.seq + 1 - applied.first_seq) as usize;
+        if n > 1 || blob_of(applied.old.as_ref()).is_some() {
+            let records = self.store.changes(applied.first_seq - 1, n).await?;
+            for r in records {
+                self.release_blob(r.old.as_ref(), r.new.as_ref()).await;
+            }
+        }
+        Ok(applied)
+    }
+
+    async fn release_blob(&self, old: Option<&Entry>, new: Option<&Entry>) {
+        if let Some(id) = blob_of(old)
+            && blob_of(new) != Some(id)
+            && let Err(e) = self.blobs.remove(id).await
+        {
+            // Leaks space, loses nothing: the entry that named it is gone.
+            tracing::warn!(blob = id, error = %e, "could not remove an unreferenced blob");
+        }
+    }
+
+    async fn discard(&self, stored: &Stored) {
+        if let Stored::Blob { id, .. } = stored {
+            let _ = self.blobs.remove(id).await;
+        }
+    }
+}
+
+fn blob_of(e: Option<&Entry>) -> Option<&str> {
+    match e.map(|e| &e.content) {
+        Some(Content::Blob { id }) => Some(id),
+        _ => None,
+    }
+}
+
+fn slice_range(len: usize, range: Option<ByteRange>) -> Result<std::ops::Range<usize>> {
+    let Some(r) = range else { return Ok(0..len) };
+    check_range(len as u64, r)?;
+    let start = r.offset as usize;
+    let end = r.length.map_or(len, |n| (start.saturating_add(n as usize)).min(len));
+    Ok(start..end)
+}
+
+fn check_range(size: u64, r: ByteRange) -> Result<()> {
+    if r.offset > size {
+        return Err(Error::invalid_argument(format!("range starts at {} beyond the end of a {size}-byte file", r.offset)));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Filer for LocalFiler {
+    async fn health(&self) -> Result<Health> {
+        Ok(Health {
+            status: "ok".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            store: self.store.backend().into(),
+            last_seq: self.store.last_seq().await?,
+        })
+    }
+
+    async fn stat(&self, p: &str) -> Result<Option<Entry>> {
+        self.store.get(p).await
+    }
+
+    async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
+        self.store.list(dir, start_after, limit).await
+    }
+
+    async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
+        self.store.scan(dir, start_after, limit).await
+    }
+
+    async fn read(&self, p: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
+        // A concurrent overwrite may remove the blob between reading the entry and opening it;
+        // read the entry again then. Once open, the bytes stay readable whatever happens.
+        for _ in 0..WRITE_RETRIES {
+            let entry = self.store.get(p).await?.ok_or_else(|| Error::not_found(p))?;
+            if entry.is_dir() {
+                return Err(Error::IsADirectory { path: p.into() });
+            }
+            let stream = match &entry.content {
+                Content::Empty => {
+                    slice_range(0, range)?;
+                    futures::stream::empty().boxed()
+                }
+                Content::Inline => {
+                    let Some(bytes) = self.store.read_inline(p).await? else { continue };
+                    let r = slice_range(bytes.len(), range)?;
+                    futures::stream::once(futures::future::ready(Ok(bytes.slice(r)))).boxed()
+                }
+                Content::Blob { id } => {
+                    if let Some(r) = range {
+                        check_range(entry.size, r)?;
+                    }
+                    match self.blobs.open_range(id, range).await {
+                        Ok(s) => s,
+                        Err(Error::NotFound { .. }) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            return Ok((entry, stream));
+        }
+        Err(Error::Unavailable { message: format!("{p}: content changed too often while being opened; retry") })
+    }
+
+    async fn write(&self, p: &str, body: ByteStream, opts: WriteOptions) -> Result<Entry> {
+        path::validate(p)?;
+        if p == path::ROOT {
+            return Err(Error::IsADirectory { path: p.into() });
+        }
+        // Cheap refusals before consuming a possibly large body.
+        let before = self.store.get(p).await?;
+        if before.as_ref().is_some_and(Entry::is_dir) {
+            return Err(Error::IsADirectory { path: p.into() });
+        }
+        if !opts.precondition.holds(before.as_ref().map(|e| e.version)) {
+            return Err(Error::PreconditionFailed { path: p.into(), current: before.map(|e| e.version) });
+        }
+        let stored = self.blobs.store(body).await?;
+        let (size, content, data) = match &stored {
+            Stored::Inline(b) if b.is_empty() => (0, Content::Empty, None),
+            Stored::Inline(b) => (b.len() as u64, Content::Inline, Some(b.clone())),
+            Stored::Blob { id, size } => (*size, Content::Blob { id: id.clone() }, None),
+        };
+        let mut current = before;
+        for _ in 0..WRITE_RETRIES {
+            // Read-modify-write: a rewrite keeps what the namespace knows of the entry
+            // (its remote object, its extended attributes) and is conditional on that state.
+            let mut entry = match &current {
+                Some(e) => NewEntry { size, content: content.clone(), ..e.to_new() },
+                None => NewEntry::file(size, 0, content.clone()),
+            };
+            entry.mtime_ms = opts.mtime_ms.unwrap_or_else(|| self.clock.now_ms());
+            if let Some(mode) = opts.mode {
+                entry.mode = mode;
+            }
+            let precondition = match (&opts.precondition, &current) {
+                (Precondition::Any, Some(e)) => Precondition::Version(e.version),
+                (Precondition::Any, None) => Precondition::Absent,
+                (p, _) => *p,
+            };
+            let txn = Txn {
+                path: p.into(),
+                precondition,
+                fence: None,
+                mutation: Mutation::Put { entry, data: data.clone() },
+                origin: opts.origin,
+            };
+            match self.commit(txn).await {
+                Ok(applied) => return applied.new.ok_or_else(|| Error::internal("a put returned no entry")),
+                Err(Error::PreconditionFailed { .. }) if opts.precondition == Precondition::Any => {
+                    current = self.store.get(p).await?;
+                    if current.as_ref().is_some_and(Entry::is_dir) {
+                        self.discard(&stored).await;
+                        return Err(Error::IsADirectory { path: p.into() });
+                    }
+                }
+                Err(e) => {
+                    self.discard(&stored).await;
+                    return Err(e);
+                }
+            }
+        }
+        self.discard(&stored).await;
+        Err(Error::Unavailable { message: format!("{p}: changed concurrently {WRITE_RETRIES} times during the write; retry") })
+    }
+
+    async fn delete(&self, p: &str, opts: DeleteOptions) -> Result<Applied> {
+        let txn = Txn::delete(p, opts.recursive, tidemark_core::Origin::Local).with_precondition(opts.precondition);
+        self.commit(txn).await
+    }
+
+    async fn apply(&self, txn: Txn) -> Result<Applied> {
+        // Blob content is created only by `write`. A transaction may keep an entry's existing
+        // blob (a metadata update), but never point an entry at a blob another entry owns:
+        // removing that one would then take the bytes from under this one.
+        if let Mutation::Put { entry: NewEntry { content: Content::Blob { id }, .. }, .. } = &txn.mutation {
+            let Precondition::Version(v) = txn.precondition else {
+                return Err(Error::invalid_argument("a put that keeps blob content must be conditional on the entry's version"));
+            };
+            let current = self.store.get(&txn.path).await?;
+            match &current {
+                Some(e) if e.version == v && blob_of(Some(e)) == Some(id.as_str()) => {}
+                Some(e) if e.version != v => return Err(Error::PreconditionFailed { path: txn.path, current: Some(e.version) }),
+                None => return Err(Error::PreconditionFailed { path: txn.path, current: None }),
+                Some(_) => return Err(Error::invalid_argument("blob content can only be written through a file write")),
+            }
+        }
+        self.commit(txn).await
+    }
+
+    async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
+        self.store.lease_acquire(name, holder, ttl.as_millis() as i64).await
+    }
+
+    async fn lease_renew(&self, fence: &Fence, ttl: Duration) -> Result<Lease> {
+        self.store.lease_renew(fence, ttl.as_millis() as i64).await
+    }
+
+    async fn lease_release(&self, fence: &Fence) -> Result<()> {
+        self.store.lease_release(fence).await
+    }
+
+    async fn lease_get(&self, name: &str) -> Result<Option<Lease>> {
+        self.store.lease_get(name).await
+    }
+
+    async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>> {
+        let limit = limit.clamp(1, MAX_CHANGES_PER_CALL);
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_CHANGES_WAIT);
+        // Subscribe before reading, so a commit between the read and the wait is not missed.
+        let mut rx = self.store.subscribe();
+        loop {
+            let records = self.store.changes(after, limit).await?;
+            if !records.is_empty() {
+                return Ok(records);
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                // Timed out, or the store is gone: nothing new.
+                Ok(Err(_)) | Err(_) => return Ok(records),
+            }
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The `Filer` contract, checked twice: on the in-process `LocalFiler` and through the HTTP API
+//! with `HttpFiler`, so both implementations of the trait behave the same.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tidemark_core::model::{Content, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, WriteOptions};
+use tidemark_filer::{DataDir, HttpFiler, LocalFiler, http};
+
+struct Setup {
+    filer: Arc<dyn Filer>,
+    _dir: tempfile::TempDir,
+    _server: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn local() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let filer = LocalFiler::open(DataDir::open(dir.path()).unwrap()).unwrap();
+    Setup { filer: Arc::new(filer), _dir: dir, _server: None }
+}
+
+async fn over_http(token: Option<&str>) -> (Setup, String) {
+    let Setup { filer, _dir, .. } = local();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let token = token.map(str::to_string);
+    let server = tokio::spawn(async move {
+        http::serve(listener, filer, token, std::future::pending()).await.unwrap();
+    });
+    let client = HttpFiler::new(&addr, None).unwrap();
+    (Setup { filer: Arc::new(client), _dir, _server: Some(server) }, addr)
+}
+
+async fn http_setup() -> Setup {
+    over_http(None).await.0
+}
+
+fn body(data: &[u8]) -> ByteStream {
+    let chunks: Vec<std::io::Result<Bytes>> = data.chunks(10_000).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    futures::stream::iter(chunks).boxed()
+}
+
+async fn read_all(f: &dyn Filer, path: &str, range: Option<ByteRange>) -> Vec<u8> {
+    let (_, s) = f.read(path, range).await.unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let parts: Vec<Bytes> = s.map(|c| c.unwrap()).collect().await;
+    parts.concat()
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod on_local { $( #[tokio::test] async fn $name() { super::$name(&super::local()).await } )* }
+        mod on_http { $( #[tokio::test] async fn $name() { super::$name(&super::http_setup().await).await } )* }
+    };
+}
+
+both!(
+    write_and_read_small_and_large_files,
+    listing_with_names_that_need_escaping,
+    write_preconditions_and_kind_errors,
+    deletes,
+    fenced_apply_and_leases,
+    change_log_long_poll,
+    apply_cannot_steal_a_blob,
+);
+
+async fn write_and_read_small_and_large_files(s: &Setup) {
+    let f = &*s.filer;
+    let small = b"hello tidemark".to_vec();
+    let e = f.write("/docs/readme.md", body(&small), WriteOptions::default()).await.unwrap();
+    assert_eq!((e.size, e.content.clone()), (small.len() as u64, Content::Inline));
+    assert_eq!(read_all(f, "/docs/readme.md", None).await, small);
+    assert_eq!(read_all(f, "/docs/readme.md", Some(ByteRange { offset: 6, length: Some(4) })).await, b"tide");
+
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let e = f.write("/docs/big.bin", body(&big), WriteOptions::default()).await.unwrap();
+    assert!(matches!(e.content, Content::Blob { .. }));
+    assert_eq!(e.size, big.len() as u64);
+    assert_eq!(read_all(f, "/docs/big.bin", None).await, big);
+    assert_eq!(read_all(f, "/docs/big.bin", Some(ByteRange { offset: 2_999_990, length: None })).await, &big[2_999_990..]);
+    assert_eq!(read_all(f, "/docs/big.bin", Some(ByteRange { offset: 100, length: Some(1000) })).await, &big[100..1100]);
+    assert!(matches!(f.read("/docs/big.bin", Some(ByteRange { offset: 4_000_000, length: None })).await, Err(Error::InvalidArgument { .. })));
+
+    // Overwrite a blob with small content, then with nothing.
+    f.write("/docs/big.bin", body(b"tiny"), WriteOptions::default()).await.unwrap();
+    assert_eq!(read_all(f, "/docs/big.bin", None).await, b"tiny");
+    let e = f.write("/docs/big.bin", body(b""), WriteOptions::default()).await.unwrap();
+    assert_eq!((e.size, e.content), (0, Content::Empty));
+    assert!(read_all(f, "/docs/big.bin", None).await.is_empty());
+
+    let opts = WriteOptions { mode: Some(0o600), mtime_ms: Some(1_234), ..Default::default() };
+    let e = f.write("/docs/m", body(b"x"), opts).await.unwrap();
+    assert_eq!((e.mode, e.mtime_ms), (0o600, 1_234));
+    assert_eq!(f.stat("/docs/m").await.unwrap().unwrap(), e);
+    assert!(f.stat("/docs/none").await.unwrap().is_none());
+    assert!(matches!(f.read("/docs/none", None).await, Err(Error::NotFound { .. })));
+    assert!(matches!(f.read("/docs", None).await, Err(Error::IsADirectory { .. })));
+}
+
+async fn listing_with_names_that_need_escaping(s: &Setup) {
+    let f = &*s.filer;
+    let names = ["a b", "a+b", "a%20b", "a&b=c", "q?x", "h#1", "ü", "a-b", "a0"];
+    for n in names {
+        f.write(&format!("/esc/{n}"), body(n.as_bytes()), WriteOptions::default()).await.unwrap();
+    }
+    f.write("/esc/a/b", body(b"deep"), WriteOptions::default()).await.unwrap();
+    let mut got = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = f.list("/esc", after.as_deref(), 2).await.unwrap();
+        got.extend(page.entries.iter().map(|e| e.name().to_string()));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    let mut expected: Vec<String> = names.iter().map(|s| s.to_string()).chain(["a".to_string()]).collect();
+    expected.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    assert_eq!(got, expected);
+    for n in names {
+        assert_eq!(read_all(f, &format!("/esc/{n}"), None).await, n.as_bytes());
+    }
+    let scanned = f.scan("/esc", None, 100).await.unwrap();
+    assert_eq!(scanned.entries.len(), names.len() + 2);
+}
+
+async fn write_preconditions_and_kind_errors(s: &Setup) {
+    let f = &*s.filer;
+    let absent = WriteOptions { precondition: Precondition::Absent, ..Default::default() };
+    let e = f.write("/p/x", body(b"1"), absent.clone()).await.unwrap();
+    assert_eq!(f.write("/p/x", body(b"2"), absent).await.unwrap_err(), Error::PreconditionFailed { path: "/p/x".into(), current: Some(e.version) });
+    let stale = WriteOptions { precondition: Precondition::Version(e.version + 1000), ..Default::default() };
+    assert!(matches!(f.write("/p/x", body(&[7u8; 100_000]), stale).await, Err(Error::PreconditionFailed { .. })));
+    let exact = WriteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
+    let e2 = f.write("/p/x", body(b"3"), exact).await.unwrap();
+    assert!(e2.version > e.version);
+    assert_eq!(read_all(f, "/p/x", None).await, b"3");
+    assert!(matches!(f.write("/p", body(b"x"), WriteOptions::default()).await, Err(Error::IsADirectory { .. })));
+    assert!(matches!(f.write("/p/x/y", body(b"x"), WriteOptions::default()).await, Err(Error::NotADirectory { .. })));
+    assert!(matches!(f.write("/p/../x", body(b"x"), WriteOptions::default()).await, Err(Error::InvalidPath { .. })));
+    assert!(matches!(f.write("/", body(b"x"), WriteOptions::default()).await, Err(Error::IsADirectory { .. })));
+}
+
+async fn deletes(s: &Setup) {
+    let f = &*s.filer;
+    f.write("/d/a/1", body(&[1u8; 70_000]), WriteOptions::default()).await.unwrap();
+    f.write("/d/a/2", body(b"two"), WriteOptions::default()).await.unwrap();
+    assert!(matches!(f.delete("/d/a", DeleteOptions::default()).await, Err(Error::DirectoryNotEmpty { .. })));
+    let v = f.stat("/d/a/2").await.unwrap().unwrap().version;
+    let stale = DeleteOptions { recursive: false, precondition: Precondition::Version(v + 99) };
+    assert!(matches!(f.delete("/d/a/2", stale).await, Err(Error::PreconditionFailed { .. })));
+    f.delete("/d/a/2", DeleteOptions { recursive: false, precondition: Precondition::Version(v) }).await.unwrap();
+    f.delete("/d", DeleteOptions { recursive: true, ..Default::default() }).await.unwrap();
+    assert!(f.stat("/d/a/1").await.unwrap().is_none());
+    assert!(f.stat("/d").await.unwrap().is_none());
+    assert!(matches!(f.delete("/d", DeleteOptions::default()).await, Err(Error::NotFound { .. })));
+}
+
+async fn fenced_apply_and_leases(s: &Setup) {
+    let f = &*s.filer;
+    let ttl = Duration::from_millis(300);
+    let lease = f.lease_acquire("fp-1", "worker-a", ttl).await.unwrap();
+    assert_eq!(lease.generation, 1);
+    assert!(matches!(f.lease_acquire("fp-1", "worker-b", ttl).await, Err(Error::LeaseHeld { .. })));
+    let entry = NewEntry::file(5, 1, Content::Empty);
+    let a = f.apply(Txn::put("/m/k", entry.clone(), Origin::Remote).with_fence(lease.fence()).with_precondition(Precondition::Absent)).await.unwrap();
+    assert_eq!(a.new.as_ref().unwrap().size, 5);
+    f.lease_renew(&lease.fence(), ttl).await.unwrap();
+    assert_eq!(f.lease_get("fp-1").await.unwrap().unwrap().generation, 1);
+
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let b = f.lease_acquire("fp-1", "worker-b", ttl).await.unwrap();
+    assert_eq!(b.generation, 2);
+    let late = f.apply(Txn::put("/m/k", entry, Origin::Remote).with_fence(lease.fence())).await.unwrap_err();
+    assert_eq!(late, Error::Fenced { lease: "fp-1".into(), current_generation: Some(2) });
+    assert!(matches!(f.lease_release(&lease.fence()).await, Err(Error::Fenced { .. })));
+    f.lease_release(&b.fence()).await.unwrap();
+    assert!(f.lease_get("nope").await.unwrap().is_none());
+}
+
+async fn change_log_long_poll(s: &Setup) {
+    let f = s.filer.clone();
+    let after = f.health().await.unwrap().last_seq;
+    let quiet = tokio::time::Instant::now();
+    assert!(f.changes(after, 10, Duration::from_millis(200)).await.unwrap().is_empty());
+    assert!(quiet.elapsed() >= Duration::from_millis(150), "an empty long poll waits");
+
+    let waiter = {
+        let f = f.clone();
+        tokio::spawn(async move { f.changes(after, 10, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = tokio::time::Instant::now();
+    f.write("/log/x", body(b"x"), WriteOptions::default()).await.unwrap();
+    let got = waiter.await.unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "the long poll returns as soon as a record is written");
+    assert_eq!(got.first().unwrap().seq, after + 1);
+    assert!(got.iter().any(|c| c.path == "/log/x" && c.origin == Origin::Local));
+}
+
+async fn apply_cannot_steal_a_blob(s: &Setup) {
+    let f = &*s.filer;
+    let big = f.write("/b/one", body(&[9u8; 100_000]), WriteOptions::default()).await.unwrap();
+    let Content::Blob { .. } = &big.content else { panic!("expected a blob") };
+    let stolen = Txn::put("/b/two", big.to_new(), Origin::Local).with_precondition(Precondition::Absent);
+    assert!(matches!(f.apply(stolen).await, Err(Error::InvalidArgument { .. }) | Err(Error::PreconditionFailed { .. })));
+    let unconditional = Txn::put("/b/one", big.to_new(), Origin::Local);
+    assert!(matches!(f.apply(unconditional).await, Err(Error::InvalidArgument { .. })));
+    // A metadata update that keeps the entry's own blob is fine, and the bytes stay.
+    let mut meta = big.to_new();
+    meta.extended.insert("k".into(), "v".into());
+    f.apply(Txn::put("/b/one", meta, Origin::Local).with_precondition(Precondition::Version(big.version))).await.unwrap();
+    assert_eq!(read_all(f, "/b/one", None).await, vec![9u8; 100_000]);
+}
+
+// ---- HTTP only: what a client that is not `HttpFiler` sees ----
+
+async fn raw(addr: &str, method: reqwest::Method, path_and_query: &str, body: Option<&str>, token: Option<&str>) -> (u16, serde_json::Value) {
+    let mut rb = reqwest::Client::new().request(method, format!("http://{addr}{path_and_query}"));
+    if let Some(b) = body {
+        rb = rb.header("content-type", "application/json").body(b.to_string());
+    }
+    if let Some(t) = token {
+        rb = rb.bearer_auth(t);
+    }
+    let resp = rb.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON ({status}): {text}")))
+}
+
+#[tokio::test]
+async fn malformed_requests_get_a_4xx_json_error_naming_the_problem() {
+    let (_s, addr) = over_http(None).await;
+    let get = reqwest::Method::GET;
+    let post = reqwest::Method::POST;
+    let cases: Vec<(reqwest::Method, &str, Option<&str>, u16, &str, &str)> = vec![
+        (get.clone(), "/api/v1/entry", None, 400, "invalid_argument", "path"),
+        (get.clone(), "/api/v1/entry?path=relative", None, 400, "invalid_path", "absolute"),
+        (get.clone(), "/api/v1/entry?path=/a/../b", None, 400, "invalid_path", "`..`"),
+        (get.clone(), "/api/v1/list?dir=/&limit=0", None, 400, "invalid_argument", "limit"),
+        (get.clone(), "/api/v1/list?dir=/&limit=banana", None, 400, "invalid_argument", "limit"),
+        (get.clone(), "/api/v1/list?dir=/nowhere", None, 404, "not_found", "/nowhere"),
+        (post.clone(), "/api/v1/apply", Some("{not json"), 400, "invalid_argument", "JSON"),
+        (post.clone(), "/api/v1/apply", Some(r#"{"path": "/x"}"#), 400, "invalid_argument", "mutation"),
+        (post.clone(), "/api/v1/apply", Some(r#"{"path":"/x","mutation":{"op":"explode"},"origin":"local"}"#), 400, "invalid_argument", "explode"),
+        (post.clone(), "/api/v1/lease/acquire", Some(r#"{"name":"x","holder":"h","ttl_ms":0}"#), 400, "invalid_argument", "ttl"),
+        (get.clone(), "/api/v1/nope", None, 404, "not_found", "endpoint"),
+        (reqwest::Method::PATCH, "/api/v1/entry?path=/", None, 405, "invalid_argument", "method"),
+        (get.clone(), "/api/v1/changes?after=-1", None, 400, "invalid_argument", "after"),
+    ];
+    for (method, pq, body, status, code, mentions) in cases {
+        let (got, json) = raw(&addr, method.clone(), pq, body, None).await;
+        assert_eq!(got, status, "{method} {pq}: {json}");
+        assert_eq!(json["error"]["code"], code, "{method} {pq}: {json}");
+        let message = json["message"].as_str().unwrap();
+        assert!(message.contains(mentions), "{method} {pq}: {message:?} should mention {mentions:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_token_protects_every_endpoint() {
+    let (_s, addr) = over_http(Some("s3cret")).await;
+    for pq in ["/api/v1/health", "/api/v1/entry?path=/", "/api/v1/nope"] {
+        let (status, json) = raw(&addr, reqwest::Method::GET, pq, None, None).await;
+        assert_eq!((status, json["error"]["code"].as_str()), (401, Some("unauthorized")), "{pq}");
+        let (status, _) = raw(&addr, reqwest::Method::GET, pq, None, Some("wrong")).await;
+        assert_eq!(status, 401);
+    }
+    let (status, json) = raw(&addr, reqwest::Method::GET, "/api/v1/health", None, Some("s3cret")).await;
+    assert_eq!((status, json["status"].as_str()), (200, Some("ok")));
+    let no_token = HttpFiler::new(&addr, None).unwrap();
+    assert!(matches!(no_token.health().await, Err(Error::Unauthorized { .. })));
+    let with_token = HttpFiler::new(&addr, Some("s3cret".into())).unwrap();
+    assert_eq!(with_token.health().await.unwrap().store, "sqlite");
+}
+
+#[tokio::test]
+async fn an_unreachable_filer_is_unavailable_and_says_where() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let f = HttpFiler::new(&format!("127.0.0.1:{port}"), None).unwrap();
+    let err = f.health().await.unwrap_err();
+    assert!(err.is_retryable());
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{port}")) && msg.contains("cannot connect"), "{msg}");
+}
+
+#[tokio::test]
+async fn overwrites_and_deletes_remove_unreferenced_blobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let filer = LocalFiler::open(DataDir::open(dir.path()).unwrap()).unwrap();
+    let count = || walk(&dir.path().join("blobs"));
+    filer.write("/x/a", body(&[1u8; 100_000]), WriteOptions::default()).await.unwrap();
+    filer.write("/x/b", body(&[2u8; 100_000]), WriteOptions::default()).await.unwrap();
+    assert_eq!(count(), 2);
+    filer.write("/x/a", body(&[3u8; 100_000]), WriteOptions::default()).await.unwrap();
+    assert_eq!(count(), 2, "the overwritten blob is removed");
+    let failed = WriteOptions { precondition: Precondition::Version(1), ..Default::default() };
+    assert!(filer.write("/x/new", body(&[4u8; 100_000]), failed).await.is_err());
+    assert_eq!(count(), 2, "a failed write leaves no blob");
+    filer.delete("/x", DeleteOptions { recursive: true, ..Default::default() }).await.unwrap();
+    assert_eq!(count(), 0, "a recursive delete removes the blobs below it");
+}
+
+fn walk(p: &std::path::Path) -> usize {
+    std::fs::read_dir(p)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() { walk(&e.path()) } else { 1 }
+        })
+        .sum()
+}
