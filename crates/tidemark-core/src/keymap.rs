@@ -168,7 +168,10 @@ mod tests {
     fn maps_ordinary_keys_and_markers() {
         let m = map();
         assert_eq!(m.prefix(), "photos/");
-        assert_eq!(m.key_to_path(b"photos/a b/+%/\xc3\xbc.jpg").unwrap(), Mapped::File("/mnt/data/a b/+%/ü.jpg".into()));
+        assert_eq!(
+            m.key_to_path(b"photos/a b/+%/\xc3\xbc.jpg").unwrap(),
+            Mapped::File("/mnt/data/a b/+%/ü.jpg".into())
+        );
         assert_eq!(m.key_to_path(b"photos/dir/").unwrap(), Mapped::DirMarker("/mnt/data/dir".into()));
         assert_eq!(m.path_to_key("/mnt/data/dir", true).as_deref(), Some("photos/dir/"));
         assert_eq!(m.path_to_key("/mnt/data", false), None);

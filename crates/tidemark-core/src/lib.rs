@@ -10,11 +10,11 @@ pub mod model;
 pub mod path;
 pub mod store;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, SystemClock, format_rfc3339_ms};
 pub use error::{Error, ErrorCode, Result};
 pub use filer::{ByteRange, ByteStream, DeleteOptions, Filer, Health, WriteOptions};
 pub use model::{
-    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin,
-    Page, Precondition, RemoteEntry, Txn,
+    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, Precondition,
+    RemoteEntry, Txn,
 };
 pub use store::MetaStore;

@@ -187,6 +187,8 @@ pub struct Fence {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
+// One short-lived value per transaction: boxing the entry would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Mutation {
     /// Create or replace the entry. Missing ancestors are created as directories in the same
     /// transaction. `data` carries the bytes when `entry.content` is [`Content::Inline`].
@@ -220,10 +222,22 @@ pub const MAX_INLINE_BYTES: usize = 64 * 1024;
 
 impl Txn {
     pub fn put(path: impl Into<String>, entry: NewEntry, origin: Origin) -> Self {
-        Txn { path: path.into(), precondition: Precondition::Any, fence: None, mutation: Mutation::Put { entry, data: None }, origin }
+        Txn {
+            path: path.into(),
+            precondition: Precondition::Any,
+            fence: None,
+            mutation: Mutation::Put { entry, data: None },
+            origin,
+        }
     }
     pub fn delete(path: impl Into<String>, recursive: bool, origin: Origin) -> Self {
-        Txn { path: path.into(), precondition: Precondition::Any, fence: None, mutation: Mutation::Delete { recursive }, origin }
+        Txn {
+            path: path.into(),
+            precondition: Precondition::Any,
+            fence: None,
+            mutation: Mutation::Delete { recursive },
+            origin,
+        }
     }
     pub fn with_precondition(mut self, p: Precondition) -> Self {
         self.precondition = p;

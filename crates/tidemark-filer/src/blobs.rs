@@ -108,7 +108,9 @@ impl BlobDir {
         let p = self.path_of(id)?;
         let mut f = match tokio::fs::File::open(&p).await {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::not_found(p.display().to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::not_found(p.display().to_string()));
+            }
             Err(e) => return Err(Error::io(format!("opening {}", p.display()), e)),
         };
         let Some(r) = range else {

@@ -72,22 +72,25 @@ impl HttpFiler {
     }
 
     fn transport(&self, e: reqwest::Error) -> Error {
-        let what = if e.is_connect() {
-            "cannot connect to the filer (is `tidemark filer` or `tidemark server` running there? set --filer or TIDEMARK_FILER)"
-        } else if e.is_timeout() {
-            "the filer did not answer in time"
-        } else if e.is_decode() {
-            "the filer's answer could not be decoded"
-        } else {
-            "request to the filer failed"
-        };
-        let mut detail = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            detail = format!("{detail}: {s}");
-            src = s.source();
+        // The innermost cause says what actually happened (connection refused, DNS, reset).
+        let mut cause: &dyn std::error::Error = &e;
+        while let Some(inner) = cause.source() {
+            cause = inner;
         }
-        Error::Unavailable { message: format!("{} at {}: {detail}", what, self.base) }
+        let message = if e.is_connect() {
+            format!(
+                "cannot connect to the filer at {} ({cause}); is `tidemark server` or `tidemark filer` running there? \
+                 Set --filer or TIDEMARK_FILER",
+                self.base
+            )
+        } else if e.is_timeout() {
+            format!("the filer at {} did not answer in time ({cause})", self.base)
+        } else if e.is_decode() {
+            format!("the answer of the filer at {} could not be decoded ({cause})", self.base)
+        } else {
+            format!("request to the filer at {} failed ({cause})", self.base)
+        };
+        Error::Unavailable { message }
     }
 }
 
@@ -139,7 +142,8 @@ impl Filer for HttpFiler {
         let json = base64::engine::general_purpose::STANDARD
             .decode(header.as_bytes())
             .map_err(|e| Error::internal(format!("bad {ENTRY_HEADER}: {e}")))?;
-        let entry: Entry = serde_json::from_slice(&json).map_err(|e| Error::internal(format!("bad {ENTRY_HEADER}: {e}")))?;
+        let entry: Entry =
+            serde_json::from_slice(&json).map_err(|e| Error::internal(format!("bad {ENTRY_HEADER}: {e}")))?;
         let stream = resp.bytes_stream().map_err(std::io::Error::other).boxed();
         Ok((entry, stream))
     }
@@ -161,11 +165,14 @@ impl Filer for HttpFiler {
     }
 
     async fn delete(&self, path: &str, opts: DeleteOptions) -> Result<Applied> {
-        let mut rb = self.request(Method::DELETE, "entry").query(&[("path", path)]).query(&[("recursive", opts.recursive)]);
+        let mut rb =
+            self.request(Method::DELETE, "entry").query(&[("path", path)]).query(&[("recursive", opts.recursive)]);
         match opts.precondition {
             Precondition::Any => {}
             Precondition::Version(v) => rb = rb.query(&[("if_version", v)]),
-            Precondition::Absent => return Err(Error::invalid_argument("a delete cannot require the entry to be absent")),
+            Precondition::Absent => {
+                return Err(Error::invalid_argument("a delete cannot require the entry to be absent"));
+            }
         }
         self.call(rb).await
     }

@@ -16,7 +16,8 @@ pub struct DataDir {
 impl DataDir {
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        std::fs::create_dir_all(&root).map_err(|e| Error::io(format!("creating the data directory {}", root.display()), e))?;
+        std::fs::create_dir_all(&root)
+            .map_err(|e| Error::io(format!("creating the data directory {}", root.display()), e))?;
         let lock_path = root.join("LOCK");
         let mut lock = OpenOptions::new()
             .create(true)
@@ -39,7 +40,9 @@ impl DataDir {
             }
             Err(TryLockError::Error(e)) => return Err(Error::io(format!("locking {}", lock_path.display()), e)),
         }
-        lock.set_len(0).and_then(|_| write!(lock, "pid {}", std::process::id())).map_err(|e| Error::io("writing LOCK", e))?;
+        lock.set_len(0)
+            .and_then(|_| write!(lock, "pid {}", std::process::id()))
+            .map_err(|e| Error::io("writing LOCK", e))?;
         Ok(DataDir { root, _lock: lock })
     }
 

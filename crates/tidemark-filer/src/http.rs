@@ -113,7 +113,10 @@ pub fn router(filer: Arc<dyn Filer>, token: Option<String>) -> Router {
         .route("/api/v1/changes", get(changes))
         .fallback(|| async { ApiError(Error::NotFound { path: "no such API endpoint; see /api/v1/health".into() }) })
         .method_not_allowed_fallback(|| async {
-            (StatusCode::METHOD_NOT_ALLOWED, Json(ErrorBody::from(Error::invalid_argument("method not allowed on this endpoint"))))
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                Json(ErrorBody::from(Error::invalid_argument("method not allowed on this endpoint"))),
+            )
         })
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
@@ -121,7 +124,11 @@ pub fn router(filer: Arc<dyn Filer>, token: Option<String>) -> Router {
 
 async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
             return ApiError(Error::Unauthorized {
                 message: "missing or wrong token: pass --token or set TIDEMARK_TOKEN to the filer's token".into(),
@@ -170,7 +177,10 @@ struct DeleteQuery {
     if_version: Option<u64>,
 }
 
-async fn delete(State(s): State<AppState>, q: Result<Query<DeleteQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+async fn delete(
+    State(s): State<AppState>,
+    q: Result<Query<DeleteQuery>, QueryRejection>,
+) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     let precondition = q.if_version.map_or(Precondition::Any, Precondition::Version);
     Ok(Json(s.filer.delete(&q.path, DeleteOptions { recursive: q.recursive, precondition }).await?))
@@ -205,7 +215,8 @@ async fn scan(State(s): State<AppState>, q: Result<Query<ListQuery>, QueryReject
 
 /// Parses `Range: bytes=a-b` / `bytes=a-` (one range; suffix ranges are not supported).
 pub fn parse_range(v: &str) -> Result<ByteRange, Error> {
-    let bad = || Error::invalid_argument(format!("unsupported Range header {v:?}: use bytes=START-END or bytes=START-"));
+    let bad =
+        || Error::invalid_argument(format!("unsupported Range header {v:?}: use bytes=START-END or bytes=START-"));
     let spec = v.trim().strip_prefix("bytes=").ok_or_else(bad)?;
     let (a, b) = spec.split_once('-').ok_or_else(bad)?;
     let start: u64 = a.trim().parse().map_err(|_| bad())?;
@@ -222,7 +233,11 @@ pub fn parse_range(v: &str) -> Result<ByteRange, Error> {
     Ok(ByteRange { offset: start, length })
 }
 
-async fn read(State(s): State<AppState>, headers: HeaderMap, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<Response> {
+async fn read(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<PathQuery>, QueryRejection>,
+) -> ApiResult<Response> {
     let q = query(q)?;
     let range = match headers.get(header::RANGE) {
         Some(v) => Some(parse_range(v.to_str().map_err(|_| bad_request("Range header is not ASCII".into()))?)?),
@@ -264,7 +279,11 @@ struct WriteQuery {
     origin: Option<Origin>,
 }
 
-async fn write(State(s): State<AppState>, q: Result<Query<WriteQuery>, QueryRejection>, body: Body) -> ApiResult<impl IntoResponse> {
+async fn write(
+    State(s): State<AppState>,
+    q: Result<Query<WriteQuery>, QueryRejection>,
+    body: Body,
+) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     let precondition = match (q.if_version, q.if_absent) {
         (Some(_), true) => return Err(bad_request("if_version and if_absent exclude each other".into())),
@@ -272,7 +291,8 @@ async fn write(State(s): State<AppState>, q: Result<Query<WriteQuery>, QueryReje
         (None, true) => Precondition::Absent,
         (None, false) => Precondition::Any,
     };
-    let opts = WriteOptions { precondition, mode: q.mode, mtime_ms: q.mtime_ms, origin: q.origin.unwrap_or(Origin::Local) };
+    let opts =
+        WriteOptions { precondition, mode: q.mode, mtime_ms: q.mtime_ms, origin: q.origin.unwrap_or(Origin::Local) };
     let stream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
     Ok(Json(s.filer.write(&q.path, stream, opts).await?))
 }
@@ -304,22 +324,34 @@ struct NameQuery {
     name: String,
 }
 
-async fn lease_get(State(s): State<AppState>, q: Result<Query<NameQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+async fn lease_get(
+    State(s): State<AppState>,
+    q: Result<Query<NameQuery>, QueryRejection>,
+) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     Ok(Json(s.filer.lease_get(&q.name).await?))
 }
 
-async fn lease_acquire(State(s): State<AppState>, j: Result<Json<AcquireRequest>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+async fn lease_acquire(
+    State(s): State<AppState>,
+    j: Result<Json<AcquireRequest>, JsonRejection>,
+) -> ApiResult<impl IntoResponse> {
     let r = json(j)?;
     Ok(Json(s.filer.lease_acquire(&r.name, &r.holder, Duration::from_millis(r.ttl_ms)).await?))
 }
 
-async fn lease_renew(State(s): State<AppState>, j: Result<Json<RenewRequest>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+async fn lease_renew(
+    State(s): State<AppState>,
+    j: Result<Json<RenewRequest>, JsonRejection>,
+) -> ApiResult<impl IntoResponse> {
     let r = json(j)?;
     Ok(Json(s.filer.lease_renew(&r.fence, Duration::from_millis(r.ttl_ms)).await?))
 }
 
-async fn lease_release(State(s): State<AppState>, j: Result<Json<ReleaseRequest>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+async fn lease_release(
+    State(s): State<AppState>,
+    j: Result<Json<ReleaseRequest>, JsonRejection>,
+) -> ApiResult<impl IntoResponse> {
     let r = json(j)?;
     s.filer.lease_release(&r.fence).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -334,7 +366,10 @@ struct ChangesQuery {
     wait_ms: u64,
 }
 
-async fn changes(State(s): State<AppState>, q: Result<Query<ChangesQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+async fn changes(
+    State(s): State<AppState>,
+    q: Result<Query<ChangesQuery>, QueryRejection>,
+) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     Ok(Json(s.filer.changes(q.after, limit, Duration::from_millis(q.wait_ms)).await?))

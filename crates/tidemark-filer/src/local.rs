@@ -6,9 +6,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 
-use tidemark_core::model::{Applied, ChangeRecord, Content, Entry, Fence, Lease, Mutation, NewEntry, Page, Precondition, Txn};
+use tidemark_core::model::{
+    Applied, ChangeRecord, Content, Entry, Fence, Lease, Mutation, NewEntry, Page, Precondition, Txn,
+};
 use tidemark_core::{
-    ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions, path,
+    ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions,
+    path,
 };
 use tidemark_store::SqliteStore;
 
@@ -32,8 +35,14 @@ pub struct LocalFiler {
 impl LocalFiler {
     /// Opens the filer on a data directory with the embedded SQLite store.
     pub fn open(data_dir: DataDir) -> Result<Self> {
+        let file = data_dir.store_file();
+        Self::open_sqlite(data_dir, &file)
+    }
+
+    /// Opens the filer with its SQLite store in `file` (content stays in the data directory).
+    pub fn open_sqlite(data_dir: DataDir, file: &std::path::Path) -> Result<Self> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let store = SqliteStore::open(data_dir.store_file(), clock.clone())?;
+        let store = SqliteStore::open(file, clock.clone())?;
         let blobs = BlobDir::open(data_dir.root())?;
         Ok(LocalFiler { store: Arc::new(store), blobs, clock, _data_dir: Some(data_dir) })
     }
@@ -95,7 +104,10 @@ fn slice_range(len: usize, range: Option<ByteRange>) -> Result<std::ops::Range<u
 
 fn check_range(size: u64, r: ByteRange) -> Result<()> {
     if r.offset > size {
-        return Err(Error::invalid_argument(format!("range starts at {} beyond the end of a {size}-byte file", r.offset)));
+        return Err(Error::invalid_argument(format!(
+            "range starts at {} beyond the end of a {size}-byte file",
+            r.offset
+        )));
     }
     Ok(())
 }
@@ -216,7 +228,9 @@ impl Filer for LocalFiler {
             }
         }
         self.discard(&stored).await;
-        Err(Error::Unavailable { message: format!("{p}: changed concurrently {WRITE_RETRIES} times during the write; retry") })
+        Err(Error::Unavailable {
+            message: format!("{p}: changed concurrently {WRITE_RETRIES} times during the write; retry"),
+        })
     }
 
     async fn delete(&self, p: &str, opts: DeleteOptions) -> Result<Applied> {
@@ -230,14 +244,20 @@ impl Filer for LocalFiler {
         // removing that one would then take the bytes from under this one.
         if let Mutation::Put { entry: NewEntry { content: Content::Blob { id }, .. }, .. } = &txn.mutation {
             let Precondition::Version(v) = txn.precondition else {
-                return Err(Error::invalid_argument("a put that keeps blob content must be conditional on the entry's version"));
+                return Err(Error::invalid_argument(
+                    "a put that keeps blob content must be conditional on the entry's version",
+                ));
             };
             let current = self.store.get(&txn.path).await?;
             match &current {
                 Some(e) if e.version == v && blob_of(Some(e)) == Some(id.as_str()) => {}
-                Some(e) if e.version != v => return Err(Error::PreconditionFailed { path: txn.path, current: Some(e.version) }),
+                Some(e) if e.version != v => {
+                    return Err(Error::PreconditionFailed { path: txn.path, current: Some(e.version) });
+                }
                 None => return Err(Error::PreconditionFailed { path: txn.path, current: None }),
-                Some(_) => return Err(Error::invalid_argument("blob content can only be written through a file write")),
+                Some(_) => {
+                    return Err(Error::invalid_argument("blob content can only be written through a file write"));
+                }
             }
         }
         self.commit(txn).await

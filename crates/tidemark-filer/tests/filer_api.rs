@@ -79,9 +79,18 @@ async fn write_and_read_small_and_large_files(s: &Setup) {
     assert!(matches!(e.content, Content::Blob { .. }));
     assert_eq!(e.size, big.len() as u64);
     assert_eq!(read_all(f, "/docs/big.bin", None).await, big);
-    assert_eq!(read_all(f, "/docs/big.bin", Some(ByteRange { offset: 2_999_990, length: None })).await, &big[2_999_990..]);
-    assert_eq!(read_all(f, "/docs/big.bin", Some(ByteRange { offset: 100, length: Some(1000) })).await, &big[100..1100]);
-    assert!(matches!(f.read("/docs/big.bin", Some(ByteRange { offset: 4_000_000, length: None })).await, Err(Error::InvalidArgument { .. })));
+    assert_eq!(
+        read_all(f, "/docs/big.bin", Some(ByteRange { offset: 2_999_990, length: None })).await,
+        &big[2_999_990..]
+    );
+    assert_eq!(
+        read_all(f, "/docs/big.bin", Some(ByteRange { offset: 100, length: Some(1000) })).await,
+        &big[100..1100]
+    );
+    assert!(matches!(
+        f.read("/docs/big.bin", Some(ByteRange { offset: 4_000_000, length: None })).await,
+        Err(Error::InvalidArgument { .. })
+    ));
 
     // Overwrite a blob with small content, then with nothing.
     f.write("/docs/big.bin", body(b"tiny"), WriteOptions::default()).await.unwrap();
@@ -130,7 +139,10 @@ async fn write_preconditions_and_kind_errors(s: &Setup) {
     let f = &*s.filer;
     let absent = WriteOptions { precondition: Precondition::Absent, ..Default::default() };
     let e = f.write("/p/x", body(b"1"), absent.clone()).await.unwrap();
-    assert_eq!(f.write("/p/x", body(b"2"), absent).await.unwrap_err(), Error::PreconditionFailed { path: "/p/x".into(), current: Some(e.version) });
+    assert_eq!(
+        f.write("/p/x", body(b"2"), absent).await.unwrap_err(),
+        Error::PreconditionFailed { path: "/p/x".into(), current: Some(e.version) }
+    );
     let stale = WriteOptions { precondition: Precondition::Version(e.version + 1000), ..Default::default() };
     assert!(matches!(f.write("/p/x", body(&[7u8; 100_000]), stale).await, Err(Error::PreconditionFailed { .. })));
     let exact = WriteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
@@ -165,7 +177,14 @@ async fn fenced_apply_and_leases(s: &Setup) {
     assert_eq!(lease.generation, 1);
     assert!(matches!(f.lease_acquire("fp-1", "worker-b", ttl).await, Err(Error::LeaseHeld { .. })));
     let entry = NewEntry::file(5, 1, Content::Empty);
-    let a = f.apply(Txn::put("/m/k", entry.clone(), Origin::Remote).with_fence(lease.fence()).with_precondition(Precondition::Absent)).await.unwrap();
+    let a = f
+        .apply(
+            Txn::put("/m/k", entry.clone(), Origin::Remote)
+                .with_fence(lease.fence())
+                .with_precondition(Precondition::Absent),
+        )
+        .await
+        .unwrap();
     assert_eq!(a.new.as_ref().unwrap().size, 5);
     f.lease_renew(&lease.fence(), ttl).await.unwrap();
     assert_eq!(f.lease_get("fp-1").await.unwrap().unwrap().generation, 1);
@@ -205,19 +224,30 @@ async fn apply_cannot_steal_a_blob(s: &Setup) {
     let big = f.write("/b/one", body(&[9u8; 100_000]), WriteOptions::default()).await.unwrap();
     let Content::Blob { .. } = &big.content else { panic!("expected a blob") };
     let stolen = Txn::put("/b/two", big.to_new(), Origin::Local).with_precondition(Precondition::Absent);
-    assert!(matches!(f.apply(stolen).await, Err(Error::InvalidArgument { .. }) | Err(Error::PreconditionFailed { .. })));
+    assert!(matches!(
+        f.apply(stolen).await,
+        Err(Error::InvalidArgument { .. }) | Err(Error::PreconditionFailed { .. })
+    ));
     let unconditional = Txn::put("/b/one", big.to_new(), Origin::Local);
     assert!(matches!(f.apply(unconditional).await, Err(Error::InvalidArgument { .. })));
     // A metadata update that keeps the entry's own blob is fine, and the bytes stay.
     let mut meta = big.to_new();
     meta.extended.insert("k".into(), "v".into());
-    f.apply(Txn::put("/b/one", meta, Origin::Local).with_precondition(Precondition::Version(big.version))).await.unwrap();
+    f.apply(Txn::put("/b/one", meta, Origin::Local).with_precondition(Precondition::Version(big.version)))
+        .await
+        .unwrap();
     assert_eq!(read_all(f, "/b/one", None).await, vec![9u8; 100_000]);
 }
 
 // ---- HTTP only: what a client that is not `HttpFiler` sees ----
 
-async fn raw(addr: &str, method: reqwest::Method, path_and_query: &str, body: Option<&str>, token: Option<&str>) -> (u16, serde_json::Value) {
+async fn raw(
+    addr: &str,
+    method: reqwest::Method,
+    path_and_query: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> (u16, serde_json::Value) {
     let mut rb = reqwest::Client::new().request(method, format!("http://{addr}{path_and_query}"));
     if let Some(b) = body {
         rb = rb.header("content-type", "application/json").body(b.to_string());
@@ -236,7 +266,9 @@ async fn malformed_requests_get_a_4xx_json_error_naming_the_problem() {
     let (_s, addr) = over_http(None).await;
     let get = reqwest::Method::GET;
     let post = reqwest::Method::POST;
-    let cases: Vec<(reqwest::Method, &str, Option<&str>, u16, &str, &str)> = vec![
+    // (method, path and query, body, status, error code, a word the message must contain)
+    type Case<'a> = (reqwest::Method, &'a str, Option<&'a str>, u16, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (get.clone(), "/api/v1/entry", None, 400, "invalid_argument", "path"),
         (get.clone(), "/api/v1/entry?path=relative", None, 400, "invalid_path", "absolute"),
         (get.clone(), "/api/v1/entry?path=/a/../b", None, 400, "invalid_path", "`..`"),
@@ -245,8 +277,22 @@ async fn malformed_requests_get_a_4xx_json_error_naming_the_problem() {
         (get.clone(), "/api/v1/list?dir=/nowhere", None, 404, "not_found", "/nowhere"),
         (post.clone(), "/api/v1/apply", Some("{not json"), 400, "invalid_argument", "JSON"),
         (post.clone(), "/api/v1/apply", Some(r#"{"path": "/x"}"#), 400, "invalid_argument", "mutation"),
-        (post.clone(), "/api/v1/apply", Some(r#"{"path":"/x","mutation":{"op":"explode"},"origin":"local"}"#), 400, "invalid_argument", "explode"),
-        (post.clone(), "/api/v1/lease/acquire", Some(r#"{"name":"x","holder":"h","ttl_ms":0}"#), 400, "invalid_argument", "ttl"),
+        (
+            post.clone(),
+            "/api/v1/apply",
+            Some(r#"{"path":"/x","mutation":{"op":"explode"},"origin":"local"}"#),
+            400,
+            "invalid_argument",
+            "explode",
+        ),
+        (
+            post.clone(),
+            "/api/v1/lease/acquire",
+            Some(r#"{"name":"x","holder":"h","ttl_ms":0}"#),
+            400,
+            "invalid_argument",
+            "ttl",
+        ),
         (get.clone(), "/api/v1/nope", None, 404, "not_found", "endpoint"),
         (reqwest::Method::PATCH, "/api/v1/entry?path=/", None, 405, "invalid_argument", "method"),
         (get.clone(), "/api/v1/changes?after=-1", None, 400, "invalid_argument", "after"),

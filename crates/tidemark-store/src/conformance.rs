@@ -120,7 +120,9 @@ pub async fn ordering_with_tricky_names(h: &Harness) {
     put(s, "/dd").await;
     assert!(!all_below(s, "/d", 100).await.contains(&"/dd".to_string()));
     let root = all_below(s, "/", 100).await;
-    assert!(root.contains(&"/d".to_string()) && root.contains(&"/dd".to_string()) && root.contains(&"/d/a/b".to_string()));
+    assert!(
+        root.contains(&"/d".to_string()) && root.contains(&"/dd".to_string()) && root.contains(&"/d/a/b".to_string())
+    );
 }
 
 pub async fn pagination_boundaries(h: &Harness) {
@@ -152,10 +154,14 @@ pub async fn pagination_boundaries(h: &Harness) {
 pub async fn each_precondition(h: &Harness) {
     let s = &*h.store;
     let v1 = s.apply(Txn::put("/x", file(1), Origin::Local).with_precondition(Precondition::Absent)).await.unwrap().seq;
-    let err = s.apply(Txn::put("/x", file(2), Origin::Local).with_precondition(Precondition::Absent)).await.unwrap_err();
+    let err =
+        s.apply(Txn::put("/x", file(2), Origin::Local).with_precondition(Precondition::Absent)).await.unwrap_err();
     assert_eq!(err, Error::PreconditionFailed { path: "/x".into(), current: Some(v1) });
 
-    let err = s.apply(Txn::put("/x", file(2), Origin::Local).with_precondition(Precondition::Version(v1 + 100))).await.unwrap_err();
+    let err = s
+        .apply(Txn::put("/x", file(2), Origin::Local).with_precondition(Precondition::Version(v1 + 100)))
+        .await
+        .unwrap_err();
     assert_eq!(err, Error::PreconditionFailed { path: "/x".into(), current: Some(v1) });
     assert_eq!(s.get("/x").await.unwrap().unwrap().size, 1, "a failed precondition writes nothing");
 
@@ -166,10 +172,14 @@ pub async fn each_precondition(h: &Harness) {
     assert_eq!(v2, a.seq);
     assert_eq!(s.get("/x").await.unwrap().unwrap().version, v2);
 
-    let err = s.apply(Txn::put("/y", file(0), Origin::Local).with_precondition(Precondition::Version(v2))).await.unwrap_err();
+    let err =
+        s.apply(Txn::put("/y", file(0), Origin::Local).with_precondition(Precondition::Version(v2))).await.unwrap_err();
     assert_eq!(err, Error::PreconditionFailed { path: "/y".into(), current: None });
 
-    let err = s.apply(Txn::delete("/x", false, Origin::Local).with_precondition(Precondition::Version(v1))).await.unwrap_err();
+    let err = s
+        .apply(Txn::delete("/x", false, Origin::Local).with_precondition(Precondition::Version(v1)))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::PreconditionFailed { .. }));
     s.apply(Txn::delete("/x", false, Origin::Local).with_precondition(Precondition::Version(v2))).await.unwrap();
     assert!(s.get("/x").await.unwrap().is_none());
@@ -207,7 +217,8 @@ pub async fn implicit_parents_and_kind_conflicts(h: &Harness) {
 pub async fn inline_content(h: &Harness) {
     let s = &*h.store;
     let data = Bytes::from_static(b"{\"k\": 1}");
-    let txn = Txn::put("/etc/tidemark/doc.json", NewEntry::file(data.len() as u64, 1, Content::Inline), Origin::System).with_data(data.clone());
+    let txn = Txn::put("/etc/tidemark/doc.json", NewEntry::file(data.len() as u64, 1, Content::Inline), Origin::System)
+        .with_data(data.clone());
     s.apply(txn).await.unwrap();
     assert_eq!(s.read_inline("/etc/tidemark/doc.json").await.unwrap(), Some(data));
     assert_eq!(s.get("/etc/tidemark/doc.json").await.unwrap().unwrap().content, Content::Inline);
@@ -247,10 +258,16 @@ pub async fn lease_acquire_renew_expiry_takeover(h: &Harness) {
     // Expiry: after the ttl passes unrenewed, another holder takes over with a new generation,
     // and the old holder can no longer renew or release.
     h.clock.advance_ms(11_000).await;
-    assert!(matches!(s.lease_renew(&a.fence(), 10_000).await, Err(Error::Fenced { .. })), "an expired lease cannot be renewed");
+    assert!(
+        matches!(s.lease_renew(&a.fence(), 10_000).await, Err(Error::Fenced { .. })),
+        "an expired lease cannot be renewed"
+    );
     let b = s.lease_acquire("sub", "worker-b", 10_000).await.unwrap();
     assert_eq!(b.generation, 2);
-    assert_eq!(s.lease_release(&a.fence()).await.unwrap_err(), Error::Fenced { lease: "sub".into(), current_generation: Some(2) });
+    assert_eq!(
+        s.lease_release(&a.fence()).await.unwrap_err(),
+        Error::Fenced { lease: "sub".into(), current_generation: Some(2) }
+    );
 
     // Re-acquiring one's own lease is a new acquisition: a new generation fences the old one.
     let b2 = s.lease_acquire("sub", "worker-b", 10_000).await.unwrap();
@@ -279,12 +296,21 @@ pub async fn stale_generation_write_is_rejected(h: &Harness) {
     let new = s.lease_acquire("fp", "w2", 1_000).await.unwrap();
     let before = s.last_seq().await.unwrap();
     for m in [Mutation::Put { entry: file(3), data: None }, Mutation::Delete { recursive: true }] {
-        let txn = Txn { path: "/m/k".into(), precondition: Precondition::Any, fence: Some(old.fence()), mutation: m, origin: Origin::Remote };
+        let txn = Txn {
+            path: "/m/k".into(),
+            precondition: Precondition::Any,
+            fence: Some(old.fence()),
+            mutation: m,
+            origin: Origin::Remote,
+        };
         assert_eq!(s.apply(txn).await.unwrap_err(), Error::Fenced { lease: "fp".into(), current_generation: Some(2) });
     }
     // A forged fence (right generation, wrong holder) and a fence on an unknown lease fail too.
     let forged = tidemark_core::Fence { holder: "w1".into(), ..new.fence() };
-    assert!(matches!(s.apply(Txn::put("/m/k", file(4), Origin::Remote).with_fence(forged)).await, Err(Error::Fenced { .. })));
+    assert!(matches!(
+        s.apply(Txn::put("/m/k", file(4), Origin::Remote).with_fence(forged)).await,
+        Err(Error::Fenced { .. })
+    ));
     let unknown = tidemark_core::Fence { lease: "nope".into(), ..new.fence() };
     assert_eq!(
         s.apply(Txn::put("/m/k", file(4), Origin::Remote).with_fence(unknown)).await.unwrap_err(),
@@ -308,8 +334,10 @@ pub async fn change_log_order_and_contents(h: &Harness) {
     s.apply(Txn::delete("/c/one", false, Origin::System)).await.unwrap();
 
     let log = s.changes(start, 100).await.unwrap();
-    let summary: Vec<(&str, Origin, Option<u64>, Option<u64>)> =
-        log.iter().map(|c| (c.path.as_str(), c.origin, c.old.as_ref().map(|e| e.size), c.new.as_ref().map(|e| e.size))).collect();
+    let summary: Vec<(&str, Origin, Option<u64>, Option<u64>)> = log
+        .iter()
+        .map(|c| (c.path.as_str(), c.origin, c.old.as_ref().map(|e| e.size), c.new.as_ref().map(|e| e.size)))
+        .collect();
     assert_eq!(
         summary,
         [
@@ -344,7 +372,8 @@ pub async fn cas_race_one_winner_per_version(h: &Harness) {
                 let (s, barrier) = (s.clone(), barrier.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    let txn = Txn::put("/race", file(i as u64), Origin::Local).with_precondition(Precondition::Version(v));
+                    let txn =
+                        Txn::put("/race", file(i as u64), Origin::Local).with_precondition(Precondition::Version(v));
                     s.apply(txn).await
                 })
             })
@@ -366,7 +395,10 @@ pub async fn invalid_input_is_rejected(h: &Harness) {
     let s = &*h.store;
     for bad in ["relative", "/trailing/", "/a//b", "/a/../b", "/nul\0"] {
         assert!(matches!(s.get(bad).await, Err(Error::InvalidPath { .. })), "get {bad:?}");
-        assert!(matches!(s.apply(Txn::put(bad, file(0), Origin::Local)).await, Err(Error::InvalidPath { .. })), "put {bad:?}");
+        assert!(
+            matches!(s.apply(Txn::put(bad, file(0), Origin::Local)).await, Err(Error::InvalidPath { .. })),
+            "put {bad:?}"
+        );
     }
     assert!(matches!(s.apply(Txn::delete("/", true, Origin::Local)).await, Err(Error::InvalidArgument { .. })));
     assert!(matches!(s.apply(Txn::put("/", file(0), Origin::Local)).await, Err(Error::InvalidArgument { .. })));

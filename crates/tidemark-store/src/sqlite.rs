@@ -15,7 +15,9 @@ use bytes::Bytes;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::watch;
 
-use tidemark_core::model::{Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, Txn};
+use tidemark_core::model::{
+    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, Txn,
+};
 use tidemark_core::{Clock, Error, MetaStore, Result, path};
 
 /// The schema, one migration per version; `PRAGMA user_version` records how many have run.
@@ -83,9 +85,16 @@ impl SqliteStore {
             .execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
             .map_err(db_err)?;
         migrate(&mut writer, clock.now_ms())?;
-        let last: i64 = writer.query_row("SELECT value FROM counters WHERE name = 'seq'", [], |r| r.get(0)).map_err(db_err)?;
+        let last: i64 =
+            writer.query_row("SELECT value FROM counters WHERE name = 'seq'", [], |r| r.get(0)).map_err(db_err)?;
         let (seq_tx, _) = watch::channel(last as u64);
-        Ok(SqliteStore { file, writer: Arc::new(Mutex::new(writer)), readers: Arc::new(Mutex::new(Vec::new())), clock, seq_tx })
+        Ok(SqliteStore {
+            file,
+            writer: Arc::new(Mutex::new(writer)),
+            readers: Arc::new(Mutex::new(Vec::new())),
+            clock,
+            seq_tx,
+        })
     }
 
     pub fn file(&self) -> &Path {
@@ -93,8 +102,9 @@ impl SqliteStore {
     }
 
     fn open_reader(&self) -> Result<Connection> {
-        let c = Connection::open_with_flags(&self.file, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-            .map_err(db_err)?;
+        let c =
+            Connection::open_with_flags(&self.file, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(db_err)?;
         c.execute_batch("PRAGMA busy_timeout = 5000;").map_err(db_err)?;
         Ok(c)
     }
@@ -251,7 +261,15 @@ fn next_seq(conn: &Connection) -> Result<u64> {
     Ok(v as u64)
 }
 
-fn log_change(conn: &Connection, seq: u64, ts_ms: i64, p: &str, origin: Origin, old: Option<&Entry>, new: Option<&Entry>) -> Result<()> {
+fn log_change(
+    conn: &Connection,
+    seq: u64,
+    ts_ms: i64,
+    p: &str,
+    origin: Origin,
+    old: Option<&Entry>,
+    new: Option<&Entry>,
+) -> Result<()> {
     let enc = |e: Option<&Entry>| e.map(serde_json::to_string).transpose().map_err(json_err);
     conn.prepare_cached("INSERT INTO changelog (seq, ts_ms, path, origin, old, new) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
         .map_err(db_err)?
@@ -262,7 +280,12 @@ fn log_change(conn: &Connection, seq: u64, ts_ms: i64, p: &str, origin: Origin, 
 
 fn get_lease(conn: &Connection, name: &str) -> Result<Option<Lease>> {
     conn.query_row("SELECT name, holder, generation, expires_at_ms FROM leases WHERE name = ?1", [name], |r| {
-        Ok(Lease { name: r.get(0)?, holder: r.get(1)?, generation: r.get::<_, i64>(2)? as u64, expires_at_ms: r.get(3)? })
+        Ok(Lease {
+            name: r.get(0)?,
+            holder: r.get(1)?,
+            generation: r.get::<_, i64>(2)? as u64,
+            expires_at_ms: r.get(3)?,
+        })
     })
     .optional()
     .map_err(db_err)
@@ -402,8 +425,10 @@ impl MetaStore for SqliteStore {
         path::validate(p)?;
         let p = p.to_string();
         self.read(move |c| {
-            let data: Option<Option<Vec<u8>>> =
-                c.query_row("SELECT data FROM entries WHERE path = ?1", [&p], |r| r.get(0)).optional().map_err(db_err)?;
+            let data: Option<Option<Vec<u8>>> = c
+                .query_row("SELECT data FROM entries WHERE path = ?1", [&p], |r| r.get(0))
+                .optional()
+                .map_err(db_err)?;
             Ok(data.flatten().map(Bytes::from))
         })
         .await
@@ -448,8 +473,11 @@ impl MetaStore for SqliteStore {
         self.write(move |tx, now| {
             let mut lease = check_fence(tx, &fence, now)?;
             lease.expires_at_ms = now.saturating_add(ttl_ms);
-            tx.execute("UPDATE leases SET expires_at_ms = ?2 WHERE name = ?1", params![lease.name, lease.expires_at_ms])
-                .map_err(db_err)?;
+            tx.execute(
+                "UPDATE leases SET expires_at_ms = ?2 WHERE name = ?1",
+                params![lease.name, lease.expires_at_ms],
+            )
+            .map_err(db_err)?;
             Ok(lease)
         })
         .await
@@ -462,7 +490,10 @@ impl MetaStore for SqliteStore {
                 // An expired lease that nobody has taken since is still ours to release.
                 Some(l) if l.holder == fence.holder && l.generation == fence.generation => {}
                 other => {
-                    return Err(Error::Fenced { lease: fence.lease.clone(), current_generation: other.map(|l| l.generation) });
+                    return Err(Error::Fenced {
+                        lease: fence.lease.clone(),
+                        current_generation: other.map(|l| l.generation),
+                    });
                 }
             }
             tx.execute("UPDATE leases SET expires_at_ms = 0 WHERE name = ?1", [&fence.lease]).map_err(db_err)?;
@@ -479,7 +510,9 @@ impl MetaStore for SqliteStore {
     async fn changes(&self, after: u64, limit: usize) -> Result<Vec<ChangeRecord>> {
         self.read(move |c| {
             let mut stmt = c
-                .prepare_cached("SELECT seq, ts_ms, path, origin, old, new FROM changelog WHERE seq > ?1 ORDER BY seq LIMIT ?2")
+                .prepare_cached(
+                    "SELECT seq, ts_ms, path, origin, old, new FROM changelog WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                )
                 .map_err(db_err)?;
             let rows = stmt
                 .query_map(params![after as i64, limit as i64], |r| {
@@ -497,7 +530,8 @@ impl MetaStore for SqliteStore {
             let mut out = Vec::new();
             for row in rows {
                 let (seq, ts_ms, path, origin, old, new) = row.map_err(db_err)?;
-                let origin = Origin::parse(&origin).ok_or_else(|| Error::internal(format!("unknown origin {origin:?} in the change log")))?;
+                let origin = Origin::parse(&origin)
+                    .ok_or_else(|| Error::internal(format!("unknown origin {origin:?} in the change log")))?;
                 out.push(ChangeRecord { seq: seq as u64, ts_ms, path, origin, old: dec(old)?, new: dec(new)? });
             }
             Ok(out)

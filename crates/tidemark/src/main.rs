@@ -1,1 +1,47 @@
-fn main() {}
+//! `tidemark`: one binary, several roles. See `tidemark --help`.
+
+use clap::{Parser, Subcommand};
+use tidemark::roles;
+
+#[derive(Parser)]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Keeps a filesystem namespace mounted from a cloud bucket in sync with that bucket.",
+    long_about = "Tidemark keeps a filesystem namespace mounted from a cloud bucket (a remote mount) in sync \
+                  with that bucket by consuming the bucket's event notifications, with full reconciles as a backstop.\n\n\
+                  Start with `tidemark server --data-dir ./data`, then talk to it with `tidemark shell`."
+)]
+struct Cli {
+    #[command(subcommand)]
+    role: Role,
+}
+
+#[derive(Subcommand)]
+enum Role {
+    /// Run the filer: the namespace, its store, and the HTTP API (/api/v1/).
+    Filer(roles::FilerArgs),
+    /// Run everything in one process on the embedded store: the default way to run Tidemark.
+    Server(roles::ServerArgs),
+    /// The operator's shell: `tidemark shell -c "fs.ls -l /"`, or interactive.
+    Shell(roles::ShellArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(async move {
+        match cli.role {
+            Role::Filer(a) => roles::run_filer(a).await,
+            Role::Server(a) => roles::run_server(a).await,
+            Role::Shell(a) => roles::run_shell(a).await,
+        }
+    });
+    std::process::exit(code);
+}

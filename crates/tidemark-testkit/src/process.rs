@@ -1,0 +1,113 @@
+//! Tidemark's own processes, started from the binary under test.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A free TCP port on 127.0.0.1 (free when asked; bind soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port on 127.0.0.1")
+}
+
+/// A running `tidemark` role. Killed (SIGKILL) on drop.
+pub struct TidemarkProcess {
+    child: Option<Child>,
+    /// `127.0.0.1:PORT` of its HTTP API.
+    pub addr: String,
+    pub data_dir: PathBuf,
+    stderr_log: PathBuf,
+}
+
+impl TidemarkProcess {
+    /// Starts `tidemark server --data-dir DIR --filer-addr 127.0.0.1:0 EXTRA...` and waits until
+    /// it prints the address it listens on.
+    pub fn server(bin: &Path, data_dir: &Path, extra: &[&str]) -> Self {
+        let mut args =
+            vec!["server", "--data-dir", data_dir.to_str().expect("UTF-8 temp path"), "--filer-addr", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        Self::start(bin, data_dir, &args)
+    }
+
+    /// Starts `tidemark ARGS...`, which must print `... listening on http://ADDR ...` on stdout.
+    pub fn start(bin: &Path, data_dir: &Path, args: &[&str]) -> Self {
+        let stderr_log = data_dir.with_extension("stderr.log");
+        let log = std::fs::File::create(&stderr_log).expect("creating the stderr log");
+        let mut child = Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+                }
+            }
+        });
+        let mut p =
+            TidemarkProcess { child: Some(child), addr: String::new(), data_dir: data_dir.to_path_buf(), stderr_log };
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addr) => p.addr = addr,
+            Err(_) => panic!("tidemark {args:?} did not start within 30 s; stderr:\n{}", p.stderr()),
+        }
+        p
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// SIGKILL: no chance to clean up, as in a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for the process to exit by itself (after a signal sent elsewhere).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        let c = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = c.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for TidemarkProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs `tidemark shell --filer ADDR -c COMMANDS` and returns its output.
+pub fn run_shell(bin: &Path, addr: &str, commands: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(bin);
+    cmd.args(["shell", "--filer", addr, "-c", commands]).env_remove("TIDEMARK_TOKEN").stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap_or_else(|e| panic!("running the shell: {e}"))
+}

@@ -1,0 +1,157 @@
+//! The shell's commands. Each is a row of [`ALL`]: its name, synopsis, flags and body.
+
+use futures::StreamExt;
+use tidemark_core::model::Entry;
+use tidemark_core::{ByteStream, DeleteOptions, WriteOptions, format_rfc3339_ms, path};
+
+use super::flags::{Args, switch};
+use super::{CmdError, Command, Context, Out};
+
+pub static ALL: &[Command] = &[
+    Command {
+        name: "fs.ls",
+        synopsis: "[-l] [PATH]",
+        summary: "list a directory (default /), or show one file",
+        details: "With -l: mode, size in bytes, modification time (UTC) and name. Directories end in `/`.",
+        flags: &[switch("l", "long listing: mode, size, mtime, name")],
+        positional: (0, 1),
+        run: |ctx, args, out| Box::pin(fs_ls(ctx, args, out)),
+    },
+    Command {
+        name: "fs.meta.cat",
+        synopsis: "PATH",
+        summary: "print an entry's metadata as JSON",
+        details: "",
+        flags: &[],
+        positional: (1, 1),
+        run: |ctx, args, out| Box::pin(fs_meta_cat(ctx, args, out)),
+    },
+    Command {
+        name: "fs.cat",
+        synopsis: "PATH",
+        summary: "print a file's content",
+        details: "",
+        flags: &[],
+        positional: (1, 1),
+        run: |ctx, args, out| Box::pin(fs_cat(ctx, args, out)),
+    },
+    Command {
+        name: "fs.put",
+        synopsis: "LOCALFILE PATH",
+        summary: "upload a local file (or - for stdin) to PATH",
+        details: "If PATH is an existing directory or ends in `/`, the file keeps its name inside it.\n\
+                  The entry appears only once every byte is stored: an interrupted upload leaves the old entry.",
+        flags: &[],
+        positional: (2, 2),
+        run: |ctx, args, out| Box::pin(fs_put(ctx, args, out)),
+    },
+    Command {
+        name: "fs.rm",
+        synopsis: "[-r] PATH",
+        summary: "remove a file, or with -r a directory and everything below it",
+        details: "",
+        flags: &[switch("r", "remove a directory and everything below it")],
+        positional: (1, 1),
+        run: |ctx, args, out| Box::pin(fs_rm(ctx, args, out)),
+    },
+];
+
+fn user_path(s: &str) -> Result<String, CmdError> {
+    path::normalize_user_path(s).map_err(|e| CmdError::Usage(e.to_string()))
+}
+
+fn mode_string(e: &Entry) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(if e.is_dir() { 'd' } else { '-' });
+    for shift in [6, 3, 0] {
+        let bits = (e.mode >> shift) & 0o7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+fn print_entry(out: Out<'_>, e: &Entry, long: bool) -> std::io::Result<()> {
+    let name = if e.path == path::ROOT { "/" } else { e.name() };
+    let slash = if e.is_dir() && e.path != path::ROOT { "/" } else { "" };
+    if long {
+        writeln!(out, "{} {:>12} {} {name}{slash}", mode_string(e), e.size, format_rfc3339_ms(e.mtime_ms))
+    } else {
+        writeln!(out, "{name}{slash}")
+    }
+}
+
+async fn fs_ls(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
+    let p = user_path(args.positional.first().map_or("/", String::as_str))?;
+    let long = args.is_set("l");
+    let entry = ctx.filer.stat(&p).await?.ok_or_else(|| CmdError::Failed(format!("{p}: no such entry")))?;
+    if !entry.is_dir() {
+        print_entry(out, &entry, long)?;
+        return Ok(());
+    }
+    let mut after: Option<String> = None;
+    loop {
+        let page = ctx.filer.list(&p, after.as_deref(), 1000).await?;
+        for e in &page.entries {
+            print_entry(&mut *out, e, long)?;
+        }
+        match page.next {
+            Some(n) => after = Some(n),
+            None => return Ok(()),
+        }
+    }
+}
+
+async fn fs_meta_cat(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
+    let p = user_path(&args.positional[0])?;
+    let entry = ctx.filer.stat(&p).await?.ok_or_else(|| CmdError::Failed(format!("{p}: no such entry")))?;
+    let json = serde_json::to_string_pretty(&entry).map_err(|e| CmdError::Failed(e.to_string()))?;
+    writeln!(out, "{json}")?;
+    Ok(())
+}
+
+async fn fs_cat(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
+    let p = user_path(&args.positional[0])?;
+    let (_, mut stream) = ctx.filer.read(&p, None).await?;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| CmdError::Failed(format!("{p}: reading content: {e}")))?;
+        out.write_all(&chunk)?;
+    }
+    Ok(())
+}
+
+async fn fs_put(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
+    let local = &args.positional[0];
+    let target = &args.positional[1];
+    let body: ByteStream = if local == "-" {
+        tokio_util::io::ReaderStream::new(tokio::io::stdin()).boxed()
+    } else {
+        let f = tokio::fs::File::open(local).await.map_err(|e| CmdError::Failed(format!("{local}: {e}")))?;
+        if f.metadata().await.is_ok_and(|m| m.is_dir()) {
+            return Err(CmdError::Failed(format!("{local}: is a directory; fs.put uploads one file")));
+        }
+        tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024).boxed()
+    };
+    let mut dest = user_path(target)?;
+    let into_dir = target.ends_with('/') || ctx.filer.stat(&dest).await?.is_some_and(|e| e.is_dir());
+    if into_dir {
+        let name =
+            std::path::Path::new(local).file_name().and_then(|n| n.to_str()).filter(|_| local != "-").ok_or_else(
+                || CmdError::Usage(format!("{target} is a directory; name the file to write (PATH/NAME)")),
+            )?;
+        dest = user_path(&path::join(&dest, name))?;
+    }
+    let entry = ctx.filer.write(&dest, body, WriteOptions::default()).await?;
+    writeln!(out, "{dest}: {} bytes, version {}", entry.size, entry.version)?;
+    Ok(())
+}
+
+async fn fs_rm(ctx: &Context, args: Args, _out: Out<'_>) -> Result<(), CmdError> {
+    let p = user_path(&args.positional[0])?;
+    if p == path::ROOT {
+        return Err(CmdError::Failed("refusing to remove /".into()));
+    }
+    ctx.filer.delete(&p, DeleteOptions { recursive: args.is_set("r"), ..Default::default() }).await?;
+    Ok(())
+}

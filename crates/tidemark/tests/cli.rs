@@ -1,0 +1,220 @@
+//! The `tidemark` binary as a user runs it: the quick start, the shell's one-shot and script
+//! modes, its errors, and the filer's refusals.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use tidemark_testkit::{TidemarkProcess, free_port, run_shell};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn no_panic(o: &Output) {
+    let err = text(&o.stderr);
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
+
+fn ok(o: Output) -> String {
+    no_panic(&o);
+    assert!(o.status.success(), "failed ({:?}): {}", o.status, text(&o.stderr));
+    text(&o.stdout)
+}
+
+fn fails(o: Output) -> String {
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "should fail: stdout {} stderr {}", text(&o.stdout), text(&o.stderr));
+    text(&o.stderr)
+}
+
+#[test]
+fn quick_start_put_ls_cat() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let readme = tmp.path().join("README.md");
+    let content = "# Tidemark\nkeeps a namespace in sync with a bucket.\n".repeat(50);
+    std::fs::write(&readme, &content).unwrap();
+    let out = ok(run_shell(
+        bin(),
+        &server.addr,
+        &format!("fs.put {} /docs/readme.md; fs.ls -l /docs; fs.cat /docs/readme.md", readme.display()),
+        &[],
+    ));
+    let listing = out.lines().find(|l| l.ends_with(" readme.md")).unwrap_or_else(|| panic!("no listing in {out}"));
+    assert!(listing.starts_with("-rw-r--r--"), "{listing}");
+    assert!(listing.contains(&format!(" {} ", content.len())), "size in {listing}");
+    assert!(out.ends_with(&content), "fs.cat prints the bytes");
+
+    let meta = ok(run_shell(bin(), &server.addr, "fs.meta.cat /docs/readme.md", &[]));
+    let json: serde_json::Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(json["size"], content.len());
+    assert_eq!(json["kind"], "file");
+
+    let root = ok(run_shell(bin(), &server.addr, "fs.ls /", &[]));
+    assert_eq!(root.trim(), "docs/");
+}
+
+#[test]
+fn large_files_round_trip_and_directories_take_the_file_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let big: Vec<u8> = (0..5_000_000u32).map(|i| (i % 253) as u8).collect();
+    let local = tmp.path().join("big.bin");
+    std::fs::write(&local, &big).unwrap();
+    ok(run_shell(bin(), &server.addr, &format!("fs.put {} /data/", local.display()), &[]));
+    let out =
+        Command::new(bin()).args(["shell", "--filer", &server.addr, "-c", "fs.cat /data/big.bin"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(out.stdout == big, "5 MB came back intact ({} bytes)", out.stdout.len());
+}
+
+#[test]
+fn shell_errors_print_usage_and_exit_non_zero() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let a = &server.addr;
+
+    let err = fails(run_shell(bin(), a, "fs.nope /x", &[]));
+    assert!(err.contains("unknown command \"fs.nope\"") && err.contains("commands:") && err.contains("fs.ls"), "{err}");
+
+    let err = fails(run_shell(bin(), a, "fs.ls -bogus /", &[]));
+    assert!(err.contains("unknown flag -bogus") && err.contains("usage: fs.ls [-l] [PATH]"), "{err}");
+
+    let err = fails(run_shell(bin(), a, "fs.cat", &[]));
+    assert!(err.contains("missing argument") && err.contains("usage: fs.cat PATH"), "{err}");
+
+    let err = fails(run_shell(bin(), a, "fs.cat /a /b", &[]));
+    assert!(err.contains("unexpected argument \"/b\""), "{err}");
+
+    let err = fails(run_shell(bin(), a, "fs.ls relative/path", &[]));
+    assert!(err.contains("must be absolute"), "{err}");
+
+    let err = fails(run_shell(bin(), a, "fs.cat '/unterminated", &[]));
+    assert!(err.contains("unterminated"), "{err}");
+
+    let err = fails(run_shell(bin(), a, "fs.cat /missing", &[]));
+    assert!(err.contains("/missing: no such entry"), "{err}");
+
+    // One-shot mode stops at the first failure: the second command never runs.
+    let file = tmp.path().join("f.txt");
+    std::fs::write(&file, "x").unwrap();
+    fails(run_shell(bin(), a, &format!("fs.cat /missing; fs.put {} /after", file.display()), &[]));
+    fails(run_shell(bin(), a, "fs.cat /after", &[]));
+
+    let err = fails(run_shell(bin(), a, "fs.put /no/such/local/file /x", &[]));
+    assert!(err.contains("/no/such/local/file"), "{err}");
+
+    let help = ok(run_shell(bin(), a, "help fs.put", &[]));
+    assert!(help.contains("usage: fs.put LOCALFILE PATH"), "{help}");
+    fails(run_shell(bin(), a, "help fs.nope", &[]));
+}
+
+#[test]
+fn commands_from_stdin_run_as_a_script() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let file = tmp.path().join("s.txt");
+    std::fs::write(&file, "scripted").unwrap();
+    let mut child = Command::new(bin())
+        .args(["shell", "--filer", &server.addr])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let script = format!("# a comment\nfs.put {} /s/one\n\nfs.cat /s/one\n", file.display());
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), script.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    let out = ok(child.wait_with_output().unwrap());
+    assert!(out.ends_with("scripted"), "{out}");
+}
+
+#[test]
+fn an_unreachable_filer_is_one_clear_error() {
+    let port = free_port();
+    let err = fails(run_shell(bin(), &format!("127.0.0.1:{port}"), "fs.ls /", &[]));
+    assert!(err.contains("cannot connect to the filer") && err.contains(&port.to_string()), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn a_token_is_required_when_set_and_needed_beyond_loopback() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args(["filer", "--data-dir"])
+        .arg(tmp.path().join("d"))
+        .args(["--addr", "0.0.0.0:0"])
+        .env_remove("TIDEMARK_TOKEN")
+        .output()
+        .unwrap();
+    no_panic(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("without a token"), "{}", text(&out.stderr));
+
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &["--token", "s3cret"]);
+    let err = fails(run_shell(bin(), &server.addr, "fs.ls /", &[]));
+    assert!(err.contains("unauthorized") && err.contains("TIDEMARK_TOKEN"), "{err}");
+    ok(run_shell(bin(), &server.addr, "fs.ls /", &[("TIDEMARK_TOKEN", "s3cret")]));
+}
+
+#[test]
+fn a_data_directory_serves_one_process_and_bad_store_urls_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let _first = TidemarkProcess::server(bin(), &data, &[]);
+    let out = Command::new(bin())
+        .args(["server", "--data-dir"])
+        .arg(&data)
+        .args(["--filer-addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    no_panic(&out);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("in use by another tidemark process"), "{}", text(&out.stderr));
+
+    for (store, says) in [("postgres://localhost/db", "PostgreSQL"), ("mysql://x", "unknown --store")] {
+        let out = Command::new(bin())
+            .args(["filer", "--data-dir"])
+            .arg(tmp.path().join("other"))
+            .args(["--addr", "127.0.0.1:0", "--store", store])
+            .output()
+            .unwrap();
+        no_panic(&out);
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly_and_data_survives_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut server = TidemarkProcess::server(bin(), &data, &[]);
+    let file = tmp.path().join("keep.txt");
+    std::fs::write(&file, "kept").unwrap();
+    ok(run_shell(bin(), &server.addr, &format!("fs.put {} /keep.txt", file.display()), &[]));
+    let status = Command::new("kill").args(["-TERM", &server.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    let exit = server.wait_exit(std::time::Duration::from_secs(10)).expect("the server exits on SIGTERM");
+    assert!(exit.success(), "{exit:?}: {}", server.stderr());
+    let server = TidemarkProcess::server(bin(), &data, &[]);
+    assert_eq!(ok(run_shell(bin(), &server.addr, "fs.cat /keep.txt", &[])), "kept");
+}
+
+#[test]
+fn help_explains_every_role() {
+    let out = ok(Command::new(bin()).arg("--help").output().unwrap());
+    for role in ["filer", "server", "shell"] {
+        assert!(out.contains(role), "{out}");
+    }
+    let out = ok(Command::new(bin()).args(["server", "--help"]).output().unwrap());
+    assert!(out.contains("--data-dir") && out.contains("--filer-addr") && out.contains("--token"), "{out}");
+    let out = Command::new(bin()).args(["server", "--bogus"]).output().unwrap();
+    no_panic(&out);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("--bogus"));
+}
