@@ -3,11 +3,13 @@
 //! client). Nothing in this crate performs I/O, so everything here is testable exhaustively.
 
 pub mod clock;
+pub mod decide;
 pub mod error;
 pub mod filer;
 pub mod keymap;
 pub mod model;
 pub mod path;
+pub mod remote;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, format_rfc3339_ms};
@@ -17,4 +19,5 @@ pub use model::{
     Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, Precondition,
     RemoteEntry, Txn,
 };
+pub use remote::{RemoteObject, RemoteStorage};
 pub use store::MetaStore;

@@ -27,6 +27,9 @@ pub enum Content {
     Inline,
     /// Content in a file of the filer's data directory, named by `id`.
     Blob { id: String },
+    /// The bytes are those of the remote object the entry's `remote` describes; they are fetched
+    /// when read (lazily), never when the metadata is synced.
+    Remote,
 }
 
 /// What the namespace believes the remote object behind an entry is.

@@ -1,0 +1,3 @@
+//! Amazon Web Services and S3-compatible stores.
+
+pub mod s3;

@@ -1,0 +1,218 @@
+//! S3 (and S3-compatibles) through the AWS SDK. Keys are sent and listed verbatim — the SDK does
+//! not normalise them — so a bucket holding `a//b` or `x/../y` lists fine and Tidemark's key
+//! mapping decides what to do with such keys.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_s3::Client;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream as AwsBody;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use tidemark_core::remote::{ListPage, RemoteConf, RemoteObject, normalize_etag};
+use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result};
+
+pub const SETTINGS: &[(&str, &str)] = &[
+    ("access_key", "access key id (default: the standard AWS credential chain)"),
+    ("secret_key", "secret access key"),
+    ("session_token", "session token, for temporary credentials"),
+    ("region", "region (default us-east-1)"),
+    ("endpoint", "endpoint URL of an S3-compatible store or emulator, e.g. http://127.0.0.1:5000"),
+    ("force_path_style", "true to address buckets as ENDPOINT/BUCKET (default: true when an endpoint is set)"),
+];
+
+#[derive(Clone, Debug)]
+pub struct S3Storage {
+    client: Client,
+    bucket: String,
+    remote: String,
+}
+
+/// The SDK configuration for a remote: credentials, region, endpoint. Shared with the SQS and
+/// SNS clients of the same remote.
+pub async fn sdk_config(conf: &RemoteConf) -> Result<aws_config::SdkConfig> {
+    let region = conf.setting("region").unwrap_or("us-east-1").to_string();
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region))
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .operation_attempt_timeout(Duration::from_secs(60))
+                .build(),
+        );
+    match (conf.setting("access_key"), conf.setting("secret_key")) {
+        (Some(ak), Some(sk)) => {
+            let creds = aws_sdk_s3::config::Credentials::new(
+                ak,
+                sk,
+                conf.setting("session_token").map(str::to_string),
+                None,
+                "tidemark-remote-configure",
+            );
+            loader = loader.credentials_provider(creds);
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::invalid_argument(format!(
+                "remote {:?}: set both -s3.access_key and -s3.secret_key, or neither (to use the AWS credential chain)",
+                conf.name
+            )));
+        }
+    }
+    if let Some(ep) = conf.setting("endpoint") {
+        loader = loader.endpoint_url(ep);
+    }
+    Ok(loader.load().await)
+}
+
+impl S3Storage {
+    pub async fn connect(conf: &RemoteConf, bucket: &str) -> Result<Self> {
+        if bucket.is_empty() {
+            return Err(Error::invalid_argument("an empty bucket name"));
+        }
+        let sdk = sdk_config(conf).await?;
+        let path_style = match conf.setting("force_path_style") {
+            Some(v) => v == "true",
+            None => conf.setting("endpoint").is_some(),
+        };
+        let s3conf = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(path_style).build();
+        Ok(S3Storage { client: Client::from_conf(s3conf), bucket: bucket.into(), remote: conf.name.clone() })
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// An SDK error as one line that says which call failed and what to do.
+    fn error<E: ProvideErrorMetadata + std::error::Error + 'static>(&self, op: &str, key: &str, e: SdkError<E>) -> Error {
+        let target = if key.is_empty() { format!("s3://{}", self.bucket) } else { format!("s3://{}/{key}", self.bucket) };
+        let status = e.raw_response().map(|r| r.status().as_u16());
+        let code = e.code().unwrap_or_default().to_string();
+        let detail = e.message().unwrap_or_default().to_string();
+        match (&e, status, code.as_str()) {
+            (SdkError::DispatchFailure(d), _, _) => Error::Unavailable {
+                message: format!(
+                    "{op} {target}: cannot reach the endpoint of remote {:?} ({}); check -s3.endpoint and the network",
+                    self.remote,
+                    d.as_connector_error().map(|c| c.to_string()).unwrap_or_else(|| "dispatch failure".into())
+                ),
+            },
+            (SdkError::TimeoutError(_), _, _) => {
+                Error::Unavailable { message: format!("{op} {target}: the endpoint of remote {:?} timed out", self.remote) }
+            }
+            (_, _, "NoSuchBucket") => Error::NotFound {
+                path: format!("bucket {:?} of remote {:?} (it does not exist; check -remote=)", self.bucket, self.remote),
+            },
+            (_, Some(403), _) | (_, _, "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken") => {
+                Error::Unauthorized {
+                    message: format!(
+                        "{op} {target} was refused ({code}{}): check the credentials of remote {:?} (remote.configure) and that they may {op}",
+                        if detail.is_empty() { String::new() } else { format!(": {detail}") },
+                        self.remote
+                    ),
+                }
+            }
+            (_, Some(404), _) | (_, _, "NoSuchKey" | "NotFound") => Error::not_found(target),
+            (_, Some(412), _) | (_, _, "PreconditionFailed") => Error::PreconditionFailed { path: target, current: None },
+            (_, Some(s), _) if s >= 500 => {
+                Error::Unavailable { message: format!("{op} {target}: the store answered {s} {code} {detail}") }
+            }
+            _ => Error::internal(format!("{op} {target}: {code} {detail} ({})", aws_sdk_s3::error::DisplayErrorContext(&e))),
+        }
+    }
+}
+
+fn ms_of(t: Option<&aws_sdk_s3::primitives::DateTime>) -> i64 {
+    t.and_then(|t| t.to_millis().ok()).unwrap_or(0)
+}
+
+#[async_trait]
+impl RemoteStorage for S3Storage {
+    fn describe(&self) -> String {
+        format!("s3://{}", self.bucket)
+    }
+
+    async fn stat(&self, key: &str) -> Result<Option<RemoteObject>> {
+        match self.client.head_object().bucket(&self.bucket).key(key).send().await {
+            Ok(h) => Ok(Some(RemoteObject {
+                key: key.to_string(),
+                size: h.content_length().unwrap_or(0).max(0) as u64,
+                etag: normalize_etag(h.e_tag().unwrap_or_default()),
+                last_modified_ms: ms_of(h.last_modified()),
+                version_id: h.version_id().map(str::to_string),
+                user_metadata: Some(
+                    h.metadata().map(|m| m.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.clone())).collect()).unwrap_or_default(),
+                ),
+            })),
+            Err(e) => match self.error("HeadObject", key, e) {
+                Error::NotFound { path } if !path.starts_with("bucket ") => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
+        let mut req = self.client.list_objects_v2().bucket(&self.bucket).max_keys(max.clamp(1, 1000) as i32);
+        if !prefix.is_empty() {
+            req = req.prefix(prefix);
+        }
+        match page {
+            Some(token) => req = req.continuation_token(token),
+            None => {
+                if let Some(a) = start_after {
+                    req = req.start_after(a);
+                }
+            }
+        }
+        let out = req.send().await.map_err(|e| self.error("ListObjectsV2", "", e))?;
+        let objects = out
+            .contents()
+            .iter()
+            .filter_map(|o| {
+                Some(RemoteObject {
+                    key: o.key()?.to_string(),
+                    size: o.size().unwrap_or(0).max(0) as u64,
+                    etag: normalize_etag(o.e_tag().unwrap_or_default()),
+                    last_modified_ms: ms_of(o.last_modified()),
+                    version_id: None,
+                    user_metadata: None,
+                })
+            })
+            .collect();
+        let next = if out.is_truncated().unwrap_or(false) { out.next_continuation_token().map(str::to_string) } else { None };
+        Ok(ListPage { objects, next })
+    }
+
+    async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream> {
+        let mut req = self.client.get_object().bucket(&self.bucket).key(key);
+        if let Some(r) = range {
+            req = req.range(match r.length {
+                Some(0) => return Ok(futures::stream::empty().boxed()),
+                Some(n) => format!("bytes={}-{}", r.offset, r.offset + n - 1),
+                None => format!("bytes={}-", r.offset),
+            });
+        }
+        if let Some(e) = if_etag {
+            req = req.if_match(format!("\"{e}\""));
+        }
+        let out = req.send().await.map_err(|e| self.error("GetObject", key, e))?;
+        Ok(tokio_util::io::ReaderStream::new(out.body.into_async_read()).boxed())
+    }
+
+    async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject> {
+        let mut req = self.client.put_object().bucket(&self.bucket).key(key).body(AwsBody::from(body));
+        for (k, v) in metadata {
+            req = req.metadata(k, v);
+        }
+        req.send().await.map_err(|e| self.error("PutObject", key, e))?;
+        self.stat(key).await?.ok_or_else(|| Error::internal(format!("s3://{}/{key}: missing right after PutObject", self.bucket)))
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.client.delete_object().bucket(&self.bucket).key(key).send().await.map_err(|e| self.error("DeleteObject", key, e))?;
+        Ok(())
+    }
+}

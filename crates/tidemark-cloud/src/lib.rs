@@ -1,0 +1,40 @@
+//! Cloud providers, one folder each, behind the provider-neutral traits of `tidemark-core`.
+//!
+//! - [`aws`]: S3 and S3-compatibles (AWS SDK).
+//! - [`local`]: a directory on this machine as a bucket.
+//! - [`memory`]: an in-process bucket, for the simulation and benchmarks.
+//! - [`conformance`]: the `RemoteStorage` suite every provider's tests run.
+//!
+//! [`open_storage`] turns a `remote.configure` record and a bucket into a `RemoteStorage`.
+
+pub mod aws;
+pub mod conformance;
+pub mod local;
+pub mod memory;
+
+use std::sync::Arc;
+
+use tidemark_core::remote::{RemoteConf, StorageKind};
+use tidemark_core::{Error, RemoteStorage, Result};
+
+/// The settings each kind of remote takes (`remote.configure -TYPE.SETTING=...`).
+pub fn known_settings(kind: StorageKind) -> &'static [(&'static str, &'static str)] {
+    match kind {
+        StorageKind::S3 => aws::s3::SETTINGS,
+        StorageKind::Local => local::SETTINGS,
+        StorageKind::Gcs | StorageKind::Azure => &[],
+    }
+}
+
+/// Opens `bucket` of the configured remote.
+pub async fn open_storage(conf: &RemoteConf, bucket: &str) -> Result<Arc<dyn RemoteStorage>> {
+    match conf.kind {
+        StorageKind::S3 => Ok(Arc::new(aws::s3::S3Storage::connect(conf, bucket).await?)),
+        StorageKind::Local => Ok(Arc::new(local::LocalStorage::open(conf, bucket)?)),
+        StorageKind::Gcs | StorageKind::Azure => Err(Error::invalid_argument(format!(
+            "remote {:?} is of type {}, which this version of Tidemark cannot reach yet; use s3 or local",
+            conf.name,
+            conf.kind.as_str()
+        ))),
+    }
+}

@@ -1,0 +1,285 @@
+//! Remote storage as Tidemark sees it: the objects of a bucket, the provider-neutral
+//! `RemoteStorage` trait every provider implements, and the configuration records
+//! (`remote.configure`, `remote.mount`) kept in the namespace under `/etc/tidemark/remote/`.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::filer::{ByteRange, ByteStream};
+use crate::path;
+
+/// What a HEAD or a LIST says of one object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteObject {
+    pub key: String,
+    pub size: u64,
+    /// Normalised: without the quotes HTTP puts around it.
+    pub etag: String,
+    pub last_modified_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_id: Option<String>,
+    /// User metadata, names lower-cased. A LIST does not return it (`None`); a HEAD does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Strips the quotes (and a weak `W/` prefix) from an ETag, so ETags from HEAD (quoted) and from
+/// event notifications (bare) compare equal.
+pub fn normalize_etag(etag: &str) -> String {
+    let e = etag.trim();
+    let e = e.strip_prefix("W/").unwrap_or(e);
+    e.trim_matches('"').to_string()
+}
+
+/// One page of a listing, in byte order of the key.
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    pub objects: Vec<RemoteObject>,
+    /// Where the next page starts; `None` on the last page. Opaque to callers.
+    pub next: Option<String>,
+}
+
+/// A bucket, or a prefix of one: the provider-neutral data path.
+///
+/// Contract, for every provider (checked by the conformance suite in `tidemark-cloud`):
+/// - keys are passed and returned verbatim, whatever they contain (`a b`, `+`, `%`, `..`, `//`,
+///   a trailing `/`): the mapping to paths, and the refusal of unsafe keys, is Tidemark's
+///   business (`keymap`), not the provider's;
+/// - `list` returns every key that starts with `prefix` and is greater than `start_after`, in
+///   byte order, across pages;
+/// - `stat` of a missing key is `Ok(None)`, not an error;
+/// - errors say which call, which key, and what to fix (credentials, endpoint, bucket).
+#[async_trait]
+pub trait RemoteStorage: Send + Sync + 'static {
+    /// A short description for messages: `s3://bucket`, `local:/srv/bucket`.
+    fn describe(&self) -> String;
+
+    async fn stat(&self, key: &str) -> Result<Option<RemoteObject>>;
+
+    /// One page of at most `max` objects. Pass the returned `next` as `page` to continue;
+    /// `start_after` applies to the first page.
+    async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage>;
+
+    /// The object's bytes (or `range` of them). With `if_etag`, fails with `PreconditionFailed`
+    /// when the object is no longer that version, rather than return other bytes.
+    async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream>;
+
+    async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject>;
+
+    /// Deleting a missing key is not an error.
+    async fn delete(&self, key: &str) -> Result<()>;
+}
+
+/// The kinds of remote storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageKind {
+    S3,
+    Gcs,
+    Azure,
+    Local,
+}
+
+impl StorageKind {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "s3" => Some(StorageKind::S3),
+            "gcs" => Some(StorageKind::Gcs),
+            "azure" => Some(StorageKind::Azure),
+            "local" => Some(StorageKind::Local),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageKind::S3 => "s3",
+            StorageKind::Gcs => "gcs",
+            StorageKind::Azure => "azure",
+            StorageKind::Local => "local",
+        }
+    }
+}
+
+/// A `remote.configure` record, stored at `/etc/tidemark/remote/<name>.conf`. The settings
+/// are the `-TYPE.SETTING` flags of `remote.configure` (`s3.access_key`, `local.root`, ...),
+/// keyed without the type prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteConf {
+    pub name: String,
+    pub kind: StorageKind,
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+}
+
+/// Settings whose values are never printed, logged or returned unmasked.
+pub const SECRET_SETTINGS: &[&str] = &["secret_key", "session_token", "account_key", "sas_token", "service_account_json"];
+
+impl RemoteConf {
+    pub fn setting(&self, name: &str) -> Option<&str> {
+        self.settings.get(name).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    /// A copy safe to show: secrets replaced by `****` and their last 4 characters at most.
+    pub fn masked(&self) -> RemoteConf {
+        let mut c = self.clone();
+        for (k, v) in c.settings.iter_mut() {
+            if SECRET_SETTINGS.contains(&k.as_str()) {
+                *v = mask(v);
+            }
+        }
+        c
+    }
+
+    pub fn validate_name(name: &str) -> Result<()> {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            && name.as_bytes()[0].is_ascii_alphanumeric();
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::invalid_argument(format!(
+                "bad remote name {name:?}: use letters, digits, `-` and `_` (at most 64, starting with a letter or digit)"
+            )))
+        }
+    }
+}
+
+fn mask(v: &str) -> String {
+    let n = v.chars().count();
+    if n <= 8 { "****".into() } else { format!("****{}", v.chars().skip(n - 4).collect::<String>()) }
+}
+
+/// Where a mount points: a remote, a bucket, and a path (key prefix) inside it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteLocation {
+    pub storage: String,
+    pub bucket: String,
+    /// `""` for the whole bucket; otherwise without leading or trailing `/`.
+    #[serde(default)]
+    pub path: String,
+}
+
+impl RemoteLocation {
+    /// Parses `-remote=NAME/bucket[/path]`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = |why: &str| {
+            Error::invalid_argument(format!("bad -remote={s:?}: {why}; expected NAME/BUCKET or NAME/BUCKET/PATH"))
+        };
+        let s_trim = s.trim_matches('/');
+        let mut parts = s_trim.splitn(3, '/');
+        let storage = parts.next().filter(|p| !p.is_empty()).ok_or_else(|| bad("no remote name"))?;
+        RemoteConf::validate_name(storage).map_err(|_| bad("the remote name is not valid"))?;
+        let bucket = parts.next().filter(|p| !p.is_empty()).ok_or_else(|| bad("no bucket"))?;
+        if bucket.contains(['\\', '\0']) || bucket == "." || bucket == ".." {
+            return Err(bad("the bucket name is not valid"));
+        }
+        let path = parts.next().unwrap_or("").trim_matches('/').to_string();
+        for seg in path.split('/').filter(|_| !path.is_empty()) {
+            if let Some(reason) = path::segment_problem(seg) {
+                return Err(bad(&format!("the path has {reason}")));
+            }
+        }
+        Ok(RemoteLocation { storage: storage.into(), bucket: bucket.into(), path })
+    }
+
+    /// The key prefix of the mount's objects: `""` or `path/`.
+    pub fn key_prefix(&self) -> String {
+        if self.path.is_empty() { String::new() } else { format!("{}/", self.path) }
+    }
+}
+
+impl std::fmt::Display for RemoteLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}/{}", self.storage, self.bucket)
+        } else {
+            write!(f, "{}/{}/{}", self.storage, self.bucket, self.path)
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    pub dir: String,
+    pub location: RemoteLocation,
+}
+
+/// `/etc/tidemark/remote/mount.mapping`: every mount of this namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountMapping {
+    pub mounts: Vec<Mount>,
+}
+
+impl MountMapping {
+    /// The mount whose directory is `path` or contains it.
+    pub fn find_for(&self, p: &str) -> Option<&Mount> {
+        self.mounts.iter().find(|m| path::is_within(p, &m.dir))
+    }
+
+    pub fn find_dir(&self, dir: &str) -> Option<&Mount> {
+        self.mounts.iter().find(|m| m.dir == dir)
+    }
+}
+
+/// Where Tidemark keeps its own files in the namespace.
+pub mod system_paths {
+    pub const REMOTE_DIR: &str = "/etc/tidemark/remote";
+    pub const MOUNT_MAPPING: &str = "/etc/tidemark/remote/mount.mapping";
+
+    pub fn remote_conf(name: &str) -> String {
+        format!("{REMOTE_DIR}/{name}.conf")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etags_normalise() {
+        assert_eq!(normalize_etag("\"abc\""), "abc");
+        assert_eq!(normalize_etag("W/\"abc\""), "abc");
+        assert_eq!(normalize_etag("abc"), "abc");
+    }
+
+    #[test]
+    fn remote_locations_parse_or_say_what_is_wrong() {
+        let l = RemoteLocation::parse("s3main/bucket/photos/2024/").unwrap();
+        assert_eq!((l.storage.as_str(), l.bucket.as_str(), l.path.as_str()), ("s3main", "bucket", "photos/2024"));
+        assert_eq!(l.key_prefix(), "photos/2024/");
+        assert_eq!(l.to_string(), "s3main/bucket/photos/2024");
+        assert_eq!(RemoteLocation::parse("r/b").unwrap().key_prefix(), "");
+        for (bad, says) in [("", "no remote name"), ("r", "no bucket"), ("r/b/a/../c", "`..`"), ("r!/b", "remote name")] {
+            let e = RemoteLocation::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("NAME/BUCKET"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_masked() {
+        let mut settings = BTreeMap::new();
+        settings.insert("access_key".to_string(), "AKIAEXAMPLE".to_string());
+        settings.insert("secret_key".to_string(), "wJalrXUtnFEMI/K7MDENG".to_string());
+        let c = RemoteConf { name: "r".into(), kind: StorageKind::S3, settings };
+        let m = c.masked();
+        assert_eq!(m.settings["access_key"], "AKIAEXAMPLE");
+        assert_eq!(m.settings["secret_key"], "****DENG");
+        let unicode = RemoteConf { settings: [("secret_key".to_string(), "ééééééééééé".to_string())].into(), ..c.clone() };
+        assert_eq!(unicode.masked().settings["secret_key"], "****éééé");
+        assert!(!serde_json::to_string(&m).unwrap().contains("wJalr"));
+    }
+
+    #[test]
+    fn mounts_are_found_by_directory() {
+        let loc = RemoteLocation::parse("r/b").unwrap();
+        let m = MountMapping { mounts: vec![Mount { dir: "/mnt/data".into(), location: loc }] };
+        assert!(m.find_for("/mnt/data/x/y").is_some());
+        assert!(m.find_for("/mnt/data").is_some());
+        assert!(m.find_for("/mnt/database").is_none());
+    }
+}
