@@ -1,10 +1,37 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need (scripts/setup.sh),
-# then runs every test of the workspace. This is the README's test command and what CI runs.
+# starts the emulators once for the run, then runs every test of the workspace. This is the
+# README's test command and what CI runs. The emulators are stopped on exit, even on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
+
+logs=$(mktemp -d -t tidemark-test-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+wait_http() { # URL NAME
+  for _ in $(seq 1 600); do
+    curl -s -o /dev/null --max-time 30 "$1" && return 0
+    sleep 0.1
+  done
+  echo "test: $2 did not start; its log:" >&2
+  cat "$logs/$2.log" >&2
+  exit 1
+}
+
+port=$(free_port)
+python3 -m moto.server -H 127.0.0.1 -p "$port" >"$logs/moto.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$port/moto-api/" moto
+export TIDEMARK_TEST_MOTO="http://127.0.0.1:$port"
+echo "test: moto on $TIDEMARK_TEST_MOTO (log: $logs/moto.log)"
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"

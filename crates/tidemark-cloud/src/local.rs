@@ -52,7 +52,10 @@ fn object_of(key: String, md: &std::fs::Metadata) -> RemoteObject {
 impl LocalStorage {
     pub fn open(conf: &RemoteConf, bucket: &str) -> Result<Self> {
         let root = conf.setting("root").ok_or_else(|| {
-            Error::invalid_argument(format!("remote {:?} has no -local.root: set the directory that holds the buckets", conf.name))
+            Error::invalid_argument(format!(
+                "remote {:?} has no -local.root: set the directory that holds the buckets",
+                conf.name
+            ))
         })?;
         Self::at(Path::new(root), bucket)
     }
@@ -75,7 +78,8 @@ impl LocalStorage {
     /// The file a key names, or why it cannot name one.
     fn file_of(&self, key: &str) -> Result<PathBuf> {
         let rel = key.strip_suffix('/').unwrap_or(key);
-        let bad = |why: &str| Error::invalid_argument(format!("key {key:?} cannot be stored in a local directory: {why}"));
+        let bad =
+            |why: &str| Error::invalid_argument(format!("key {key:?} cannot be stored in a local directory: {why}"));
         if rel.is_empty() {
             return Err(bad("it is empty"));
         }
@@ -93,7 +97,14 @@ impl LocalStorage {
 
 /// One page of the sorted walk: keys under `dir` (whose keys start with `key_prefix`) that start
 /// with `prefix` and are greater than `after`. Returns `true` once `out` holds `max` objects.
-fn walk(dir: &Path, key_prefix: &str, prefix: &str, after: &str, max: usize, out: &mut Vec<RemoteObject>) -> std::io::Result<bool> {
+fn walk(
+    dir: &Path,
+    key_prefix: &str,
+    prefix: &str,
+    after: &str,
+    max: usize,
+    out: &mut Vec<RemoteObject>,
+) -> std::io::Result<bool> {
     let mut children: Vec<(String, bool)> = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -237,7 +248,8 @@ impl RemoteStorage for LocalStorage {
 
     async fn delete(&self, key: &str) -> Result<()> {
         let p = self.file_of(key)?;
-        let removed = if key.ends_with('/') { tokio::fs::remove_dir(&p).await } else { tokio::fs::remove_file(&p).await };
+        let removed =
+            if key.ends_with('/') { tokio::fs::remove_dir(&p).await } else { tokio::fs::remove_file(&p).await };
         match removed {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),

@@ -107,10 +107,8 @@ pub fn entry_for(remote: RemoteSide<'_>, storage: &str, keep: Option<&Entry>) ->
         kind: if is_dir { EntryKind::Dir } else { EntryKind::File },
         size: if is_dir { 0 } else { o.size },
         mtime_ms: o.last_modified_ms,
-        mode: keep.map_or(
-            if is_dir { crate::model::DEFAULT_DIR_MODE } else { crate::model::DEFAULT_FILE_MODE },
-            |e| e.mode,
-        ),
+        mode: keep
+            .map_or(if is_dir { crate::model::DEFAULT_DIR_MODE } else { crate::model::DEFAULT_FILE_MODE }, |e| e.mode),
         remote: Some(RemoteEntry {
             storage: storage.to_string(),
             etag: o.etag.clone(),
@@ -263,7 +261,9 @@ mod tests {
         let o_changed = obj("e2", 300, 9);
         let (dirty, local_only) = (dirty(), local_only());
 
-        let rows: Vec<(&str, Option<&Entry>, Option<RemoteSide>, DecideCtx, Action)> = vec![
+        // (row, local, remote, context, expected action)
+        type Row<'a> = (&'a str, Option<&'a Entry>, Option<RemoteSide<'a>>, DecideCtx<'a>, Action);
+        let rows: Vec<Row> = vec![
             ("create", None, file(&o1), CTX, Action::Create(entry_for(file(&o1).unwrap(), "r", None))),
             (
                 "update on etag",
@@ -308,11 +308,27 @@ mod tests {
                 DecideCtx { tombstone: Some(5), ..CTX },
                 Action::Skip(SkipReason::Tombstone),
             ),
-            ("tombstone older than own upload", None, file(&not_echo_newer), DecideCtx { tombstone: Some(5), ..CTX }, {
-                Action::Create(entry_for(file(&not_echo_newer).unwrap(), "r", None))
-            }),
-            ("file where the remote has a directory", Some(&in_sync), marker(&marker_obj), CTX, Action::Skip(SkipReason::Conflict)),
-            ("directory where the remote has a file", Some(&dir_entry), file(&o1), CTX, Action::Skip(SkipReason::Conflict)),
+            (
+                "tombstone older than own upload",
+                None,
+                file(&not_echo_newer),
+                DecideCtx { tombstone: Some(5), ..CTX },
+                { Action::Create(entry_for(file(&not_echo_newer).unwrap(), "r", None)) },
+            ),
+            (
+                "file where the remote has a directory",
+                Some(&in_sync),
+                marker(&marker_obj),
+                CTX,
+                Action::Skip(SkipReason::Conflict),
+            ),
+            (
+                "directory where the remote has a file",
+                Some(&dir_entry),
+                file(&o1),
+                CTX,
+                Action::Skip(SkipReason::Conflict),
+            ),
             ("marker creates a directory", None, marker(&marker_obj), CTX, {
                 Action::Create(entry_for(marker(&marker_obj).unwrap(), "r", None))
             }),

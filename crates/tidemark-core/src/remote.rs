@@ -116,7 +116,8 @@ pub struct RemoteConf {
 }
 
 /// Settings whose values are never printed, logged or returned unmasked.
-pub const SECRET_SETTINGS: &[&str] = &["secret_key", "session_token", "account_key", "sas_token", "service_account_json"];
+pub const SECRET_SETTINGS: &[&str] =
+    &["secret_key", "session_token", "account_key", "sas_token", "service_account_json"];
 
 impl RemoteConf {
     pub fn setting(&self, name: &str) -> Option<&str> {
@@ -254,7 +255,8 @@ mod tests {
         assert_eq!(l.key_prefix(), "photos/2024/");
         assert_eq!(l.to_string(), "s3main/bucket/photos/2024");
         assert_eq!(RemoteLocation::parse("r/b").unwrap().key_prefix(), "");
-        for (bad, says) in [("", "no remote name"), ("r", "no bucket"), ("r/b/a/../c", "`..`"), ("r!/b", "remote name")] {
+        for (bad, says) in [("", "no remote name"), ("r", "no bucket"), ("r/b/a/../c", "`..`"), ("r!/b", "remote name")]
+        {
             let e = RemoteLocation::parse(bad).unwrap_err().to_string();
             assert!(e.contains(says) && e.contains("NAME/BUCKET"), "{bad}: {e}");
         }
@@ -269,7 +271,10 @@ mod tests {
         let m = c.masked();
         assert_eq!(m.settings["access_key"], "AKIAEXAMPLE");
         assert_eq!(m.settings["secret_key"], "****DENG");
-        let unicode = RemoteConf { settings: [("secret_key".to_string(), "ééééééééééé".to_string())].into(), ..c.clone() };
+        let unicode = RemoteConf {
+            settings: [("secret_key".to_string(), "ééééééééééé".to_string())].into(),
+            ..c.clone()
+        };
         assert_eq!(unicode.masked().settings["secret_key"], "****éééé");
         assert!(!serde_json::to_string(&m).unwrap().contains("wJalr"));
     }

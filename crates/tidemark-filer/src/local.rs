@@ -17,6 +17,7 @@ use tidemark_store::SqliteStore;
 
 use crate::blobs::{BlobDir, Stored};
 use crate::datadir::DataDir;
+use crate::remotes::Remotes;
 
 /// How often a write re-reads the entry when a concurrent write changed it in between.
 const WRITE_RETRIES: usize = 8;
@@ -28,6 +29,7 @@ pub const MAX_CHANGES_WAIT: Duration = Duration::from_secs(60);
 pub struct LocalFiler {
     store: Arc<dyn MetaStore>,
     blobs: BlobDir,
+    remotes: Remotes,
     clock: Arc<dyn Clock>,
     _data_dir: Option<DataDir>,
 }
@@ -44,12 +46,12 @@ impl LocalFiler {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let store = SqliteStore::open(file, clock.clone())?;
         let blobs = BlobDir::open(data_dir.root())?;
-        Ok(LocalFiler { store: Arc::new(store), blobs, clock, _data_dir: Some(data_dir) })
+        Ok(LocalFiler { store: Arc::new(store), blobs, remotes: Remotes::default(), clock, _data_dir: Some(data_dir) })
     }
 
     /// A filer over any store, with blobs under `blob_root` (tests, other backends).
     pub fn with_store(store: Arc<dyn MetaStore>, blob_root: &std::path::Path, clock: Arc<dyn Clock>) -> Result<Self> {
-        Ok(LocalFiler { store, blobs: BlobDir::open(blob_root)?, clock, _data_dir: None })
+        Ok(LocalFiler { store, blobs: BlobDir::open(blob_root)?, remotes: Remotes::default(), clock, _data_dir: None })
     }
 
     pub fn store(&self) -> &Arc<dyn MetaStore> {
@@ -153,6 +155,12 @@ impl Filer for LocalFiler {
                     let r = slice_range(bytes.len(), range)?;
                     futures::stream::once(futures::future::ready(Ok(bytes.slice(r)))).boxed()
                 }
+                Content::Remote => {
+                    if let Some(r) = range {
+                        check_range(entry.size, r)?;
+                    }
+                    self.remotes.read(self.store.as_ref(), &entry, range).await?
+                }
                 Content::Blob { id } => {
                     if let Some(r) = range {
                         check_range(entry.size, r)?;
@@ -197,6 +205,11 @@ impl Filer for LocalFiler {
                 None => NewEntry::file(size, 0, content.clone()),
             };
             entry.mtime_ms = opts.mtime_ms.unwrap_or_else(|| self.clock.now_ms());
+            // A local write to a remote-backed file must read as locally dirty (mtime past the
+            // recorded remote mtime) whatever the clocks say, so no reconcile overwrites it.
+            if let Some(r) = &entry.remote {
+                entry.mtime_ms = entry.mtime_ms.max(r.remote_mtime_ms + 1);
+            }
             if let Some(mode) = opts.mode {
                 entry.mode = mode;
             }

@@ -210,6 +210,22 @@ pub async fn implicit_parents_and_kind_conflicts(h: &Harness) {
     assert!(s.get("/a").await.unwrap().is_none());
     let log: Vec<String> = s.changes(before, 100).await.unwrap().into_iter().map(|c| c.path).collect();
     assert_eq!(log, ["/a/b/c/file", "/a/b/c", "/a/b", "/a"]);
+    // Parents implied by a remote-backed entry are remote-backed directories with an empty etag.
+    let remote = tidemark_core::model::RemoteEntry {
+        storage: "r".into(),
+        etag: "e".into(),
+        remote_mtime_ms: 5,
+        remote_size: 0,
+        version_id: None,
+        last_local_sync_ms: None,
+    };
+    let mut backed = file(0);
+    backed.remote = Some(remote);
+    s.apply(Txn::put("/m/x/y/obj", backed, Origin::Remote)).await.unwrap();
+    for dir in ["/m", "/m/x", "/m/x/y"] {
+        let r = s.get(dir).await.unwrap().unwrap().remote.unwrap_or_else(|| panic!("{dir} is remote-backed"));
+        assert_eq!((r.storage.as_str(), r.etag.as_str()), ("r", ""), "{dir}");
+    }
     // The root always exists and stays.
     assert_eq!(s.get("/").await.unwrap().unwrap().kind, EntryKind::Dir);
 }

@@ -16,7 +16,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tokio::sync::watch;
 
 use tidemark_core::model::{
-    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, Txn,
+    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, RemoteEntry, Txn,
 };
 use tidemark_core::{Clock, Error, MetaStore, Result, path};
 
@@ -317,7 +317,7 @@ fn apply_txn(tx: &Connection, txn: Txn, now_ms: i64) -> Result<Applied> {
                     Some(_) => return Err(Error::NotADirectory { path: anc.to_string() }),
                     None => {
                         let seq = next_seq(tx)?;
-                        let dir = materialise(anc, seq, NewEntry::dir(entry.mtime_ms));
+                        let dir = materialise(anc, seq, implied_parent(&entry));
                         put_row(tx, &dir, None)?;
                         log_change(tx, seq, now_ms, anc, txn.origin, None, Some(&dir))?;
                     }
@@ -359,6 +359,22 @@ fn apply_txn(tx: &Connection, txn: Txn, now_ms: i64) -> Result<Applied> {
             Ok(Applied { first_seq, seq, old: Some(cur), new: None })
         }
     }
+}
+
+/// A directory created because an entry below it was written. Below a remote-backed entry it is
+/// remote-backed too, with an empty etag: implied by the keys below it, not by a marker object,
+/// so a reconcile may remove it once it is empty.
+fn implied_parent(child: &NewEntry) -> NewEntry {
+    let mut dir = NewEntry::dir(child.mtime_ms);
+    dir.remote = child.remote.as_ref().map(|r| RemoteEntry {
+        storage: r.storage.clone(),
+        etag: String::new(),
+        remote_mtime_ms: child.mtime_ms,
+        remote_size: 0,
+        version_id: None,
+        last_local_sync_ms: None,
+    });
+    dir
 }
 
 fn materialise(p: &str, version: u64, e: NewEntry) -> Entry {

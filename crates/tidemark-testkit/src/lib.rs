@@ -1,6 +1,8 @@
 //! The test harness. Everything it starts binds to 127.0.0.1 on a free port and is stopped
 //! when its handle drops, even when the test fails (a panic unwinds through the drop).
 
+pub mod emulators;
 pub mod process;
 
+pub use emulators::{Moto, unique_name};
 pub use process::{TidemarkProcess, free_port, run_shell};

@@ -87,8 +87,14 @@ impl S3Storage {
     }
 
     /// An SDK error as one line that says which call failed and what to do.
-    fn error<E: ProvideErrorMetadata + std::error::Error + 'static>(&self, op: &str, key: &str, e: SdkError<E>) -> Error {
-        let target = if key.is_empty() { format!("s3://{}", self.bucket) } else { format!("s3://{}/{key}", self.bucket) };
+    fn error<E: ProvideErrorMetadata + std::error::Error + 'static>(
+        &self,
+        op: &str,
+        key: &str,
+        e: SdkError<E>,
+    ) -> Error {
+        let target =
+            if key.is_empty() { format!("s3://{}", self.bucket) } else { format!("s3://{}/{key}", self.bucket) };
         let status = e.raw_response().map(|r| r.status().as_u16());
         let code = e.code().unwrap_or_default().to_string();
         let detail = e.message().unwrap_or_default().to_string();
@@ -100,13 +106,17 @@ impl S3Storage {
                     d.as_connector_error().map(|c| c.to_string()).unwrap_or_else(|| "dispatch failure".into())
                 ),
             },
-            (SdkError::TimeoutError(_), _, _) => {
-                Error::Unavailable { message: format!("{op} {target}: the endpoint of remote {:?} timed out", self.remote) }
-            }
-            (_, _, "NoSuchBucket") => Error::NotFound {
-                path: format!("bucket {:?} of remote {:?} (it does not exist; check -remote=)", self.bucket, self.remote),
+            (SdkError::TimeoutError(_), _, _) => Error::Unavailable {
+                message: format!("{op} {target}: the endpoint of remote {:?} timed out", self.remote),
             },
-            (_, Some(403), _) | (_, _, "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken") => {
+            (_, _, "NoSuchBucket") => Error::NotFound {
+                path: format!(
+                    "bucket {:?} of remote {:?} (it does not exist; check -remote=)",
+                    self.bucket, self.remote
+                ),
+            },
+            (_, Some(403), _)
+            | (_, _, "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken") => {
                 Error::Unauthorized {
                     message: format!(
                         "{op} {target} was refused ({code}{}): check the credentials of remote {:?} (remote.configure) and that they may {op}",
@@ -116,11 +126,16 @@ impl S3Storage {
                 }
             }
             (_, Some(404), _) | (_, _, "NoSuchKey" | "NotFound") => Error::not_found(target),
-            (_, Some(412), _) | (_, _, "PreconditionFailed") => Error::PreconditionFailed { path: target, current: None },
+            (_, Some(412), _) | (_, _, "PreconditionFailed") => {
+                Error::PreconditionFailed { path: target, current: None }
+            }
             (_, Some(s), _) if s >= 500 => {
                 Error::Unavailable { message: format!("{op} {target}: the store answered {s} {code} {detail}") }
             }
-            _ => Error::internal(format!("{op} {target}: {code} {detail} ({})", aws_sdk_s3::error::DisplayErrorContext(&e))),
+            _ => Error::internal(format!(
+                "{op} {target}: {code} {detail} ({})",
+                aws_sdk_s3::error::DisplayErrorContext(&e)
+            )),
         }
     }
 }
@@ -144,7 +159,9 @@ impl RemoteStorage for S3Storage {
                 last_modified_ms: ms_of(h.last_modified()),
                 version_id: h.version_id().map(str::to_string),
                 user_metadata: Some(
-                    h.metadata().map(|m| m.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.clone())).collect()).unwrap_or_default(),
+                    h.metadata()
+                        .map(|m| m.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.clone())).collect())
+                        .unwrap_or_default(),
                 ),
             })),
             Err(e) => match self.error("HeadObject", key, e) {
@@ -182,7 +199,8 @@ impl RemoteStorage for S3Storage {
                 })
             })
             .collect();
-        let next = if out.is_truncated().unwrap_or(false) { out.next_continuation_token().map(str::to_string) } else { None };
+        let next =
+            if out.is_truncated().unwrap_or(false) { out.next_continuation_token().map(str::to_string) } else { None };
         Ok(ListPage { objects, next })
     }
 
@@ -208,11 +226,19 @@ impl RemoteStorage for S3Storage {
             req = req.metadata(k, v);
         }
         req.send().await.map_err(|e| self.error("PutObject", key, e))?;
-        self.stat(key).await?.ok_or_else(|| Error::internal(format!("s3://{}/{key}: missing right after PutObject", self.bucket)))
+        self.stat(key)
+            .await?
+            .ok_or_else(|| Error::internal(format!("s3://{}/{key}: missing right after PutObject", self.bucket)))
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        self.client.delete_object().bucket(&self.bucket).key(key).send().await.map_err(|e| self.error("DeleteObject", key, e))?;
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| self.error("DeleteObject", key, e))?;
         Ok(())
     }
 }

@@ -1,0 +1,9 @@
+//! Tidemark's engine: the orchestration of `decide` over the `Filer` and `RemoteStorage` traits
+//! only, so the production code and the simulation run the very same paths.
+//!
+//! - [`write`]: turns a decision into the filer's conditional transaction, re-deciding when a
+//!   concurrent local write got there first. Shared by the reconciler and the applier.
+//! - [`reconcile`]: the full reconcile (`remote.meta.sync`), a streaming merge-join.
+
+pub mod reconcile;
+pub mod write;

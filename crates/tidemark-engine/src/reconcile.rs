@@ -1,0 +1,361 @@
+//! The full reconcile: `remote.meta.sync`, and the baseline, gap and scheduled reconciles of a
+//! slice.
+//!
+//! Pass 1 is a streaming merge-join of two byte-ordered streams — the remote listing under the
+//! mount's prefix and the recursive local scan of the mount's directory — holding one page of
+//! each, so memory does not grow with the bucket. Files join on their path (a key and its path
+//! sort alike, since the mapping only swaps a fixed prefix). Directory markers (`a/`) are looked
+//! up directly, since a marker sorts elsewhere than its directory's path.
+//!
+//! Pass 2 (with deletes enabled) removes remote-backed directories left empty — implied ones,
+//! and marker ones whose marker is gone — deepest last, walking up as parents empty too.
+//!
+//! Every write goes through [`decide_and_write`], conditional on the local state decided on.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use tidemark_core::decide::{Action, DecideCtx, RemoteSide, SkipReason, decide};
+use tidemark_core::keymap::{KeyMap, KeyRejection, Mapped};
+use tidemark_core::model::{Entry, Fence, Origin, Precondition, Txn};
+use tidemark_core::remote::{Mount, RemoteObject};
+use tidemark_core::{DeleteOptions, Error, Filer, RemoteStorage, Result, path};
+
+use crate::write::{Outcome, decide_and_write, outcome_of};
+
+#[derive(Debug, Clone)]
+pub struct ReconcileOptions {
+    /// Delete entries whose object is gone (`-delete`, default true).
+    pub delete: bool,
+    /// Decide, report, write nothing (`-dryRun`).
+    pub dry_run: bool,
+    /// Objects per LIST page and entries per local scan page.
+    pub page_size: usize,
+    /// This cluster's id, to recognise its own uploads.
+    pub cluster_id: Option<String>,
+    /// Write with this fence (a slice's lease).
+    pub fence: Option<Fence>,
+}
+
+impl Default for ReconcileOptions {
+    fn default() -> Self {
+        ReconcileOptions { delete: true, dry_run: false, page_size: 1000, cluster_id: None, fence: None }
+    }
+}
+
+/// One line of the report: a path (or, for a refused key, the key) and what happened to it.
+#[derive(Debug, Clone)]
+pub enum Item {
+    Path { path: String, outcome: Outcome },
+    RejectedKey { key: String, reason: KeyRejection },
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReconcileReport {
+    pub objects_listed: u64,
+    pub entries_scanned: u64,
+    pub created: u64,
+    pub updated: u64,
+    pub deleted: u64,
+    /// Skips by reason (`in sync`, `local-only`, ...).
+    pub skipped: BTreeMap<String, u64>,
+    /// Keys with no path in the mount, by reason.
+    pub rejected_keys: BTreeMap<String, u64>,
+    pub duration_ms: u64,
+}
+
+impl ReconcileReport {
+    fn count(&mut self, item: &Item) {
+        match item {
+            Item::Path { outcome, .. } => match outcome {
+                Outcome::Created => self.created += 1,
+                Outcome::Updated => self.updated += 1,
+                Outcome::Deleted => self.deleted += 1,
+                other => *self.skipped.entry(other.label().trim_start_matches("skip: ").to_string()).or_default() += 1,
+            },
+            Item::RejectedKey { reason, .. } => {
+                *self.rejected_keys.entry(reason.as_str().to_string()).or_default() += 1
+            }
+        }
+    }
+
+    pub fn changes(&self) -> u64 {
+        self.created + self.updated + self.deleted
+    }
+
+    /// `created 3, updated 1, deleted 0, skipped 12 (in sync 12), 0 keys refused, in 1.2 s`
+    pub fn summary(&self) -> String {
+        let skipped: u64 = self.skipped.values().sum();
+        let detail: Vec<String> = self.skipped.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let refused: u64 = self.rejected_keys.values().sum();
+        let refused_detail: Vec<String> = self.rejected_keys.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        format!(
+            "{} objects listed; created {}, updated {}, deleted {}, skipped {}{}; {} keys refused{}; in {:.1} s",
+            self.objects_listed,
+            self.created,
+            self.updated,
+            self.deleted,
+            skipped,
+            if detail.is_empty() { String::new() } else { format!(" ({})", detail.join(", ")) },
+            refused,
+            if refused_detail.is_empty() { String::new() } else { format!(" ({})", refused_detail.join(", ")) },
+            self.duration_ms as f64 / 1000.0
+        )
+    }
+}
+
+struct Run<'a> {
+    filer: &'a dyn Filer,
+    storage: &'a dyn RemoteStorage,
+    map: KeyMap,
+    opts: &'a ReconcileOptions,
+    storage_name: &'a str,
+    report: ReconcileReport,
+    sink: &'a mut (dyn FnMut(&Item) + Send),
+}
+
+impl Run<'_> {
+    fn ctx(&self) -> DecideCtx<'_> {
+        DecideCtx { storage: self.storage_name, cluster_id: self.opts.cluster_id.as_deref(), tombstone: None }
+    }
+
+    fn emit(&mut self, item: Item) {
+        self.report.count(&item);
+        (self.sink)(&item);
+    }
+
+    async fn one(&mut self, p: &str, local: Option<Entry>, remote: Option<RemoteSide<'_>>) -> Result<()> {
+        let ctx = self.ctx();
+        let outcome = if self.opts.dry_run {
+            match decide(local.as_ref(), remote, &ctx) {
+                Action::Delete if !self.opts.delete => Outcome::Skipped(SkipReason::InSync),
+                a => outcome_of(&a),
+            }
+        } else {
+            decide_and_write(self.filer, p, local, remote, &ctx, self.opts.fence.as_ref(), self.opts.delete).await?
+        };
+        self.emit(Item::Path { path: p.to_string(), outcome });
+        Ok(())
+    }
+
+    async fn marker(&mut self, p: &str, object: &RemoteObject) -> Result<()> {
+        let local = self.filer.stat(p).await?;
+        self.one(p, local, Some(RemoteSide { object, is_dir_marker: true })).await
+    }
+}
+
+/// Pages of one side of the merge-join.
+struct Cursor<T> {
+    buf: VecDeque<T>,
+    next: Option<String>,
+    done: bool,
+}
+
+impl<T> Cursor<T> {
+    fn new() -> Self {
+        Cursor { buf: VecDeque::new(), next: None, done: false }
+    }
+}
+
+/// Reconciles the mount `mount` of `storage` (whose `remote.configure` name is the mount's
+/// `location.storage`) into the namespace. `sink` sees every item as it is decided.
+pub async fn reconcile(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    opts: &ReconcileOptions,
+    sink: &mut (dyn FnMut(&Item) + Send),
+) -> Result<ReconcileReport> {
+    let started = Instant::now();
+    let map = KeyMap::new(&mount.dir, &mount.location.path)?;
+    match filer.stat(&mount.dir).await? {
+        Some(e) if e.is_dir() => {}
+        Some(_) => return Err(Error::NotADirectory { path: mount.dir.clone() }),
+        None => return Err(Error::not_found(format!("{} (the mount directory)", mount.dir))),
+    }
+    let mut run = Run {
+        filer,
+        storage,
+        map,
+        opts,
+        storage_name: &mount.location.storage,
+        report: ReconcileReport::default(),
+        sink,
+    };
+    let page = opts.page_size.clamp(1, 10_000);
+    let prefix = run.map.prefix().to_string();
+    let mut remote: Cursor<RemoteObject> = Cursor::new();
+    let mut local: Cursor<Entry> = Cursor::new();
+
+    loop {
+        if remote.buf.is_empty() && !remote.done {
+            let p = storage.list(&prefix, None, remote.next.as_deref(), page).await?;
+            run.report.objects_listed += p.objects.len() as u64;
+            remote.buf.extend(p.objects);
+            remote.done = p.next.is_none();
+            remote.next = p.next;
+        }
+        if local.buf.is_empty() && !local.done {
+            let p = filer.scan(&mount.dir, local.next.as_deref(), page).await?;
+            run.report.entries_scanned += p.entries.len() as u64;
+            // Directories are not in the remote listing; pass 2 looks after them.
+            local.buf.extend(p.entries.into_iter().filter(|e| !e.is_dir()));
+            local.done = p.next.is_none();
+            local.next = p.next;
+            if local.buf.is_empty() && !local.done {
+                continue;
+            }
+        }
+        // The next remote object that maps to a file path; markers and refused keys are
+        // handled as they come.
+        let remote_path = loop {
+            let Some(o) = remote.buf.front() else { break None };
+            match run.map.key_to_path(o.key.as_bytes()) {
+                Ok(Mapped::File(p)) => break Some(p),
+                Ok(Mapped::DirMarker(p)) => {
+                    let o = remote.buf.pop_front().expect("peeked");
+                    run.marker(&p, &o).await?;
+                }
+                Err(KeyRejection::MountRoot) => {
+                    remote.buf.pop_front();
+                }
+                Err(reason) => {
+                    let o = remote.buf.pop_front().expect("peeked");
+                    run.emit(Item::RejectedKey { key: o.key, reason });
+                }
+            }
+        };
+        if remote_path.is_none() && remote.buf.is_empty() && !remote.done {
+            continue;
+        }
+        let local_path = local.buf.front().map(|e| e.path.clone());
+        match (remote_path, local_path) {
+            (None, None) if remote.done && local.done => break,
+            (None, None) => continue,
+            (Some(rp), lp) if lp.as_deref().is_none_or(|l| rp.as_str() < l) => {
+                if lp.is_none() && !local.done {
+                    continue; // the local side may still hold this path on its next page
+                }
+                let o = remote.buf.pop_front().expect("peeked");
+                run.one(&rp, None, Some(RemoteSide { object: &o, is_dir_marker: false })).await?;
+            }
+            (rp, Some(lp)) if rp.as_deref().is_none_or(|r| lp.as_str() < r) => {
+                if rp.is_none() && !remote.done {
+                    continue;
+                }
+                let e = local.buf.pop_front().expect("peeked");
+                run.one(&lp, Some(e), None).await?;
+            }
+            (Some(rp), Some(_)) => {
+                let o = remote.buf.pop_front().expect("peeked");
+                let e = local.buf.pop_front().expect("peeked");
+                run.one(&rp, Some(e), Some(RemoteSide { object: &o, is_dir_marker: false })).await?;
+            }
+            _ => unreachable!("every combination of sides is matched above"),
+        }
+    }
+
+    if opts.delete {
+        remove_empty_dirs(&mut run, &mount.dir, page).await?;
+    }
+    run.report.duration_ms = started.elapsed().as_millis() as u64;
+    Ok(run.report)
+}
+
+/// Whether a remote-backed directory still has its reason to exist on the remote side: a
+/// marker object. Implied directories (empty etag) exist only for what is below them.
+async fn marker_exists(run: &Run<'_>, dir: &Entry) -> Result<bool> {
+    let Some(r) = &dir.remote else { return Ok(true) };
+    if r.etag.is_empty() {
+        return Ok(false);
+    }
+    let Some(key) = run.map.path_to_key(&dir.path, true) else { return Ok(true) };
+    Ok(run.storage.stat(&key).await?.is_some())
+}
+
+async fn remove_empty_dirs(run: &mut Run<'_>, mount_dir: &str, page: usize) -> Result<()> {
+    let mut after: Option<String> = None;
+    loop {
+        let p = run.filer.scan(mount_dir, after.as_deref(), page).await?;
+        for e in p.entries.iter().filter(|e| e.is_dir() && e.remote.is_some()) {
+            let mut dir = e.clone();
+            // Walk up while each directory is remote-backed, marker-less and empty.
+            loop {
+                if dir.path == mount_dir || dir.remote.is_none() || marker_exists(run, &dir).await? {
+                    break;
+                }
+                if !run.filer.list(&dir.path, None, 1).await?.entries.is_empty() {
+                    if dir.remote.as_ref().is_some_and(|r| !r.etag.is_empty()) && !run.opts.dry_run {
+                        forget_marker(run, &dir).await?;
+                    }
+                    break;
+                }
+                if !run.opts.dry_run {
+                    let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(dir.version) };
+                    match delete_dir(run, &dir.path, opts).await {
+                        Ok(()) => {}
+                        // A local write got there first: the directory is in use; leave it.
+                        Err(
+                            Error::PreconditionFailed { .. } | Error::DirectoryNotEmpty { .. } | Error::NotFound { .. },
+                        ) => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                run.emit(Item::Path { path: dir.path.clone(), outcome: Outcome::Deleted });
+                // A file may have replaced the directory in the bucket: pass 1 found the
+                // directory in its way (a conflict then); now it can have its path.
+                if !run.opts.dry_run
+                    && let Some(key) = run.map.path_to_key(&dir.path, false)
+                    && let Some(object) = run.storage.stat(&key).await?
+                {
+                    run.one(&dir.path, None, Some(RemoteSide { object: &object, is_dir_marker: false })).await?;
+                    break;
+                }
+                let Some(parent) = path::parent(&dir.path).filter(|p| path::is_within(p, mount_dir) && *p != mount_dir)
+                else {
+                    break;
+                };
+                match run.filer.stat(parent).await? {
+                    Some(pe) if !run.opts.dry_run => dir = pe,
+                    _ => break,
+                }
+            }
+        }
+        match p.next {
+            Some(n) => after = Some(n),
+            None => return Ok(()),
+        }
+    }
+}
+
+async fn delete_dir(run: &Run<'_>, p: &str, opts: DeleteOptions) -> Result<()> {
+    let mut txn = Txn::delete(p, opts.recursive, Origin::Remote).with_precondition(opts.precondition);
+    if let Some(f) = &run.opts.fence {
+        txn = txn.with_fence(f.clone());
+    }
+    run.filer.apply(txn).await.map(|_| ())
+}
+
+/// A marker directory whose marker is gone but which still holds entries becomes an implied
+/// directory, so later reconciles need not look for its marker again.
+async fn forget_marker(run: &Run<'_>, dir: &Entry) -> Result<()> {
+    let mut e = dir.to_new();
+    if let Some(r) = e.remote.as_mut() {
+        r.etag.clear();
+    }
+    let mut txn = Txn::put(&dir.path, e, Origin::Remote).with_precondition(Precondition::Version(dir.version));
+    if let Some(f) = &run.opts.fence {
+        txn = txn.with_fence(f.clone());
+    }
+    match run.filer.apply(txn).await {
+        Ok(_) | Err(Error::PreconditionFailed { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// How long a reconcile took, for messages.
+pub fn human_duration(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}

@@ -1,0 +1,228 @@
+//! The full reconcile against the in-memory bucket and a real (in-process) filer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tidemark_cloud::memory::MemoryStorage;
+use tidemark_core::decide::SkipReason;
+use tidemark_core::model::{Content, EntryKind};
+use tidemark_core::remote::{Mount, RemoteLocation};
+use tidemark_core::{ByteStream, Filer, WriteOptions};
+use tidemark_engine::reconcile::{Item, ReconcileOptions, ReconcileReport, reconcile};
+use tidemark_engine::write::Outcome;
+use tidemark_filer::{DataDir, LocalFiler};
+
+struct World {
+    filer: Arc<LocalFiler>,
+    bucket: MemoryStorage,
+    mount: Mount,
+    _dir: tempfile::TempDir,
+}
+
+async fn world(prefix: &str) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let filer = Arc::new(LocalFiler::open(DataDir::open(dir.path()).unwrap()).unwrap());
+    let mount = Mount {
+        dir: "/mnt/data".into(),
+        location: RemoteLocation { storage: "mem".into(), bucket: "b".into(), path: prefix.into() },
+    };
+    let dir_entry = tidemark_core::model::NewEntry::dir(0);
+    let txn = tidemark_core::model::Txn::put("/mnt/data", dir_entry, tidemark_core::model::Origin::System);
+    filer.apply(txn).await.unwrap();
+    World { filer, bucket: MemoryStorage::default(), mount, _dir: dir }
+}
+
+async fn sync(w: &World, opts: &ReconcileOptions) -> (ReconcileReport, Vec<Item>) {
+    let mut items = Vec::new();
+    let report = reconcile(&*w.filer, &w.bucket, &w.mount, opts, &mut |i: &Item| items.push(i.clone())).await.unwrap();
+    (report, items)
+}
+
+fn put(w: &World, key: &str, body: &str) {
+    w.bucket.insert(key, Bytes::copy_from_slice(body.as_bytes()), BTreeMap::new()).unwrap();
+}
+
+async fn files(w: &World) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let mut after = None;
+    loop {
+        let p = w.filer.scan("/mnt/data", after.as_deref(), 1000).await.unwrap();
+        for e in &p.entries {
+            if e.kind == EntryKind::File {
+                out.insert(e.path.clone(), e.size);
+            }
+        }
+        match p.next {
+            Some(n) => after = Some(n),
+            None => return out,
+        }
+    }
+}
+
+fn outcome_of<'a>(items: &'a [Item], path: &str) -> Option<&'a Outcome> {
+    items.iter().find_map(|i| match i {
+        Item::Path { path: p, outcome } if p == path => Some(outcome),
+        _ => None,
+    })
+}
+
+#[tokio::test]
+async fn baseline_then_changes_converge_and_a_second_run_changes_nothing() {
+    let w = world("").await;
+    for k in ["a", "a b", "a+b", "a%20b", "ü/ß", "deep/x/y/z", "a-b", "a0", "dir/", "dir/inside"] {
+        put(&w, k, k);
+    }
+    // A file/directory conflict: `c` is a file and `c/d` needs `c` as a directory.
+    put(&w, "c", "file");
+    put(&w, "c/d", "below");
+    // Hostile keys are refused, counted, and nothing escapes the mount.
+    put(&w, "../escape", "x");
+    put(&w, "x//y", "x");
+    let (report, items) = sync(&w, &ReconcileOptions::default()).await;
+    let got = files(&w).await;
+    for k in ["a", "a b", "a+b", "a%20b", "ü/ß", "deep/x/y/z", "a-b", "a0", "dir/inside", "c"] {
+        assert_eq!(
+            got.get(&format!("/mnt/data/{k}")),
+            Some(&(k.len() as u64).max(if k == "c" { 4 } else { 0 })),
+            "{k}"
+        );
+    }
+    assert_eq!(w.filer.stat("/mnt/data/dir").await.unwrap().unwrap().kind, EntryKind::Dir);
+    assert!(got.get("/mnt/data/c/d").is_none());
+    assert_eq!(outcome_of(&items, "/mnt/data/c/d"), Some(&Outcome::Skipped(SkipReason::Conflict)));
+    assert_eq!(report.rejected_keys.get("dot_segment"), Some(&1));
+    assert_eq!(report.rejected_keys.get("empty_segment"), Some(&1));
+    assert!(w.filer.stat("/mnt/escape").await.unwrap().is_none());
+    assert_eq!(report.created, 11, "9 files, the dir marker and c: {report:?}");
+    let e = w.filer.stat("/mnt/data/a b").await.unwrap().unwrap();
+    assert_eq!(e.content, Content::Remote, "metadata only: content stays remote");
+    assert_eq!(e.remote.as_ref().unwrap().storage, "mem");
+
+    let (again, _) = sync(&w, &ReconcileOptions::default()).await;
+    assert_eq!(again.changes(), 0, "a second run on an unchanged bucket changes nothing: {}", again.summary());
+
+    // Change, add, delete directly in the bucket.
+    put(&w, "a", "changed!");
+    put(&w, "new/file", "n");
+    w.bucket.remove("a b").unwrap();
+    w.bucket.remove("deep/x/y/z").unwrap();
+    let (r, items) = sync(&w, &ReconcileOptions::default()).await;
+    assert_eq!((r.created, r.updated), (1, 1), "{}", r.summary());
+    assert_eq!(outcome_of(&items, "/mnt/data/a"), Some(&Outcome::Updated));
+    assert_eq!(outcome_of(&items, "/mnt/data/a b"), Some(&Outcome::Deleted));
+    let got = files(&w).await;
+    assert_eq!(got.get("/mnt/data/a"), Some(&8));
+    assert!(!got.contains_key("/mnt/data/a b") && !got.contains_key("/mnt/data/deep/x/y/z"));
+    // The implied directories left empty went with their last file.
+    for d in ["/mnt/data/deep", "/mnt/data/deep/x", "/mnt/data/deep/x/y"] {
+        assert!(w.filer.stat(d).await.unwrap().is_none(), "{d} should be gone");
+    }
+    assert!(w.filer.stat("/mnt/data").await.unwrap().is_some(), "the mount directory stays");
+}
+
+#[tokio::test]
+async fn local_only_and_locally_dirty_entries_are_never_touched() {
+    let w = world("").await;
+    put(&w, "synced", "remote v1");
+    put(&w, "gone", "remote");
+    sync(&w, &ReconcileOptions::default()).await;
+    // A local-only file, and a local write to a synced file (now locally dirty).
+    let body =
+        |s: &'static str| -> ByteStream { Box::pin(futures::stream::iter([Ok(Bytes::from_static(s.as_bytes()))])) };
+    w.filer.write("/mnt/data/mine", body("local only"), WriteOptions::default()).await.unwrap();
+    w.filer.write("/mnt/data/synced", body("local edit"), WriteOptions::default()).await.unwrap();
+    w.filer.write("/mnt/data/gone", body("edited too"), WriteOptions::default()).await.unwrap();
+    put(&w, "synced", "remote v2 is longer");
+    w.bucket.remove("gone").unwrap();
+    let (r, items) = sync(&w, &ReconcileOptions::default()).await;
+    assert_eq!(r.changes(), 0, "{}", r.summary());
+    assert_eq!(outcome_of(&items, "/mnt/data/mine"), Some(&Outcome::Skipped(SkipReason::LocalOnly)));
+    assert_eq!(outcome_of(&items, "/mnt/data/synced"), Some(&Outcome::Skipped(SkipReason::LocalDirty)));
+    assert_eq!(outcome_of(&items, "/mnt/data/gone"), Some(&Outcome::Skipped(SkipReason::LocalDirty)));
+    let got = files(&w).await;
+    assert_eq!(got["/mnt/data/mine"], 10);
+    assert_eq!(got["/mnt/data/synced"], 10);
+    assert_eq!(got["/mnt/data/gone"], 10);
+}
+
+#[tokio::test]
+async fn dry_run_writes_nothing_and_delete_false_keeps_entries() {
+    let w = world("photos").await;
+    put(&w, "photos/1.jpg", "one");
+    put(&w, "photos/2.jpg", "two");
+    put(&w, "other/x", "not mounted");
+    let (r, items) = sync(&w, &ReconcileOptions { dry_run: true, ..Default::default() }).await;
+    assert_eq!(r.created, 2);
+    assert_eq!(items.len(), 2, "keys outside the prefix are not listed at all");
+    assert!(files(&w).await.is_empty(), "dry run wrote nothing");
+    sync(&w, &ReconcileOptions::default()).await;
+    assert_eq!(files(&w).await.len(), 2);
+    w.bucket.remove("photos/1.jpg").unwrap();
+    let (r, _) = sync(&w, &ReconcileOptions { delete: false, ..Default::default() }).await;
+    assert_eq!(r.deleted, 0);
+    assert!(files(&w).await.contains_key("/mnt/data/1.jpg"));
+    let (r, _) = sync(&w, &ReconcileOptions::default()).await;
+    assert_eq!(r.deleted, 1);
+}
+
+/// The merge-join against a model, over many small random buckets and local states, at page
+/// sizes that put page boundaries everywhere.
+#[tokio::test]
+async fn merge_join_matches_a_model_at_every_page_size() {
+    let alphabet = ["a", "a-b", "a0", "b", "a/b", "a/c", "a/b/c", "b/x", "c d", "ü"];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for round in 0..150 {
+        let w = world("").await;
+        let mut first: BTreeSet<&str> = BTreeSet::new();
+        for k in alphabet {
+            if next() % 2 == 0 {
+                first.insert(k);
+            }
+        }
+        for k in &first {
+            put(&w, k, k);
+        }
+        let page = (next() % 4 + 1) as usize;
+        let opts = ReconcileOptions { page_size: page, ..Default::default() };
+        sync(&w, &opts).await;
+        // Change the bucket: drop some, add some.
+        let mut second = BTreeSet::new();
+        for k in alphabet {
+            if next() % 3 != 0 {
+                second.insert(k);
+            }
+        }
+        for k in &first {
+            if !second.contains(k) {
+                w.bucket.remove(k).unwrap();
+            }
+        }
+        for k in &second {
+            put(&w, k, &format!("{k}{k}"));
+        }
+        sync(&w, &opts).await;
+        // The model: every key, except those that need a path to be both a file and a directory.
+        let got = files(&w).await;
+        for k in &second {
+            let p = format!("/mnt/data/{k}");
+            let clash = second.iter().any(|o| o.starts_with(&format!("{k}/")))
+                || second.iter().any(|o| k.starts_with(&format!("{o}/")));
+            if !clash {
+                assert_eq!(got.get(&p), Some(&(2 * k.len() as u64)), "round {round} page {page}: {p} in {got:?}");
+            }
+        }
+        for p in got.keys() {
+            let k = p.strip_prefix("/mnt/data/").unwrap();
+            assert!(second.contains(k), "round {round} page {page}: {p} has no object");
+        }
+        let (again, _) = sync(&w, &opts).await;
+        assert_eq!(again.changes(), 0, "round {round} page {page}: {}", again.summary());
+    }
+}

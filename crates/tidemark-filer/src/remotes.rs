@@ -1,0 +1,83 @@
+//! The filer's view of its remote mounts: reading the mount mapping and remote configurations
+//! from the namespace, and keeping one storage client per configuration for lazy reads.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::de::DeserializeOwned;
+
+use tidemark_core::keymap::KeyMap;
+use tidemark_core::model::Entry;
+use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
+use tidemark_core::{ByteRange, ByteStream, Error, MetaStore, RemoteStorage, Result};
+
+/// Reads a JSON system document; `None` if it does not exist.
+pub async fn read_doc<T: DeserializeOwned>(store: &dyn MetaStore, path: &str) -> Result<Option<(T, u64)>> {
+    let Some(entry) = store.get(path).await? else { return Ok(None) };
+    let bytes = store.read_inline(path).await?.unwrap_or_default();
+    let doc = serde_json::from_slice(&bytes).map_err(|e| Error::internal(format!("{path} is not valid: {e}")))?;
+    Ok(Some((doc, entry.version)))
+}
+
+/// (remote name, the version of its configuration, bucket).
+type ClientKey = (String, u64, String);
+
+#[derive(Default)]
+pub struct Remotes {
+    /// Storage clients by (remote name, its configuration's version, bucket): a changed
+    /// configuration gets a new client.
+    clients: Mutex<HashMap<ClientKey, Arc<dyn RemoteStorage>>>,
+}
+
+impl Remotes {
+    /// The storage of `conf` for `bucket`, connecting on first use.
+    pub async fn storage(&self, conf: &RemoteConf, conf_version: u64, bucket: &str) -> Result<Arc<dyn RemoteStorage>> {
+        let key = (conf.name.clone(), conf_version, bucket.to_string());
+        if let Some(s) = self.clients.lock().map_err(|_| Error::internal("remote clients poisoned"))?.get(&key) {
+            return Ok(s.clone());
+        }
+        let s = tidemark_cloud::open_storage(conf, bucket).await?;
+        self.clients.lock().map_err(|_| Error::internal("remote clients poisoned"))?.insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// Streams the content of a remote-backed entry from its object, refusing other bytes than
+    /// the version the entry describes.
+    pub async fn read(&self, store: &dyn MetaStore, entry: &Entry, range: Option<ByteRange>) -> Result<ByteStream> {
+        let recorded = entry
+            .remote
+            .as_ref()
+            .ok_or_else(|| Error::internal(format!("{}: remote content without a remote", entry.path)))?;
+        let (mapping, _) = read_doc::<MountMapping>(store, system_paths::MOUNT_MAPPING).await?.unwrap_or_default();
+        let mount = mapping.find_for(&entry.path).ok_or_else(|| Error::Unavailable {
+            message: format!("{}: its content is remote, but no mount covers it any more", entry.path),
+        })?;
+        let conf_path = system_paths::remote_conf(&mount.location.storage);
+        let (conf, conf_version) =
+            read_doc::<RemoteConf>(store, &conf_path).await?.ok_or_else(|| Error::Unavailable {
+                message: format!(
+                    "{}: the remote {:?} of its mount is not configured (remote.configure)",
+                    entry.path, mount.location.storage
+                ),
+            })?;
+        let storage = self.storage(&conf, conf_version, &mount.location.bucket).await?;
+        let map = KeyMap::new(&mount.dir, &mount.location.path)?;
+        let key =
+            map.path_to_key(&entry.path, false).ok_or_else(|| Error::internal(format!("{} has no key", entry.path)))?;
+        match storage.get(&key, range, Some(&recorded.etag)).await {
+            Err(Error::PreconditionFailed { .. }) => Err(Error::Unavailable {
+                message: format!(
+                    "{}: the object changed in the bucket since it was last synced; run remote.meta.sync -dir={} (or wait for its event) and read again",
+                    entry.path, mount.dir
+                ),
+            }),
+            Err(Error::NotFound { .. }) => Err(Error::Unavailable {
+                message: format!(
+                    "{}: the object is gone from the bucket; run remote.meta.sync -dir={} to drop the entry",
+                    entry.path, mount.dir
+                ),
+            }),
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The real third-party servers the tests talk to, started on 127.0.0.1 on free ports.
+//!
+//! `scripts/test.sh` starts one of each for the whole run and exports its address
+//! (`TIDEMARK_TEST_MOTO=http://127.0.0.1:PORT`), so each test process reuses it; a test run any
+//! other way (`cargo test -p ...`) starts its own, stopped when the handle drops. Tests isolate
+//! themselves by naming their own buckets and queues ([`unique_name`]).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+
+/// A name no other test of this run uses: lower-case, valid as a bucket or queue name.
+pub fn unique_name(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{tag}-{}-{}-{:x}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), nanos % 0xfffff)
+}
+
+/// A plain HTTP GET of `path` on `127.0.0.1:port`; `Some(status)` if anything answered.
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&format!("127.0.0.1:{port}").parse().ok()?, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).ok()?;
+    let line = String::from_utf8_lossy(&buf[..n]);
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A server process owned by a test: SIGKILLed when dropped.
+pub struct Owned(Child);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// moto: S3, SQS and SNS on one port.
+pub struct Moto {
+    pub endpoint: String,
+    _owned: Option<Owned>,
+}
+
+impl Moto {
+    /// The run's shared moto (from `TIDEMARK_TEST_MOTO`), or a private one.
+    pub fn get() -> Moto {
+        if let Ok(endpoint) = std::env::var("TIDEMARK_TEST_MOTO") {
+            return Moto { endpoint, _owned: None };
+        }
+        Self::start()
+    }
+
+    /// Starts a private moto server and waits until it answers.
+    pub fn start() -> Moto {
+        let port = free_port();
+        let child = Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start moto ({e}): run ./scripts/setup.sh, which installs it"));
+        let owned = Owned(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // The first request takes moto several seconds (imports): wait for a real answer.
+        while http_status(port, "/moto-api/").is_none() {
+            assert!(Instant::now() < deadline, "moto_server did not answer on port {port} within 60 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Moto { endpoint: format!("http://127.0.0.1:{port}"), _owned: Some(owned) }
+    }
+}
