@@ -34,9 +34,9 @@ export TIDEMARK_TEST_MOTO="http://127.0.0.1:$port"
 echo "test: moto on $TIDEMARK_TEST_MOTO (log: $logs/moto.log)"
 
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
-  # nextest does not run doctests.
+  # nextest does not run doctests; run them first so the run ends with nextest's summary.
   cargo test --workspace --doc --quiet
+  cargo nextest run --workspace --no-fail-fast "$@"
 else
   echo "cargo-nextest not found; using cargo test" >&2
   cargo test --workspace --no-fail-fast "$@"

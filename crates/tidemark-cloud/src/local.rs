@@ -69,7 +69,7 @@ impl LocalStorage {
             Ok(m) if m.is_dir() => Ok(LocalStorage { root: dir, bucket: bucket.into() }),
             Ok(_) => Err(Error::invalid_argument(format!("{} is not a directory", dir.display()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound {
-                path: format!("bucket {bucket:?}: {} does not exist; create it or fix -local.root", dir.display()),
+                path: format!("bucket {bucket:?} ({}: create it, or fix -local.root)", dir.display()),
             }),
             Err(e) => Err(io_err("opening", &dir, e)),
         }

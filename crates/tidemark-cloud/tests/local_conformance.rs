@@ -37,5 +37,5 @@ mod on_memory {
 fn a_missing_bucket_directory_says_what_to_fix() {
     let root = tempfile::tempdir().unwrap();
     let err = LocalStorage::at(root.path(), "nope").unwrap_err().to_string();
-    assert!(err.contains("does not exist") && err.contains("-local.root"), "{err}");
+    assert!(err.contains("no such entry") && err.contains("-local.root"), "{err}");
 }

@@ -37,7 +37,7 @@ async fn s3_errors_say_what_to_fix() {
     let moto = Moto::get();
     let missing = S3Storage::connect(&conf(&moto.endpoint), "no-such-bucket-here").await.unwrap();
     let err = missing.list("", None, None, 1).await.unwrap_err().to_string();
-    assert!(err.contains("no-such-bucket-here") && err.contains("does not exist"), "{err}");
+    assert!(err.contains("no-such-bucket-here") && err.contains("no such entry"), "{err}");
 
     let unreachable = S3Storage::connect(&conf(&format!("http://127.0.0.1:{}", free_port())), "b").await.unwrap();
     let err = unreachable.stat("k").await.unwrap_err();

@@ -113,7 +113,7 @@ struct Run<'a> {
     opts: &'a ReconcileOptions,
     storage_name: &'a str,
     report: ReconcileReport,
-    sink: &'a mut (dyn FnMut(&Item) + Send),
+    sink: &'a mut (dyn FnMut(&Item) + Send + Sync),
 }
 
 impl Run<'_> {
@@ -131,6 +131,8 @@ impl Run<'_> {
         let outcome = if self.opts.dry_run {
             match decide(local.as_ref(), remote, &ctx) {
                 Action::Delete if !self.opts.delete => Outcome::Skipped(SkipReason::InSync),
+                // A write would find a file where it needs a directory: say so, as a real run would.
+                Action::Create(_) if self.ancestor_is_file(p).await? => Outcome::Skipped(SkipReason::Conflict),
                 a => outcome_of(&a),
             }
         } else {
@@ -138,6 +140,15 @@ impl Run<'_> {
         };
         self.emit(Item::Path { path: p.to_string(), outcome });
         Ok(())
+    }
+
+    async fn ancestor_is_file(&self, p: &str) -> Result<bool> {
+        for anc in path::ancestors(p).into_iter().filter(|a| path::is_within(a, self.map.dir())) {
+            if self.filer.stat(anc).await?.is_some_and(|e| !e.is_dir()) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     async fn marker(&mut self, p: &str, object: &RemoteObject) -> Result<()> {
@@ -166,7 +177,7 @@ pub async fn reconcile(
     storage: &dyn RemoteStorage,
     mount: &Mount,
     opts: &ReconcileOptions,
-    sink: &mut (dyn FnMut(&Item) + Send),
+    sink: &mut (dyn FnMut(&Item) + Send + Sync),
 ) -> Result<ReconcileReport> {
     let started = Instant::now();
     let map = KeyMap::new(&mount.dir, &mount.location.path)?;
@@ -358,4 +369,77 @@ async fn forget_marker(run: &Run<'_>, dir: &Entry) -> Result<()> {
 /// How long a reconcile took, for messages.
 pub fn human_duration(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
+}
+
+/// What [`forget`] did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ForgetReport {
+    pub removed: u64,
+    /// Entries kept because they hold local data: local-only, or written locally since the
+    /// last sync (the first few paths are listed).
+    pub kept: u64,
+    pub kept_examples: Vec<String>,
+}
+
+/// Removes the metadata a mount pulled under `dir` (for `remote.unmount`, or to undo a failed
+/// first pull): every remote-backed entry that is not locally dirty, then the remote-backed
+/// directories left empty, then `dir` itself if empty. Never touches an object, and never an
+/// entry holding a local write.
+pub async fn forget(filer: &dyn Filer, dir: &str) -> Result<ForgetReport> {
+    let mut report = ForgetReport::default();
+    let mut after: Option<String> = None;
+    loop {
+        let page = filer.scan(dir, after.as_deref(), 1000).await?;
+        for e in page.entries.iter().filter(|e| !e.is_dir()) {
+            if e.remote.is_none() || tidemark_core::decide::is_locally_dirty(e) {
+                report.kept += 1;
+                if report.kept_examples.len() < 10 {
+                    report.kept_examples.push(e.path.clone());
+                }
+                continue;
+            }
+            let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+            match filer.delete(&e.path, opts).await {
+                Ok(_) => report.removed += 1,
+                // Written locally meanwhile: it holds local data now; keep it.
+                Err(Error::PreconditionFailed { .. }) => report.kept += 1,
+                Err(Error::NotFound { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    // Directories: a scan visits parents first, so remove each empty one and walk upwards.
+    let mut after: Option<String> = None;
+    loop {
+        let page = filer.scan(dir, after.as_deref(), 1000).await?;
+        for e in page.entries.iter().filter(|e| e.is_dir() && e.remote.is_some()) {
+            let mut current = Some(e.path.clone());
+            while let Some(p) = current.take() {
+                if !filer.list(&p, None, 1).await?.entries.is_empty() {
+                    break;
+                }
+                match filer.delete(&p, DeleteOptions::default()).await {
+                    Ok(_) => report.removed += 1,
+                    Err(Error::NotFound { .. } | Error::DirectoryNotEmpty { .. }) => break,
+                    Err(err) => return Err(err),
+                }
+                current = path::parent(&p).filter(|q| path::is_within(q, dir) && *q != dir).map(str::to_string);
+            }
+        }
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    if filer.stat(dir).await?.is_some() && filer.list(dir, None, 1).await?.entries.is_empty() {
+        match filer.delete(dir, DeleteOptions::default()).await {
+            Ok(_) | Err(Error::NotFound { .. } | Error::DirectoryNotEmpty { .. }) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(report)
 }

@@ -4,7 +4,8 @@ use futures::StreamExt;
 use tidemark_core::model::Entry;
 use tidemark_core::{ByteStream, DeleteOptions, WriteOptions, format_rfc3339_ms, path};
 
-use super::flags::{Args, switch};
+use super::flags::{Args, flag, switch};
+use super::remote;
 use super::{CmdError, Command, Context, Out};
 
 pub static ALL: &[Command] = &[
@@ -53,6 +54,68 @@ pub static ALL: &[Command] = &[
         flags: &[switch("r", "remove a directory and everything below it")],
         positional: (1, 1),
         run: |ctx, args, out| Box::pin(fs_rm(ctx, args, out)),
+    },
+    Command {
+        name: "remote.configure",
+        synopsis: "[-name=NAME -type=s3|local [-TYPE.SETTING=VALUE ...]] [-delete]",
+        summary: "add, change, delete or (no flags) list remote storages",
+        details: "Stored at /etc/tidemark/remote/NAME.conf. Secrets are masked whenever shown.\n\
+                  Changing an existing remote merges the settings given into it.\n\
+                  s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token -s3.force_path_style\n\
+                  local: -local.root (the directory whose subdirectories are the buckets)\n\
+                  example: remote.configure -name=aws1 -type=s3 -s3.region=eu-west-1 -s3.access_key=AK -s3.secret_key=SK",
+        flags: &[
+            flag("name", "the remote's name: letters, digits, - and _"),
+            flag("type", "s3 or local"),
+            switch("delete", "delete the remote (refused while a mount uses it)"),
+            flag("s3.endpoint", "endpoint URL of an S3-compatible store or emulator"),
+            flag("s3.region", "region (default us-east-1)"),
+            flag("s3.access_key", "access key id (default: the AWS credential chain)"),
+            flag("s3.secret_key", "secret access key"),
+            flag("s3.session_token", "session token for temporary credentials"),
+            flag("s3.force_path_style", "true: address buckets as ENDPOINT/BUCKET (default with an endpoint)"),
+            flag("local.root", "the directory whose subdirectories are the buckets"),
+        ],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(remote::configure(ctx, args, out)),
+    },
+    Command {
+        name: "remote.mount",
+        synopsis: "[-dir=/mnt/data -remote=NAME/BUCKET[/PATH] [-nonempty]]",
+        summary: "mount a bucket (or a path in it) on a directory, pulling its metadata; no flags: list mounts",
+        details: "The first metadata pull runs before the mount is recorded; if it fails, what it pulled is removed.\n\
+                  Content is not copied: reads fetch it from the bucket.",
+        flags: &[
+            flag("dir", "the directory to mount on"),
+            flag("remote", "NAME/BUCKET or NAME/BUCKET/PATH"),
+            switch("nonempty", "allow mounting on a directory that already has entries"),
+        ],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(remote::mount(ctx, args, out)),
+    },
+    Command {
+        name: "remote.unmount",
+        synopsis: "[-dir=/mnt/data]",
+        summary: "unmount a directory: forget the mount, then its synced metadata; no flags: list mounts",
+        details: "Never deletes an object. Entries that hold local data (local-only, or written since the last sync) are kept.",
+        flags: &[flag("dir", "the mounted directory")],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(remote::unmount(ctx, args, out)),
+    },
+    Command {
+        name: "remote.meta.sync",
+        synopsis: "-dir=/mnt/data [-delete=true] [-dryRun] [-quiet]",
+        summary: "reconcile a mount's metadata with its bucket (a full diff)",
+        details: "Prints `path (create|update|delete|skip: reason)` for every change and notable skip (every path with\n\
+                  -dryRun), then a summary. Local-only and locally written entries are never touched.",
+        flags: &[
+            flag("dir", "the mounted directory"),
+            switch("delete", "delete entries whose object is gone (default true; -delete=false keeps them)"),
+            switch("dryRun", "decide and print, write nothing"),
+            switch("quiet", "print only the summary"),
+        ],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(remote::meta_sync(ctx, args, out)),
     },
 ];
 

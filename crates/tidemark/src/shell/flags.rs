@@ -39,6 +39,18 @@ impl Args {
     pub fn is_set(&self, name: &str) -> bool {
         self.values.get(name).is_some_and(|v| v == "true")
     }
+    /// A boolean flag's value, or `default` when it was not given.
+    pub fn bool_or(&self, name: &str, default: bool) -> bool {
+        self.values.get(name).map_or(default, |v| v == "true")
+    }
+    /// Every flag given whose name starts with `prefix` (`s3.`), as (rest of the name, value).
+    pub fn with_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        self.values.iter().filter_map(move |(k, v)| k.strip_prefix(prefix).map(|rest| (rest, v.as_str())))
+    }
+    /// Whether any flag at all was given.
+    pub fn has_flags(&self) -> bool {
+        !self.values.is_empty()
+    }
 }
 
 fn parse_bool(name: &str, v: &str) -> Result<String, String> {

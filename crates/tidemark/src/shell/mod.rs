@@ -5,6 +5,7 @@
 mod commands;
 pub mod flags;
 pub mod lex;
+mod remote;
 
 use std::future::Future;
 use std::io::{IsTerminal, Write};

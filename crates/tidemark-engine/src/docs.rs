@@ -1,0 +1,36 @@
+//! System documents (JSON files under `/etc/tidemark/`) read and written through any `Filer`,
+//! conditionally, so two operators editing the same document cannot lose each other's change.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use tidemark_core::model::{Origin, Precondition};
+use tidemark_core::{Error, Filer, Result, WriteOptions};
+
+/// The document at `path` and its version; `None` if absent.
+pub async fn read_json<T: DeserializeOwned>(filer: &dyn Filer, path: &str) -> Result<Option<(T, u64)>> {
+    let (entry, mut stream) = match filer.read(path, None).await {
+        Ok(r) => r,
+        Err(Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut bytes = Vec::with_capacity(entry.size as usize);
+    while let Some(chunk) = stream.next().await {
+        bytes.extend_from_slice(&chunk.map_err(|e| Error::io(format!("reading {path}"), e))?);
+    }
+    let doc = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::internal(format!("{path} is not a valid document ({e}); fix or remove it")))?;
+    Ok(Some((doc, entry.version)))
+}
+
+/// Writes `doc` to `path` if the document is still at `expected` (`None`: still absent).
+/// `PreconditionFailed` means someone else changed it: read again and retry.
+pub async fn write_json<T: Serialize>(filer: &dyn Filer, path: &str, doc: &T, expected: Option<u64>) -> Result<u64> {
+    let bytes = serde_json::to_vec_pretty(doc).map_err(Error::internal)?;
+    let body = futures::stream::once(async move { Ok(Bytes::from(bytes)) }).boxed();
+    let precondition = expected.map_or(Precondition::Absent, Precondition::Version);
+    let opts = WriteOptions { precondition, origin: Origin::System, ..Default::default() };
+    Ok(filer.write(path, body, opts).await?.version)
+}

@@ -1,0 +1,236 @@
+//! `remote.configure`, `remote.mount`, `remote.meta.sync`, `remote.unmount` and lazy reads, run
+//! as a user runs them (the binary and its shell), against a real S3 (moto) and a local directory.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Output;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_cloud::local::LocalStorage;
+use tidemark_core::RemoteStorage;
+use tidemark_core::remote::{RemoteConf, StorageKind};
+use tidemark_testkit::{Moto, TidemarkProcess, free_port, run_shell, unique_name};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(o: Output) -> String {
+    assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
+    assert!(o.status.success(), "failed: {}\n{}", text(&o.stdout), text(&o.stderr));
+    text(&o.stdout)
+}
+
+fn fails(o: Output) -> String {
+    assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "should fail: {}\n{}", text(&o.stdout), text(&o.stderr));
+    text(&o.stderr)
+}
+
+/// A bucket to mount: how the test writes to it directly, and how Tidemark is told about it.
+struct Bucket {
+    storage: Arc<dyn RemoteStorage>,
+    configure: String,
+    name: String,
+    /// S3 holds keys a filesystem cannot (a file `c` beside `c/d`, `x//y`).
+    arbitrary_keys: bool,
+    _guard: Box<dyn std::any::Any>,
+}
+
+async fn s3_bucket() -> Bucket {
+    let moto = Moto::get();
+    let name = unique_name("mnt");
+    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
+    let conf = RemoteConf {
+        name: "s3test".into(),
+        kind: StorageKind::S3,
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    };
+    let s3 = S3Storage::connect(&conf, &name).await.unwrap();
+    s3.client().create_bucket().bucket(&name).send().await.unwrap();
+    let configure = format!(
+        "remote.configure -name=s3test -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+        moto.endpoint
+    );
+    Bucket { storage: Arc::new(s3), configure, name, arbitrary_keys: true, _guard: Box::new(moto) }
+}
+
+async fn local_bucket() -> Bucket {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("bkt")).unwrap();
+    let storage = LocalStorage::at(root.path(), "bkt").unwrap();
+    let configure = format!("remote.configure -name=loctest -type=local -local.root={}", root.path().display());
+    Bucket { storage: Arc::new(storage), configure, name: "bkt".into(), arbitrary_keys: false, _guard: Box::new(root) }
+}
+
+async fn put(b: &Bucket, key: &str, body: &str) {
+    b.storage.put(key, Bytes::copy_from_slice(body.as_bytes()), BTreeMap::new()).await.unwrap();
+}
+
+fn remote_name(b: &Bucket) -> &'static str {
+    if b.arbitrary_keys { "s3test" } else { "loctest" }
+}
+
+const KEYS: &[&str] = &[
+    "photos/a b.txt",
+    "photos/a+b.txt",
+    "photos/100%.txt",
+    "photos/ünï/cödé.txt",
+    "photos/deep/1/2/3/4.txt",
+    "photos/dir/",
+    "photos/dir/in.txt",
+];
+
+async fn scenario(b: Bucket) {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    for k in KEYS {
+        put(&b, k, &format!("content of {k}")).await;
+    }
+    if b.arbitrary_keys {
+        put(&b, "photos/c", "a file").await;
+        put(&b, "photos/c/d", "needs c to be a directory").await;
+        put(&b, "photos/x//y", "hostile").await;
+    }
+    put(&b, "other/not-mounted.txt", "outside the prefix").await;
+
+    ok(sh(&b.configure));
+    let listed = ok(sh("remote.configure"));
+    assert!(listed.contains(remote_name(&b)), "{listed}");
+    assert!(!listed.contains("secret_key=testing"), "secrets are masked: {listed}");
+    let mounted = ok(sh(&format!("remote.mount -dir=/mnt/data -remote={}/{}/photos", remote_name(&b), b.name)));
+    assert!(mounted.contains("mounted"), "{mounted}");
+
+    let ls = ok(sh("fs.ls -l /mnt/data"));
+    for name in ["a b.txt", "a+b.txt", "100%.txt", "ünï/", "deep/", "dir/"] {
+        assert!(ls.lines().any(|l| l.ends_with(&format!(" {name}"))), "{name} in {ls}");
+    }
+    let line = ls.lines().find(|l| l.ends_with(" a b.txt")).unwrap();
+    assert!(line.contains(&format!(" {} ", "content of photos/a b.txt".len())), "size shown: {line}");
+    assert!(line.contains("T") && line.contains("Z"), "mtime shown: {line}");
+    assert_eq!(ok(sh("fs.cat '/mnt/data/ünï/cödé.txt'")), "content of photos/ünï/cödé.txt");
+    assert_eq!(ok(sh("fs.cat /mnt/data/deep/1/2/3/4.txt")), "content of photos/deep/1/2/3/4.txt");
+    assert!(ok(sh("fs.ls /")).contains("mnt/"));
+    assert!(fails(sh("fs.cat /mnt/data/other/not-mounted.txt")).contains("no such entry"));
+    if b.arbitrary_keys {
+        assert_eq!(ok(sh("fs.cat /mnt/data/c")), "a file", "the file of a file/directory conflict wins its path");
+        fails(sh("fs.cat /mnt/data/c/d"));
+        let dry = ok(sh("remote.meta.sync -dir=/mnt/data -dryRun"));
+        assert!(dry.contains("/mnt/data/c/d (skip: file/directory conflict)"), "{dry}");
+        assert!(dry.contains("key \"photos/x//y\" (skip: refused"), "{dry}");
+    }
+
+    // Local data: a local-only file and a local edit of a synced file.
+    let local = tmp.path().join("local.txt");
+    std::fs::write(&local, "written locally").unwrap();
+    ok(sh(&format!("fs.put {} /mnt/data/mine.txt; fs.put {} '/mnt/data/a+b.txt'", local.display(), local.display())));
+
+    // Change the bucket directly: overwrite, add, delete (also the edited one's object).
+    put(&b, "photos/a b.txt", "changed in the bucket").await;
+    put(&b, "photos/new/file.txt", "new").await;
+    b.storage.delete("photos/deep/1/2/3/4.txt").await.unwrap();
+    if !b.arbitrary_keys {
+        // A local bucket keeps its (now empty) directories; remove them as a user would.
+        for d in ["photos/deep/1/2/3/", "photos/deep/1/2/", "photos/deep/1/", "photos/deep/"] {
+            b.storage.delete(d).await.unwrap();
+        }
+    }
+    b.storage.delete("photos/a+b.txt").await.unwrap();
+    put(&b, "photos/a+b.txt", "bucket overwrite of a locally edited file").await;
+    let out = ok(sh("remote.meta.sync -dir=/mnt/data"));
+    assert!(out.contains("/mnt/data/a b.txt (update)"), "{out}");
+    assert!(out.contains("/mnt/data/new/file.txt (create)"), "{out}");
+    assert!(out.contains("/mnt/data/deep/1/2/3/4.txt (delete)"), "{out}");
+    assert!(out.contains("/mnt/data/a+b.txt (skip: locally dirty)"), "{out}");
+    assert!(out.contains("/mnt/data/mine.txt (skip: local-only)"), "{out}");
+    assert!(out.lines().last().unwrap().contains("updated 1, deleted"), "summary: {out}");
+    assert_eq!(ok(sh("fs.cat '/mnt/data/a b.txt'")), "changed in the bucket");
+    assert_eq!(ok(sh("fs.cat '/mnt/data/a+b.txt'")), "written locally", "the local write is never overwritten");
+    assert_eq!(ok(sh("fs.cat /mnt/data/mine.txt")), "written locally");
+    assert!(fails(sh("fs.ls /mnt/data/deep")).contains("no such entry"), "emptied directories go too");
+    let again = ok(sh("remote.meta.sync -dir=/mnt/data -quiet"));
+    assert!(again.contains("created 0, updated 0, deleted 0"), "a second run changes nothing: {again}");
+
+    // Unmount: the mapping and the synced metadata go; the local data and every object stay.
+    let out = ok(sh("remote.unmount -dir=/mnt/data"));
+    assert!(out.contains("kept 2 entries"), "{out}");
+    assert!(ok(sh("remote.mount")).trim().is_empty());
+    fails(sh("fs.cat '/mnt/data/a b.txt'"));
+    assert_eq!(ok(sh("fs.cat /mnt/data/mine.txt")), "written locally");
+    assert!(b.storage.stat("photos/a b.txt").await.unwrap().is_some(), "unmount deletes no object");
+    fails(sh("remote.meta.sync -dir=/mnt/data"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_sync_and_unmount_against_s3() {
+    scenario(s3_bucket().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_sync_and_unmount_against_a_local_directory() {
+    scenario(local_bucket().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_errors_are_one_clear_line_and_nothing_is_half_mounted() {
+    let b = s3_bucket().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    ok(sh(&b.configure));
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    ok(sh(&format!("remote.configure -name=dead -type=s3 -s3.endpoint={dead} -s3.access_key=a -s3.secret_key=b")));
+
+    let cases = [
+        (format!("remote.mount -dir=/mnt/a -remote=s3test/{}-missing", b.name), "no such entry"),
+        ("remote.mount -dir=/mnt/a -remote=dead/bucket".to_string(), "cannot reach the endpoint"),
+        ("remote.mount -dir=/mnt/a -remote=nosuch/bucket".to_string(), "no remote \"nosuch\""),
+        ("remote.mount -dir=/mnt/a -remote=s3test".to_string(), "NAME/BUCKET"),
+        ("remote.mount -dir=/mnt/a".to_string(), "-remote"),
+        ("remote.configure -name=x -type=gopher".to_string(), "unknown -type"),
+        ("remote.configure -name=x -type=s3 -local.root=/tmp".to_string(), "does not apply"),
+        ("remote.configure -name=x -type=s3 -s3.access_key=only".to_string(), ""),
+    ];
+    for (cmd, says) in cases {
+        let o = sh(&cmd);
+        if cmd.ends_with("access_key=only") {
+            // Saved, but unusable: mounting with it says which flag is missing.
+            ok(o);
+            let err = fails(sh(&format!("remote.mount -dir=/mnt/a -remote=x/{}", b.name)));
+            assert!(err.contains("-s3.secret_key"), "{err}");
+            continue;
+        }
+        let err = fails(o);
+        assert!(err.contains(says), "{cmd}: {err}");
+        assert!(err.starts_with("error: "), "{cmd}: {err}");
+    }
+    assert!(ok(sh("remote.mount")).trim().is_empty(), "nothing was mounted");
+    assert!(fails(sh("fs.ls /mnt/a")).contains("no such entry"), "no directory was left behind");
+
+    // A non-empty directory needs -nonempty, and its entries stay local-only.
+    put(&b, "k.txt", "k").await;
+    let f = tmp.path().join("f");
+    std::fs::write(&f, "local").unwrap();
+    ok(sh(&format!("fs.put {} /mnt/b/existing.txt", f.display())));
+    let err = fails(sh(&format!("remote.mount -dir=/mnt/b -remote=s3test/{}", b.name)));
+    assert!(err.contains("-nonempty"), "{err}");
+    ok(sh(&format!("remote.mount -dir=/mnt/b -remote=s3test/{} -nonempty", b.name)));
+    assert_eq!(ok(sh("fs.cat /mnt/b/k.txt")), "k");
+    assert_eq!(ok(sh("fs.cat /mnt/b/existing.txt")), "local");
+    let err = fails(sh(&format!("remote.mount -dir=/mnt/b/inner -remote=s3test/{}", b.name)));
+    assert!(err.contains("cannot nest"), "{err}");
+    let err = fails(sh("remote.configure -name=s3test -delete"));
+    assert!(err.contains("remote.unmount"), "{err}");
+
+    // A read of an object replaced since the last sync refuses the other bytes.
+    put(&b, "k.txt", "replaced").await;
+    let err = fails(sh("fs.cat /mnt/b/k.txt"));
+    assert!(err.contains("changed in the bucket") && err.contains("remote.meta.sync"), "{err}");
+}
