@@ -1,5 +1,6 @@
 //! The `tidemark` binary's library half: each role's start-up and the operator shell, kept out
 //! of `main.rs` so integration tests and other crates can drive them in-process.
 
+pub mod bench;
 pub mod roles;
 pub mod shell;

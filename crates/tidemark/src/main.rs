@@ -25,6 +25,9 @@ enum Role {
     Server(roles::ServerArgs),
     /// The operator's shell: `tidemark shell -c "fs.ls -l /"`, or interactive.
     Shell(roles::ShellArgs),
+    /// Benchmarks that print their figures (docs/BENCHMARKS.md).
+    #[command(subcommand)]
+    Bench(tidemark::bench::Bench),
 }
 
 fn main() {
@@ -41,6 +44,7 @@ fn main() {
             Role::Filer(a) => roles::run_filer(a).await,
             Role::Server(a) => roles::run_server(a).await,
             Role::Shell(a) => roles::run_shell(a).await,
+            Role::Bench(b) => tidemark::bench::run(b).await,
         }
     });
     std::process::exit(code);
