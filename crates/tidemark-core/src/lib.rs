@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod decide;
 pub mod error;
+pub mod events;
 pub mod filer;
 pub mod keymap;
 pub mod model;
@@ -12,7 +13,7 @@ pub mod path;
 pub mod remote;
 pub mod store;
 
-pub use clock::{Clock, ManualClock, SystemClock, format_rfc3339_ms};
+pub use clock::{Clock, ManualClock, SystemClock, format_rfc3339_ms, parse_rfc3339_ms};
 pub use error::{Error, ErrorCode, Result};
 pub use filer::{ByteRange, ByteStream, DeleteOptions, Filer, Health, WriteOptions};
 pub use model::{

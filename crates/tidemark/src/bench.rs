@@ -75,9 +75,17 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
         let key = format!("data/{:03}/{:03}/obj-{i:08}.bin", i / 10_000, (i / 100) % 100);
         bucket.insert(&key, Bytes::from_static(b"x"), Default::default()).map_err(|e| e.to_string())?;
     }
-    let mount = Mount { dir: "/mnt/bench".into(), location: RemoteLocation { storage: "mem".into(), bucket: "b".into(), path: "data".into() } };
+    let mount = Mount {
+        dir: "/mnt/bench".into(),
+        location: RemoteLocation { storage: "mem".into(), bucket: "b".into(), path: "data".into() },
+    };
     filer.apply(Txn::put(&mount.dir, NewEntry::dir(0), Origin::System)).await.map_err(|e| e.to_string())?;
-    println!("bench reconcile: {} objects in the memory bucket (set up in {:.1} s), page size {}", b.objects, setup.elapsed().as_secs_f64(), b.page_size);
+    println!(
+        "bench reconcile: {} objects in the memory bucket (set up in {:.1} s), page size {}",
+        b.objects,
+        setup.elapsed().as_secs_f64(),
+        b.page_size
+    );
     println!("  rss after set-up: {}", mib(current_rss_kib()));
     let opts = ReconcileOptions { page_size: b.page_size, ..Default::default() };
     for pass in ["baseline import", "no-change reconcile"] {

@@ -25,6 +25,9 @@ enum Role {
     Server(roles::ServerArgs),
     /// The operator's shell: `tidemark shell -c "fs.ls -l /"`, or interactive.
     Shell(roles::ShellArgs),
+    /// Tools for bucket event notifications.
+    #[command(subcommand)]
+    Events(tidemark::events_cmd::EventsCmd),
     /// Benchmarks that print their figures (docs/BENCHMARKS.md).
     #[command(subcommand)]
     Bench(tidemark::bench::Bench),
@@ -45,6 +48,7 @@ fn main() {
             Role::Server(a) => roles::run_server(a).await,
             Role::Shell(a) => roles::run_shell(a).await,
             Role::Bench(b) => tidemark::bench::run(b).await,
+            Role::Events(e) => tidemark::events_cmd::run(e),
         }
     });
     std::process::exit(code);
