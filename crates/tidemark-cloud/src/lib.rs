@@ -9,6 +9,7 @@
 
 pub mod aws;
 pub mod conformance;
+pub mod event_conformance;
 pub mod local;
 pub mod memory;
 

@@ -2,6 +2,7 @@
 //! traits that adapters implement ([`MetaStore`] for stores, [`Filer`] for the filer and its HTTP
 //! client). Nothing in this crate performs I/O, so everything here is testable exhaustively.
 
+pub mod backoff;
 pub mod clock;
 pub mod decide;
 pub mod error;

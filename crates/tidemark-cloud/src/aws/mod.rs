@@ -1,3 +1,4 @@
 //! Amazon Web Services and S3-compatible stores.
 
 pub mod s3;
+pub mod sqs;

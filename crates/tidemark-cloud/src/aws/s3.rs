@@ -22,6 +22,8 @@ pub const SETTINGS: &[(&str, &str)] = &[
     ("region", "region (default us-east-1)"),
     ("endpoint", "endpoint URL of an S3-compatible store or emulator, e.g. http://127.0.0.1:5000"),
     ("force_path_style", "true to address buckets as ENDPOINT/BUCKET (default: true when an endpoint is set)"),
+    ("sqs_endpoint", "endpoint URL of SQS (default: the endpoint above, or AWS's)"),
+    ("sns_endpoint", "endpoint URL of SNS (default: the endpoint above, or AWS's)"),
 ];
 
 #[derive(Clone, Debug)]

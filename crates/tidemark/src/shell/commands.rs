@@ -62,6 +62,7 @@ pub static ALL: &[Command] = &[
         details: "Stored at /etc/tidemark/remote/NAME.conf. Secrets are masked whenever shown.\n\
                   Changing an existing remote merges the settings given into it.\n\
                   s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token -s3.force_path_style\n\
+                         -s3.sqs_endpoint -s3.sns_endpoint\n\
                   local: -local.root (the directory whose subdirectories are the buckets)\n\
                   example: remote.configure -name=aws1 -type=s3 -s3.region=eu-west-1 -s3.access_key=AK -s3.secret_key=SK",
         flags: &[
@@ -74,6 +75,8 @@ pub static ALL: &[Command] = &[
             flag("s3.secret_key", "secret access key"),
             flag("s3.session_token", "session token for temporary credentials"),
             flag("s3.force_path_style", "true: address buckets as ENDPOINT/BUCKET (default with an endpoint)"),
+            flag("s3.sqs_endpoint", "endpoint URL of SQS, for events (default: -s3.endpoint)"),
+            flag("s3.sns_endpoint", "endpoint URL of SNS, for events (default: -s3.endpoint)"),
             flag("local.root", "the directory whose subdirectories are the buckets"),
         ],
         positional: (0, 0),

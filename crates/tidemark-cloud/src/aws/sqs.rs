@@ -1,0 +1,218 @@
+//! SQS as an [`EventSource`]: long polling (up to 20 s), batches of up to 10, `DeleteMessageBatch`
+//! with its per-entry failures sorted into acknowledged / gone / failed, visibility changes for
+//! `extend` and `release`, and a backoff after failures so a caller looping on `receive` never
+//! hammers a missing queue or a refusing endpoint.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use bytes::Bytes;
+
+use tidemark_core::backoff::Backoff;
+use tidemark_core::events::{AckReport, Delivery, EventSource};
+use tidemark_core::remote::RemoteConf;
+use tidemark_core::{Error, Result};
+
+use super::s3::sdk_config;
+
+pub const MAX_BATCH: usize = 10;
+pub const MAX_WAIT: Duration = Duration::from_secs(20);
+/// SQS's longest visibility timeout: 12 hours.
+const MAX_VISIBILITY_SECS: u64 = 43_200;
+
+pub struct SqsSource {
+    client: Client,
+    queue_url: String,
+    backoff: Mutex<Backoff>,
+}
+
+/// An SQS client for a remote: `sqs_endpoint` if set, else the remote's `endpoint`.
+pub async fn client(conf: &RemoteConf) -> Result<Client> {
+    let sdk = sdk_config(conf).await?;
+    let mut b = aws_sdk_sqs::config::Builder::from(&sdk);
+    if let Some(ep) = conf.setting("sqs_endpoint") {
+        b = b.endpoint_url(ep);
+    }
+    Ok(Client::from_conf(b.build()))
+}
+
+impl SqsSource {
+    pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
+        SqsSource {
+            client,
+            queue_url: queue_url.into(),
+            backoff: Mutex::new(Backoff::new(Duration::from_millis(500), Duration::from_secs(60))),
+        }
+    }
+
+    pub async fn connect(conf: &RemoteConf, queue_url: &str) -> Result<Self> {
+        Ok(Self::new(client(conf).await?, queue_url))
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn error<E: ProvideErrorMetadata + std::error::Error + 'static>(&self, op: &str, e: SdkError<E>) -> Error {
+        let code = e.code().unwrap_or_default().to_string();
+        let detail = e.message().unwrap_or_default().to_string();
+        let status = e.raw_response().map(|r| r.status().as_u16());
+        let q = &self.queue_url;
+        match (&e, status, code.as_str()) {
+            (SdkError::DispatchFailure(d), _, _) => Error::Unavailable {
+                message: format!(
+                    "{op} on {q}: cannot reach the SQS endpoint ({})",
+                    d.as_connector_error().map(|c| c.to_string()).unwrap_or_else(|| "dispatch failure".into())
+                ),
+            },
+            (SdkError::TimeoutError(_), _, _) => {
+                Error::Unavailable { message: format!("{op} on {q}: the SQS endpoint timed out") }
+            }
+            (_, _, "AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist") => {
+                Error::NotFound { path: format!("queue {q} (it does not exist, or was deleted)") }
+            }
+            (_, Some(403), _)
+            | (_, _, "AccessDenied" | "InvalidClientTokenId" | "SignatureDoesNotMatch" | "ExpiredToken") => {
+                Error::Unauthorized {
+                    message: format!(
+                        "{op} on {q} was refused ({code}: {detail}); the credentials need sqs:{op} (consuming a queue)"
+                    ),
+                }
+            }
+            (_, _, "ReceiptHandleIsInvalid" | "InvalidParameterValue" | "MessageNotInflight") => Error::NotFound {
+                path: format!("delivery on {q} ({code}: the message was acknowledged or redelivered)"),
+            },
+            (_, Some(s), _) if s >= 500 => {
+                Error::Unavailable { message: format!("{op} on {q}: SQS answered {s} {code} {detail}") }
+            }
+            _ => Error::internal(format!(
+                "{op} on {q}: {code} {detail} ({})",
+                aws_sdk_sqs::error::DisplayErrorContext(&e)
+            )),
+        }
+    }
+
+    async fn pause_after_failures(&self) {
+        let wait = self.backoff.lock().map(|b| b.current()).unwrap_or_default();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    fn record<T>(&self, r: Result<T>) -> Result<T> {
+        if let Ok(mut b) = self.backoff.lock() {
+            match &r {
+                Ok(_) => b.succeed(),
+                Err(e) => {
+                    let wait = b.fail();
+                    tracing::warn!(queue = %self.queue_url, error = %e, retry_in_ms = wait.as_millis() as u64, "receive failed");
+                }
+            }
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl EventSource for SqsSource {
+    fn describe(&self) -> String {
+        format!("sqs:{}", self.queue_url)
+    }
+
+    fn max_batch(&self) -> usize {
+        MAX_BATCH
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        self.pause_after_failures().await;
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
+            .wait_time_seconds(wait.min(MAX_WAIT).as_secs() as i32)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| self.error("ReceiveMessage", e));
+        let out = self.record(out)?;
+        Ok(out
+            .messages()
+            .iter()
+            .filter_map(|m| {
+                let sys = m.attributes();
+                let get =
+                    |n: MessageSystemAttributeName| sys.and_then(|a| a.get(&n)).and_then(|v| v.parse::<i64>().ok());
+                Some(Delivery {
+                    ack_id: m.receipt_handle()?.to_string(),
+                    body: Bytes::from(m.body().unwrap_or_default().to_string()),
+                    attributes: m
+                        .message_attributes()
+                        .map(|a| {
+                            a.iter().filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_string()))).collect()
+                        })
+                        .unwrap_or_else(BTreeMap::new),
+                    receive_count: get(MessageSystemAttributeName::ApproximateReceiveCount).unwrap_or(1).max(1) as u32,
+                    sent_at_ms: get(MessageSystemAttributeName::SentTimestamp),
+                })
+            })
+            .collect())
+    }
+
+    async fn ack(&self, ack_ids: &[String]) -> Result<AckReport> {
+        let mut report = AckReport::default();
+        for chunk in ack_ids.chunks(MAX_BATCH) {
+            let entries: Vec<DeleteMessageBatchRequestEntry> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, id)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(id).build())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| Error::internal(format!("building DeleteMessageBatch: {e}")))?;
+            let out = self
+                .client
+                .delete_message_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| self.error("DeleteMessageBatch", e))?;
+            let id_of = |entry_id: &str| entry_id.parse::<usize>().ok().and_then(|i| chunk.get(i)).cloned();
+            for ok in out.successful() {
+                if let Some(id) = id_of(ok.id()) {
+                    report.acked.push(id);
+                }
+            }
+            for f in out.failed() {
+                let Some(id) = id_of(f.id()) else { continue };
+                match f.code() {
+                    "ReceiptHandleIsInvalid" | "MessageNotInflight" => report.gone.push(id),
+                    code => report.failed.push((id, format!("{code}: {}", f.message().unwrap_or_default()))),
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn extend(&self, ack_id: &str, by: Duration) -> Result<()> {
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.queue_url)
+            .receipt_handle(ack_id)
+            .visibility_timeout(by.as_secs().min(MAX_VISIBILITY_SECS) as i32)
+            .send()
+            .await
+            .map_err(|e| self.error("ChangeMessageVisibility", e))?;
+        Ok(())
+    }
+
+    async fn release(&self, ack_id: &str, delay: Duration) -> Result<()> {
+        self.extend(ack_id, delay).await
+    }
+}
