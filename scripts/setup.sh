@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh machine. Idempotent: a second run only checks.
 #   - moto (S3, SQS, SNS emulator) from PyPI
+#   - Azurite (Azure Blob and Queue emulator) from npm, into .tools/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need() { command -v "$1" >/dev/null 2>&1 || { echo "setup: $1 is required but not installed: $2" >&2; exit 1; }; }
 need cargo "install Rust from https://rustup.rs"
 need python3 "install Python 3.11 or newer"
+need npm "install Node.js 20 or newer (with npm)"
+need curl "install curl"
 
 MOTO_VERSION="5.2.5"
 if ! python3 -c "import moto, moto.server, flask; assert moto.__version__ == '$MOTO_VERSION'" 2>/dev/null; then
   echo "setup: installing moto[server]==$MOTO_VERSION from PyPI"
   python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+fi
+
+AZURITE_VERSION="3.37.0"
+if ! [ -x .tools/node_modules/.bin/azurite ] || ! grep -q "\"version\": \"$AZURITE_VERSION\"" .tools/node_modules/azurite/package.json 2>/dev/null; then
+  echo "setup: installing azurite@$AZURITE_VERSION from npm into .tools/"
+  mkdir -p .tools
+  (cd .tools && npm install --silent --no-audit --no-fund --no-save "azurite@$AZURITE_VERSION")
 fi
 
 echo "setup: everything the tests need is in place"

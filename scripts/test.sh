@@ -33,6 +33,17 @@ wait_http "http://127.0.0.1:$port/moto-api/" moto
 export TIDEMARK_TEST_MOTO="http://127.0.0.1:$port"
 echo "test: moto on $TIDEMARK_TEST_MOTO (log: $logs/moto.log)"
 
+blob=$(free_port); queue=$(free_port); table=$(free_port)
+.tools/node_modules/.bin/azurite --blobHost 127.0.0.1 --blobPort "$blob" --queueHost 127.0.0.1 --queuePort "$queue" \
+  --tableHost 127.0.0.1 --tablePort "$table" --inMemoryPersistence --skipApiVersionCheck --disableTelemetry --silent \
+  >"$logs/azurite.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$blob/" azurite
+wait_http "http://127.0.0.1:$queue/" azurite
+export TIDEMARK_TEST_AZURITE_BLOB="http://127.0.0.1:$blob/devstoreaccount1"
+export TIDEMARK_TEST_AZURITE_QUEUE="http://127.0.0.1:$queue/devstoreaccount1"
+echo "test: azurite blob on $TIDEMARK_TEST_AZURITE_BLOB, queue on $TIDEMARK_TEST_AZURITE_QUEUE"
+
 if cargo nextest --version >/dev/null 2>&1; then
   # nextest does not run doctests; run them first so the run ends with nextest's summary.
   cargo test --workspace --doc --quiet

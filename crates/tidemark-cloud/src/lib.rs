@@ -8,6 +8,7 @@
 //! [`open_storage`] turns a `remote.configure` record and a bucket into a `RemoteStorage`.
 
 pub mod aws;
+pub mod azure;
 pub mod conformance;
 pub mod event_conformance;
 pub mod local;
@@ -23,7 +24,8 @@ pub fn known_settings(kind: StorageKind) -> &'static [(&'static str, &'static st
     match kind {
         StorageKind::S3 => aws::s3::SETTINGS,
         StorageKind::Local => local::SETTINGS,
-        StorageKind::Gcs | StorageKind::Azure => &[],
+        StorageKind::Azure => azure::blob::SETTINGS,
+        StorageKind::Gcs => &[],
     }
 }
 
@@ -32,7 +34,8 @@ pub async fn open_storage(conf: &RemoteConf, bucket: &str) -> Result<Arc<dyn Rem
     match conf.kind {
         StorageKind::S3 => Ok(Arc::new(aws::s3::S3Storage::connect(conf, bucket).await?)),
         StorageKind::Local => Ok(Arc::new(local::LocalStorage::open(conf, bucket)?)),
-        StorageKind::Gcs | StorageKind::Azure => Err(Error::invalid_argument(format!(
+        StorageKind::Azure => Ok(Arc::new(azure::AzureBlobStorage::open(conf, bucket)?)),
+        StorageKind::Gcs => Err(Error::invalid_argument(format!(
             "remote {:?} is of type {}, which this version of Tidemark cannot reach yet; use s3 or local",
             conf.name,
             conf.kind.as_str()

@@ -12,7 +12,12 @@ async fn local() -> Harness {
     let storage = LocalStorage::at(root.path(), "bucket").unwrap();
     Harness {
         storage: Arc::new(storage),
-        caps: Capabilities { arbitrary_keys: false, user_metadata: false, lists_directories: true },
+        caps: Capabilities {
+            arbitrary_keys: false,
+            user_metadata: false,
+            lists_directories: true,
+            directory_markers: true,
+        },
         guard: Box::new(root),
     }
 }
@@ -20,7 +25,12 @@ async fn local() -> Harness {
 async fn memory() -> Harness {
     Harness {
         storage: Arc::new(MemoryStorage::default()),
-        caps: Capabilities { arbitrary_keys: true, user_metadata: true, lists_directories: false },
+        caps: Capabilities {
+            arbitrary_keys: true,
+            user_metadata: true,
+            lists_directories: false,
+            directory_markers: true,
+        },
         guard: Box::new(()),
     }
 }

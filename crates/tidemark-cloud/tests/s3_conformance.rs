@@ -25,7 +25,12 @@ async fn s3() -> Harness {
     storage.client().create_bucket().bucket(&bucket).send().await.unwrap();
     Harness {
         storage: Arc::new(storage),
-        caps: Capabilities { arbitrary_keys: true, user_metadata: true, lists_directories: false },
+        caps: Capabilities {
+            arbitrary_keys: true,
+            user_metadata: true,
+            lists_directories: false,
+            directory_markers: true,
+        },
         guard: Box::new(moto),
     }
 }

@@ -77,3 +77,66 @@ impl Moto {
         Moto { endpoint: format!("http://127.0.0.1:{port}"), _owned: Some(owned) }
     }
 }
+
+/// The repository's root, where `scripts/setup.sh` installs the npm tools (under `.tools/`).
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Waits until something answers HTTP on `port`.
+fn wait_answering(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_status(port, "/").is_none() {
+        assert!(Instant::now() < deadline, "{what} did not answer on port {port} within 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Azurite: Azure Blob and Queue storage.
+pub struct Azurite {
+    /// `http://127.0.0.1:PORT/devstoreaccount1`
+    pub blob_endpoint: String,
+    pub queue_endpoint: String,
+    _owned: Option<Owned>,
+}
+
+impl Azurite {
+    pub const ACCOUNT: &'static str = "devstoreaccount1";
+    /// Azurite's well-known development key (public, not a secret).
+    pub const KEY: &'static str =
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+    pub fn get() -> Azurite {
+        if let (Ok(blob_endpoint), Ok(queue_endpoint)) =
+            (std::env::var("TIDEMARK_TEST_AZURITE_BLOB"), std::env::var("TIDEMARK_TEST_AZURITE_QUEUE"))
+        {
+            return Azurite { blob_endpoint, queue_endpoint, _owned: None };
+        }
+        Self::start()
+    }
+
+    pub fn start() -> Azurite {
+        let bin = repo_root().join(".tools/node_modules/.bin/azurite");
+        let (blob, queue, table) = (free_port(), free_port(), free_port());
+        let child = Command::new(&bin)
+            .args(["--blobHost", "127.0.0.1", "--blobPort", &blob.to_string()])
+            .args(["--queueHost", "127.0.0.1", "--queuePort", &queue.to_string()])
+            .args(["--tableHost", "127.0.0.1", "--tablePort", &table.to_string()])
+            .args(["--inMemoryPersistence", "--skipApiVersionCheck", "--disableTelemetry", "--silent"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {} ({e}): run ./scripts/setup.sh, which installs it", bin.display())
+            });
+        let owned = Owned(child);
+        wait_answering(blob, "azurite (blob)");
+        wait_answering(queue, "azurite (queue)");
+        Azurite {
+            blob_endpoint: format!("http://127.0.0.1:{blob}/{}", Self::ACCOUNT),
+            queue_endpoint: format!("http://127.0.0.1:{queue}/{}", Self::ACCOUNT),
+            _owned: Some(owned),
+        }
+    }
+}

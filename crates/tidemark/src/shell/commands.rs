@@ -57,17 +57,18 @@ pub static ALL: &[Command] = &[
     },
     Command {
         name: "remote.configure",
-        synopsis: "[-name=NAME -type=s3|local [-TYPE.SETTING=VALUE ...]] [-delete]",
+        synopsis: "[-name=NAME -type=s3|azure|local [-TYPE.SETTING=VALUE ...]] [-delete]",
         summary: "add, change, delete or (no flags) list remote storages",
         details: "Stored at /etc/tidemark/remote/NAME.conf. Secrets are masked whenever shown.\n\
                   Changing an existing remote merges the settings given into it.\n\
                   s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token -s3.force_path_style\n\
                          -s3.sqs_endpoint -s3.sns_endpoint\n\
+                  azure: -azure.account -azure.account_key | -azure.sas_token -azure.blob_endpoint -azure.queue_endpoint\n\
                   local: -local.root (the directory whose subdirectories are the buckets)\n\
                   example: remote.configure -name=aws1 -type=s3 -s3.region=eu-west-1 -s3.access_key=AK -s3.secret_key=SK",
         flags: &[
             flag("name", "the remote's name: letters, digits, - and _"),
-            flag("type", "s3 or local"),
+            flag("type", "s3, azure or local"),
             switch("delete", "delete the remote (refused while a mount uses it)"),
             flag("s3.endpoint", "endpoint URL of an S3-compatible store or emulator"),
             flag("s3.region", "region (default us-east-1)"),
@@ -78,6 +79,14 @@ pub static ALL: &[Command] = &[
             flag("s3.sqs_endpoint", "endpoint URL of SQS, for events (default: -s3.endpoint)"),
             flag("s3.sns_endpoint", "endpoint URL of SNS, for events (default: -s3.endpoint)"),
             flag("local.root", "the directory whose subdirectories are the buckets"),
+            flag("azure.account", "the storage account name"),
+            flag("azure.account_key", "the account's shared key (base64)"),
+            flag("azure.sas_token", "a SAS token, instead of the account key"),
+            flag("azure.blob_endpoint", "blob endpoint URL (default https://ACCOUNT.blob.core.windows.net)"),
+            flag(
+                "azure.queue_endpoint",
+                "queue endpoint URL, for events (default https://ACCOUNT.queue.core.windows.net)",
+            ),
         ],
         positional: (0, 0),
         run: |ctx, args, out| Box::pin(remote::configure(ctx, args, out)),

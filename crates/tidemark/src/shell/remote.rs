@@ -90,12 +90,14 @@ pub async fn configure(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), Cm
         return Ok(());
     }
     let kind = match (args.get("type"), &existing) {
-        (Some(t), _) => StorageKind::parse(t).ok_or_else(|| usage(format!("unknown -type={t:?}: use s3 or local")))?,
+        (Some(t), _) => StorageKind::parse(t)
+            .filter(|k| *k != StorageKind::Gcs)
+            .ok_or_else(|| usage(format!("unknown -type={t:?}: use s3, azure or local")))?,
         (None, Some((c, _))) => c.kind,
         (None, None) => return Err(usage(format!("-type is required for the new remote {name:?}"))),
     };
     // Settings of another type than the remote's are a mistake worth stopping at.
-    for other in [StorageKind::S3, StorageKind::Local].into_iter().filter(|k| *k != kind) {
+    for other in [StorageKind::S3, StorageKind::Azure, StorageKind::Local].into_iter().filter(|k| *k != kind) {
         if let Some((setting, _)) = args.with_prefix(&format!("{}.", other.as_str())).next() {
             return Err(usage(format!(
                 "-{}.{setting} does not apply to a remote of type {}",
@@ -113,6 +115,11 @@ pub async fn configure(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), Cm
     }
     if kind == StorageKind::Local && !settings.contains_key("root") {
         return Err(usage("a local remote needs -local.root=DIR (the directory that holds the buckets)"));
+    }
+    if kind == StorageKind::Azure && !settings.contains_key("account") {
+        return Err(usage(
+            "an azure remote needs -azure.account=NAME and -azure.account_key=KEY (or -azure.sas_token)",
+        ));
     }
     let conf = RemoteConf { name: name.to_string(), kind, settings };
     write_json(filer, &path, &conf, existing.map(|(_, v)| v)).await.map_err(|e| match e {

@@ -1,0 +1,232 @@
+//! Azure Blob Storage as a [`RemoteStorage`]: a container is a bucket. Blob names are sent and
+//! listed verbatim (List Blobs returns them in lexicographic order).
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use reqwest::Method;
+use serde::Deserialize;
+
+use tidemark_core::remote::{ListPage, RemoteConf, RemoteObject, normalize_etag};
+use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result};
+
+use super::client::{AzureClient, encode_path, parse_http_date_ms};
+
+pub const SETTINGS: &[(&str, &str)] = &[
+    ("account", "the storage account name (devstoreaccount1 for Azurite)"),
+    ("account_key", "the account's shared key (base64)"),
+    ("sas_token", "a SAS token, instead of the account key"),
+    (
+        "blob_endpoint",
+        "blob endpoint URL (default https://ACCOUNT.blob.core.windows.net; Azurite: http://127.0.0.1:10000/devstoreaccount1)",
+    ),
+    ("queue_endpoint", "queue endpoint URL, for events (default https://ACCOUNT.queue.core.windows.net)"),
+];
+
+#[derive(Clone)]
+pub struct AzureBlobStorage {
+    client: AzureClient,
+    container: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct EnumerationResults {
+    #[serde(default)]
+    blobs: Blobs,
+    #[serde(default)]
+    next_marker: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct Blobs {
+    #[serde(default, rename = "Blob")]
+    blob: Vec<BlobItem>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct BlobItem {
+    name: String,
+    properties: BlobProperties,
+}
+
+#[derive(Deserialize)]
+struct BlobProperties {
+    #[serde(rename = "Last-Modified")]
+    last_modified: String,
+    #[serde(rename = "Etag")]
+    etag: String,
+    #[serde(rename = "Content-Length")]
+    content_length: u64,
+}
+
+/// Azure metadata names must be C# identifiers: Tidemark's `tidemark-origin` is stored as
+/// `tidemark_origin` and read back with its hyphen.
+fn meta_name_to_azure(name: &str) -> String {
+    name.replace('-', "_")
+}
+
+fn meta_name_from_azure(name: &str) -> String {
+    name.to_ascii_lowercase().replace('_', "-")
+}
+
+impl AzureBlobStorage {
+    pub fn open(conf: &RemoteConf, container: &str) -> Result<Self> {
+        if container.is_empty() || container.contains('/') {
+            return Err(Error::invalid_argument(format!("bad container name {container:?}")));
+        }
+        Ok(AzureBlobStorage { client: AzureClient::new(conf, "blob")?, container: container.to_string() })
+    }
+
+    /// The URL path of a blob. HTTP clients and servers resolve `.` and `..` segments (even
+    /// percent-encoded), so such names cannot be addressed; nor can an empty name.
+    fn blob_path(&self, key: &str) -> Result<String> {
+        let rel = key.strip_suffix('/').unwrap_or(key);
+        if rel.is_empty() || rel.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+            return Err(Error::invalid_argument(format!(
+                "key {key:?} cannot be addressed in Azure Blob Storage (empty, `.` or `..` segments)"
+            )));
+        }
+        Ok(format!("/{}/{}", self.container, encode_path(key)))
+    }
+
+    fn target(&self, key: &str) -> String {
+        format!("azure://{}/{key}", self.container)
+    }
+
+    /// Creates the container (tests and set-up); an existing one is fine.
+    pub async fn create_container(&self) -> Result<()> {
+        let rb = self.client.request(
+            Method::PUT,
+            &format!("/{}", self.container),
+            &[("restype", "container".into())],
+            &[],
+            0,
+        );
+        match self.client.send(rb, "CreateContainer", &self.container).await {
+            Ok(_) => Ok(()),
+            Err(Error::Internal { message }) if message.contains("ContainerAlreadyExists") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[async_trait]
+impl RemoteStorage for AzureBlobStorage {
+    fn describe(&self) -> String {
+        format!("azure://{}", self.container)
+    }
+
+    async fn stat(&self, key: &str) -> Result<Option<RemoteObject>> {
+        let rb = self.client.request(Method::HEAD, &self.blob_path(key)?, &[], &[], 0);
+        let resp = match self.client.send(rb, "GetBlobProperties", &self.target(key)).await {
+            Ok(r) => r,
+            // A HEAD has no body to tell a missing container from a missing blob.
+            Err(Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let h = resp.headers();
+        let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+        let meta: BTreeMap<String, String> = h
+            .iter()
+            .filter_map(|(k, v)| {
+                Some((meta_name_from_azure(k.as_str().strip_prefix("x-ms-meta-")?), v.to_str().ok()?.to_string()))
+            })
+            .collect();
+        Ok(Some(RemoteObject {
+            key: key.to_string(),
+            size: get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0),
+            etag: normalize_etag(get("etag").unwrap_or_default()),
+            last_modified_ms: get("last-modified").and_then(parse_http_date_ms).unwrap_or(0),
+            version_id: get("x-ms-version-id").map(str::to_string),
+            user_metadata: Some(meta),
+        }))
+    }
+
+    async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
+        let mut q = vec![
+            ("restype", "container".to_string()),
+            ("comp", "list".to_string()),
+            ("maxresults", max.clamp(1, 5000).to_string()),
+        ];
+        if !prefix.is_empty() {
+            q.push(("prefix", prefix.to_string()));
+        }
+        if let Some(m) = page {
+            q.push(("marker", m.to_string()));
+        }
+        let rb = self.client.request(Method::GET, &format!("/{}", self.container), &q, &[], 0);
+        let resp = self.client.send(rb, "ListBlobs", &format!("azure://{}", self.container)).await?;
+        let xml = resp
+            .text()
+            .await
+            .map_err(|e| Error::Unavailable { message: format!("ListBlobs: reading the answer: {e}") })?;
+        let parsed: EnumerationResults = quick_xml::de::from_str(&xml)
+            .map_err(|e| Error::internal(format!("ListBlobs: unreadable answer ({e})")))?;
+        // Azure has no start-after; a resumed listing skips what it has already seen (on every
+        // page: the first pages may hold nothing but skipped names).
+        let after = start_after.unwrap_or("");
+        let objects = parsed
+            .blobs
+            .blob
+            .into_iter()
+            .filter(|b| b.name.as_str() > after)
+            .map(|b| RemoteObject {
+                key: b.name,
+                size: b.properties.content_length,
+                etag: normalize_etag(&b.properties.etag),
+                last_modified_ms: parse_http_date_ms(&b.properties.last_modified).unwrap_or(0),
+                version_id: None,
+                user_metadata: None,
+            })
+            .collect();
+        Ok(ListPage { objects, next: parsed.next_marker.filter(|m| !m.is_empty()) })
+    }
+
+    async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream> {
+        let mut headers = Vec::new();
+        if let Some(r) = range {
+            headers.push((
+                "x-ms-range",
+                match r.length {
+                    Some(0) => return Ok(futures::stream::empty().boxed()),
+                    Some(n) => format!("bytes={}-{}", r.offset, r.offset + n - 1),
+                    None => format!("bytes={}-", r.offset),
+                },
+            ));
+        }
+        if let Some(e) = if_etag {
+            headers.push(("if-match", format!("\"{e}\"")));
+        }
+        let rb = self.client.request(Method::GET, &self.blob_path(key)?, &[], &headers, 0);
+        let resp = self.client.send(rb, "GetBlob", &self.target(key)).await?;
+        Ok(resp.bytes_stream().map_err(std::io::Error::other).boxed())
+    }
+
+    async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject> {
+        let mut headers = vec![("x-ms-blob-type", "BlockBlob".to_string())];
+        let meta: Vec<(String, String)> =
+            metadata.into_iter().map(|(k, v)| (format!("x-ms-meta-{}", meta_name_to_azure(&k)), v)).collect();
+        for (k, v) in &meta {
+            headers.push((k.as_str(), v.clone()));
+        }
+        let len = body.len() as u64;
+        let rb = self.client.request(Method::PUT, &self.blob_path(key)?, &[], &headers, len).body(body);
+        self.client.send(rb, "PutBlob", &self.target(key)).await?;
+        self.stat(key)
+            .await?
+            .ok_or_else(|| Error::internal(format!("{}: missing right after PutBlob", self.target(key))))
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        let rb = self.client.request(Method::DELETE, &self.blob_path(key)?, &[], &[], 0);
+        match self.client.send(rb, "DeleteBlob", &self.target(key)).await {
+            Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
