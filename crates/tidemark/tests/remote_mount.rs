@@ -9,10 +9,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_cloud::azure::AzureBlobStorage;
+use tidemark_cloud::gcp::GcsStorage;
 use tidemark_cloud::local::LocalStorage;
 use tidemark_core::RemoteStorage;
 use tidemark_core::remote::{RemoteConf, StorageKind};
-use tidemark_testkit::{Azurite, Moto, TidemarkProcess, free_port, run_shell, unique_name};
+use tidemark_testkit::{Azurite, FakeGcs, Moto, TidemarkProcess, free_port, run_shell, unique_name};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
@@ -86,6 +87,28 @@ async fn local_bucket() -> Bucket {
         markers: true,
         remote: "loctest",
         _guard: Box::new(root),
+    }
+}
+
+async fn gcs_bucket() -> Bucket {
+    let fake = FakeGcs::get(None);
+    let name = unique_name("mnt");
+    let conf = RemoteConf {
+        name: "gcstest".into(),
+        kind: StorageKind::Gcs,
+        settings: [("endpoint".to_string(), fake.endpoint.clone())].into_iter().collect(),
+    };
+    let storage = GcsStorage::open(&conf, &name).unwrap();
+    storage.create_bucket().await.unwrap();
+    let configure = format!("remote.configure -name=gcstest -type=gcs -gcs.endpoint={}", fake.endpoint);
+    Bucket {
+        storage: Arc::new(storage),
+        configure,
+        name,
+        arbitrary_keys: true,
+        markers: true,
+        remote: "gcstest",
+        _guard: Box::new(fake),
     }
 }
 
@@ -220,6 +243,11 @@ async fn scenario(b: Bucket) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mount_sync_and_unmount_against_s3() {
     scenario(s3_bucket().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_sync_and_unmount_against_gcs() {
+    scenario(gcs_bucket().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

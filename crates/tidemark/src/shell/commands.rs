@@ -57,18 +57,19 @@ pub static ALL: &[Command] = &[
     },
     Command {
         name: "remote.configure",
-        synopsis: "[-name=NAME -type=s3|azure|local [-TYPE.SETTING=VALUE ...]] [-delete]",
+        synopsis: "[-name=NAME -type=s3|gcs|azure|local [-TYPE.SETTING=VALUE ...]] [-delete]",
         summary: "add, change, delete or (no flags) list remote storages",
         details: "Stored at /etc/tidemark/remote/NAME.conf. Secrets are masked whenever shown.\n\
                   Changing an existing remote merges the settings given into it.\n\
-                  s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token -s3.force_path_style\n\
-                         -s3.sqs_endpoint -s3.sns_endpoint\n\
+                  s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token\n\
+                  \x20      -s3.force_path_style -s3.sqs_endpoint -s3.sns_endpoint\n\
+                  gcs:   -gcs.endpoint -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
                   azure: -azure.account -azure.account_key | -azure.sas_token -azure.blob_endpoint -azure.queue_endpoint\n\
                   local: -local.root (the directory whose subdirectories are the buckets)\n\
                   example: remote.configure -name=aws1 -type=s3 -s3.region=eu-west-1 -s3.access_key=AK -s3.secret_key=SK",
         flags: &[
             flag("name", "the remote's name: letters, digits, - and _"),
-            flag("type", "s3, azure or local"),
+            flag("type", "s3, gcs, azure or local"),
             switch("delete", "delete the remote (refused while a mount uses it)"),
             flag("s3.endpoint", "endpoint URL of an S3-compatible store or emulator"),
             flag("s3.region", "region (default us-east-1)"),
@@ -79,6 +80,10 @@ pub static ALL: &[Command] = &[
             flag("s3.sqs_endpoint", "endpoint URL of SQS, for events (default: -s3.endpoint)"),
             flag("s3.sns_endpoint", "endpoint URL of SNS, for events (default: -s3.endpoint)"),
             flag("local.root", "the directory whose subdirectories are the buckets"),
+            flag("gcs.endpoint", "Cloud Storage endpoint (default https://storage.googleapis.com)"),
+            flag("gcs.access_token", "an OAuth2 access token (default: the metadata server; none for an emulator)"),
+            flag("gcs.pubsub_endpoint", "Pub/Sub endpoint, for events (default https://pubsub.googleapis.com)"),
+            flag("gcs.project", "the project of the Pub/Sub subscription, for events"),
             flag("azure.account", "the storage account name"),
             flag("azure.account_key", "the account's shared key (base64)"),
             flag("azure.sas_token", "a SAS token, instead of the account key"),

@@ -90,14 +90,16 @@ pub async fn configure(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), Cm
         return Ok(());
     }
     let kind = match (args.get("type"), &existing) {
-        (Some(t), _) => StorageKind::parse(t)
-            .filter(|k| *k != StorageKind::Gcs)
-            .ok_or_else(|| usage(format!("unknown -type={t:?}: use s3, azure or local")))?,
+        (Some(t), _) => {
+            StorageKind::parse(t).ok_or_else(|| usage(format!("unknown -type={t:?}: use s3, gcs, azure or local")))?
+        }
         (None, Some((c, _))) => c.kind,
         (None, None) => return Err(usage(format!("-type is required for the new remote {name:?}"))),
     };
     // Settings of another type than the remote's are a mistake worth stopping at.
-    for other in [StorageKind::S3, StorageKind::Azure, StorageKind::Local].into_iter().filter(|k| *k != kind) {
+    for other in
+        [StorageKind::S3, StorageKind::Gcs, StorageKind::Azure, StorageKind::Local].into_iter().filter(|k| *k != kind)
+    {
         if let Some((setting, _)) = args.with_prefix(&format!("{}.", other.as_str())).next() {
             return Err(usage(format!(
                 "-{}.{setting} does not apply to a remote of type {}",

@@ -1,0 +1,228 @@
+//! Cloud Storage as a [`RemoteStorage`], over the JSON API. Object names are sent and listed
+//! verbatim (the API lists in lexicographic order). The generation is the version token: it
+//! changes with the content, and a read can be conditional on it (`ifGenerationMatch`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use serde::Deserialize;
+
+use tidemark_core::remote::{ListPage, RemoteConf, RemoteObject};
+use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result, parse_rfc3339_ms};
+
+use super::auth::{Auth, check, transport};
+
+pub const SETTINGS: &[(&str, &str)] = &[
+    (
+        "endpoint",
+        "the Cloud Storage endpoint (default https://storage.googleapis.com; fake-gcs-server: http://127.0.0.1:PORT)",
+    ),
+    (
+        "access_token",
+        "an OAuth2 access token (default: the metadata server of a Google Cloud machine; none for an emulator)",
+    ),
+    (
+        "pubsub_endpoint",
+        "the Pub/Sub endpoint, for events (default https://pubsub.googleapis.com, or $PUBSUB_EMULATOR_HOST)",
+    ),
+    ("project", "the Google Cloud project of the Pub/Sub subscription, for events"),
+];
+
+pub struct GcsStorage {
+    http: reqwest::Client,
+    endpoint: String,
+    bucket: String,
+    auth: Auth,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ObjectResource {
+    name: String,
+    #[serde(default)]
+    size: Option<String>,
+    #[serde(default)]
+    generation: Option<String>,
+    #[serde(default)]
+    updated: Option<String>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ObjectList {
+    #[serde(default)]
+    items: Vec<ObjectResource>,
+    #[serde(default)]
+    next_page_token: Option<String>,
+}
+
+/// Percent-encodes an object name as one URL path segment (`/` included).
+fn encode(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() * 3);
+    for b in name.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+impl ObjectResource {
+    fn into_object(self, with_metadata: bool) -> RemoteObject {
+        let generation = self.generation.unwrap_or_default();
+        RemoteObject {
+            key: self.name,
+            size: self.size.and_then(|s| s.parse().ok()).unwrap_or(0),
+            etag: generation.clone(),
+            last_modified_ms: self.updated.as_deref().and_then(parse_rfc3339_ms).unwrap_or(0),
+            version_id: (!generation.is_empty()).then_some(generation),
+            user_metadata: with_metadata.then(|| self.metadata.unwrap_or_default()),
+        }
+    }
+}
+
+impl GcsStorage {
+    pub fn open(conf: &RemoteConf, bucket: &str) -> Result<Self> {
+        if bucket.is_empty() || bucket.contains('/') {
+            return Err(Error::invalid_argument(format!("bad bucket name {bucket:?}")));
+        }
+        let endpoint = conf.setting("endpoint").map(|e| e.trim_end_matches('/').to_string());
+        let auth = Auth::from_conf(conf, endpoint.is_some());
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(120))
+            .build()
+            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        Ok(GcsStorage {
+            http,
+            endpoint: endpoint.unwrap_or_else(|| "https://storage.googleapis.com".into()),
+            bucket: bucket.into(),
+            auth,
+        })
+    }
+
+    fn object_url(&self, key: &str) -> String {
+        format!("{}/storage/v1/b/{}/o/{}", self.endpoint, encode(&self.bucket), encode(key))
+    }
+
+    fn target(&self, key: &str) -> String {
+        format!("gs://{}/{key}", self.bucket)
+    }
+
+    async fn send(&self, rb: reqwest::RequestBuilder, op: &str, target: &str) -> Result<reqwest::Response> {
+        let rb = self.auth.apply(&self.http, rb).await?;
+        let resp = rb.send().await.map_err(|e| transport(op, target, &self.endpoint, e))?;
+        check(resp, op, target).await
+    }
+
+    /// Creates the bucket (tests and set-up).
+    pub async fn create_bucket(&self) -> Result<()> {
+        let rb =
+            self.http.post(format!("{}/storage/v1/b", self.endpoint)).json(&serde_json::json!({"name": self.bucket}));
+        self.send(rb, "CreateBucket", &format!("gs://{}", self.bucket)).await.map(|_| ())
+    }
+}
+
+#[async_trait]
+impl RemoteStorage for GcsStorage {
+    fn describe(&self) -> String {
+        format!("gs://{}", self.bucket)
+    }
+
+    async fn stat(&self, key: &str) -> Result<Option<RemoteObject>> {
+        let rb = self.http.get(self.object_url(key));
+        match self.send(rb, "GetObject", &self.target(key)).await {
+            Ok(resp) => {
+                let r: ObjectResource = resp
+                    .json()
+                    .await
+                    .map_err(|e| Error::internal(format!("GetObject {key}: unreadable answer ({e})")))?;
+                Ok(Some(r.into_object(true)))
+            }
+            Err(Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
+        let mut q: Vec<(&str, String)> = vec![("maxResults", max.clamp(1, 1000).to_string())];
+        if !prefix.is_empty() {
+            q.push(("prefix", prefix.to_string()));
+        }
+        match page {
+            Some(t) => q.push(("pageToken", t.to_string())),
+            None => {
+                if let Some(a) = start_after {
+                    // startOffset is inclusive; the filter below drops `a` itself.
+                    q.push(("startOffset", a.to_string()));
+                }
+            }
+        }
+        let rb = self.http.get(format!("{}/storage/v1/b/{}/o", self.endpoint, encode(&self.bucket))).query(&q);
+        let resp = self.send(rb, "ListObjects", &format!("gs://{}", self.bucket)).await?;
+        let list: ObjectList =
+            resp.json().await.map_err(|e| Error::internal(format!("ListObjects: unreadable answer ({e})")))?;
+        let after = start_after.unwrap_or("");
+        let objects =
+            list.items.into_iter().filter(|o| o.name.as_str() > after).map(|o| o.into_object(false)).collect();
+        Ok(ListPage { objects, next: list.next_page_token.filter(|t| !t.is_empty()) })
+    }
+
+    async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream> {
+        let mut rb = self.http.get(self.object_url(key)).query(&[("alt", "media")]);
+        if let Some(r) = range {
+            rb = rb.header(
+                "range",
+                match r.length {
+                    Some(0) => return Ok(futures::stream::empty().boxed()),
+                    Some(n) => format!("bytes={}-{}", r.offset, r.offset + n - 1),
+                    None => format!("bytes={}-", r.offset),
+                },
+            );
+        }
+        if let Some(g) = if_etag {
+            rb = rb.query(&[("ifGenerationMatch", g)]);
+        }
+        let resp = self.send(rb, "GetObjectMedia", &self.target(key)).await?;
+        // Also check the generation served, for servers that ignore ifGenerationMatch.
+        if let Some(want) = if_etag
+            && let Some(got) = resp.headers().get("x-goog-generation").and_then(|v| v.to_str().ok())
+            && got != want
+        {
+            return Err(Error::PreconditionFailed { path: self.target(key), current: None });
+        }
+        Ok(resp.bytes_stream().map_err(std::io::Error::other).boxed())
+    }
+
+    async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject> {
+        let boundary = "tidemark-multipart-boundary-7d0c5b";
+        let meta = serde_json::json!({"name": key, "metadata": metadata});
+        let mut payload = Vec::with_capacity(body.len() + 512);
+        payload.extend_from_slice(format!("--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes());
+        payload.extend_from_slice(&body);
+        payload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let rb = self
+            .http
+            .post(format!("{}/upload/storage/v1/b/{}/o", self.endpoint, encode(&self.bucket)))
+            .query(&[("uploadType", "multipart")])
+            .header("content-type", format!("multipart/related; boundary={boundary}"))
+            .body(payload);
+        let resp = self.send(rb, "InsertObject", &self.target(key)).await?;
+        let r: ObjectResource =
+            resp.json().await.map_err(|e| Error::internal(format!("InsertObject {key}: unreadable answer ({e})")))?;
+        Ok(r.into_object(true))
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        match self.send(self.http.delete(self.object_url(key)), "DeleteObject", &self.target(key)).await {
+            Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Cloud Storage (fake-gcs-server) through the RemoteStorage suite; a Pub/Sub subscription (the
+//! emulator) through the EventSource suite; and real GCS notifications: fake-gcs-server publishes
+//! object events to the emulator, and the GCS decoder reads them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use base64::Engine;
+use bytes::Bytes;
+use tidemark_cloud::conformance::{Capabilities, Harness};
+use tidemark_cloud::event_conformance::{EventHarness, Producer};
+use tidemark_cloud::gcp::{GcsStorage, PubSubSource};
+use tidemark_core::RemoteStorage;
+use tidemark_core::events::{Decoded, EventKind, EventSource, gcs};
+use tidemark_core::remote::{RemoteConf, StorageKind};
+use tidemark_testkit::emulators::http_request;
+use tidemark_testkit::{FakeGcs, PubSub, unique_name};
+
+fn conf(gcs_endpoint: &str, pubsub_host: Option<&str>) -> RemoteConf {
+    let mut settings =
+        vec![("endpoint".to_string(), gcs_endpoint.to_string()), ("project".to_string(), FakeGcs::PROJECT.to_string())];
+    if let Some(h) = pubsub_host {
+        settings.push(("pubsub_endpoint".into(), format!("http://{h}")));
+    }
+    RemoteConf { name: "fakegcs".into(), kind: StorageKind::Gcs, settings: settings.into_iter().collect() }
+}
+
+async fn gcs_storage() -> Harness {
+    let fake = FakeGcs::get(None);
+    let storage = GcsStorage::open(&conf(&fake.endpoint, None), &unique_name("g")).unwrap();
+    storage.create_bucket().await.unwrap();
+    Harness {
+        storage: Arc::new(storage),
+        caps: Capabilities {
+            arbitrary_keys: true,
+            user_metadata: true,
+            lists_directories: false,
+            directory_markers: true,
+        },
+        guard: Box::new(fake),
+    }
+}
+
+mod cloud_storage {
+    tidemark_cloud::remote_storage_conformance!(super::gcs_storage());
+}
+
+/// Creates a subscription on `topic` (creating the topic when asked) on the emulator.
+fn subscription(ps: &PubSub, topic: &str, create_topic: bool) -> String {
+    if create_topic {
+        assert!(http_request(&ps.host, "PUT", &format!("/v1/{topic}"), "").is_some_and(|s| s < 300));
+    }
+    let name = format!("projects/{}/subscriptions/{}", FakeGcs::PROJECT, unique_name("s"));
+    let body = serde_json::json!({"topic": topic, "ackDeadlineSeconds": 10}).to_string();
+    let status = http_request(&ps.host, "PUT", &format!("/v1/{name}"), &body);
+    assert!(status.is_some_and(|s| s < 300), "creating {name}: {status:?}");
+    name
+}
+
+struct PubSubProducer {
+    host: String,
+    topic: String,
+}
+
+#[async_trait]
+impl Producer for PubSubProducer {
+    async fn send(&self, body: &str) {
+        let data = base64::engine::general_purpose::STANDARD.encode(body);
+        let req = serde_json::json!({"messages": [{"data": data}]}).to_string();
+        let (host, path) = (self.host.clone(), format!("/v1/{}:publish", self.topic));
+        let status = tokio::task::spawn_blocking(move || http_request(&host, "POST", &path, &req)).await.unwrap();
+        assert!(status.is_some_and(|s| s < 300), "publish: {status:?}");
+    }
+}
+
+async fn pubsub() -> Option<EventHarness> {
+    let ps = PubSub::get()?;
+    let topic = format!("projects/{}/topics/{}", FakeGcs::PROJECT, unique_name("t"));
+    let sub = subscription(&ps, &topic, true);
+    let source = PubSubSource::open(&conf("http://unused", Some(&ps.host)), &sub).unwrap();
+    let producer = PubSubProducer { host: ps.host.clone(), topic };
+    Some(EventHarness {
+        source: Arc::new(source),
+        producer: Arc::new(producer),
+        visibility: Duration::from_secs(10),
+        guard: Box::new(ps),
+    })
+}
+
+mod pubsub_subscription {
+    macro_rules! each {
+        ($($name:ident),*) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                // Skips (loudly, in PubSub::get) only where the machine has no emulator.
+                if let Some(h) = super::pubsub().await {
+                    tidemark_cloud::event_conformance::$name(&h).await;
+                }
+            }
+        )*};
+    }
+    each!(
+        receive_then_ack_removes,
+        unacked_deliveries_come_back_with_a_higher_count,
+        extend_prevents_redelivery,
+        release_makes_it_visible_again,
+        batch_limits_are_honoured,
+        acking_twice_or_late_is_not_an_error
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcs_notifications_finalize_metadata_update_and_delete() {
+    let Some(ps) = PubSub::get() else { return };
+    let fake = FakeGcs::get(Some(&ps));
+    let topic = fake.topic.clone().expect("fake-gcs-server started with a topic");
+    let sub = subscription(&ps, &topic, false);
+    let c = conf(&fake.endpoint, Some(&ps.host));
+    let bucket = unique_name("ev");
+    let storage = GcsStorage::open(&c, &bucket).unwrap();
+    storage.create_bucket().await.unwrap();
+    let source = PubSubSource::open(&c, &sub).unwrap();
+
+    storage.put("dir/a b+ü.txt", Bytes::from_static(b"one"), Default::default()).await.unwrap();
+    storage.put("dir/a b+ü.txt", Bytes::from_static(b"two!"), Default::default()).await.unwrap();
+    storage.delete("dir/a b+ü.txt").await.unwrap();
+
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < 3 && Instant::now() < deadline {
+        let batch = source.receive(10, Duration::from_secs(2)).await.unwrap();
+        for d in &batch {
+            match gcs::decode(&d.attributes, &d.body) {
+                Decoded::Events { events } => {
+                    seen.extend(events.into_iter().filter(|e| e.bucket == bucket).map(|e| (e.key, e.kind)));
+                }
+                other => panic!("a real notification decodes as events: {other:?} ({:?})", d.attributes),
+            }
+        }
+        source.ack(&batch.iter().map(|d| d.ack_id.clone()).collect::<Vec<_>>()).await.unwrap();
+    }
+    let key = "dir/a b+ü.txt".to_string();
+    assert!(seen.contains(&(key.clone(), EventKind::Created)), "{seen:?}");
+    assert!(seen.contains(&(key.clone(), EventKind::Removed)), "{seen:?}");
+    assert!(seen.iter().filter(|(_, k)| *k == EventKind::Created).count() >= 2, "both writes finalize: {seen:?}");
+}
