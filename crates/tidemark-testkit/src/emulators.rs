@@ -59,8 +59,22 @@ impl Moto {
 
     /// Starts a private moto server and waits until it answers.
     pub fn start() -> Moto {
+        Self::launch(false)
+    }
+
+    /// A private moto that checks credentials (IAM): unknown access keys are refused, as AWS
+    /// refuses them.
+    pub fn start_with_auth() -> Moto {
+        Self::launch(true)
+    }
+
+    fn launch(auth: bool) -> Moto {
         let port = free_port();
-        let child = Command::new("python3")
+        let mut cmd = Command::new("python3");
+        if auth {
+            cmd.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        }
+        let child = cmd
             .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

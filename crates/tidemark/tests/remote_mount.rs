@@ -189,6 +189,13 @@ async fn scenario(b: Bucket) {
     assert!(line.contains("T") && line.contains("Z"), "mtime shown: {line}");
     assert_eq!(ok(sh("fs.cat '/mnt/data/ünï/cödé.txt'")), "content of photos/ünï/cödé.txt");
     assert_eq!(ok(sh("fs.cat /mnt/data/deep/1/2/3/4.txt")), "content of photos/deep/1/2/3/4.txt");
+    // Ranged lazy reads, through the filer's HTTP API.
+    let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+    let range = tidemark_core::ByteRange { offset: 3, length: Some(4) };
+    let (_, stream) = tidemark_core::Filer::read(&filer, "/mnt/data/deep/1/2/3/4.txt", Some(range)).await.unwrap();
+    let bytes: Vec<Bytes> =
+        futures::StreamExt::collect::<Vec<_>>(stream).await.into_iter().map(|c| c.unwrap()).collect();
+    assert_eq!(bytes.concat(), b"tent", "bytes 3..7 of the object");
     assert!(ok(sh("fs.ls /")).contains("mnt/"));
     assert!(fails(sh("fs.cat /mnt/data/other/not-mounted.txt")).contains("no such entry"));
     if b.arbitrary_keys {
@@ -293,6 +300,16 @@ async fn mount_errors_are_one_clear_line_and_nothing_is_half_mounted() {
         assert!(err.contains(says), "{cmd}: {err}");
         assert!(err.starts_with("error: "), "{cmd}: {err}");
     }
+    // Wrong credentials, against a moto that checks them as AWS does.
+    let strict = Moto::start_with_auth();
+    ok(sh(&format!(
+        "remote.configure -name=badkeys -type=s3 -s3.endpoint={} -s3.access_key=AKIAWRONG -s3.secret_key=nope",
+        strict.endpoint
+    )));
+    let err = fails(sh("remote.mount -dir=/mnt/a -remote=badkeys/bucket"));
+    assert!(err.contains("refused") && err.contains("InvalidAccessKeyId") && err.contains("credentials"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+
     assert!(ok(sh("remote.mount")).trim().is_empty(), "nothing was mounted");
     assert!(fails(sh("fs.ls /mnt/a")).contains("no such entry"), "no directory was left behind");
 
