@@ -218,3 +218,55 @@ fn help_explains_every_role() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("--bogus"));
 }
+
+fn decode(provider: &str, input: &str) -> (Option<i32>, serde_json::Value) {
+    let mut child = Command::new(bin())
+        .args(["events", "decode", "--provider", provider])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), input.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    no_panic(&out);
+    (out.status.code(), serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("JSON: {}", text(&out.stdout))))
+}
+
+#[test]
+fn events_decode_prints_json_and_exits_2_for_malformed() {
+    let s3 = r#"{"Records":[{"eventVersion":"2.1","eventSource":"aws:s3","eventTime":"2026-12-02T10:00:00.000Z",
+        "eventName":"ObjectRemoved:Delete","s3":{"bucket":{"name":"b"},"object":{"key":"a+b%2Fc.txt"}}}]}"#;
+    let (code, v) = decode("s3", s3);
+    assert_eq!(code, Some(0));
+    assert_eq!(v["kind"], "events");
+    assert_eq!(v["events"][0]["key"], "a b/c.txt");
+    assert_eq!(v["events"][0]["kind"], "removed");
+    assert_eq!(v["events"][0]["event_time"], "2026-12-02T10:00:00.000Z");
+
+    let (code, v) = decode("s3", r#"{"Event":"s3:TestEvent"}"#);
+    assert_eq!((code, v["kind"].as_str()), (Some(0), Some("test")));
+    let (code, v) = decode("s3", r#"{"Type":"SubscriptionConfirmation"}"#);
+    assert_eq!((code, v["kind"].as_str()), (Some(0), Some("ignored")));
+    let (code, v) = decode("s3", "{truncated");
+    assert_eq!((code, v["kind"].as_str()), (Some(2), Some("malformed")));
+    assert!(v["reason"].as_str().unwrap().contains("not JSON"));
+
+    let gcs = r#"{"data":"","attributes":{"eventType":"OBJECT_FINALIZE","bucketId":"b","objectId":"x y","payloadFormat":"NONE"}}"#;
+    let (code, v) = decode("gcs", gcs);
+    assert_eq!((code, v["events"][0]["key"].as_str()), (Some(0), Some("x y")));
+    let (code, _) = decode(
+        "gcs",
+        r#"{"data":"!!!","attributes":{"eventType":"OBJECT_FINALIZE","bucketId":"b","objectId":"k","payloadFormat":"JSON_API_V1"}}"#,
+    );
+    assert_eq!(code, Some(2));
+
+    let azure = r#"{"eventType":"Microsoft.Storage.BlobCreated","subject":"/blobServices/default/containers/c/blobs/k","data":{"url":"https://a.blob.core.windows.net/c/k"}}"#;
+    let (code, v) = decode("azure", azure);
+    assert_eq!((code, v["events"][0]["bucket"].as_str()), (Some(0), Some("c")));
+
+    let out = Command::new(bin()).args(["events", "decode", "/no/such/file"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/no/such/file"));
+}
