@@ -5,6 +5,7 @@
 //!   concurrent local write got there first. Shared by the reconciler and the applier.
 //! - [`reconcile`]: the full reconcile (`remote.meta.sync`), a streaming merge-join.
 
+pub mod apply;
 pub mod docs;
 pub mod reconcile;
 pub mod write;

@@ -1,0 +1,280 @@
+//! The applier: one batch of deliveries from a subscription's queue, applied key by key as the
+//! single-key mirror of the reconcile.
+//!
+//! 1. Every delivery counts as `received` (redeliveries too) and is decoded. Test and ignorable
+//!    messages are acknowledged and counted `ignored`; a malformed one is counted `failed` and is
+//!    **not** acknowledged — it redelivers per the queue's policy, visible rather than silent.
+//! 2. Events are filtered (bucket, the mount's prefix, subscribed event types) and coalesced by
+//!    key: one HEAD per distinct key per batch, distinct keys concurrently, a key never twice at once.
+//! 3. Each key: HEAD the object (the event only names the key; the bucket's current state decides),
+//!    read the entry, `decide`, write through the filer's conditional, fenced transaction.
+//! 4. A message is acknowledged only when every key it named was handled. A transient failure
+//!    (HEAD, filer) releases it with a delay so it comes back; a failed fence stops the batch at
+//!    once and acknowledges nothing more.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Serialize;
+
+use tidemark_core::decide::{DecideCtx, RemoteSide, SkipReason};
+use tidemark_core::events::{Decoded, Delivery, EventKind, EventSource, Provider, decode};
+use tidemark_core::keymap::{KeyMap, Mapped};
+use tidemark_core::model::Fence;
+use tidemark_core::remote::Mount;
+use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
+
+use crate::write::{Outcome, decide_and_write};
+
+/// Which event kinds a subscription applies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct EventTypes {
+    pub created: bool,
+    pub removed: bool,
+    /// Other kinds (metadata updates, tier changes, ...).
+    #[serde(default)]
+    pub other: bool,
+}
+
+impl Default for EventTypes {
+    fn default() -> Self {
+        EventTypes { created: true, removed: true, other: false }
+    }
+}
+
+impl EventTypes {
+    pub fn wants(&self, kind: &EventKind) -> bool {
+        match kind {
+            EventKind::Created => self.created,
+            EventKind::Removed => self.removed,
+            EventKind::Other(_) => self.other,
+        }
+    }
+}
+
+/// What the applier needs to know about the subscription it serves.
+pub struct ApplyContext<'a> {
+    pub mount: &'a Mount,
+    pub provider: Provider,
+    pub event_types: &'a EventTypes,
+    pub cluster_id: Option<&'a str>,
+    /// The slice's lease: every write carries it.
+    pub fence: Option<&'a Fence>,
+    /// Distinct keys applied at once.
+    pub concurrency: usize,
+    /// How long a message that failed transiently stays invisible before it comes back.
+    pub retry_delay: Duration,
+    pub clock: &'a dyn Clock,
+}
+
+/// Per-subscription counters, as the status blob and `/metrics` show them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Counters {
+    /// Every delivery, redeliveries included.
+    pub received: u64,
+    /// Deliveries handled successfully (and acknowledged).
+    pub applied: u64,
+    /// Deliveries whose handling failed (they redeliver).
+    pub failed: u64,
+    /// Keys skipped as the echo of this cluster's own upload.
+    pub echo_suppressed: u64,
+    /// Deliveries or events that needed nothing: test events, other buckets, keys outside the
+    /// prefix, unsubscribed event types, refused keys.
+    pub ignored: u64,
+    pub failed_reasons: BTreeMap<String, u64>,
+    pub ignored_reasons: BTreeMap<String, u64>,
+    /// Entries created, updated, deleted by applied events.
+    pub changes: u64,
+    /// Lag from the event's time to its apply, over applied events: last and largest.
+    pub last_lag_ms: Option<i64>,
+    pub max_lag_ms: Option<i64>,
+}
+
+impl Counters {
+    fn ignore(&mut self, reason: &str) {
+        self.ignored += 1;
+        *self.ignored_reasons.entry(reason.to_string()).or_default() += 1;
+    }
+    fn fail(&mut self, reason: &str) {
+        self.failed += 1;
+        *self.failed_reasons.entry(reason.to_string()).or_default() += 1;
+    }
+    fn lag(&mut self, ms: i64) {
+        let ms = ms.max(0);
+        self.last_lag_ms = Some(ms);
+        self.max_lag_ms = Some(self.max_lag_ms.map_or(ms, |m| m.max(ms)));
+    }
+}
+
+/// What happened to one batch.
+#[derive(Debug, Default)]
+pub struct BatchReport {
+    pub acked: usize,
+    /// Deliveries left to come back (failed, or malformed).
+    pub left: usize,
+    /// Per-path outcomes of the keys applied.
+    pub outcomes: Vec<(String, Outcome)>,
+}
+
+enum KeyResult {
+    Done(Option<(String, Outcome)>),
+    Transient(String),
+}
+
+async fn apply_key(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    map: &KeyMap,
+    ctx: &ApplyContext<'_>,
+    key: &str,
+) -> Result<KeyResult> {
+    let mapped = match map.key_to_path(key.as_bytes()) {
+        Ok(m) => m,
+        Err(_) => return Ok(KeyResult::Done(None)),
+    };
+    let path = mapped.path().to_string();
+    // The entry first, then the HEAD: whatever lands in between (a local write) makes the
+    // conditional write below fail and the key be decided again, never clobbered.
+    let local = match filer.stat(&path).await {
+        Ok(l) => l,
+        Err(e @ Error::Unavailable { .. }) => return Ok(KeyResult::Transient(format!("filer: {e}"))),
+        Err(e) => return Err(e),
+    };
+    let object = match storage.stat(key).await {
+        Ok(o) => o,
+        Err(e)
+            if matches!(
+                e,
+                Error::Unavailable { .. } | Error::Io { .. } | Error::Internal { .. } | Error::Unauthorized { .. }
+            ) =>
+        {
+            return Ok(KeyResult::Transient(format!("HEAD failed: {e}")));
+        }
+        Err(e) => return Err(e),
+    };
+    let remote =
+        object.as_ref().map(|o| RemoteSide { object: o, is_dir_marker: matches!(mapped, Mapped::DirMarker(_)) });
+    let dctx = DecideCtx { storage: &ctx.mount.location.storage, cluster_id: ctx.cluster_id, tombstone: None };
+    match decide_and_write(filer, &path, local, remote, &dctx, ctx.fence, true).await {
+        Ok(outcome) => Ok(KeyResult::Done(Some((path, outcome)))),
+        Err(e @ Error::Fenced { .. }) => Err(e),
+        Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => Ok(KeyResult::Transient(format!("write: {e}"))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies one batch and acknowledges what was handled. `Err(Fenced)` means the lease is lost:
+/// the caller ends the slice.
+pub async fn apply_batch(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    source: &dyn EventSource,
+    ctx: &ApplyContext<'_>,
+    deliveries: Vec<Delivery>,
+    counters: &mut Counters,
+) -> Result<BatchReport> {
+    let map = KeyMap::new(&ctx.mount.dir, &ctx.mount.location.path)?;
+    let mut report = BatchReport::default();
+    counters.received += deliveries.len() as u64;
+    // Per delivery: the keys it needs handled; `None` = malformed, never acknowledged.
+    let mut needs: Vec<Option<BTreeSet<String>>> = Vec::with_capacity(deliveries.len());
+    let mut event_times: BTreeMap<String, i64> = BTreeMap::new();
+    for d in &deliveries {
+        match decode(ctx.provider, d) {
+            Decoded::Malformed { reason } => {
+                tracing::warn!(source = %source.describe(), %reason, receive_count = d.receive_count, "malformed message left to redeliver");
+                counters.fail("malformed message");
+                needs.push(None);
+            }
+            Decoded::Test => {
+                counters.ignore("test event");
+                needs.push(Some(BTreeSet::new()));
+            }
+            Decoded::Ignored { reason } => {
+                counters.ignore(&reason);
+                needs.push(Some(BTreeSet::new()));
+            }
+            Decoded::Events { events } => {
+                let mut keys = BTreeSet::new();
+                for e in events {
+                    if e.bucket != ctx.mount.location.bucket {
+                        counters.ignore("another bucket");
+                    } else if !e.key.starts_with(map.prefix()) {
+                        counters.ignore("outside the mount's prefix");
+                    } else if !ctx.event_types.wants(&e.kind) {
+                        counters.ignore("event type not subscribed");
+                    } else if map.key_to_path(e.key.as_bytes()).is_err() {
+                        counters.ignore("key refused by the mapping");
+                    } else {
+                        if let Some(t) = e.event_time_ms {
+                            event_times.entry(e.key.clone()).and_modify(|x| *x = (*x).min(t)).or_insert(t);
+                        }
+                        keys.insert(e.key);
+                    }
+                }
+                needs.push(Some(keys));
+            }
+        }
+    }
+
+    let distinct: BTreeSet<String> = needs.iter().flatten().flatten().cloned().collect();
+    let map_ref = &map;
+    let results: Vec<(String, Result<KeyResult>)> = futures::stream::iter(distinct.into_iter().map(|key| async move {
+        let r = apply_key(filer, storage, map_ref, ctx, &key).await;
+        (key, r)
+    }))
+    .buffer_unordered(ctx.concurrency.max(1))
+    .collect()
+    .await;
+    let mut transient: BTreeMap<String, String> = BTreeMap::new();
+    for (key, r) in results {
+        match r? {
+            KeyResult::Done(Some((path, outcome))) => {
+                match &outcome {
+                    Outcome::Skipped(SkipReason::Echo) => counters.echo_suppressed += 1,
+                    o if o.is_change() => counters.changes += 1,
+                    _ => {}
+                }
+                if let Some(t) = event_times.get(&key) {
+                    counters.lag(ctx.clock.now_ms() - t);
+                }
+                report.outcomes.push((path, outcome));
+            }
+            KeyResult::Done(None) => {}
+            KeyResult::Transient(why) => {
+                transient.insert(key, why);
+            }
+        }
+    }
+
+    let mut to_ack = Vec::new();
+    for (d, need) in deliveries.iter().zip(&needs) {
+        match need {
+            None => report.left += 1,
+            Some(keys) => match keys.iter().find_map(|k| transient.get(k)) {
+                Some(why) => {
+                    counters.fail(why.split(':').next().unwrap_or("transient"));
+                    tracing::info!(source = %source.describe(), reason = %why, "message released to retry");
+                    // Best effort: if the release fails the visibility timeout brings it back.
+                    let _ = source.release(&d.ack_id, ctx.retry_delay).await;
+                    report.left += 1;
+                }
+                None => {
+                    if !keys.is_empty() {
+                        counters.applied += 1;
+                    }
+                    to_ack.push(d.ack_id.clone());
+                }
+            },
+        }
+    }
+    if !to_ack.is_empty() {
+        let r = source.ack(&to_ack).await?;
+        report.acked = r.acked.len() + r.gone.len();
+        for (id, why) in &r.failed {
+            tracing::warn!(source = %source.describe(), ack_id = %id, reason = %why, "acknowledgement refused; the message will come back");
+        }
+    }
+    Ok(report)
+}

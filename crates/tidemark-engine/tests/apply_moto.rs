@@ -1,0 +1,297 @@
+//! The applier against moto, through real queue messages: S3 → SQS notifications and crafted
+//! messages whose payload disagrees with the bucket.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use aws_sdk_s3::types::{Event, NotificationConfiguration, QueueConfiguration};
+use aws_sdk_sqs::types::QueueAttributeName;
+use bytes::Bytes;
+use futures::StreamExt;
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_cloud::aws::sqs::{SqsSource, client};
+use tidemark_core::events::{EventSource, Provider};
+use tidemark_core::model::{Content, NewEntry, Origin, Txn};
+use tidemark_core::remote::{ListPage, Mount, RemoteConf, RemoteLocation, RemoteObject, StorageKind};
+use tidemark_core::{ByteRange, ByteStream, Error, Filer, RemoteStorage, SystemClock, WriteOptions};
+use tidemark_engine::apply::{ApplyContext, Counters, EventTypes, apply_batch};
+use tidemark_filer::{DataDir, LocalFiler};
+use tidemark_testkit::{Moto, unique_name};
+
+fn conf(endpoint: &str) -> RemoteConf {
+    let settings =
+        [("endpoint", endpoint), ("access_key", "testing"), ("secret_key", "testing"), ("region", "us-east-1")];
+    RemoteConf {
+        name: "moto".into(),
+        kind: StorageKind::S3,
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}
+
+struct World {
+    filer: Arc<LocalFiler>,
+    bucket: String,
+    s3: Arc<S3Storage>,
+    source: SqsSource,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    mount: Mount,
+    _moto: Moto,
+    _dir: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let moto = Moto::get();
+    let c = conf(&moto.endpoint);
+    let bucket = unique_name("ap");
+    let s3 = S3Storage::connect(&c, &bucket).await.unwrap();
+    s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    let sqs = client(&c).await.unwrap();
+    let queue_url = sqs
+        .create_queue()
+        .queue_name(unique_name("aq"))
+        .attributes(QueueAttributeName::VisibilityTimeout, "30")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let attrs = sqs
+        .get_queue_attributes()
+        .queue_url(&queue_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap();
+    let arn = attrs.attributes().unwrap()[&QueueAttributeName::QueueArn].clone();
+    let qc = QueueConfiguration::builder()
+        .queue_arn(arn)
+        .events(Event::S3ObjectCreated)
+        .events(Event::S3ObjectRemoved)
+        .build()
+        .unwrap();
+    s3.client()
+        .put_bucket_notification_configuration()
+        .bucket(&bucket)
+        .notification_configuration(NotificationConfiguration::builder().queue_configurations(qc).build())
+        .send()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let filer = Arc::new(LocalFiler::open(DataDir::open(dir.path()).unwrap()).unwrap());
+    let mount = Mount {
+        dir: "/mnt/data".into(),
+        location: RemoteLocation { storage: "moto".into(), bucket: bucket.clone(), path: String::new() },
+    };
+    filer.apply(Txn::put("/mnt/data", NewEntry::dir(0), Origin::System)).await.unwrap();
+    let source = SqsSource::new(sqs.clone(), queue_url.clone());
+    World { filer, bucket, s3: Arc::new(s3), source, sqs, queue_url, mount, _moto: moto, _dir: dir }
+}
+
+/// Receives and applies until `until` holds (or 20 s pass).
+async fn pump(w: &World, storage: &dyn RemoteStorage, counters: &mut Counters, until: impl Fn(&Counters) -> bool) {
+    let types = EventTypes::default();
+    let clock = SystemClock;
+    let ctx = ApplyContext {
+        mount: &w.mount,
+        provider: Provider::S3,
+        event_types: &types,
+        cluster_id: Some("cluster-a"),
+        fence: None,
+        concurrency: 4,
+        retry_delay: Duration::ZERO,
+        clock: &clock,
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !until(counters) {
+        assert!(Instant::now() < deadline, "timed out: {counters:?}");
+        let batch = w.source.receive(10, Duration::from_secs(1)).await.unwrap();
+        if !batch.is_empty() {
+            apply_batch(&*w.filer, storage, &w.source, &ctx, batch, counters).await.unwrap();
+        }
+    }
+}
+
+async fn size_of(w: &World, p: &str) -> Option<u64> {
+    w.filer.stat(p).await.unwrap().map(|e| e.size)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_overwrite_and_delete_in_the_bucket_reach_the_namespace() {
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await; // the s3:TestEvent
+    assert_eq!(c.ignored_reasons.get("test event"), Some(&1));
+
+    w.s3.put("photos/a b+ü.jpg", Bytes::from_static(b"one"), BTreeMap::new()).await.unwrap();
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= 1).await;
+    let e = w.filer.stat("/mnt/data/photos/a b+ü.jpg").await.unwrap().expect("created");
+    assert_eq!((e.size, e.content), (3, Content::Remote), "metadata only: the content is not fetched");
+
+    w.s3.put("photos/a b+ü.jpg", Bytes::from_static(b"three"), BTreeMap::new()).await.unwrap();
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= 2).await;
+    assert_eq!(size_of(&w, "/mnt/data/photos/a b+ü.jpg").await, Some(5));
+
+    w.s3.delete("photos/a b+ü.jpg").await.unwrap();
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= 3).await;
+    assert_eq!(size_of(&w, "/mnt/data/photos/a b+ü.jpg").await, None);
+    assert_eq!((c.received, c.applied, c.failed, c.changes), (4, 3, 0, 3), "{c:?}");
+    assert!(c.max_lag_ms.is_some());
+}
+
+fn crafted(bucket: &str, key: &str, name: &str, size: u64) -> String {
+    serde_json::json!({"Records": [{
+        "eventVersion": "2.1", "eventSource": "aws:s3", "eventTime": "2020-01-01T00:00:00.000Z", "eventName": name,
+        "s3": {"bucket": {"name": bucket}, "object": {"key": key, "size": size, "eTag": "bogus"}}
+    }]})
+    .to_string()
+}
+
+async fn send(w: &World, body: &str) {
+    w.sqs.send_message().queue_url(&w.queue_url).message_body(body).send().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_duplicated_and_out_of_order_events_converge_to_the_bucket() {
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await;
+    // Objects whose current state the crafted events misdescribe.
+    w.s3.put("exists.txt", Bytes::from_static(b"here"), BTreeMap::new()).await.unwrap();
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= 1).await;
+    let before = c.clone();
+    send(&w, &crafted(&w.bucket, "exists.txt", "ObjectRemoved:Delete", 0)).await; // stale delete
+    send(&w, &crafted(&w.bucket, "never.txt", "ObjectCreated:Put", 999)).await; // created, then gone
+    for _ in 0..3 {
+        send(&w, &crafted(&w.bucket, "exists.txt", "ObjectCreated:Put", 1)).await; // duplicates, wrong size
+    }
+    send(&w, &crafted("someone-elses-bucket", "x", "ObjectCreated:Put", 1)).await;
+    pump(&w, &*w.s3, &mut c, |c| c.received >= before.received + 6).await;
+    assert_eq!(size_of(&w, "/mnt/data/exists.txt").await, Some(4), "the HEAD wins: it exists with 4 bytes");
+    assert_eq!(size_of(&w, "/mnt/data/never.txt").await, None, "the HEAD wins: it does not exist");
+    assert_eq!(c.applied - before.applied, 5, "each message handled counts once: {c:?}");
+    assert_eq!(c.changes, before.changes, "nothing changed: the namespace already matched the bucket");
+    assert_eq!(c.ignored_reasons.get("another bucket"), Some(&1));
+}
+
+/// A storage whose HEAD can fail, or can let a local write land between the HEAD and the write.
+struct Interfering {
+    inner: Arc<S3Storage>,
+    fail_heads: AtomicUsize,
+    heads: AtomicUsize,
+    local_write: Option<(Arc<LocalFiler>, String)>,
+}
+
+#[async_trait]
+impl RemoteStorage for Interfering {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn stat(&self, key: &str) -> tidemark_core::Result<Option<RemoteObject>> {
+        self.heads.fetch_add(1, Ordering::SeqCst);
+        if self.fail_heads.load(Ordering::SeqCst) > 0 {
+            self.fail_heads.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::Unavailable { message: "injected HEAD failure".into() });
+        }
+        let r = self.inner.stat(key).await;
+        if let Some((filer, path)) = &self.local_write {
+            let body: ByteStream = futures::stream::once(async { Ok(Bytes::from_static(b"written locally")) }).boxed();
+            filer.write(path, body, WriteOptions::default()).await.unwrap();
+        }
+        r
+    }
+    async fn list(&self, p: &str, a: Option<&str>, t: Option<&str>, m: usize) -> tidemark_core::Result<ListPage> {
+        self.inner.list(p, a, t, m).await
+    }
+    async fn get(&self, k: &str, r: Option<ByteRange>, e: Option<&str>) -> tidemark_core::Result<ByteStream> {
+        self.inner.get(k, r, e).await
+    }
+    async fn put(&self, k: &str, b: Bytes, m: BTreeMap<String, String>) -> tidemark_core::Result<RemoteObject> {
+        self.inner.put(k, b, m).await
+    }
+    async fn delete(&self, k: &str) -> tidemark_core::Result<()> {
+        self.inner.delete(k).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_write_between_head_and_write_is_not_clobbered() {
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await;
+    w.s3.put("race.txt", Bytes::from_static(b"remote"), BTreeMap::new()).await.unwrap();
+    let racing = Interfering {
+        inner: w.s3.clone(),
+        fail_heads: AtomicUsize::new(0),
+        heads: AtomicUsize::new(0),
+        local_write: Some((w.filer.clone(), "/mnt/data/race.txt".into())),
+    };
+    pump(&w, &racing, &mut c, |c| c.applied >= 1).await;
+    let (_, s) = w.filer.read("/mnt/data/race.txt", None).await.unwrap();
+    let bytes: Vec<Bytes> = s.map(|b| b.unwrap()).collect().await;
+    assert_eq!(bytes.concat(), b"written locally", "the local write survives the event's apply");
+    assert_eq!(c.changes, 0, "{c:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_failure_leaves_the_message_to_redeliver_and_it_is_applied_once() {
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await;
+    w.s3.put("flaky.txt", Bytes::from_static(b"abc"), BTreeMap::new()).await.unwrap();
+    let flaky = Interfering {
+        inner: w.s3.clone(),
+        fail_heads: AtomicUsize::new(2),
+        heads: AtomicUsize::new(0),
+        local_write: None,
+    };
+    pump(&w, &flaky, &mut c, |c| c.applied >= 1).await;
+    assert_eq!(size_of(&w, "/mnt/data/flaky.txt").await, Some(3));
+    assert_eq!((c.failed, c.applied), (2, 1), "two failed deliveries, then one apply: {c:?}");
+    assert_eq!(c.failed_reasons.get("HEAD failed"), Some(&2), "{c:?}");
+    assert_eq!(c.received, 4, "test event + the same message three times");
+    assert_eq!(flaky.heads.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_stops_the_batch_and_acknowledges_nothing() {
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await;
+    let ours = w.filer.lease_acquire("fp", "worker-a", Duration::from_millis(200)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.filer.lease_acquire("fp", "worker-b", Duration::from_secs(30)).await.unwrap();
+    w.s3.put("fenced.txt", Bytes::from_static(b"x"), BTreeMap::new()).await.unwrap();
+    let types = EventTypes::default();
+    let clock = SystemClock;
+    let fence = ours.fence();
+    let ctx = ApplyContext {
+        mount: &w.mount,
+        provider: Provider::S3,
+        event_types: &types,
+        cluster_id: None,
+        fence: Some(&fence),
+        concurrency: 4,
+        retry_delay: Duration::ZERO,
+        clock: &clock,
+    };
+    let batch = w.source.receive(10, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(batch.len(), 1);
+    let err = apply_batch(&*w.filer, &*w.s3, &w.source, &ctx, batch, &mut c).await.unwrap_err();
+    assert!(matches!(err, Error::Fenced { .. }), "{err}");
+    assert_eq!(size_of(&w, "/mnt/data/fenced.txt").await, None, "the stale holder wrote nothing");
+    // Not acknowledged: it comes back (after the visibility timeout; make it visible now).
+    let inflight = w
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&w.queue_url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(inflight.attributes().unwrap()[&QueueAttributeName::ApproximateNumberOfMessagesNotVisible], "1");
+}
