@@ -65,6 +65,9 @@ pub struct ApplyContext<'a> {
     pub concurrency: usize,
     /// How long a message that failed transiently stays invisible before it comes back.
     pub retry_delay: Duration,
+    /// The queue's visibility timeout: deliveries still being handled are extended by this much
+    /// every half of it (a heartbeat), so a slow batch is not redelivered to another worker.
+    pub visibility: Duration,
     pub clock: &'a dyn Clock,
 }
 
@@ -164,6 +167,34 @@ async fn apply_key(
     }
 }
 
+/// Runs `work` while extending the visibility of `ack_ids` every half `visibility`.
+async fn with_heartbeat<T>(
+    source: &dyn EventSource,
+    ack_ids: &[String],
+    visibility: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    if visibility.is_zero() || ack_ids.is_empty() {
+        return work.await;
+    }
+    let beat = async {
+        let mut tick = tokio::time::interval(visibility / 2);
+        tick.tick().await; // the first tick is immediate
+        loop {
+            tick.tick().await;
+            for id in ack_ids {
+                if let Err(e) = source.extend(id, visibility).await {
+                    tracing::warn!(source = %source.describe(), error = %e, "could not extend a delivery in progress");
+                }
+            }
+        }
+    };
+    tokio::select! {
+        out = work => out,
+        _ = beat => unreachable!("the heartbeat loops until the work is done"),
+    }
+}
+
 /// Applies one batch and acknowledges what was handled. `Err(Fenced)` means the lease is lost:
 /// the caller ends the slice.
 pub async fn apply_batch(
@@ -220,13 +251,15 @@ pub async fn apply_batch(
 
     let distinct: BTreeSet<String> = needs.iter().flatten().flatten().cloned().collect();
     let map_ref = &map;
-    let results: Vec<(String, Result<KeyResult>)> = futures::stream::iter(distinct.into_iter().map(|key| async move {
+    let work = futures::stream::iter(distinct.into_iter().map(|key| async move {
         let r = apply_key(filer, storage, map_ref, ctx, &key).await;
         (key, r)
     }))
     .buffer_unordered(ctx.concurrency.max(1))
-    .collect()
-    .await;
+    .collect::<Vec<(String, Result<KeyResult>)>>();
+    let in_flight: Vec<String> =
+        deliveries.iter().zip(&needs).filter(|(_, n)| n.is_some()).map(|(d, _)| d.ack_id.clone()).collect();
+    let results = with_heartbeat(source, &in_flight, ctx.visibility, work).await;
     let mut transient: BTreeMap<String, String> = BTreeMap::new();
     for (key, r) in results {
         match r? {

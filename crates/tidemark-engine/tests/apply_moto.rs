@@ -104,6 +104,7 @@ async fn pump(w: &World, storage: &dyn RemoteStorage, counters: &mut Counters, u
         fence: None,
         concurrency: 4,
         retry_delay: Duration::ZERO,
+        visibility: Duration::from_secs(30),
         clock: &clock,
     };
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -181,6 +182,7 @@ async fn stale_duplicated_and_out_of_order_events_converge_to_the_bucket() {
 /// A storage whose HEAD can fail, or can let a local write land between the HEAD and the write.
 struct Interfering {
     inner: Arc<S3Storage>,
+    slow_head: Duration,
     fail_heads: AtomicUsize,
     heads: AtomicUsize,
     local_write: Option<(Arc<LocalFiler>, String)>,
@@ -193,6 +195,7 @@ impl RemoteStorage for Interfering {
     }
     async fn stat(&self, key: &str) -> tidemark_core::Result<Option<RemoteObject>> {
         self.heads.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.slow_head).await;
         if self.fail_heads.load(Ordering::SeqCst) > 0 {
             self.fail_heads.fetch_sub(1, Ordering::SeqCst);
             return Err(Error::Unavailable { message: "injected HEAD failure".into() });
@@ -226,6 +229,7 @@ async fn a_local_write_between_head_and_write_is_not_clobbered() {
     w.s3.put("race.txt", Bytes::from_static(b"remote"), BTreeMap::new()).await.unwrap();
     let racing = Interfering {
         inner: w.s3.clone(),
+        slow_head: Duration::ZERO,
         fail_heads: AtomicUsize::new(0),
         heads: AtomicUsize::new(0),
         local_write: Some((w.filer.clone(), "/mnt/data/race.txt".into())),
@@ -245,6 +249,7 @@ async fn a_head_failure_leaves_the_message_to_redeliver_and_it_is_applied_once()
     w.s3.put("flaky.txt", Bytes::from_static(b"abc"), BTreeMap::new()).await.unwrap();
     let flaky = Interfering {
         inner: w.s3.clone(),
+        slow_head: Duration::ZERO,
         fail_heads: AtomicUsize::new(2),
         heads: AtomicUsize::new(0),
         local_write: None,
@@ -277,6 +282,7 @@ async fn a_lost_lease_stops_the_batch_and_acknowledges_nothing() {
         fence: Some(&fence),
         concurrency: 4,
         retry_delay: Duration::ZERO,
+        visibility: Duration::from_secs(30),
         clock: &clock,
     };
     let batch = w.source.receive(10, Duration::from_secs(5)).await.unwrap();
@@ -294,4 +300,74 @@ async fn a_lost_lease_stops_the_batch_and_acknowledges_nothing() {
         .await
         .unwrap();
     assert_eq!(inflight.attributes().unwrap()[&QueueAttributeName::ApproximateNumberOfMessagesNotVisible], "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_message_is_counted_failed_and_never_acknowledged() {
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await;
+    send(&w, "this is not a notification").await;
+    pump(&w, &*w.s3, &mut c, |c| c.failed >= 1).await;
+    assert_eq!(c.failed_reasons.get("malformed message"), Some(&1), "{c:?}");
+    let attrs = w
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&w.queue_url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        attrs.attributes().unwrap()[&QueueAttributeName::ApproximateNumberOfMessagesNotVisible],
+        "1",
+        "still on the queue"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_batch_keeps_its_messages_invisible_with_heartbeats() {
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await;
+    w.s3.put("slow.txt", Bytes::from_static(b"s"), BTreeMap::new()).await.unwrap();
+    // Visibility 2 s, a HEAD that takes 5 s: without heartbeats another receiver would get it.
+    let slow = Interfering {
+        inner: w.s3.clone(),
+        slow_head: Duration::from_secs(5),
+        fail_heads: AtomicUsize::new(0),
+        heads: AtomicUsize::new(0),
+        local_write: None,
+    };
+    let batch = w.source.receive(10, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(batch.len(), 1);
+    w.sqs
+        .change_message_visibility()
+        .queue_url(&w.queue_url)
+        .receipt_handle(&batch[0].ack_id)
+        .visibility_timeout(2)
+        .send()
+        .await
+        .unwrap();
+    let types = EventTypes::default();
+    let clock = SystemClock;
+    let ctx = ApplyContext {
+        mount: &w.mount,
+        provider: Provider::S3,
+        event_types: &types,
+        cluster_id: None,
+        fence: None,
+        concurrency: 1,
+        retry_delay: Duration::ZERO,
+        visibility: Duration::from_secs(2),
+        clock: &clock,
+    };
+    let other = SqsSource::new(w.sqs.clone(), w.queue_url.clone());
+    let (report, stolen) = tokio::join!(apply_batch(&*w.filer, &slow, &w.source, &ctx, batch, &mut c), async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        other.receive(10, Duration::from_secs(1)).await.unwrap()
+    });
+    assert_eq!(report.unwrap().acked, 1);
+    assert!(stolen.is_empty(), "the heartbeat kept the message from another receiver: {stolen:?}");
+    assert_eq!(size_of(&w, "/mnt/data/slow.txt").await, Some(1));
 }
