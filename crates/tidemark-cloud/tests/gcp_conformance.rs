@@ -124,11 +124,20 @@ async fn gcs_notifications_finalize_metadata_update_and_delete() {
 
     storage.put("dir/a b+ü.txt", Bytes::from_static(b"one"), Default::default()).await.unwrap();
     storage.put("dir/a b+ü.txt", Bytes::from_static(b"two!"), Default::default()).await.unwrap();
+    // A metadata-only change (PATCH), then the delete.
+    let object_url = format!("{}/storage/v1/b/{bucket}/o/dir%2Fa%20b%2B%C3%BC.txt", fake.endpoint);
+    let patched = reqwest::Client::new()
+        .patch(&object_url)
+        .json(&serde_json::json!({"metadata": {"k": "v"}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(patched.status().is_success(), "{}", patched.status());
     storage.delete("dir/a b+ü.txt").await.unwrap();
 
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while seen.len() < 3 && Instant::now() < deadline {
+    while seen.len() < 4 && Instant::now() < deadline {
         let batch = source.receive(10, Duration::from_secs(2)).await.unwrap();
         for d in &batch {
             match gcs::decode(&d.attributes, &d.body) {
@@ -143,5 +152,6 @@ async fn gcs_notifications_finalize_metadata_update_and_delete() {
     let key = "dir/a b+ü.txt".to_string();
     assert!(seen.contains(&(key.clone(), EventKind::Created)), "{seen:?}");
     assert!(seen.contains(&(key.clone(), EventKind::Removed)), "{seen:?}");
+    assert!(seen.contains(&(key.clone(), EventKind::Other("OBJECT_METADATA_UPDATE".into()))), "{seen:?}");
     assert!(seen.iter().filter(|(_, k)| *k == EventKind::Created).count() >= 2, "both writes finalize: {seen:?}");
 }

@@ -174,14 +174,17 @@ async fn s3_to_sns_to_sqs_enveloped_and_raw() {
         .unwrap();
 
     s3s.put("fan/out ü+.txt", Bytes::from_static(b"x"), Default::default()).await.unwrap();
+    s3s.delete("fan/out ü+.txt").await.unwrap();
     for url in [enveloped_url, raw_url] {
         let source = SqsSource::new(sqs.clone(), url.clone());
-        let decoded = drain(&source, 2, Duration::from_secs(20)).await;
+        let decoded = drain(&source, 3, Duration::from_secs(20)).await;
         let evs = events(&decoded);
-        assert!(
-            evs.iter().any(|e| e.key == "fan/out ü+.txt" && e.kind == EventKind::Created && e.bucket == bucket),
-            "{url}: {decoded:?}"
-        );
+        for kind in [EventKind::Created, EventKind::Removed] {
+            assert!(
+                evs.iter().any(|e| e.key == "fan/out ü+.txt" && e.kind == kind && e.bucket == bucket),
+                "{url}: {kind:?} in {decoded:?}"
+            );
+        }
         assert!(!decoded.iter().any(|d| matches!(d, Decoded::Malformed { .. })), "{url}: {decoded:?}");
     }
 }

@@ -172,6 +172,11 @@ async fn scenario(b: Bucket) {
         put(&b, "photos/x//y", "hostile").await;
     }
     put(&b, "other/not-mounted.txt", "outside the prefix").await;
+    // A few hundred more, to cross listing pages.
+    for chunk in (0..300).collect::<Vec<_>>().chunks(25) {
+        let keys: Vec<String> = chunk.iter().map(|i| format!("photos/bulk/{i:03}.bin")).collect();
+        futures::future::join_all(keys.iter().map(|k| put(&b, k, "b"))).await;
+    }
 
     ok(sh(&b.configure));
     let listed = ok(sh("remote.configure"));
@@ -184,6 +189,9 @@ async fn scenario(b: Bucket) {
     for name in ["a b.txt", "a+b.txt", "100%.txt", "ünï/", "deep/", "dir/"] {
         assert!(ls.lines().any(|l| l.ends_with(&format!(" {name}"))), "{name} in {ls}");
     }
+    let bulk = ok(sh("fs.ls -l /mnt/data/bulk"));
+    assert_eq!(bulk.lines().count(), 300, "every object is listed");
+    assert!(bulk.lines().all(|l| l.starts_with("-rw-r--r--") && l.contains("            1 ")), "size of each: {bulk}");
     let line = ls.lines().find(|l| l.ends_with(" a b.txt")).unwrap();
     assert!(line.contains(&format!(" {} ", "content of photos/a b.txt".len())), "size shown: {line}");
     assert!(line.contains("T") && line.contains("Z"), "mtime shown: {line}");
