@@ -124,6 +124,10 @@ impl Filer for HttpFiler {
         self.call(rb).await
     }
 
+    async fn count(&self, dir: &str) -> Result<u64> {
+        self.call(self.request(Method::GET, "count").query(&[("dir", dir)])).await
+    }
+
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
         let mut rb = self.request(Method::GET, "content").query(&[("path", path)]);
         if let Some(r) = range {

@@ -9,6 +9,7 @@
 //! | DELETE | `/api/v1/entry?path=&recursive=&if_version=` | delete |
 //! | GET | `/api/v1/list?dir=&start_after=&limit=` | children, byte order |
 //! | GET | `/api/v1/scan?dir=&start_after=&limit=` | descendants, byte order |
+//! | GET | `/api/v1/count?dir=` | how many entries lie below `dir` |
 //! | GET | `/api/v1/content?path=` (+ `Range: bytes=a-b`) | stream content; the entry in `x-tidemark-entry` |
 //! | PUT | `/api/v1/content?path=&if_version=&if_absent=&mode=&mtime_ms=&origin=` | stream a file in |
 //! | POST | `/api/v1/apply` | the conditional, fenced transaction (`Txn` JSON) |
@@ -104,6 +105,7 @@ pub fn router(filer: Arc<dyn Filer>, token: Option<String>) -> Router {
         .route("/api/v1/entry", get(stat).delete(delete))
         .route("/api/v1/list", get(list))
         .route("/api/v1/scan", get(scan))
+        .route("/api/v1/count", get(count))
         .route("/api/v1/content", get(read).put(write).layer(DefaultBodyLimit::disable()))
         .route("/api/v1/apply", post(apply))
         .route("/api/v1/lease", get(lease_get))
@@ -211,6 +213,16 @@ async fn list(State(s): State<AppState>, q: Result<Query<ListQuery>, QueryReject
 async fn scan(State(s): State<AppState>, q: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     Ok(Json(s.filer.scan(&q.dir, q.start_after.as_deref(), q.limit()?).await?))
+}
+
+#[derive(Deserialize)]
+struct DirQuery {
+    dir: String,
+}
+
+async fn count(State(s): State<AppState>, q: Result<Query<DirQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    Ok(Json(s.filer.count(&q.dir).await?))
 }
 
 /// Parses `Range: bytes=a-b` / `bytes=a-` (one range; suffix ranges are not supported).

@@ -137,6 +137,10 @@ impl Filer for LocalFiler {
         self.store.scan(dir, start_after, limit).await
     }
 
+    async fn count(&self, dir: &str) -> Result<u64> {
+        self.store.count_below(dir).await
+    }
+
     async fn read(&self, p: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
         // A concurrent overwrite may remove the blob between reading the entry and opening it;
         // read the entry again then. Once open, the bytes stay readable whatever happens.

@@ -133,6 +133,7 @@ async fn listing_with_names_that_need_escaping(s: &Setup) {
     }
     let scanned = f.scan("/esc", None, 100).await.unwrap();
     assert_eq!(scanned.entries.len(), names.len() + 2);
+    assert_eq!(f.count("/esc").await.unwrap(), names.len() as u64 + 2);
 }
 
 async fn write_preconditions_and_kind_errors(s: &Setup) {

@@ -437,6 +437,22 @@ impl MetaStore for SqliteStore {
         self.read(move |c| Ok(Page::from_rows(descendants(c, &dir, &after, limit as i64 + 1)?, limit))).await
     }
 
+    async fn count_below(&self, dir: &str) -> Result<u64> {
+        path::validate(dir)?;
+        let (lo, hi) = path::descendant_bounds(dir);
+        self.read(move |c| {
+            let n: i64 = c
+                .query_row(
+                    "SELECT COUNT(*) FROM entries WHERE path >= ?1 AND path < ?2 AND path <> '/'",
+                    params![lo, hi],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
     async fn read_inline(&self, p: &str) -> Result<Option<Bytes>> {
         path::validate(p)?;
         let p = p.to_string();

@@ -142,13 +142,19 @@ fn print_mounts(out: Out<'_>, m: &MountMapping) -> std::io::Result<()> {
     Ok(())
 }
 
-fn progress(quiet: bool) -> Option<indicatif::ProgressBar> {
+/// A progress bar on a terminal. `expected` estimates the paths the run will visit (the entries
+/// the mount holds now); with none known it is a spinner with a rate.
+fn progress(quiet: bool, expected: u64) -> Option<indicatif::ProgressBar> {
     if quiet || !std::io::stderr().is_terminal() {
         return None;
     }
-    let bar = indicatif::ProgressBar::new_spinner();
+    let (bar, template) = if expected > 0 {
+        (indicatif::ProgressBar::new(expected), "{bar:30} {pos}/{len} paths ({per_sec}, ETA {eta}) {msg}")
+    } else {
+        (indicatif::ProgressBar::new_spinner(), "{spinner} {pos} paths ({per_sec}) {elapsed} {msg}")
+    };
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {pos} paths ({per_sec}) {elapsed} {msg}")
+        indicatif::ProgressStyle::with_template(template)
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
@@ -165,11 +171,15 @@ async fn run_sync(
     out: Out<'_>,
 ) -> Result<ReconcileReport, CmdError> {
     let storage = open(ctx, &mount.location).await?;
-    let bar = progress(quiet);
+    let expected = if quiet { 0 } else { ctx.filer.count(&mount.dir).await.unwrap_or(0) };
+    let bar = progress(quiet, expected);
     let mut lines: Vec<String> = Vec::new();
     let mut sink = |item: &Item| {
         if let Some(b) = &bar {
             b.inc(1);
+            if b.length().is_some_and(|len| b.position() > len) {
+                b.set_length(b.position());
+            }
         }
         let line = match item {
             Item::Path { path, outcome } if all || outcome.is_change() || outcome.label() != "skip: in sync" => {
