@@ -155,3 +155,66 @@ async fn gcs_notifications_finalize_metadata_update_and_delete() {
     assert!(seen.contains(&(key.clone(), EventKind::Other("OBJECT_METADATA_UPDATE".into()))), "{seen:?}");
     assert!(seen.iter().filter(|(_, k)| *k == EventKind::Created).count() >= 2, "both writes finalize: {seen:?}");
 }
+
+/// A service account key is exchanged for a token (a signed JWT, RS256) at its token endpoint,
+/// once, and the token is reused. The endpoint here is a stand-in that checks the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_account_key_is_exchanged_for_a_cached_token() {
+    use std::io::{Read, Write};
+    let fake = FakeGcs::get(None);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let token_uri = format!("http://{}/token", listener.local_addr().unwrap());
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen_calls = calls.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let mut buf = vec![0u8; 16 * 1024];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let body = req.split("\r\n\r\n").nth(1).unwrap_or("");
+            let ok = body.contains("grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer")
+                && body.split("assertion=").nth(1).is_some_and(|jwt| {
+                    let parts: Vec<&str> = jwt.split('.').collect();
+                    let decode = |p: &str| {
+                        base64::engine::general_purpose::URL_SAFE_NO_PAD
+                            .decode(p)
+                            .ok()
+                            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    };
+                    let (header, claims) =
+                        (parts.first().and_then(|p| decode(p)), parts.get(1).and_then(|p| decode(p)));
+                    parts.len() == 3
+                        && header.is_some_and(|h| h["alg"] == "RS256")
+                        && claims.is_some_and(|c| {
+                            c["iss"] == "tidemark-test@tidemark-test.iam.gserviceaccount.com"
+                                && c["scope"].as_str().is_some_and(|s| s.contains("devstorage"))
+                                && c["aud"].as_str().is_some_and(|a| a.ends_with("/token"))
+                        })
+                });
+            seen_calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (status, answer) = if ok {
+                ("200 OK", r#"{"access_token":"tok-123","expires_in":3600,"token_type":"Bearer"}"#)
+            } else {
+                ("400 Bad Request", r#"{"error":{"message":"bad assertion"}}"#)
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    let mut key: serde_json::Value = serde_json::from_str(include_str!("data/test-service-account.json")).unwrap();
+    key["token_uri"] = serde_json::Value::String(token_uri);
+    let mut c = conf(&fake.endpoint, None);
+    c.settings.insert("service_account_json".into(), key.to_string());
+    let storage = GcsStorage::open(&c, &unique_name("sa")).unwrap();
+    storage.create_bucket().await.expect("the token was accepted");
+    storage.put("k", Bytes::from_static(b"v"), Default::default()).await.unwrap();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "one exchange, then the cached token");
+
+    c.settings.insert("service_account_json".into(), "/no/such/key.json".into());
+    let err = GcsStorage::open(&c, "b").err().expect("a missing key file is refused").to_string();
+    assert!(err.contains("/no/such/key.json"), "{err}");
+}

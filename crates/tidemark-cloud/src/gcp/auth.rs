@@ -17,8 +17,83 @@ pub enum Auth {
     None,
     /// A token given in the configuration.
     Static(String),
+    /// A service account key: a signed JWT exchanged for an access token, cached.
+    ServiceAccount { key: Box<ServiceAccountKey>, cache: Mutex<Option<(String, Instant)>> },
     /// The metadata server of a Google Cloud machine, cached until shortly before expiry.
     Metadata(Mutex<Option<(String, Instant)>>),
+}
+
+/// The parts of a service account key file Tidemark uses.
+#[derive(Deserialize, Clone)]
+pub struct ServiceAccountKey {
+    pub client_email: String,
+    pub private_key: String,
+    #[serde(default = "default_token_uri")]
+    pub token_uri: String,
+}
+
+fn default_token_uri() -> String {
+    "https://oauth2.googleapis.com/token".into()
+}
+
+/// What Tidemark asks for: objects (read and write) and Pub/Sub.
+const SCOPES: &str = "https://www.googleapis.com/auth/devstorage.read_write https://www.googleapis.com/auth/pubsub";
+
+#[derive(serde::Serialize)]
+struct Claims<'a> {
+    iss: &'a str,
+    scope: &'a str,
+    aud: &'a str,
+    iat: u64,
+    exp: u64,
+}
+
+impl ServiceAccountKey {
+    /// Reads `service_account_json`: the key file's path, or the JSON itself.
+    pub fn load(setting: &str) -> Result<Self> {
+        let text = if setting.trim_start().starts_with('{') {
+            setting.to_string()
+        } else {
+            std::fs::read_to_string(setting)
+                .map_err(|e| Error::invalid_argument(format!("-gcs.service_account_json: reading {setting}: {e}")))?
+        };
+        serde_json::from_str(&text).map_err(|e| {
+            Error::invalid_argument(format!("-gcs.service_account_json is not a service account key: {e}"))
+        })
+    }
+
+    /// The signed JWT assertion of the OAuth 2.0 JWT bearer flow.
+    pub fn assertion(&self, now_secs: u64) -> Result<String> {
+        let claims = Claims {
+            iss: &self.client_email,
+            scope: SCOPES,
+            aud: &self.token_uri,
+            iat: now_secs,
+            exp: now_secs + 3600,
+        };
+        let key = jsonwebtoken::EncodingKey::from_rsa_pem(self.private_key.as_bytes()).map_err(|e| {
+            Error::invalid_argument(format!("the service account's private_key is not an RSA PEM key: {e}"))
+        })?;
+        jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256), &claims, &key)
+            .map_err(|e| Error::internal(format!("signing the service account assertion: {e}")))
+    }
+}
+
+async fn cached_or<F>(cache: &Mutex<Option<(String, Instant)>>, fetch: F) -> Result<String>
+where
+    F: std::future::Future<Output = Result<TokenResponse>>,
+{
+    if let Some((t, until)) = cache.lock().ok().and_then(|c| c.clone())
+        && Instant::now() < until
+    {
+        return Ok(t);
+    }
+    let token = fetch.await?;
+    let until = Instant::now() + Duration::from_secs(token.expires_in.saturating_sub(60));
+    if let Ok(mut c) = cache.lock() {
+        *c = Some((token.access_token.clone(), until));
+    }
+    Ok(token.access_token)
 }
 
 #[derive(Deserialize)]
@@ -28,13 +103,16 @@ struct TokenResponse {
 }
 
 impl Auth {
-    /// Emulators (an endpoint set, no token) need no credentials.
-    pub fn from_conf(conf: &RemoteConf, endpoint_set: bool) -> Auth {
-        match conf.setting("access_token") {
-            Some(t) => Auth::Static(t.to_string()),
-            None if endpoint_set => Auth::None,
-            None => Auth::Metadata(Mutex::new(None)),
+    /// In order: a configured token, a service account key, none for an emulator (an endpoint
+    /// set), else the metadata server of a Google Cloud machine.
+    pub fn from_conf(conf: &RemoteConf, endpoint_set: bool) -> Result<Auth> {
+        if let Some(t) = conf.setting("access_token") {
+            return Ok(Auth::Static(t.to_string()));
         }
+        if let Some(sa) = conf.setting("service_account_json") {
+            return Ok(Auth::ServiceAccount { key: Box::new(ServiceAccountKey::load(sa)?), cache: Mutex::new(None) });
+        }
+        Ok(if endpoint_set { Auth::None } else { Auth::Metadata(Mutex::new(None)) })
     }
 
     pub async fn apply(&self, http: &reqwest::Client, rb: RequestBuilder) -> Result<RequestBuilder> {
@@ -42,30 +120,47 @@ impl Auth {
             Auth::None => Ok(rb),
             Auth::Static(t) => Ok(rb.bearer_auth(t)),
             Auth::Metadata(cache) => {
-                if let Some((t, until)) = cache.lock().ok().and_then(|c| c.clone())
-                    && Instant::now() < until
-                {
-                    return Ok(rb.bearer_auth(t));
-                }
-                let resp = http
-                    .get(METADATA_TOKEN)
-                    .header("Metadata-Flavor", "Google")
-                    .timeout(Duration::from_secs(5))
-                    .send()
-                    .await
-                    .map_err(|e| Error::Unauthorized {
-                        message: format!(
-                            "no Google credentials: set -gcs.access_token, or run on a Google Cloud machine (metadata server: {e})"
-                        ),
-                    })?;
-                let token: TokenResponse = resp.json().await.map_err(|e| Error::Unauthorized {
-                    message: format!("the metadata server's token answer is unreadable: {e}"),
-                })?;
-                let until = Instant::now() + Duration::from_secs(token.expires_in.saturating_sub(60));
-                if let Ok(mut c) = cache.lock() {
-                    *c = Some((token.access_token.clone(), until));
-                }
-                Ok(rb.bearer_auth(token.access_token))
+                let token = cached_or(cache, async {
+                    let resp = http
+                        .get(METADATA_TOKEN)
+                        .header("Metadata-Flavor", "Google")
+                        .timeout(Duration::from_secs(5))
+                        .send()
+                        .await
+                        .map_err(|e| Error::Unauthorized {
+                            message: format!(
+                                "no Google credentials: set -gcs.service_account_json or -gcs.access_token, or run on a Google Cloud machine (metadata server: {e})"
+                            ),
+                        })?;
+                    resp.json().await.map_err(|e| Error::Unauthorized { message: format!("the metadata server's token answer is unreadable: {e}") })
+                })
+                .await?;
+                Ok(rb.bearer_auth(token))
+            }
+            Auth::ServiceAccount { key, cache } => {
+                let token = cached_or(cache, async {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0);
+                    let assertion = key.assertion(now)?;
+                    let resp = http
+                        .post(&key.token_uri)
+                        .form(&[
+                            ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
+                            ("assertion", assertion.as_str()),
+                        ])
+                        .timeout(Duration::from_secs(10))
+                        .send()
+                        .await
+                        .map_err(|e| transport("token exchange", &key.client_email, &key.token_uri, e))?;
+                    let resp = check(resp, "token exchange for", &key.client_email).await?;
+                    resp.json().await.map_err(|e| Error::Unauthorized {
+                        message: format!("the token endpoint's answer is unreadable: {e}"),
+                    })
+                })
+                .await?;
+                Ok(rb.bearer_auth(token))
             }
         }
     }

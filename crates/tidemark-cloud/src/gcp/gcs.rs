@@ -93,7 +93,7 @@ impl GcsStorage {
             return Err(Error::invalid_argument(format!("bad bucket name {bucket:?}")));
         }
         let endpoint = conf.setting("endpoint").map(|e| e.trim_end_matches('/').to_string());
-        let auth = Auth::from_conf(conf, endpoint.is_some());
+        let auth = Auth::from_conf(conf, endpoint.is_some())?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(120))

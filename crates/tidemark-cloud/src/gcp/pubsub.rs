@@ -102,7 +102,7 @@ impl PubSubSource {
             http,
             endpoint,
             subscription,
-            auth: Auth::from_conf(conf, emulated),
+            auth: Auth::from_conf(conf, emulated)?,
             seen: Mutex::default(),
             in_flight: Mutex::default(),
             backoff: Mutex::new(Backoff::new(Duration::from_millis(500), Duration::from_secs(60))),

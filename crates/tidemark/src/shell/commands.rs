@@ -63,7 +63,7 @@ pub static ALL: &[Command] = &[
                   Changing an existing remote merges the settings given into it.\n\
                   s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token\n\
                   \x20      -s3.force_path_style -s3.sqs_endpoint -s3.sns_endpoint\n\
-                  gcs:   -gcs.endpoint -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
+                  gcs:   -gcs.endpoint -gcs.service_account_json | -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
                   azure: -azure.account -azure.account_key | -azure.sas_token -azure.blob_endpoint -azure.queue_endpoint\n\
                   local: -local.root (the directory whose subdirectories are the buckets)\n\
                   example: remote.configure -name=aws1 -type=s3 -s3.region=eu-west-1 -s3.access_key=AK -s3.secret_key=SK",
@@ -81,7 +81,8 @@ pub static ALL: &[Command] = &[
             flag("s3.sns_endpoint", "endpoint URL of SNS, for events (default: -s3.endpoint)"),
             flag("local.root", "the directory whose subdirectories are the buckets"),
             flag("gcs.endpoint", "Cloud Storage endpoint (default https://storage.googleapis.com)"),
-            flag("gcs.access_token", "an OAuth2 access token (default: the metadata server; none for an emulator)"),
+            flag("gcs.service_account_json", "a service account key: its JSON file's path (default: the metadata server)"),
+            flag("gcs.access_token", "an OAuth2 access token, instead of a service account"),
             flag("gcs.pubsub_endpoint", "Pub/Sub endpoint, for events (default https://pubsub.googleapis.com)"),
             flag("gcs.project", "the project of the Pub/Sub subscription, for events"),
             flag("azure.account", "the storage account name"),
