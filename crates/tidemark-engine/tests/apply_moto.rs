@@ -359,12 +359,12 @@ async fn a_slow_batch_keeps_its_messages_invisible_with_heartbeats() {
         fence: None,
         concurrency: 1,
         retry_delay: Duration::ZERO,
-        visibility: Duration::from_secs(2),
+        visibility: Duration::from_secs(3),
         clock: &clock,
     };
     let other = SqsSource::new(w.sqs.clone(), w.queue_url.clone());
     let (report, stolen) = tokio::join!(apply_batch(&*w.filer, &slow, &w.source, &ctx, batch, &mut c), async {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::time::sleep(Duration::from_millis(4500)).await;
         other.receive(10, Duration::from_secs(1)).await.unwrap()
     });
     assert_eq!(report.unwrap().acked, 1);

@@ -25,15 +25,13 @@ fn whole(data: Vec<u8>) -> ByteStream {
     futures::stream::once(async move { Ok(Bytes::from(data)) }).boxed()
 }
 
-/// A body that trickles out `data` in 64 KiB chunks, slowly: the server is killed before it ends.
-fn slow(data: Vec<u8>) -> ByteStream {
-    let chunks: Vec<Bytes> = data.chunks(64 * 1024).map(Bytes::copy_from_slice).collect();
-    futures::stream::iter(chunks)
-        .then(|c| async move {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            Ok::<_, std::io::Error>(c)
-        })
-        .boxed()
+/// A body that trickles out 64 KiB chunks every 10 ms and never ends: the server dies first.
+fn endless() -> ByteStream {
+    futures::stream::unfold(0u64, |i| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Some((Ok::<_, std::io::Error>(Bytes::from(vec![(i % 251) as u8; 64 * 1024])), i + 1))
+    })
+    .boxed()
 }
 
 async fn read_all(f: &HttpFiler, path: &str) -> Vec<u8> {
@@ -71,25 +69,26 @@ async fn sigkill_mid_write_loses_no_committed_entry_and_leaves_no_torn_one() {
     // An overwrite and a new file whose bodies are still arriving when the server dies.
     let overwrite = {
         let filer = filer.clone();
-        tokio::spawn(async move {
-            filer.write("/c/big", slow(pattern("/c/big-new", 20_000_000)), WriteOptions::default()).await
-        })
+        tokio::spawn(async move { filer.write("/c/big", endless(), WriteOptions::default()).await })
     };
     let fresh = {
         let filer = filer.clone();
-        tokio::spawn(async move {
-            filer.write("/c/fresh", slow(pattern("/c/fresh", 20_000_000)), WriteOptions::default()).await
-        })
+        tokio::spawn(async move { filer.write("/c/fresh", endless(), WriteOptions::default()).await })
     };
 
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Kill once enough writes were acknowledged (however slow the machine), while the endless
+    // uploads are still streaming.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while acked.lock().unwrap().len() < 30 {
+        assert!(tokio::time::Instant::now() < deadline, "too few writes were acknowledged in 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     server.kill();
     writer.await.unwrap();
     let overwrite = overwrite.await.unwrap();
     let fresh = fresh.await.unwrap();
-    assert!(overwrite.is_err() && fresh.is_err(), "the slow writes cannot have finished: {overwrite:?} {fresh:?}");
+    assert!(overwrite.is_err() && fresh.is_err(), "endless writes cannot have finished: {overwrite:?} {fresh:?}");
     let acked = acked.lock().unwrap().clone();
-    assert!(acked.len() > 10, "enough writes were acknowledged before the kill ({})", acked.len());
 
     let server = TidemarkProcess::server(bin(), &data, &[]);
     let filer = HttpFiler::new(&server.addr, None).unwrap();

@@ -81,7 +81,10 @@ pub static ALL: &[Command] = &[
             flag("s3.sns_endpoint", "endpoint URL of SNS, for events (default: -s3.endpoint)"),
             flag("local.root", "the directory whose subdirectories are the buckets"),
             flag("gcs.endpoint", "Cloud Storage endpoint (default https://storage.googleapis.com)"),
-            flag("gcs.service_account_json", "a service account key: its JSON file's path (default: the metadata server)"),
+            flag(
+                "gcs.service_account_json",
+                "a service account key: its JSON file's path (default: the metadata server)",
+            ),
             flag("gcs.access_token", "an OAuth2 access token, instead of a service account"),
             flag("gcs.pubsub_endpoint", "Pub/Sub endpoint, for events (default https://pubsub.googleapis.com)"),
             flag("gcs.project", "the project of the Pub/Sub subscription, for events"),
