@@ -331,10 +331,10 @@ async fn a_slow_batch_keeps_its_messages_invisible_with_heartbeats() {
     let mut c = Counters::default();
     pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await;
     w.s3.put("slow.txt", Bytes::from_static(b"s"), BTreeMap::new()).await.unwrap();
-    // Visibility 2 s, a HEAD that takes 5 s: without heartbeats another receiver would get it.
+    // Visibility 3 s, a HEAD that takes 7 s: without heartbeats another receiver would get it.
     let slow = Interfering {
         inner: w.s3.clone(),
-        slow_head: Duration::from_secs(5),
+        slow_head: Duration::from_secs(7),
         fail_heads: AtomicUsize::new(0),
         heads: AtomicUsize::new(0),
         local_write: None,
@@ -345,7 +345,7 @@ async fn a_slow_batch_keeps_its_messages_invisible_with_heartbeats() {
         .change_message_visibility()
         .queue_url(&w.queue_url)
         .receipt_handle(&batch[0].ack_id)
-        .visibility_timeout(2)
+        .visibility_timeout(3)
         .send()
         .await
         .unwrap();
