@@ -194,7 +194,8 @@ pub struct Fence {
 #[allow(clippy::large_enum_variant)]
 pub enum Mutation {
     /// Create or replace the entry. Missing ancestors are created as directories in the same
-    /// transaction. `data` carries the bytes when `entry.content` is [`Content::Inline`].
+    /// transaction. `data` carries the bytes when `entry.content` is [`Content::Inline`]; without
+    /// it, the entry keeps the inline bytes it has (a metadata-only update).
     Put {
         entry: NewEntry,
         #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_base64")]
@@ -278,7 +279,9 @@ impl Txn {
                             return Err(Error::invalid_argument("inline data length differs from the entry's size"));
                         }
                     }
-                    (Content::Inline, None) => return Err(Error::invalid_argument("inline content without data")),
+                    // Inline content without data keeps the entry's current bytes (a metadata
+                    // update); the store checks the entry has them.
+                    (Content::Inline, None) => {}
                     (_, Some(_)) => return Err(Error::invalid_argument("data given for content that is not inline")),
                     (_, None) => {}
                 }
@@ -395,7 +398,6 @@ mod tests {
     #[test]
     fn txn_validation_rejects_inconsistent_content() {
         let inline = NewEntry::file(3, 0, Content::Inline);
-        assert!(Txn::put("/a", inline.clone(), Origin::Local).validate().is_err());
         Txn::put("/a", inline.clone(), Origin::Local).with_data(Bytes::from_static(b"abc")).validate().unwrap();
         assert!(Txn::put("/a", inline, Origin::Local).with_data(Bytes::from_static(b"ab")).validate().is_err());
         assert!(Txn::delete("/", true, Origin::Local).validate().is_err());

@@ -208,6 +208,9 @@ impl std::fmt::Display for RemoteLocation {
 pub struct Mount {
     pub dir: String,
     pub location: RemoteLocation,
+    /// Whether local writes under the mount are uploaded (`remote.sync.enable`).
+    #[serde(default)]
+    pub sync: bool,
 }
 
 /// `/etc/tidemark/remote/mount.mapping`: every mount of this namespace.
@@ -229,6 +232,8 @@ impl MountMapping {
 
 /// Where Tidemark keeps its own files in the namespace.
 pub mod system_paths {
+    /// The cluster's identity: `{"id": "..."}`, created once by the first filer.
+    pub const CLUSTER: &str = "/etc/tidemark/cluster.json";
     pub const REMOTE_DIR: &str = "/etc/tidemark/remote";
     pub const MOUNT_MAPPING: &str = "/etc/tidemark/remote/mount.mapping";
 
@@ -282,7 +287,7 @@ mod tests {
     #[test]
     fn mounts_are_found_by_directory() {
         let loc = RemoteLocation::parse("r/b").unwrap();
-        let m = MountMapping { mounts: vec![Mount { dir: "/mnt/data".into(), location: loc }] };
+        let m = MountMapping { mounts: vec![Mount { dir: "/mnt/data".into(), location: loc, sync: false }] };
         assert!(m.find_for("/mnt/data/x/y").is_some());
         assert!(m.find_for("/mnt/data").is_some());
         assert!(m.find_for("/mnt/database").is_none());

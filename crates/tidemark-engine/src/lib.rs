@@ -7,5 +7,6 @@
 
 pub mod apply;
 pub mod docs;
+pub mod outbound;
 pub mod reconcile;
 pub mod write;

@@ -86,6 +86,7 @@ async fn world() -> World {
     let mount = Mount {
         dir: "/mnt/data".into(),
         location: RemoteLocation { storage: "moto".into(), bucket: bucket.clone(), path: String::new() },
+        sync: false,
     };
     filer.apply(Txn::put("/mnt/data", NewEntry::dir(0), Origin::System)).await.unwrap();
     let source = SqsSource::new(sqs.clone(), queue_url.clone());

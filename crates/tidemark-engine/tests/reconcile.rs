@@ -26,6 +26,7 @@ async fn world(prefix: &str) -> World {
     let mount = Mount {
         dir: "/mnt/data".into(),
         location: RemoteLocation { storage: "mem".into(), bucket: "b".into(), path: prefix.into() },
+        sync: false,
     };
     let dir_entry = tidemark_core::model::NewEntry::dir(0);
     let txn = tidemark_core::model::Txn::put("/mnt/data", dir_entry, tidemark_core::model::Origin::System);

@@ -11,6 +11,7 @@ pub mod client;
 pub mod datadir;
 pub mod http;
 pub mod local;
+pub mod outbound;
 pub mod remotes;
 
 pub use client::HttpFiler;

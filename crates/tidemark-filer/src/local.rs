@@ -58,6 +58,53 @@ impl LocalFiler {
         &self.store
     }
 
+    pub fn remotes(&self) -> &Remotes {
+        &self.remotes
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The data directory, when the filer has one.
+    pub fn data_dir(&self) -> Option<&std::path::Path> {
+        self._data_dir.as_ref().map(DataDir::root)
+    }
+
+    /// This cluster's id: created once, by the first filer, in `/etc/tidemark/cluster.json`.
+    pub async fn cluster_id(&self) -> Result<String> {
+        use tidemark_core::remote::system_paths::CLUSTER;
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct Cluster {
+            id: String,
+        }
+        if let Some((c, _)) = crate::remotes::read_doc::<Cluster>(self.store.as_ref(), CLUSTER).await? {
+            return Ok(c.id);
+        }
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).map_err(|e| Error::internal(format!("no randomness for a cluster id: {e}")))?;
+        let id: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        let data = bytes::Bytes::from(serde_json::to_vec(&Cluster { id: id.clone() }).map_err(Error::internal)?);
+        let txn = Txn::put(
+            CLUSTER,
+            NewEntry::file(data.len() as u64, self.clock.now_ms(), Content::Inline),
+            tidemark_core::Origin::System,
+        )
+        .with_precondition(Precondition::Absent)
+        .with_data(data);
+        match self.store.apply(txn).await {
+            Ok(_) => Ok(id),
+            // Another filer created it first: theirs is the cluster's.
+            Err(Error::PreconditionFailed { .. }) => {
+                let (c, _) = crate::remotes::read_doc::<Cluster>(self.store.as_ref(), CLUSTER)
+                    .await?
+                    .ok_or_else(|| Error::internal("the cluster id vanished"))?;
+                Ok(c.id)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Applies a transaction, then removes the blobs that no entry names any more. The records
     /// of one transaction are the dense range `first_seq..=seq`, so they are read back exactly.
     async fn commit(&self, txn: Txn) -> Result<Applied> {

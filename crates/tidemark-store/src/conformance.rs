@@ -239,8 +239,17 @@ pub async fn inline_content(h: &Harness) {
     let txn = Txn::put("/etc/tidemark/doc.json", NewEntry::file(data.len() as u64, 1, Content::Inline), Origin::System)
         .with_data(data.clone());
     s.apply(txn).await.unwrap();
-    assert_eq!(s.read_inline("/etc/tidemark/doc.json").await.unwrap(), Some(data));
+    assert_eq!(s.read_inline("/etc/tidemark/doc.json").await.unwrap(), Some(data.clone()));
     assert_eq!(s.get("/etc/tidemark/doc.json").await.unwrap().unwrap().content, Content::Inline);
+    // A metadata-only update keeps the bytes; inline content cannot appear from nowhere.
+    let mut meta = NewEntry::file(data.len() as u64, 2, Content::Inline);
+    meta.extended.insert("k".into(), "v".into());
+    s.apply(Txn::put("/etc/tidemark/doc.json", meta, Origin::System)).await.unwrap();
+    assert_eq!(s.read_inline("/etc/tidemark/doc.json").await.unwrap(), Some(data.clone()));
+    assert!(matches!(
+        s.apply(Txn::put("/etc/tidemark/other", NewEntry::file(3, 1, Content::Inline), Origin::System)).await,
+        Err(Error::InvalidArgument { .. })
+    ));
     // Replacing the entry with non-inline content drops the bytes.
     s.apply(Txn::put("/etc/tidemark/doc.json", file(0), Origin::System)).await.unwrap();
     assert_eq!(s.read_inline("/etc/tidemark/doc.json").await.unwrap(), None);

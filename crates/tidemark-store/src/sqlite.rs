@@ -249,6 +249,12 @@ fn put_row(conn: &Connection, e: &Entry, data: Option<&[u8]>) -> Result<()> {
     Ok(())
 }
 
+fn inline_data(conn: &Connection, p: &str) -> Result<Option<Vec<u8>>> {
+    let data: Option<Option<Vec<u8>>> =
+        conn.query_row("SELECT data FROM entries WHERE path = ?1", [p], |r| r.get(0)).optional().map_err(db_err)?;
+    Ok(data.flatten())
+}
+
 fn current_seq(conn: &Connection) -> Result<u64> {
     let v: i64 = conn.query_row("SELECT value FROM counters WHERE name = 'seq'", [], |r| r.get(0)).map_err(db_err)?;
     Ok(v as u64)
@@ -330,9 +336,31 @@ fn apply_txn(tx: &Connection, txn: Txn, now_ms: i64) -> Result<Applied> {
             {
                 return Err(Error::DirectoryNotEmpty { path: txn.path.clone() });
             }
+            let kept: Option<Vec<u8>> = match (&entry.content, &data) {
+                (Content::Inline, None) => {
+                    let bytes = match &current {
+                        Some(cur) if cur.content == Content::Inline => inline_data(tx, &txn.path)?,
+                        _ => None,
+                    };
+                    match bytes {
+                        Some(b) if b.len() as u64 == entry.size => Some(b),
+                        Some(_) => {
+                            return Err(Error::invalid_argument(
+                                "a metadata update cannot change the size of inline content",
+                            ));
+                        }
+                        None => {
+                            return Err(Error::invalid_argument(
+                                "inline content without data, and the entry has none to keep",
+                            ));
+                        }
+                    }
+                }
+                _ => None,
+            };
             let seq = next_seq(tx)?;
             let new = materialise(&txn.path, seq, entry);
-            put_row(tx, &new, data.as_deref())?;
+            put_row(tx, &new, data.as_deref().or(kept.as_deref()))?;
             log_change(tx, seq, now_ms, &txn.path, txn.origin, current.as_ref(), Some(&new))?;
             Ok(Applied { first_seq, seq, old: current, new: Some(new) })
         }

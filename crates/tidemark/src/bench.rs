@@ -78,6 +78,7 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
     let mount = Mount {
         dir: "/mnt/bench".into(),
         location: RemoteLocation { storage: "mem".into(), bucket: "b".into(), path: "data".into() },
+        sync: false,
     };
     filer.apply(Txn::put(&mount.dir, NewEntry::dir(0), Origin::System)).await.map_err(|e| e.to_string())?;
     println!(

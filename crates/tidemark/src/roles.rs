@@ -129,8 +129,26 @@ async fn serve_filer(data_dir: PathBuf, addr: SocketAddr, args: StoreArgs) -> i3
     // Scripts and tests read this line to find the port (with --addr 127.0.0.1:0).
     println!("tidemark filer listening on http://{bound} (data dir {})", data_dir.display());
     tracing::info!(addr = %bound, store = filer.store().backend(), "filer started");
-    let filer: Arc<dyn Filer> = Arc::new(filer);
-    match http::serve(listener, filer, args.token, shutdown_signal()).await {
+    let filer = Arc::new(filer);
+    // One shutdown for every part: the HTTP API and the outbound sync.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let outbound = filer.data_dir().map(|dd| {
+        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), dd);
+        tokio::spawn(sync.run(stopped(stop_rx.clone())))
+    });
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let api: Arc<dyn Filer> = filer.clone();
+    let served = http::serve(listener, api, args.token, stopped(stop_rx)).await;
+    if let Some(task) = outbound {
+        let _ = task.await;
+    }
+    match served {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: the filer stopped: {e}");

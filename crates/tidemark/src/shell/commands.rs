@@ -124,6 +124,25 @@ pub static ALL: &[Command] = &[
         run: |ctx, args, out| Box::pin(remote::unmount(ctx, args, out)),
     },
     Command {
+        name: "remote.sync.enable",
+        synopsis: "-dir=/mnt/data",
+        summary: "upload local writes under a mount to its bucket (the outbound sync)",
+        details: "The filer uploads each local write (with tidemark-origin and tidemark-version metadata, so the\n\
+                  bucket's event for it is recognised as this cluster's own echo) and propagates deletes users make.",
+        flags: &[flag("dir", "the mounted directory")],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(remote::sync_enable(ctx, args, out, true)),
+    },
+    Command {
+        name: "remote.sync.disable",
+        synopsis: "-dir=/mnt/data",
+        summary: "stop uploading local writes under a mount",
+        details: "",
+        flags: &[flag("dir", "the mounted directory")],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(remote::sync_enable(ctx, args, out, false)),
+    },
+    Command {
         name: "remote.meta.sync",
         synopsis: "-dir=/mnt/data [-delete=true] [-dryRun] [-quiet]",
         summary: "reconcile a mount's metadata with its bucket (a full diff)",

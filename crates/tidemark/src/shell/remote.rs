@@ -137,7 +137,7 @@ pub async fn configure(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), Cm
 
 fn print_mounts(out: Out<'_>, m: &MountMapping) -> std::io::Result<()> {
     for mount in &m.mounts {
-        writeln!(out, "{}\t{}", mount.dir, mount.location)?;
+        writeln!(out, "{}\t{}{}", mount.dir, mount.location, if mount.sync { "\tsync" } else { "" })?;
     }
     Ok(())
 }
@@ -261,7 +261,7 @@ pub async fn mount(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErr
             false
         }
     };
-    let mount = Mount { dir: dir.clone(), location: location.clone() };
+    let mount = Mount { dir: dir.clone(), location: location.clone(), sync: false };
     let report = match run_sync(ctx, &mount, &ReconcileOptions::default(), false, true, out).await {
         Ok(r) => r,
         Err(e) => {
@@ -338,5 +338,26 @@ pub async fn meta_sync(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), Cm
     let opts = ReconcileOptions { delete: args.bool_or("delete", true), dry_run, ..Default::default() };
     let report = run_sync(ctx, &mount, &opts, dry_run, quiet, out).await?;
     writeln!(out, "{}{}", if dry_run { "dry run, nothing written: " } else { "" }, report.summary())?;
+    Ok(())
+}
+
+pub async fn sync_enable(ctx: &Context, args: Args, out: Out<'_>, enable: bool) -> Result<(), CmdError> {
+    let dir = dir_flag(&args)?;
+    let (mut mapping, version) = mapping(&*ctx.filer).await?;
+    let Some(m) = mapping.mounts.iter_mut().find(|m| m.dir == dir) else {
+        return Err(CmdError::Failed(format!("{dir} is not a mount; remote.mount lists them")));
+    };
+    if m.sync == enable {
+        writeln!(out, "outbound sync of {dir} is already {}", if enable { "enabled" } else { "disabled" })?;
+        return Ok(());
+    }
+    m.sync = enable;
+    write_json(&*ctx.filer, system_paths::MOUNT_MAPPING, &mapping, version).await.map_err(|e| match e {
+        Error::PreconditionFailed { .. } => {
+            CmdError::Failed("the mount mapping changed concurrently; run the command again".into())
+        }
+        e => e.into(),
+    })?;
+    writeln!(out, "outbound sync of {dir} {}", if enable { "enabled: local writes are uploaded" } else { "disabled" })?;
     Ok(())
 }

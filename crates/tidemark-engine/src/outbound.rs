@@ -1,0 +1,105 @@
+//! The outbound `remote.sync`: local writes under a mount with sync enabled are uploaded to its
+//! bucket, and deletes a user made are propagated. Driven by the change log; each record is
+//! handled by looking at the entry's *current* state (is it still written locally since its last
+//! sync?), so handling a record twice — after a restart, say — uploads nothing twice.
+//!
+//! An upload carries user metadata `tidemark-origin: <cluster id>` and `tidemark-version:
+//! <entry version>`, so the bucket's event for it is recognised as this cluster's echo; then the
+//! object's etag, size and time are recorded in the entry with a write conditional on the version
+//! uploaded (a newer local write in the meantime keeps the entry dirty, to be uploaded in turn).
+
+use std::collections::BTreeMap;
+
+use bytes::BytesMut;
+use futures::StreamExt;
+
+use tidemark_core::decide::{ORIGIN_METADATA, VERSION_METADATA, is_locally_dirty};
+use tidemark_core::keymap::KeyMap;
+use tidemark_core::model::{ChangeRecord, Content, Origin, Precondition, RemoteEntry, Txn};
+use tidemark_core::remote::Mount;
+use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
+
+/// What one change-log record led to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutboundOutcome {
+    Uploaded {
+        path: String,
+        key: String,
+    },
+    Deleted {
+        path: String,
+        key: String,
+    },
+    /// Nothing to do: not a local change, already synced, superseded, a directory.
+    Nothing,
+}
+
+/// Handles one record of the change log for `mount` (the caller checked the path is under it
+/// and the mount has sync enabled).
+pub async fn sync_record(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    cluster_id: &str,
+    clock: &dyn Clock,
+    record: &ChangeRecord,
+) -> Result<OutboundOutcome> {
+    if record.origin != Origin::Local || record.path == mount.dir {
+        return Ok(OutboundOutcome::Nothing);
+    }
+    let map = KeyMap::new(&mount.dir, &mount.location.path)?;
+    match &record.new {
+        None => {
+            // A delete a user made: remove the object, if the entry had one.
+            let Some(old) = &record.old else { return Ok(OutboundOutcome::Nothing) };
+            let Some(r) = &old.remote else { return Ok(OutboundOutcome::Nothing) };
+            if old.is_dir() && r.etag.is_empty() {
+                return Ok(OutboundOutcome::Nothing); // an implied directory has no object
+            }
+            let Some(key) = map.path_to_key(&record.path, old.is_dir()) else { return Ok(OutboundOutcome::Nothing) };
+            // A path re-created since holds local data now: its own record uploads it.
+            if filer.stat(&record.path).await?.is_some() {
+                return Ok(OutboundOutcome::Nothing);
+            }
+            storage.delete(&key).await?;
+            Ok(OutboundOutcome::Deleted { path: record.path.clone(), key })
+        }
+        Some(_) => {
+            let Some(entry) = filer.stat(&record.path).await? else { return Ok(OutboundOutcome::Nothing) };
+            if entry.is_dir() || !is_locally_dirty(&entry) || entry.content == Content::Remote {
+                return Ok(OutboundOutcome::Nothing);
+            }
+            let Some(key) = map.path_to_key(&entry.path, false) else { return Ok(OutboundOutcome::Nothing) };
+            let (read, mut stream) = filer.read(&entry.path, None).await?;
+            if read.version != entry.version {
+                return Ok(OutboundOutcome::Nothing); // changed again: the newer record uploads it
+            }
+            let mut body = BytesMut::with_capacity(read.size as usize);
+            while let Some(chunk) = stream.next().await {
+                body.extend_from_slice(&chunk.map_err(|e| Error::io(format!("reading {}", entry.path), e))?);
+            }
+            let mut meta = BTreeMap::new();
+            meta.insert(ORIGIN_METADATA.to_string(), cluster_id.to_string());
+            meta.insert(VERSION_METADATA.to_string(), entry.version.to_string());
+            let object = storage.put(&key, body.freeze(), meta).await?;
+            let mut synced = entry.to_new();
+            synced.mtime_ms = object.last_modified_ms;
+            synced.remote = Some(RemoteEntry {
+                storage: mount.location.storage.clone(),
+                etag: object.etag.clone(),
+                remote_mtime_ms: object.last_modified_ms,
+                remote_size: object.size,
+                version_id: object.version_id.clone(),
+                last_local_sync_ms: Some(clock.now_ms()),
+            });
+            // Bookkeeping, not a local change: `System`, so it is not uploaded again.
+            let txn =
+                Txn::put(&entry.path, synced, Origin::System).with_precondition(Precondition::Version(entry.version));
+            match filer.apply(txn).await {
+                Ok(_) | Err(Error::PreconditionFailed { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            Ok(OutboundOutcome::Uploaded { path: entry.path, key })
+        }
+    }
+}
