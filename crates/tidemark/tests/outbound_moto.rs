@@ -1,0 +1,152 @@
+//! The outbound sync, end to end against moto: a file written through the filer is uploaded with
+//! origin metadata; its bucket event comes back and is suppressed as an echo (the entry is not
+//! rewritten); a user's delete is propagated; after a restart the sync resumes.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::types::{Event, NotificationConfiguration, QueueConfiguration};
+use aws_sdk_sqs::types::QueueAttributeName;
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_cloud::aws::sqs::{SqsSource, client};
+use tidemark_core::events::{EventSource, Provider};
+use tidemark_core::remote::{Mount, RemoteConf, RemoteLocation, StorageKind};
+use tidemark_core::{Filer, RemoteStorage, SystemClock};
+use tidemark_engine::apply::{ApplyContext, Counters, EventTypes, apply_batch};
+use tidemark_filer::HttpFiler;
+use tidemark_testkit::{Moto, TidemarkProcess, run_shell, unique_name};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn ok(o: Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("panicked"), "failed: {err}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+async fn wait_for<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_echoes_deletes_and_resumes() {
+    let moto = Moto::get();
+    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
+    let conf = RemoteConf {
+        name: "s3".into(),
+        kind: StorageKind::S3,
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    };
+    let bucket = unique_name("ob");
+    let s3 = S3Storage::connect(&conf, &bucket).await.unwrap();
+    s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    let sqs = client(&conf).await.unwrap();
+    let url = sqs.create_queue().queue_name(unique_name("oq")).send().await.unwrap().queue_url().unwrap().to_string();
+    let attrs =
+        sqs.get_queue_attributes().queue_url(&url).attribute_names(QueueAttributeName::QueueArn).send().await.unwrap();
+    let arn = attrs.attributes().unwrap()[&QueueAttributeName::QueueArn].clone();
+    let qc = QueueConfiguration::builder()
+        .queue_arn(arn)
+        .events(Event::S3ObjectCreated)
+        .events(Event::S3ObjectRemoved)
+        .build()
+        .unwrap();
+    s3.client()
+        .put_bucket_notification_configuration()
+        .bucket(&bucket)
+        .notification_configuration(NotificationConfiguration::builder().queue_configurations(qc).build())
+        .send()
+        .await
+        .unwrap();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut server = TidemarkProcess::server(bin(), &data, &[]);
+    let sh = |addr: &str, cmd: &str| ok(run_shell(bin(), addr, cmd, &[]));
+    sh(
+        &server.addr,
+        &format!(
+            "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+            moto.endpoint
+        ),
+    );
+    sh(&server.addr, &format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}"));
+    assert!(sh(&server.addr, "remote.sync.enable -dir=/mnt/data").contains("enabled"));
+    assert!(sh(&server.addr, "remote.mount").contains("\tsync"));
+    let local = tmp.path().join("report.txt");
+    std::fs::write(&local, "written through the filer").unwrap();
+    sh(&server.addr, &format!("fs.put {} /mnt/data/docs/report.txt", local.display()));
+
+    wait_for("the upload", || async { s3.stat("docs/report.txt").await.unwrap().is_some() }).await;
+    let obj = s3.stat("docs/report.txt").await.unwrap().unwrap();
+    let cluster: serde_json::Value =
+        serde_json::from_str(&sh(&server.addr, "fs.cat /etc/tidemark/cluster.json")).unwrap();
+    let meta = obj.user_metadata.clone().unwrap();
+    assert_eq!(meta["tidemark-origin"], cluster["id"].as_str().unwrap());
+    assert!(meta["tidemark-version"].parse::<u64>().is_ok());
+    let filer = HttpFiler::new(&server.addr, None).unwrap();
+    wait_for("the recorded etag", || async {
+        filer.stat("/mnt/data/docs/report.txt").await.unwrap().unwrap().remote.is_some_and(|r| r.etag == obj.etag)
+    })
+    .await;
+    let synced = filer.stat("/mnt/data/docs/report.txt").await.unwrap().unwrap();
+    assert_eq!(sh(&server.addr, "fs.cat /mnt/data/docs/report.txt"), "written through the filer");
+
+    // The bucket's event for the upload comes back: an echo, suppressed; the entry is untouched.
+    let source = SqsSource::new(sqs.clone(), url.clone());
+    let mount = Mount {
+        dir: "/mnt/data".into(),
+        location: RemoteLocation { storage: "s3".into(), bucket: bucket.clone(), path: String::new() },
+        sync: true,
+    };
+    let (types, clock) = (EventTypes::default(), SystemClock);
+    let cluster_id = cluster["id"].as_str().unwrap().to_string();
+    let ctx = ApplyContext {
+        mount: &mount,
+        provider: Provider::S3,
+        event_types: &types,
+        cluster_id: Some(&cluster_id),
+        fence: None,
+        concurrency: 2,
+        retry_delay: Duration::ZERO,
+        visibility: Duration::from_secs(30),
+        clock: &clock,
+    };
+    let mut counters = Counters::default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counters.echo_suppressed == 0 {
+        assert!(Instant::now() < deadline, "no echo seen: {counters:?}");
+        let batch = source.receive(10, Duration::from_secs(1)).await.unwrap();
+        apply_batch(&filer, &s3, &source, &ctx, batch, &mut counters).await.unwrap();
+    }
+    assert_eq!(counters.changes, 0, "{counters:?}");
+    assert_eq!(
+        filer.stat("/mnt/data/docs/report.txt").await.unwrap().unwrap().version,
+        synced.version,
+        "not rewritten"
+    );
+
+    // A user's delete reaches the bucket.
+    sh(&server.addr, "fs.rm /mnt/data/docs/report.txt");
+    wait_for("the delete", || async { s3.stat("docs/report.txt").await.unwrap().is_none() }).await;
+
+    // Restart: the sync resumes from its cursor.
+    let cursor_before: u64 = std::fs::read_to_string(data.join("outbound.cursor")).unwrap().trim().parse().unwrap();
+    assert!(cursor_before > 0);
+    let status = std::process::Command::new("kill").args(["-TERM", &server.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    server.wait_exit(Duration::from_secs(10)).expect("the server stops on SIGTERM");
+    let server = TidemarkProcess::server(bin(), &data, &[]);
+    std::fs::write(&local, "after the restart").unwrap();
+    sh(&server.addr, &format!("fs.put {} /mnt/data/later.txt", local.display()));
+    wait_for("the upload after the restart", || async { s3.stat("later.txt").await.unwrap().is_some() }).await;
+    let cursor_after: u64 = std::fs::read_to_string(data.join("outbound.cursor")).unwrap().trim().parse().unwrap();
+    assert!(cursor_after > cursor_before);
+}
