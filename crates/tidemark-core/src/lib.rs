@@ -13,6 +13,7 @@ pub mod model;
 pub mod path;
 pub mod remote;
 pub mod store;
+pub mod subscription;
 
 pub use clock::{Clock, ManualClock, SystemClock, format_rfc3339_ms, parse_rfc3339_ms};
 pub use error::{Error, ErrorCode, Result};

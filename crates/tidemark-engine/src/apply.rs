@@ -19,7 +19,7 @@ use futures::StreamExt;
 use serde::Serialize;
 
 use tidemark_core::decide::{DecideCtx, RemoteSide, SkipReason};
-use tidemark_core::events::{Decoded, Delivery, EventKind, EventSource, Provider, decode};
+use tidemark_core::events::{Decoded, Delivery, EventSource, Provider, decode};
 use tidemark_core::keymap::{KeyMap, Mapped};
 use tidemark_core::model::Fence;
 use tidemark_core::remote::Mount;
@@ -27,31 +27,7 @@ use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
 
 use crate::write::{Outcome, decide_and_write};
 
-/// Which event kinds a subscription applies.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct EventTypes {
-    pub created: bool,
-    pub removed: bool,
-    /// Other kinds (metadata updates, tier changes, ...).
-    #[serde(default)]
-    pub other: bool,
-}
-
-impl Default for EventTypes {
-    fn default() -> Self {
-        EventTypes { created: true, removed: true, other: false }
-    }
-}
-
-impl EventTypes {
-    pub fn wants(&self, kind: &EventKind) -> bool {
-        match kind {
-            EventKind::Created => self.created,
-            EventKind::Removed => self.removed,
-            EventKind::Other(_) => self.other,
-        }
-    }
-}
+pub use tidemark_core::subscription::EventTypes;
 
 /// What the applier needs to know about the subscription it serves.
 pub struct ApplyContext<'a> {

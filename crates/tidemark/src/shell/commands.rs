@@ -5,8 +5,8 @@ use tidemark_core::model::Entry;
 use tidemark_core::{ByteStream, DeleteOptions, WriteOptions, format_rfc3339_ms, path};
 
 use super::flags::{Args, flag, switch};
-use super::remote;
 use super::{CmdError, Command, Context, Out};
+use super::{remote, subscriptions};
 
 pub static ALL: &[Command] = &[
     Command {
@@ -141,6 +141,41 @@ pub static ALL: &[Command] = &[
         flags: &[flag("dir", "the mounted directory")],
         positional: (0, 0),
         run: |ctx, args, out| Box::pin(remote::sync_enable(ctx, args, out, false)),
+    },
+    Command {
+        name: "remote.events.enable",
+        synopsis: "-dir=/mnt/data -queue=URL|NAME [-events=created,removed] [-prefix=P]",
+        summary: "subscribe a mount to its bucket's event notifications",
+        details: "-queue: the queue the bucket's notifications already reach (bring your own; consume only): an SQS queue URL,\n\
+                  a Pub/Sub subscription (projects/P/subscriptions/S) or an Azure queue name. Enabling the same identity again\n\
+                  changes nothing; a new queue, prefix or event types is a new subscription (new fingerprint, baseline first).",
+        flags: &[
+            flag("dir", "the mounted directory"),
+            flag("queue", "the queue to consume (bring your own)"),
+            flag("via", "sns: provision an SNS fan-out (omit for a direct SQS queue)"),
+            flag("events", "event types: created, removed, other (default created,removed)"),
+            flag("prefix", "only keys below this path of the mount"),
+        ],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(subscriptions::enable(ctx, args, out)),
+    },
+    Command {
+        name: "remote.events.list",
+        synopsis: "[-json]",
+        summary: "list event subscriptions: dir, topology, queue, bucket/prefix, events, fingerprint, state",
+        details: "",
+        flags: &[switch("json", "print the subscription documents as JSON")],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(subscriptions::list(ctx, args, out)),
+    },
+    Command {
+        name: "remote.events.disable",
+        synopsis: "-dir=/mnt/data [-teardown]",
+        summary: "remove a mount's event subscription (-teardown: and what Tidemark provisioned for it)",
+        details: "A bring-your-own queue is never touched.",
+        flags: &[flag("dir", "the mounted directory"), switch("teardown", "deprovision the managed resources too")],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(subscriptions::disable(ctx, args, out)),
     },
     Command {
         name: "remote.meta.sync",

@@ -6,6 +6,7 @@ mod commands;
 pub mod flags;
 pub mod lex;
 mod remote;
+mod subscriptions;
 
 use std::future::Future;
 use std::io::{IsTerminal, Write};

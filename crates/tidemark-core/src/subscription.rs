@@ -1,0 +1,228 @@
+//! Event subscriptions: one document per mounted directory, at
+//! `/etc/tidemark/remote_events/subscriptions/<escaped dir>.json`, written by
+//! `remote.events.enable` and read by the admin's detection.
+//!
+//! A subscription's **identity** is its queue, topology, bucket, prefix and event types. Its
+//! **fingerprint** keys everything durable about it (lease, reconcile marker, status blob): the
+//! first 16 hex digits of SHA-256 over the identity's canonical form — the JSON object
+//! `{"bucket":..,"event_types":{"created":..,"other":..,"removed":..},"prefix":..,"queue":..,"topology":..}`
+//! with keys in that (sorted) order and no spaces. Changing any part makes a new fingerprint, which
+//! reads as "never reconciled" and forces a baseline; the directory is deliberately not part of it.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Which event kinds a subscription applies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventTypes {
+    pub created: bool,
+    pub removed: bool,
+    /// Other kinds (metadata updates, tier changes, ...).
+    #[serde(default)]
+    pub other: bool,
+}
+
+impl Default for EventTypes {
+    fn default() -> Self {
+        EventTypes { created: true, removed: true, other: false }
+    }
+}
+
+impl EventTypes {
+    pub fn wants(&self, kind: &crate::events::EventKind) -> bool {
+        match kind {
+            crate::events::EventKind::Created => self.created,
+            crate::events::EventKind::Removed => self.removed,
+            crate::events::EventKind::Other(_) => self.other,
+        }
+    }
+
+    /// Parses `-events=created,removed,other`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut t = EventTypes { created: false, removed: false, other: false };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "created" => t.created = true,
+                "removed" => t.removed = true,
+                "other" => t.other = true,
+                x => return Err(format!("unknown event type {x:?}: use created, removed and/or other")),
+            }
+        }
+        if !(t.created || t.removed || t.other) {
+            return Err("-events names no event type".into());
+        }
+        Ok(t)
+    }
+
+    pub fn describe(&self) -> String {
+        let names: Vec<&str> = [(self.created, "created"), (self.removed, "removed"), (self.other, "other")]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n)
+            .collect();
+        names.join(",")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    /// The bucket's notifications already reach a queue; Tidemark only consumes it.
+    ByoQueue,
+    /// Tidemark creates a queue and points the bucket's notification at it.
+    SqsDirect,
+    /// A shared topic per bucket with a per-cluster queue subscribed to it.
+    SnsFanout,
+}
+
+impl Topology {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topology::ByoQueue => "byo_queue",
+            Topology::SqsDirect => "sqs_direct",
+            Topology::SnsFanout => "sns_fanout",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// A queue URL (SQS), a subscription (`projects/P/subscriptions/S`), or an Azure queue name.
+    pub queue: String,
+    pub topology: Topology,
+    pub bucket: String,
+    /// The key prefix the subscription covers (`""` or ending in `/`).
+    pub prefix: String,
+    pub event_types: EventTypes,
+}
+
+impl Identity {
+    pub fn canonical(&self) -> String {
+        // Field order fixed by hand (sorted), so the fingerprint never depends on serde's order.
+        serde_json::json!({
+            "bucket": self.bucket,
+            "event_types": {"created": self.event_types.created, "other": self.event_types.other, "removed": self.event_types.removed},
+            "prefix": self.prefix,
+            "queue": self.queue,
+            "topology": self.topology.as_str(),
+        })
+        .to_string()
+    }
+
+    pub fn fingerprint(&self) -> String {
+        let digest = Sha256::digest(self.canonical().as_bytes());
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Tunables of a subscription's slices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscriptionOptions {
+    pub slice_secs: u64,
+    pub reconcile_interval_secs: u64,
+    pub gap_threshold_secs: u64,
+    pub visibility_timeout_secs: u64,
+    pub apply_concurrency: usize,
+}
+
+impl Default for SubscriptionOptions {
+    fn default() -> Self {
+        SubscriptionOptions {
+            slice_secs: 300,
+            reconcile_interval_secs: 24 * 3600,
+            gap_threshold_secs: 3600,
+            visibility_timeout_secs: 60,
+            apply_concurrency: 8,
+        }
+    }
+}
+
+/// What provisioning created, recorded only here: teardown removes exactly these.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManagedResources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_arn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_arn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription_arn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notification_id: Option<String>,
+}
+
+impl ManagedResources {
+    pub fn is_empty(&self) -> bool {
+        *self == ManagedResources::default()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscriptionDoc {
+    pub dir: String,
+    pub identity: Identity,
+    pub fingerprint: String,
+    #[serde(default)]
+    pub options: SubscriptionOptions,
+    #[serde(default)]
+    pub managed: ManagedResources,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+pub const SUBSCRIPTIONS_DIR: &str = "/etc/tidemark/remote_events/subscriptions";
+
+/// The document path of the subscription of `dir`: `/` and `%` are percent-escaped, so the
+/// mapping is injective and the name readable (`%2Fmnt%2Fdata.json`).
+pub fn doc_path(dir: &str) -> String {
+    format!("{SUBSCRIPTIONS_DIR}/{}.json", dir.replace('%', "%25").replace('/', "%2F"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> Identity {
+        Identity {
+            queue: "https://sqs.example/123/q".into(),
+            topology: Topology::ByoQueue,
+            bucket: "b".into(),
+            prefix: "photos/".into(),
+            event_types: EventTypes::default(),
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_is_stable_and_changes_with_every_part_of_the_identity() {
+        let base = id();
+        assert_eq!(base.fingerprint().len(), 16);
+        assert_eq!(base.fingerprint(), id().fingerprint(), "deterministic");
+        // Pinned: a change of the canonical form would silently force every baseline again.
+        assert_eq!(
+            base.canonical(),
+            r#"{"bucket":"b","event_types":{"created":true,"other":false,"removed":true},"prefix":"photos/","queue":"https://sqs.example/123/q","topology":"byo_queue"}"#
+        );
+        let variants = [
+            Identity { queue: "https://sqs.example/123/other".into(), ..id() },
+            Identity { topology: Topology::SqsDirect, ..id() },
+            Identity { bucket: "b2".into(), ..id() },
+            Identity { prefix: "photos/2024/".into(), ..id() },
+            Identity { event_types: EventTypes { removed: false, ..EventTypes::default() }, ..id() },
+        ];
+        for v in variants {
+            assert_ne!(v.fingerprint(), base.fingerprint(), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn event_types_parse_and_doc_paths_escape() {
+        assert_eq!(EventTypes::parse("created").unwrap(), EventTypes { created: true, removed: false, other: false });
+        assert_eq!(EventTypes::parse("removed, created").unwrap().describe(), "created,removed");
+        assert!(EventTypes::parse("deleted").unwrap_err().contains("unknown event type"));
+        assert!(EventTypes::parse("").is_err());
+        assert_eq!(doc_path("/mnt/data"), "/etc/tidemark/remote_events/subscriptions/%2Fmnt%2Fdata.json");
+        assert_ne!(doc_path("/a%2Fb"), doc_path("/a/b"));
+        crate::path::validate(&doc_path("/mnt/a b/ü")).unwrap();
+    }
+}

@@ -1,0 +1,202 @@
+//! `remote.events.enable`, `remote.events.list`, `remote.events.disable`: the subscription
+//! documents of the reference's "subscription document" section.
+
+use tidemark_core::remote::{MountMapping, RemoteConf, StorageKind, system_paths};
+use tidemark_core::subscription::{
+    EventTypes, Identity, SUBSCRIPTIONS_DIR, SubscriptionDoc, SubscriptionOptions, Topology, doc_path,
+};
+use tidemark_core::{DeleteOptions, Error, Precondition, format_rfc3339_ms, path};
+use tidemark_engine::docs::{read_json, write_json};
+
+use super::flags::Args;
+use super::{CmdError, Context, Out};
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn dir_of(args: &Args) -> Result<String, CmdError> {
+    let d = args.get("dir").ok_or_else(|| CmdError::Usage("-dir is required".into()))?;
+    path::normalize_user_path(d).map_err(|e| CmdError::Usage(e.to_string()))
+}
+
+pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
+    let filer = &*ctx.filer;
+    let dir = dir_of(&args)?;
+    let (mapping, _) = read_json::<MountMapping>(filer, system_paths::MOUNT_MAPPING).await?.unwrap_or_default();
+    let mount = mapping.find_dir(&dir).ok_or_else(|| {
+        CmdError::Failed(format!("{dir} is not a mount; mount it first (remote.mount -dir={dir} -remote=...)"))
+    })?;
+    let (conf, _) =
+        read_json::<RemoteConf>(filer, &system_paths::remote_conf(&mount.location.storage)).await?.ok_or_else(
+            || CmdError::Failed(format!("the remote {:?} of {dir} is not configured", mount.location.storage)),
+        )?;
+    let event_types = match args.get("events") {
+        Some(e) => EventTypes::parse(e).map_err(CmdError::Usage)?,
+        None => EventTypes::default(),
+    };
+    let mut prefix = mount.location.key_prefix();
+    if let Some(p) = args.get("prefix") {
+        let p = p.trim_matches('/');
+        if p.split('/').any(|s| path::segment_problem(s).is_some()) {
+            return Err(CmdError::Usage(format!("bad -prefix={p:?}")));
+        }
+        prefix.push_str(p);
+        prefix.push('/');
+    }
+    let (topology, queue) = match (args.get("queue"), args.get("via")) {
+        (Some(q), None) if !q.is_empty() => (Topology::ByoQueue, q.to_string()),
+        (Some(_), Some(_)) => {
+            return Err(CmdError::Usage("-queue (bring your own queue) and -via (provision) exclude each other".into()));
+        }
+        (_, via) => {
+            if conf.kind != StorageKind::S3 {
+                return Err(CmdError::Failed(format!(
+                    "remote {:?} is of type {}: give the queue its notifications reach with -queue= (a Pub/Sub subscription or an \
+                     Azure queue), or keep this mount in sync with remote.meta.sync",
+                    conf.name,
+                    conf.kind.as_str()
+                )));
+            }
+            let topology = match via {
+                None => Topology::SqsDirect,
+                Some("sns") => Topology::SnsFanout,
+                Some(v) => {
+                    return Err(CmdError::Usage(format!(
+                        "unknown -via={v:?}: use -via=sns, or omit it for a direct SQS queue"
+                    )));
+                }
+            };
+            return Err(CmdError::Failed(format!(
+                "provisioning ({}) is not available in this version yet; route the bucket's notifications to a queue yourself and \
+                 pass it with -queue=URL",
+                topology.as_str()
+            )));
+        }
+    };
+    let identity = Identity { queue, topology, bucket: mount.location.bucket.clone(), prefix, event_types };
+    let fingerprint = identity.fingerprint();
+    let doc_file = doc_path(&dir);
+    let existing = read_json::<SubscriptionDoc>(filer, &doc_file).await?;
+    if let Some((old, _)) = &existing {
+        if old.identity == identity {
+            writeln!(out, "events already enabled on {dir} (fingerprint {fingerprint}); nothing changed")?;
+            return Ok(());
+        }
+        if !old.managed.is_empty() {
+            return Err(CmdError::Failed(format!(
+                "{dir} has a subscription with resources Tidemark provisioned ({}); a changed queue, topology, bucket, prefix or event \
+                 types is a new subscription: run remote.events.disable -dir={dir} -teardown first",
+                old.identity.topology.as_str()
+            )));
+        }
+    }
+    let now = now_ms();
+    let doc = SubscriptionDoc {
+        dir: dir.clone(),
+        identity,
+        fingerprint: fingerprint.clone(),
+        options: existing.as_ref().map(|(d, _)| d.options.clone()).unwrap_or_else(SubscriptionOptions::default),
+        managed: Default::default(),
+        created_at_ms: existing.as_ref().map_or(now, |(d, _)| d.created_at_ms),
+        updated_at_ms: now,
+    };
+    write_json(filer, &doc_file, &doc, existing.map(|(_, v)| v)).await.map_err(|e| match e {
+        Error::PreconditionFailed { .. } => {
+            CmdError::Failed("the subscription changed concurrently; run the command again".into())
+        }
+        e => e.into(),
+    })?;
+    writeln!(
+        out,
+        "events enabled on {dir}: {} {} (bucket {}, prefix {:?}, events {}), fingerprint {fingerprint}; the first slice runs a baseline reconcile",
+        doc.identity.topology.as_str(),
+        doc.identity.queue,
+        doc.identity.bucket,
+        doc.identity.prefix,
+        doc.identity.event_types.describe()
+    )?;
+    Ok(())
+}
+
+async fn all_docs(ctx: &Context) -> Result<Vec<SubscriptionDoc>, CmdError> {
+    let mut docs = Vec::new();
+    let mut after = None;
+    loop {
+        let page = match ctx.filer.list(SUBSCRIPTIONS_DIR, after.as_deref(), 1000).await {
+            Ok(p) => p,
+            Err(Error::NotFound { .. }) => return Ok(docs),
+            Err(e) => return Err(e.into()),
+        };
+        for e in &page.entries {
+            if let Some((d, _)) = read_json::<SubscriptionDoc>(&*ctx.filer, &e.path).await? {
+                docs.push(d);
+            }
+        }
+        match page.next {
+            Some(n) => after = Some(n),
+            None => return Ok(docs),
+        }
+    }
+}
+
+pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
+    let docs = all_docs(ctx).await?;
+    if args.is_set("json") {
+        let json = serde_json::to_string_pretty(&docs).map_err(|e| CmdError::Failed(e.to_string()))?;
+        writeln!(out, "{json}")?;
+        return Ok(());
+    }
+    if docs.is_empty() {
+        writeln!(out, "no event subscriptions; enable one with remote.events.enable -dir=... -queue=...")?;
+        return Ok(());
+    }
+    writeln!(out, "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tUPDATED")?;
+    for d in docs {
+        writeln!(
+            out,
+            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{}\t{}",
+            d.dir,
+            d.identity.topology.as_str(),
+            d.identity.queue,
+            d.identity.bucket,
+            d.identity.prefix,
+            d.identity.event_types.describe(),
+            d.fingerprint,
+            // Slices write a status blob per fingerprint; until one runs, the state is idle.
+            "idle",
+            format_rfc3339_ms(d.updated_at_ms)
+        )?;
+    }
+    Ok(())
+}
+
+pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
+    let dir = dir_of(&args)?;
+    let doc_file = doc_path(&dir);
+    let Some((doc, version)) = read_json::<SubscriptionDoc>(&*ctx.filer, &doc_file).await? else {
+        return Err(CmdError::Failed(format!("no event subscription on {dir}; remote.events.list shows them")));
+    };
+    if !doc.managed.is_empty() && !args.is_set("teardown") {
+        return Err(CmdError::Failed(format!(
+            "{dir} has resources Tidemark provisioned; run remote.events.disable -dir={dir} -teardown to remove them with the subscription"
+        )));
+    }
+    // byo_queue: nothing was provisioned, so -teardown has nothing to touch in the cloud.
+    ctx.filer
+        .delete(&doc_file, DeleteOptions { recursive: false, precondition: Precondition::Version(version) })
+        .await
+        .map_err(|e| match e {
+            Error::PreconditionFailed { .. } => {
+                CmdError::Failed("the subscription changed concurrently; run the command again".into())
+            }
+            e => e.into(),
+        })?;
+    writeln!(
+        out,
+        "events disabled on {dir} ({} {}); nothing in the cloud was changed",
+        doc.identity.topology.as_str(),
+        doc.identity.queue
+    )?;
+    Ok(())
+}
