@@ -47,7 +47,9 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
     let (topology, queue) = match (args.get("queue"), args.get("via")) {
         (Some(q), None) if !q.is_empty() => (Topology::ByoQueue, q.to_string()),
         (Some(_), Some(_)) => {
-            return Err(CmdError::Usage("-queue (bring your own queue) and -via (provision) exclude each other".into()));
+            return Err(CmdError::Usage(
+                "-queue (bring your own queue) and -via (provision) exclude each other".into(),
+            ));
         }
         (_, via) => {
             if conf.kind != StorageKind::S3 {
@@ -155,7 +157,8 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
     for d in docs {
         writeln!(
             out,
-            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{}\t{}",
+            // Slices write a status blob per fingerprint; until one runs, the state is idle.
+            "{}\t{}\t{}\t{}/{}\t{}\t{}\tidle\t{}",
             d.dir,
             d.identity.topology.as_str(),
             d.identity.queue,
@@ -163,8 +166,6 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
             d.identity.prefix,
             d.identity.event_types.describe(),
             d.fingerprint,
-            // Slices write a status blob per fingerprint; until one runs, the state is idle.
-            "idle",
             format_rfc3339_ms(d.updated_at_ms)
         )?;
     }
