@@ -1,9 +1,10 @@
 //! `remote.events.enable`, `remote.events.list`, `remote.events.disable`: the subscription
 //! documents of the reference's "subscription document" section.
 
+use tidemark_cloud::aws::provision::S3Notifications;
 use tidemark_core::remote::{MountMapping, RemoteConf, StorageKind, system_paths};
 use tidemark_core::subscription::{
-    EventTypes, Identity, SUBSCRIPTIONS_DIR, SubscriptionDoc, SubscriptionOptions, Topology, doc_path,
+    EventTypes, Identity, ManagedResources, SUBSCRIPTIONS_DIR, SubscriptionDoc, SubscriptionOptions, Topology, doc_path,
 };
 use tidemark_core::{DeleteOptions, Error, Precondition, format_rfc3339_ms, path};
 use tidemark_engine::docs::{read_json, write_json};
@@ -18,6 +19,92 @@ fn now_ms() -> i64 {
 fn dir_of(args: &Args) -> Result<String, CmdError> {
     let d = args.get("dir").ok_or_else(|| CmdError::Usage("-dir is required".into()))?;
     path::normalize_user_path(d).map_err(|e| CmdError::Usage(e.to_string()))
+}
+
+/// `sqs_direct`: provision, then record the subscription with what was provisioned. A failure
+/// part-way takes back what was created.
+#[allow(clippy::too_many_arguments)]
+async fn provision_direct(
+    ctx: &Context,
+    dir: &str,
+    conf: &RemoteConf,
+    bucket: &str,
+    prefix: String,
+    event_types: EventTypes,
+    topology: Topology,
+    out: Out<'_>,
+) -> Result<(), CmdError> {
+    let filer = &*ctx.filer;
+    let doc_file = doc_path(dir);
+    let existing = read_json::<SubscriptionDoc>(filer, &doc_file).await?;
+    if let Some((old, _)) = &existing {
+        let same = old.identity.topology == topology
+            && old.identity.bucket == bucket
+            && old.identity.prefix == prefix
+            && old.identity.event_types == event_types;
+        if same {
+            writeln!(out, "events already enabled on {dir} (fingerprint {}); nothing changed", old.fingerprint)?;
+            return Ok(());
+        }
+        if !old.managed.is_empty() {
+            return Err(CmdError::Failed(format!(
+                "{dir} has a subscription with resources Tidemark provisioned ({}); a changed queue, topology, bucket, prefix or event \
+                 types is a new subscription: run remote.events.disable -dir={dir} -teardown first",
+                old.identity.topology.as_str()
+            )));
+        }
+    }
+    let make = |queue: &str| Identity {
+        queue: queue.to_string(),
+        topology,
+        bucket: bucket.to_string(),
+        prefix: prefix.clone(),
+        event_types: event_types.clone(),
+    };
+    let now = now_ms();
+    let queue_name = format!("tidemark-{}", &make(&format!("{dir}@{now}")).fingerprint()[..12]);
+    let notifications = S3Notifications::connect(conf, bucket).await?;
+    let mut managed = ManagedResources::default();
+    let url = match notifications
+        .provision_sqs_direct(&queue_name, &prefix, &event_types, |url| make(url).fingerprint(), &mut managed)
+        .await
+    {
+        Ok(url) => url,
+        Err(e) => {
+            if let Err(undo) = notifications.teardown(&mut managed).await {
+                return Err(CmdError::Failed(format!(
+                    "{e}; and taking back what was created failed too ({undo}); still there: {managed:?}"
+                )));
+            }
+            return Err(e.into());
+        }
+    };
+    let identity = make(&url);
+    let doc = SubscriptionDoc {
+        dir: dir.to_string(),
+        fingerprint: identity.fingerprint(),
+        identity,
+        options: SubscriptionOptions::default(),
+        managed,
+        created_at_ms: now,
+        updated_at_ms: now,
+    };
+    if let Err(e) = write_json(filer, &doc_file, &doc, existing.map(|(_, v)| v)).await {
+        let mut managed = doc.managed.clone();
+        let _ = notifications.teardown(&mut managed).await;
+        return Err(e.into());
+    }
+    writeln!(
+        out,
+        "events enabled on {dir}: provisioned {} {} for bucket {} (prefix {:?}, events {}), fingerprint {}; the first slice runs a baseline reconcile",
+        topology.as_str(),
+        url,
+        bucket,
+        doc.identity.prefix,
+        doc.identity.event_types.describe(),
+        doc.fingerprint
+    )?;
+    Ok(())
 }
 
 pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
@@ -62,18 +149,21 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
             }
             let topology = match via {
                 None => Topology::SqsDirect,
-                Some("sns") => Topology::SnsFanout,
+                Some("sns") => {
+                    return Err(CmdError::Failed(
+                        "the SNS fan-out topology (-via=sns) is not available in this version yet; use the direct SQS queue (omit \
+                         -via) or -queue=URL"
+                            .into(),
+                    ));
+                }
                 Some(v) => {
                     return Err(CmdError::Usage(format!(
                         "unknown -via={v:?}: use -via=sns, or omit it for a direct SQS queue"
                     )));
                 }
             };
-            return Err(CmdError::Failed(format!(
-                "provisioning ({}) is not available in this version yet; route the bucket's notifications to a queue yourself and \
-                 pass it with -queue=URL",
-                topology.as_str()
-            )));
+            return provision_direct(ctx, &dir, &conf, &mount.location.bucket, prefix, event_types, topology, out)
+                .await;
         }
     };
     let identity = Identity { queue, topology, bucket: mount.location.bucket.clone(), prefix, event_types };
@@ -183,7 +273,32 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
             "{dir} has resources Tidemark provisioned; run remote.events.disable -dir={dir} -teardown to remove them with the subscription"
         )));
     }
-    // byo_queue: nothing was provisioned, so -teardown has nothing to touch in the cloud.
+    let mut doc = doc;
+    let mut version = version;
+    if !doc.managed.is_empty() {
+        let (mapping, _) =
+            read_json::<MountMapping>(&*ctx.filer, system_paths::MOUNT_MAPPING).await?.unwrap_or_default();
+        let storage = mapping.find_dir(&dir).map(|m| m.location.storage.clone()).ok_or_else(|| {
+            CmdError::Failed(format!(
+                "{dir} is no longer a mount, so its remote's credentials are unknown: mount it again to tear down"
+            ))
+        })?;
+        let (conf, _) = read_json::<RemoteConf>(&*ctx.filer, &system_paths::remote_conf(&storage))
+            .await?
+            .ok_or_else(|| CmdError::Failed(format!("the remote {storage:?} is not configured")))?;
+        let notifications = S3Notifications::connect(&conf, &doc.identity.bucket).await?;
+        let mut left = doc.managed.clone();
+        if let Err(e) = notifications.teardown(&mut left).await {
+            // Keep the document, with what remains, so the teardown can be retried.
+            doc.managed = left.clone();
+            doc.updated_at_ms = now_ms();
+            version = write_json(&*ctx.filer, &doc_file, &doc, Some(version)).await?;
+            let _ = version;
+            return Err(CmdError::Failed(format!(
+                "teardown stopped part-way ({e}); still provisioned: {left:?}; the subscription is kept: run remote.events.disable -dir={dir} -teardown again"
+            )));
+        }
+    }
     ctx.filer
         .delete(&doc_file, DeleteOptions { recursive: false, precondition: Precondition::Version(version) })
         .await
@@ -193,11 +308,19 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
             }
             e => e.into(),
         })?;
-    writeln!(
-        out,
-        "events disabled on {dir} ({} {}); nothing in the cloud was changed",
-        doc.identity.topology.as_str(),
-        doc.identity.queue
-    )?;
+    if doc.managed.is_empty() {
+        writeln!(
+            out,
+            "events disabled on {dir} ({} {}); nothing in the cloud was changed",
+            doc.identity.topology.as_str(),
+            doc.identity.queue
+        )?;
+    } else {
+        writeln!(
+            out,
+            "events disabled on {dir}: removed the provisioned {} and its notification configuration",
+            doc.identity.queue
+        )?;
+    }
     Ok(())
 }

@@ -1,0 +1,329 @@
+//! Provisioning of S3 event notifications (the `EventNotifications` capability of S3): the
+//! `sqs_direct` topology — a queue Tidemark creates, a policy that lets the bucket send to it,
+//! and a `QueueConfiguration` (id `tidemark-<fingerprint>`) merged into the bucket's notification
+//! configuration — and its exact teardown.
+//!
+//! S3 allows one configuration per overlapping (event type, prefix/suffix) pair, but not every
+//! S3-compatible (nor moto) enforces it; Tidemark checks before it adds its own, and refuses with
+//! the name of the configuration in the way.
+
+use aws_sdk_s3::types::{
+    Event, FilterRule, FilterRuleName, NotificationConfiguration, NotificationConfigurationFilter, QueueConfiguration,
+    S3KeyFilter,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use tidemark_core::remote::RemoteConf;
+use tidemark_core::subscription::{EventTypes, ManagedResources};
+use tidemark_core::{Error, Result};
+
+use super::s3::S3Storage;
+
+/// One rule of a bucket's notification configuration, as far as overlap goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub id: String,
+    pub events: Vec<String>,
+    pub prefix: String,
+    pub suffix: String,
+}
+
+fn event_overlaps(a: &str, b: &str) -> bool {
+    let covers = |wide: &str, narrow: &str| wide.strip_suffix('*').is_some_and(|stem| narrow.starts_with(stem));
+    a == b || covers(a, b) || covers(b, a)
+}
+
+/// Whether two rules could both match one event (S3 refuses such pairs).
+pub fn overlaps(a: &Rule, b: &Rule) -> bool {
+    let events = a.events.iter().any(|x| b.events.iter().any(|y| event_overlaps(x, y)));
+    let prefixes = a.prefix.starts_with(&b.prefix) || b.prefix.starts_with(&a.prefix);
+    let suffixes = a.suffix.ends_with(&b.suffix) || b.suffix.ends_with(&a.suffix);
+    events && prefixes && suffixes
+}
+
+pub fn s3_events(t: &EventTypes) -> Vec<Event> {
+    let mut v = Vec::new();
+    if t.created {
+        v.push(Event::S3ObjectCreated);
+    }
+    if t.removed {
+        v.push(Event::S3ObjectRemoved);
+    }
+    if t.other {
+        v.push(Event::S3ObjectRestore);
+    }
+    v
+}
+
+fn filter_of(f: Option<&NotificationConfigurationFilter>) -> (String, String) {
+    let mut prefix = String::new();
+    let mut suffix = String::new();
+    for r in f.and_then(|f| f.key()).map(|k| k.filter_rules()).unwrap_or_default() {
+        match r.name() {
+            Some(FilterRuleName::Prefix) => prefix = r.value().unwrap_or_default().to_string(),
+            Some(FilterRuleName::Suffix) => suffix = r.value().unwrap_or_default().to_string(),
+            _ => {}
+        }
+    }
+    (prefix, suffix)
+}
+
+/// The rules of a configuration (queue, topic and Lambda targets alike).
+pub fn rules_of(c: &NotificationConfiguration) -> Vec<Rule> {
+    let mut out = Vec::new();
+    let mut push = |id: Option<&str>, events: &[Event], f: Option<&NotificationConfigurationFilter>| {
+        let (prefix, suffix) = filter_of(f);
+        out.push(Rule {
+            id: id.unwrap_or("(unnamed)").to_string(),
+            events: events.iter().map(|e| e.as_str().to_string()).collect(),
+            prefix,
+            suffix,
+        });
+    };
+    for q in c.queue_configurations() {
+        push(q.id(), q.events(), q.filter());
+    }
+    for t in c.topic_configurations() {
+        push(t.id(), t.events(), t.filter());
+    }
+    for l in c.lambda_function_configurations() {
+        push(l.id(), l.events(), l.filter());
+    }
+    out
+}
+
+pub struct S3Notifications {
+    s3: aws_sdk_s3::Client,
+    sqs: aws_sdk_sqs::Client,
+    bucket: String,
+}
+
+fn sqs_err<E: aws_sdk_sqs::error::ProvideErrorMetadata>(op: &str, what: &str, e: E) -> Error {
+    let code = e.code().unwrap_or("error").to_string();
+    let message = e.message().unwrap_or_default().to_string();
+    if matches!(code.as_str(), "AccessDenied" | "InvalidClientTokenId" | "AccessDeniedException") {
+        return Error::Unauthorized {
+            message: format!(
+                "{op} {what} was refused ({code}); provisioning needs sqs:{op} (create/route permissions)"
+            ),
+        };
+    }
+    Error::Unavailable { message: format!("{op} {what}: {code} {message}") }
+}
+
+fn s3_err<E: aws_sdk_s3::error::ProvideErrorMetadata>(op: &str, bucket: &str, e: E) -> Error {
+    let code = e.code().unwrap_or("error").to_string();
+    let message = e.message().unwrap_or_default().to_string();
+    if code == "AccessDenied" {
+        return Error::Unauthorized {
+            message: format!(
+                "{op} on bucket {bucket} was refused; provisioning needs s3:{op} (create/route permissions)"
+            ),
+        };
+    }
+    Error::Unavailable { message: format!("{op} on bucket {bucket}: {code} {message}") }
+}
+
+impl S3Notifications {
+    pub async fn connect(conf: &RemoteConf, bucket: &str) -> Result<Self> {
+        let s3 = S3Storage::connect(conf, bucket).await?.client().clone();
+        let sqs = super::sqs::client(conf).await?;
+        Ok(S3Notifications { s3, sqs, bucket: bucket.to_string() })
+    }
+
+    pub async fn configuration(&self) -> Result<NotificationConfiguration> {
+        let out = self
+            .s3
+            .get_bucket_notification_configuration()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map_err(|e| s3_err("GetBucketNotificationConfiguration", &self.bucket, e.into_service_error()))?;
+        Ok(NotificationConfiguration::builder()
+            .set_queue_configurations(Some(out.queue_configurations().to_vec()))
+            .set_topic_configurations(Some(out.topic_configurations().to_vec()))
+            .set_lambda_function_configurations(Some(out.lambda_function_configurations().to_vec()))
+            .set_event_bridge_configuration(out.event_bridge_configuration().cloned())
+            .build())
+    }
+
+    async fn put_configuration(&self, c: NotificationConfiguration) -> Result<()> {
+        self.s3
+            .put_bucket_notification_configuration()
+            .bucket(&self.bucket)
+            .notification_configuration(c)
+            .send()
+            .await
+            .map_err(|e| s3_err("PutBucketNotificationConfiguration", &self.bucket, e.into_service_error()))?;
+        Ok(())
+    }
+
+    /// Refuses when an existing configuration overlaps the one Tidemark would add.
+    pub async fn check_overlap(&self, prefix: &str, events: &EventTypes) -> Result<()> {
+        let ours = Rule {
+            id: String::new(),
+            events: s3_events(events).iter().map(|e| e.as_str().to_string()).collect(),
+            prefix: prefix.into(),
+            suffix: String::new(),
+        };
+        if let Some(r) = rules_of(&self.configuration().await?).into_iter().find(|r| overlaps(r, &ours)) {
+            return Err(Error::invalid_argument(format!(
+                "bucket {} already has the notification configuration {:?} ({} on prefix {:?}), which overlaps this one and S3 allows \
+                 only one: use -via=sns to share the bucket's events, or -queue=URL to consume the queue that configuration feeds",
+                self.bucket,
+                r.id,
+                r.events.join(","),
+                r.prefix
+            )));
+        }
+        Ok(())
+    }
+
+    /// `sqs_direct`, step by step; every resource is recorded in `managed` as soon as it
+    /// exists, so a failure part-way leaves exactly what must be torn down. `fingerprint_of`
+    /// turns the new queue's URL into the subscription's fingerprint (it names the configuration).
+    pub async fn provision_sqs_direct(
+        &self,
+        queue_name: &str,
+        prefix: &str,
+        events: &EventTypes,
+        fingerprint_of: impl Fn(&str) -> String,
+        managed: &mut ManagedResources,
+    ) -> Result<String> {
+        self.check_overlap(prefix, events).await?;
+        let url = self
+            .sqs
+            .create_queue()
+            .queue_name(queue_name)
+            .send()
+            .await
+            .map_err(|e| sqs_err("CreateQueue", queue_name, e.into_service_error()))?
+            .queue_url()
+            .unwrap_or_default()
+            .to_string();
+        managed.queue_url = Some(url.clone());
+        let attrs = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| sqs_err("GetQueueAttributes", &url, e.into_service_error()))?;
+        let arn = attrs.attributes().and_then(|a| a.get(&QueueAttributeName::QueueArn)).cloned().unwrap_or_default();
+        managed.queue_arn = Some(arn.clone());
+        let policy = serde_json::json!({
+            "Version": "2012-10-17",
+            "Statement": [{
+                "Sid": "tidemark-s3-send",
+                "Effect": "Allow",
+                "Principal": {"Service": "s3.amazonaws.com"},
+                "Action": "sqs:SendMessage",
+                "Resource": arn,
+                "Condition": {"ArnLike": {"aws:SourceArn": format!("arn:aws:s3:::{}", self.bucket)}}
+            }]
+        });
+        self.sqs
+            .set_queue_attributes()
+            .queue_url(&url)
+            .attributes(QueueAttributeName::Policy, policy.to_string())
+            .send()
+            .await
+            .map_err(|e| sqs_err("SetQueueAttributes", &url, e.into_service_error()))?;
+        let id = format!("tidemark-{}", fingerprint_of(&url));
+        let mut filter = None;
+        if !prefix.is_empty() {
+            let rule = FilterRule::builder().name(FilterRuleName::Prefix).value(prefix).build();
+            filter = Some(
+                NotificationConfigurationFilter::builder()
+                    .key(S3KeyFilter::builder().filter_rules(rule).build())
+                    .build(),
+            );
+        }
+        let qc = QueueConfiguration::builder()
+            .id(&id)
+            .queue_arn(&arn)
+            .set_events(Some(s3_events(events)))
+            .set_filter(filter)
+            .build()
+            .map_err(|e| Error::internal(format!("building the queue configuration: {e}")))?;
+        let current = self.configuration().await?;
+        let mut queues = current.queue_configurations().to_vec();
+        queues.push(qc);
+        let merged = NotificationConfiguration::builder()
+            .set_queue_configurations(Some(queues))
+            .set_topic_configurations(Some(current.topic_configurations().to_vec()))
+            .set_lambda_function_configurations(Some(current.lambda_function_configurations().to_vec()))
+            .set_event_bridge_configuration(current.event_bridge_configuration().cloned())
+            .build();
+        self.put_configuration(merged).await?;
+        managed.notification_id = Some(id);
+        Ok(url)
+    }
+
+    /// Removes what `managed` lists — Tidemark's configuration (others survive), then its queue —
+    /// clearing each as it goes: after an error, `managed` is what remains.
+    pub async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
+        if let Some(id) = managed.notification_id.clone() {
+            let current = self.configuration().await?;
+            let queues: Vec<QueueConfiguration> =
+                current.queue_configurations().iter().filter(|q| q.id() != Some(id.as_str())).cloned().collect();
+            let kept = NotificationConfiguration::builder()
+                .set_queue_configurations(Some(queues))
+                .set_topic_configurations(Some(current.topic_configurations().to_vec()))
+                .set_lambda_function_configurations(Some(current.lambda_function_configurations().to_vec()))
+                .set_event_bridge_configuration(current.event_bridge_configuration().cloned())
+                .build();
+            self.put_configuration(kept).await?;
+            managed.notification_id = None;
+        }
+        if let Some(url) = managed.queue_url.clone() {
+            match self.sqs.delete_queue().queue_url(&url).send().await {
+                Ok(_) => {}
+                Err(e) => {
+                    let e = e.into_service_error();
+                    if !e.is_queue_does_not_exist() {
+                        return Err(sqs_err("DeleteQueue", &url, e));
+                    }
+                }
+            }
+            managed.queue_url = None;
+            managed.queue_arn = None;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(events: &[&str], prefix: &str, suffix: &str) -> Rule {
+        Rule {
+            id: "r".into(),
+            events: events.iter().map(|s| s.to_string()).collect(),
+            prefix: prefix.into(),
+            suffix: suffix.into(),
+        }
+    }
+
+    #[test]
+    fn overlap_follows_s3s_rule() {
+        let created = rule(&["s3:ObjectCreated:*"], "", "");
+        assert!(
+            overlaps(&created, &rule(&["s3:ObjectCreated:Put"], "photos/", "")),
+            "wildcard covers Put, empty prefix covers all"
+        );
+        assert!(overlaps(&rule(&["s3:ObjectCreated:*"], "a/", ""), &rule(&["s3:ObjectCreated:*"], "a/b/", "")));
+        assert!(
+            !overlaps(&rule(&["s3:ObjectCreated:*"], "a/", ""), &rule(&["s3:ObjectCreated:*"], "b/", "")),
+            "disjoint prefixes"
+        );
+        assert!(!overlaps(&created, &rule(&["s3:ObjectRemoved:*"], "", "")), "different event types");
+        assert!(
+            !overlaps(&rule(&["s3:ObjectCreated:*"], "", ".jpg"), &rule(&["s3:ObjectCreated:*"], "", ".png")),
+            "disjoint suffixes"
+        );
+        assert!(overlaps(&rule(&["s3:ObjectCreated:*"], "", ".jpg"), &rule(&["s3:ObjectCreated:*"], "", "")));
+    }
+}

@@ -1,0 +1,155 @@
+//! Provisioning the sqs_direct topology against moto: exactly what the reference says is
+//! created, an object put reaches the queue, overlaps are refused, and teardown removes exactly
+//! what Tidemark created (an unrelated configuration survives).
+
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::types::{
+    Event, FilterRule, FilterRuleName, NotificationConfiguration, NotificationConfigurationFilter, QueueConfiguration,
+    S3KeyFilter,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use bytes::Bytes;
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_cloud::aws::sqs::{SqsSource, client};
+use tidemark_core::RemoteStorage;
+use tidemark_core::events::{Decoded, EventSource, s3};
+use tidemark_core::remote::{RemoteConf, StorageKind};
+use tidemark_testkit::{Moto, TidemarkProcess, run_shell, unique_name};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    text(&o.stdout)
+}
+
+fn fails(o: Output) -> String {
+    assert_eq!(o.status.code(), Some(1), "should fail: {}", text(&o.stdout));
+    text(&o.stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_direct_provisions_exactly_and_tears_down_exactly() {
+    let moto = Moto::get();
+    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
+    let conf = RemoteConf {
+        name: "s3".into(),
+        kind: StorageKind::S3,
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    };
+    let bucket = unique_name("pv");
+    let s3c = S3Storage::connect(&conf, &bucket).await.unwrap();
+    s3c.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    let sqs = client(&conf).await.unwrap();
+    // Someone else's configuration, on another prefix: it must survive everything below.
+    let theirs_url =
+        sqs.create_queue().queue_name(unique_name("theirs")).send().await.unwrap().queue_url().unwrap().to_string();
+    let a = sqs
+        .get_queue_attributes()
+        .queue_url(&theirs_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap();
+    let theirs_arn = a.attributes().unwrap()[&QueueAttributeName::QueueArn].clone();
+    let logs = FilterRule::builder().name(FilterRuleName::Prefix).value("logs/").build();
+    let theirs = QueueConfiguration::builder()
+        .id("other-team")
+        .queue_arn(&theirs_arn)
+        .events(Event::S3ObjectCreated)
+        .filter(
+            NotificationConfigurationFilter::builder().key(S3KeyFilter::builder().filter_rules(logs).build()).build(),
+        )
+        .build()
+        .unwrap();
+    s3c.client()
+        .put_bucket_notification_configuration()
+        .bucket(&bucket)
+        .notification_configuration(NotificationConfiguration::builder().queue_configurations(theirs).build())
+        .send()
+        .await
+        .unwrap();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    ok(sh(&format!(
+        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+        moto.endpoint
+    )));
+    ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}/photos")));
+    let enabled = ok(sh("remote.events.enable -dir=/mnt/data"));
+    assert!(enabled.contains("provisioned sqs_direct"), "{enabled}");
+
+    let docs: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();
+    let doc = &docs[0];
+    let fp = doc["fingerprint"].as_str().unwrap();
+    let queue_url = doc["managed"]["queue_url"].as_str().unwrap().to_string();
+    assert_eq!(doc["identity"]["queue"], queue_url.as_str());
+    assert_eq!(doc["identity"]["topology"], "sqs_direct");
+    assert_eq!(doc["identity"]["prefix"], "photos/");
+    assert_eq!(doc["managed"]["notification_id"], format!("tidemark-{fp}").as_str());
+    // The queue's policy lets the bucket send.
+    let p = sqs
+        .get_queue_attributes()
+        .queue_url(&queue_url)
+        .attribute_names(QueueAttributeName::Policy)
+        .send()
+        .await
+        .unwrap();
+    let policy = p.attributes().unwrap()[&QueueAttributeName::Policy].clone();
+    assert!(policy.contains("s3.amazonaws.com") && policy.contains(&format!("arn:aws:s3:::{bucket}")), "{policy}");
+    // The bucket's configuration: theirs, and ours on the mount's prefix.
+    let cfg = s3c.client().get_bucket_notification_configuration().bucket(&bucket).send().await.unwrap();
+    let ids: Vec<&str> = cfg.queue_configurations().iter().filter_map(|q| q.id()).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&"other-team") && ids.contains(&format!("tidemark-{fp}").as_str()));
+
+    // An object put under the mount reaches the provisioned queue.
+    s3c.put("photos/new.jpg", Bytes::from_static(b"img"), Default::default()).await.unwrap();
+    let source = SqsSource::new(sqs.clone(), queue_url.clone());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut keys = Vec::new();
+    while !keys.contains(&"photos/new.jpg".to_string()) {
+        assert!(Instant::now() < deadline, "no event on the provisioned queue: {keys:?}");
+        for d in source.receive(10, Duration::from_secs(1)).await.unwrap() {
+            if let Decoded::Events { events } = s3::decode(&d.body) {
+                keys.extend(events.into_iter().map(|e| e.key));
+            }
+        }
+    }
+
+    // The rules: same identity is a no-op; a changed one is refused while resources exist;
+    // overlaps with ours and with theirs are refused by name.
+    assert!(ok(sh("remote.events.enable -dir=/mnt/data")).contains("nothing changed"));
+    let err = fails(sh("remote.events.enable -dir=/mnt/data -events=created"));
+    assert!(err.contains("-teardown first"), "{err}");
+    ok(sh(&format!("remote.mount -dir=/mnt/sub -remote=s3/{bucket}/photos/sub")));
+    let err = fails(sh("remote.events.enable -dir=/mnt/sub"));
+    assert!(err.contains(&format!("tidemark-{fp}")) && err.contains("-via=sns") && err.contains("-queue="), "{err}");
+    ok(sh(&format!("remote.mount -dir=/mnt/logs -remote=s3/{bucket}/logs")));
+    let err = fails(sh("remote.events.enable -dir=/mnt/logs"));
+    assert!(err.contains("other-team"), "{err}");
+    assert!(sqs.list_queues().send().await.unwrap().queue_urls().len() >= 2);
+
+    // Teardown: refused without -teardown; with it, exactly ours goes.
+    let err = fails(sh("remote.events.disable -dir=/mnt/data"));
+    assert!(err.contains("-teardown"), "{err}");
+    assert!(ok(sh("remote.events.disable -dir=/mnt/data -teardown")).contains("removed the provisioned"));
+    let cfg = s3c.client().get_bucket_notification_configuration().bucket(&bucket).send().await.unwrap();
+    let ids: Vec<&str> = cfg.queue_configurations().iter().filter_map(|q| q.id()).collect();
+    assert_eq!(ids, ["other-team"], "the unrelated configuration survives");
+    let queues: Vec<String> = sqs.list_queues().send().await.unwrap().queue_urls().to_vec();
+    assert!(!queues.contains(&queue_url), "the provisioned queue is gone");
+    assert!(queues.contains(&theirs_url), "their queue stays");
+    assert!(ok(sh("remote.events.list")).contains("no event subscriptions"));
+}
