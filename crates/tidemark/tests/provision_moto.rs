@@ -153,3 +153,48 @@ async fn sqs_direct_provisions_exactly_and_tears_down_exactly() {
     assert!(queues.contains(&theirs_url), "their queue stays");
     assert!(ok(sh("remote.events.list")).contains("no event subscriptions"));
 }
+
+/// A teardown that fails part-way (SQS unreachable after the bucket's configuration was
+/// removed) keeps the subscription with what remains; a retry finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teardown_that_fails_part_way_keeps_what_remains_and_a_retry_finishes() {
+    let moto = Moto::get();
+    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
+    let conf = RemoteConf {
+        name: "s3".into(),
+        kind: StorageKind::S3,
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    };
+    let bucket = unique_name("td");
+    let s3c = S3Storage::connect(&conf, &bucket).await.unwrap();
+    s3c.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    ok(sh(&format!(
+        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+        moto.endpoint
+    )));
+    ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
+    ok(sh("remote.events.enable -dir=/mnt/data"));
+
+    // SQS becomes unreachable: the bucket's configuration goes, the queue cannot.
+    let dead = format!("http://127.0.0.1:{}", tidemark_testkit::free_port());
+    ok(sh(&format!("remote.configure -name=s3 -s3.sqs_endpoint={dead}")));
+    let err = fails(sh("remote.events.disable -dir=/mnt/data -teardown"));
+    assert!(err.contains("part-way") && err.contains("queue_url") && err.contains("again"), "{err}");
+    let docs: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();
+    assert!(docs[0]["managed"]["notification_id"].is_null(), "the configuration was removed: {docs}");
+    assert!(docs[0]["managed"]["queue_url"].is_string(), "the queue remains, recorded: {docs}");
+    // (Read through Tidemark's reader: moto's answer for an empty configuration trips the SDK.)
+    let notifications = tidemark_cloud::aws::provision::S3Notifications::connect(&conf, &bucket).await.unwrap();
+    assert!(notifications.configuration().await.unwrap().queue_configurations().is_empty());
+
+    // SQS is back: the retry finishes.
+    ok(sh(&format!("remote.configure -name=s3 -s3.sqs_endpoint={}", moto.endpoint)));
+    ok(sh("remote.events.disable -dir=/mnt/data -teardown"));
+    assert!(ok(sh("remote.events.list")).contains("no event subscriptions"));
+    let queue = docs[0]["managed"]["queue_url"].as_str().unwrap().to_string();
+    let sqs = client(&conf).await.unwrap();
+    assert!(!sqs.list_queues().send().await.unwrap().queue_urls().contains(&queue));
+}

@@ -132,13 +132,23 @@ impl S3Notifications {
     }
 
     pub async fn configuration(&self) -> Result<NotificationConfiguration> {
-        let out = self
-            .s3
-            .get_bucket_notification_configuration()
-            .bucket(&self.bucket)
-            .send()
-            .await
-            .map_err(|e| s3_err("GetBucketNotificationConfiguration", &self.bucket, e.into_service_error()))?;
+        let out = match self.s3.get_bucket_notification_configuration().bucket(&self.bucket).send().await {
+            Ok(out) => out,
+            Err(e) => {
+                // moto answers an empty configuration with a `<GetBucketNotificationResponse/>`
+                // root, which the SDK refuses to parse; it means "no configuration".
+                if let aws_sdk_s3::error::SdkError::ServiceError(se) = &e
+                    && se.raw().status().as_u16() == 200
+                    && se.raw().body().bytes().is_some_and(|b| {
+                        let t = String::from_utf8_lossy(b);
+                        t.contains("<GetBucketNotificationResponse") && t.trim_end().ends_with("/>")
+                    })
+                {
+                    return Ok(NotificationConfiguration::builder().build());
+                }
+                return Err(s3_err("GetBucketNotificationConfiguration", &self.bucket, e.into_service_error()));
+            }
+        };
         Ok(NotificationConfiguration::builder()
             .set_queue_configurations(Some(out.queue_configurations().to_vec()))
             .set_topic_configurations(Some(out.topic_configurations().to_vec()))
