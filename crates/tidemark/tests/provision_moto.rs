@@ -198,3 +198,117 @@ async fn a_teardown_that_fails_part_way_keeps_what_remains_and_a_retry_finishes(
     let sqs = client(&conf).await.unwrap();
     assert!(!sqs.list_queues().send().await.unwrap().queue_urls().contains(&queue));
 }
+
+/// Two clusters (two data dirs) subscribe to one bucket through the SNS fan-out: both queues get
+/// each event; tearing one down leaves the other receiving; the last one out removes the topic
+/// and the bucket's configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_share_a_bucket_through_sns_fanout() {
+    let moto = Moto::get();
+    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
+    let conf = RemoteConf {
+        name: "s3".into(),
+        kind: StorageKind::S3,
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    };
+    let bucket = unique_name("fan");
+    let s3c = S3Storage::connect(&conf, &bucket).await.unwrap();
+    s3c.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    let sqs = client(&conf).await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let clusters: Vec<TidemarkProcess> =
+        ["one", "two"].iter().map(|n| TidemarkProcess::server(bin(), &tmp.path().join(n), &[])).collect();
+    let mut queues = Vec::new();
+    for c in &clusters {
+        let sh = |cmd: &str| run_shell(bin(), &c.addr, cmd, &[]);
+        ok(sh(&format!(
+            "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+            moto.endpoint
+        )));
+        ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
+        assert!(ok(sh("remote.events.enable -dir=/mnt/data -via=sns")).contains("sns_fanout"));
+        let docs: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();
+        assert!(
+            docs[0]["managed"]["topic_arn"].is_string() && docs[0]["managed"]["subscription_arn"].is_string(),
+            "{docs}"
+        );
+        queues.push(docs[0]["managed"]["queue_url"].as_str().unwrap().to_string());
+    }
+    assert_ne!(queues[0], queues[1], "a queue per cluster");
+    let notifications = tidemark_cloud::aws::provision::S3Notifications::connect(&conf, &bucket).await.unwrap();
+    let cfg = notifications.configuration().await.unwrap();
+    assert_eq!(cfg.topic_configurations().len(), 1, "one shared topic configuration");
+
+    let receive_key = |url: String, key: &'static str| {
+        let sqs = sqs.clone();
+        async move {
+            let source = SqsSource::new(sqs, url);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if Instant::now() > deadline {
+                    return false;
+                }
+                for d in source.receive(10, Duration::from_secs(1)).await.unwrap() {
+                    if let Decoded::Events { events } = s3::decode(&d.body)
+                        && events.iter().any(|e| e.key == key)
+                    {
+                        return true;
+                    }
+                }
+            }
+        }
+    };
+    s3c.put("both.txt", Bytes::from_static(b"b"), Default::default()).await.unwrap();
+    assert!(receive_key(queues[0].clone(), "both.txt").await, "cluster one receives");
+    assert!(receive_key(queues[1].clone(), "both.txt").await, "cluster two receives");
+
+    // Cluster one leaves; cluster two keeps receiving through the shared topic.
+    ok(run_shell(bin(), &clusters[0].addr, "remote.events.disable -dir=/mnt/data -teardown", &[]));
+    assert_eq!(
+        notifications.configuration().await.unwrap().topic_configurations().len(),
+        1,
+        "the topic stays for cluster two"
+    );
+    s3c.put("second.txt", Bytes::from_static(b"s"), Default::default()).await.unwrap();
+    assert!(receive_key(queues[1].clone(), "second.txt").await, "cluster two still receives");
+    assert!(!sqs.list_queues().send().await.unwrap().queue_urls().contains(&queues[0]), "cluster one's queue is gone");
+
+    // The last one out removes the topic and the bucket's configuration.
+    ok(run_shell(bin(), &clusters[1].addr, "remote.events.disable -dir=/mnt/data -teardown", &[]));
+    assert!(notifications.configuration().await.unwrap().topic_configurations().is_empty());
+    let sdk = tidemark_cloud::aws::s3::sdk_config(&conf).await.unwrap();
+    let sns = aws_sdk_sns::Client::new(&sdk);
+    let topics = sns.list_topics().send().await.unwrap();
+    assert!(
+        !topics
+            .topics()
+            .iter()
+            .any(|t| t.topic_arn().is_some_and(|a| a.ends_with(&tidemark_cloud::aws::provision::topic_name(&bucket))))
+    );
+}
+
+#[test]
+fn a_store_without_queue_integration_points_at_remote_meta_sync() {
+    let tmp = tempfile::tempdir().unwrap();
+    let moto = Moto::get();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
+    let conf = RemoteConf {
+        name: "s3".into(),
+        kind: StorageKind::S3,
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    };
+    let bucket = unique_name("noq");
+    rt.block_on(async {
+        S3Storage::connect(&conf, &bucket).await.unwrap().client().create_bucket().bucket(&bucket).send().await.unwrap()
+    });
+    ok(sh(&format!(
+        "remote.configure -name=minio -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing -s3.queue_integration=false",
+        moto.endpoint
+    )));
+    ok(sh(&format!("remote.mount -dir=/mnt/data -remote=minio/{bucket}")));
+    let err = fails(sh("remote.events.enable -dir=/mnt/data"));
+    assert!(err.contains("remote.meta.sync") && err.contains("queue integration"), "{err}");
+}

@@ -9,7 +9,7 @@
 
 use aws_sdk_s3::types::{
     Event, FilterRule, FilterRuleName, NotificationConfiguration, NotificationConfigurationFilter, QueueConfiguration,
-    S3KeyFilter,
+    S3KeyFilter, TopicConfiguration,
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 
@@ -95,7 +95,32 @@ pub fn rules_of(c: &NotificationConfiguration) -> Vec<Rule> {
 pub struct S3Notifications {
     s3: aws_sdk_s3::Client,
     sqs: aws_sdk_sqs::Client,
+    sns: aws_sdk_sns::Client,
     bucket: String,
+}
+
+/// The shared topic of a bucket, and the id of the bucket's configuration that feeds it.
+pub fn topic_name(bucket: &str) -> String {
+    let safe: String =
+        bucket.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect();
+    format!("tidemark-{safe}")
+}
+
+pub fn topic_configuration_id(bucket: &str) -> String {
+    format!("tidemark-sns-{}", topic_name(bucket).trim_start_matches("tidemark-"))
+}
+
+fn sns_err<E: aws_sdk_sns::error::ProvideErrorMetadata>(op: &str, what: &str, e: E) -> Error {
+    let code = e.code().unwrap_or("error").to_string();
+    let message = e.message().unwrap_or_default().to_string();
+    if matches!(code.as_str(), "AuthorizationError" | "AccessDenied" | "InvalidClientTokenId") {
+        return Error::Unauthorized {
+            message: format!(
+                "{op} {what} was refused ({code}); provisioning needs sns:{op} (create/route permissions)"
+            ),
+        };
+    }
+    Error::Unavailable { message: format!("{op} {what}: {code} {message}") }
 }
 
 fn sqs_err<E: aws_sdk_sqs::error::ProvideErrorMetadata>(op: &str, what: &str, e: E) -> Error {
@@ -128,7 +153,13 @@ impl S3Notifications {
     pub async fn connect(conf: &RemoteConf, bucket: &str) -> Result<Self> {
         let s3 = S3Storage::connect(conf, bucket).await?.client().clone();
         let sqs = super::sqs::client(conf).await?;
-        Ok(S3Notifications { s3, sqs, bucket: bucket.to_string() })
+        let sdk = super::s3::sdk_config(conf).await?;
+        let mut b = aws_sdk_sns::config::Builder::from(&sdk);
+        if let Some(ep) = conf.setting("sns_endpoint") {
+            b = b.endpoint_url(ep);
+        }
+        let sns = aws_sdk_sns::Client::from_conf(b.build());
+        Ok(S3Notifications { s3, sqs, sns, bucket: bucket.to_string() })
     }
 
     pub async fn configuration(&self) -> Result<NotificationConfiguration> {
@@ -189,25 +220,21 @@ impl S3Notifications {
         Ok(())
     }
 
-    /// `sqs_direct`, step by step; every resource is recorded in `managed` as soon as it
-    /// exists, so a failure part-way leaves exactly what must be torn down. `fingerprint_of`
-    /// turns the new queue's URL into the subscription's fingerprint (it names the configuration).
-    pub async fn provision_sqs_direct(
+    /// Creates a queue whose policy lets `principal` (a service) send from `source_arn`.
+    async fn create_queue(
         &self,
-        queue_name: &str,
-        prefix: &str,
-        events: &EventTypes,
-        fingerprint_of: impl Fn(&str) -> String,
+        name: &str,
+        principal: &str,
+        source_arn: &str,
         managed: &mut ManagedResources,
-    ) -> Result<String> {
-        self.check_overlap(prefix, events).await?;
+    ) -> Result<(String, String)> {
         let url = self
             .sqs
             .create_queue()
-            .queue_name(queue_name)
+            .queue_name(name)
             .send()
             .await
-            .map_err(|e| sqs_err("CreateQueue", queue_name, e.into_service_error()))?
+            .map_err(|e| sqs_err("CreateQueue", name, e.into_service_error()))?
             .queue_url()
             .unwrap_or_default()
             .to_string();
@@ -225,12 +252,12 @@ impl S3Notifications {
         let policy = serde_json::json!({
             "Version": "2012-10-17",
             "Statement": [{
-                "Sid": "tidemark-s3-send",
+                "Sid": "tidemark-send",
                 "Effect": "Allow",
-                "Principal": {"Service": "s3.amazonaws.com"},
+                "Principal": {"Service": principal},
                 "Action": "sqs:SendMessage",
                 "Resource": arn,
-                "Condition": {"ArnLike": {"aws:SourceArn": format!("arn:aws:s3:::{}", self.bucket)}}
+                "Condition": {"ArnLike": {"aws:SourceArn": source_arn}}
             }]
         });
         self.sqs
@@ -240,6 +267,112 @@ impl S3Notifications {
             .send()
             .await
             .map_err(|e| sqs_err("SetQueueAttributes", &url, e.into_service_error()))?;
+        Ok((url, arn))
+    }
+
+    /// `sns_fanout`: the bucket's shared topic (created, with the bucket's `TopicConfiguration`,
+    /// by the first subscriber; found by the next), and this cluster's own queue subscribed to
+    /// it. Returns the queue's URL.
+    pub async fn provision_sns_fanout(&self, queue_name: &str, managed: &mut ManagedResources) -> Result<String> {
+        let topic_arn = self
+            .sns
+            .create_topic()
+            .name(topic_name(&self.bucket))
+            .send()
+            .await
+            .map_err(|e| sns_err("CreateTopic", &topic_name(&self.bucket), e.into_service_error()))?
+            .topic_arn()
+            .unwrap_or_default()
+            .to_string();
+        managed.topic_arn = Some(topic_arn.clone());
+        let policy = serde_json::json!({
+            "Version": "2012-10-17",
+            "Statement": [{
+                "Sid": "tidemark-s3-publish",
+                "Effect": "Allow",
+                "Principal": {"Service": "s3.amazonaws.com"},
+                "Action": "sns:Publish",
+                "Resource": topic_arn,
+                "Condition": {"ArnLike": {"aws:SourceArn": format!("arn:aws:s3:::{}", self.bucket)}}
+            }]
+        });
+        self.sns
+            .set_topic_attributes()
+            .topic_arn(&topic_arn)
+            .attribute_name("Policy")
+            .attribute_value(policy.to_string())
+            .send()
+            .await
+            .map_err(|e| sns_err("SetTopicAttributes", &topic_arn, e.into_service_error()))?;
+        // The bucket's configuration for the topic: shared, whole bucket; each subscriber
+        // filters its own prefix and event types.
+        let id = topic_configuration_id(&self.bucket);
+        let current = self.configuration().await?;
+        if !current.topic_configurations().iter().any(|t| t.id() == Some(id.as_str())) {
+            let ours = Rule {
+                id: id.clone(),
+                events: vec!["s3:ObjectCreated:*".into(), "s3:ObjectRemoved:*".into()],
+                prefix: String::new(),
+                suffix: String::new(),
+            };
+            if let Some(r) = rules_of(&current).into_iter().find(|r| overlaps(r, &ours)) {
+                return Err(Error::invalid_argument(format!(
+                    "bucket {} already has the notification configuration {:?} ({} on prefix {:?}), which overlaps the fan-out \
+                     topic's; consume the queue that configuration feeds with -queue=URL",
+                    self.bucket,
+                    r.id,
+                    r.events.join(","),
+                    r.prefix
+                )));
+            }
+            let tc = TopicConfiguration::builder()
+                .id(&id)
+                .topic_arn(&topic_arn)
+                .events(Event::S3ObjectCreated)
+                .events(Event::S3ObjectRemoved)
+                .build()
+                .map_err(|e| Error::internal(format!("building the topic configuration: {e}")))?;
+            let mut topics = current.topic_configurations().to_vec();
+            topics.push(tc);
+            let merged = NotificationConfiguration::builder()
+                .set_queue_configurations(Some(current.queue_configurations().to_vec()))
+                .set_topic_configurations(Some(topics))
+                .set_lambda_function_configurations(Some(current.lambda_function_configurations().to_vec()))
+                .set_event_bridge_configuration(current.event_bridge_configuration().cloned())
+                .build();
+            self.put_configuration(merged).await?;
+        }
+        managed.notification_id = Some(id);
+        let (url, arn) = self.create_queue(queue_name, "sns.amazonaws.com", &topic_arn, managed).await?;
+        let sub = self
+            .sns
+            .subscribe()
+            .topic_arn(&topic_arn)
+            .protocol("sqs")
+            .endpoint(&arn)
+            .return_subscription_arn(true)
+            .send()
+            .await
+            .map_err(|e| sns_err("Subscribe", &topic_arn, e.into_service_error()))?;
+        managed.subscription_arn = sub.subscription_arn().map(str::to_string);
+        Ok(url)
+    }
+
+    /// `sqs_direct`, step by step; every resource is recorded in `managed` as soon as it
+    /// exists, so a failure part-way leaves exactly what must be torn down. `fingerprint_of`
+    /// turns the new queue's URL into the subscription's fingerprint (it names the configuration).
+    pub async fn provision_sqs_direct(
+        &self,
+        queue_name: &str,
+        prefix: &str,
+        events: &EventTypes,
+        fingerprint_of: impl Fn(&str) -> String,
+        managed: &mut ManagedResources,
+    ) -> Result<String> {
+        self.check_overlap(prefix, events).await?;
+        let (url, arn) = self
+            .create_queue(queue_name, "s3.amazonaws.com", &format!("arn:aws:s3:::{}", self.bucket), managed)
+            .await?;
         let id = format!("tidemark-{}", fingerprint_of(&url));
         let mut filter = None;
         if !prefix.is_empty() {
@@ -274,17 +407,47 @@ impl S3Notifications {
     /// Removes what `managed` lists — Tidemark's configuration (others survive), then its queue —
     /// clearing each as it goes: after an error, `managed` is what remains.
     pub async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
-        if let Some(id) = managed.notification_id.clone() {
-            let current = self.configuration().await?;
-            let queues: Vec<QueueConfiguration> =
-                current.queue_configurations().iter().filter(|q| q.id() != Some(id.as_str())).cloned().collect();
-            let kept = NotificationConfiguration::builder()
-                .set_queue_configurations(Some(queues))
-                .set_topic_configurations(Some(current.topic_configurations().to_vec()))
-                .set_lambda_function_configurations(Some(current.lambda_function_configurations().to_vec()))
-                .set_event_bridge_configuration(current.event_bridge_configuration().cloned())
-                .build();
-            self.put_configuration(kept).await?;
+        // Fan-out: this cluster's subscription first; the shared topic and its configuration
+        // go only when no other subscriber remains.
+        if let Some(sub) = managed.subscription_arn.clone() {
+            match self.sns.unsubscribe().subscription_arn(&sub).send().await {
+                Ok(_) => {}
+                Err(e) => {
+                    let e = e.into_service_error();
+                    if !e.is_not_found_exception() {
+                        return Err(sns_err("Unsubscribe", &sub, e));
+                    }
+                }
+            }
+            managed.subscription_arn = None;
+        }
+        if let Some(topic) = managed.topic_arn.clone() {
+            let others = self
+                .sns
+                .list_subscriptions_by_topic()
+                .topic_arn(&topic)
+                .send()
+                .await
+                .map(|o| o.subscriptions().len())
+                .or_else(|e| {
+                    let e = e.into_service_error();
+                    if e.is_not_found_exception() { Ok(0) } else { Err(sns_err("ListSubscriptionsByTopic", &topic, e)) }
+                })?;
+            if others == 0 {
+                self.remove_configuration(managed.notification_id.as_deref()).await?;
+                self.sns
+                    .delete_topic()
+                    .topic_arn(&topic)
+                    .send()
+                    .await
+                    .map_err(|e| sns_err("DeleteTopic", &topic, e.into_service_error()))?;
+            }
+            // Shared resources still in use by others are theirs now: forget them either way.
+            managed.notification_id = None;
+            managed.topic_arn = None;
+        }
+        if managed.notification_id.is_some() {
+            self.remove_configuration(managed.notification_id.as_deref()).await?;
             managed.notification_id = None;
         }
         if let Some(url) = managed.queue_url.clone() {
@@ -301,6 +464,23 @@ impl S3Notifications {
             managed.queue_arn = None;
         }
         Ok(())
+    }
+
+    /// Removes the bucket's queue or topic configuration with this id; others stay.
+    async fn remove_configuration(&self, id: Option<&str>) -> Result<()> {
+        let Some(id) = id else { return Ok(()) };
+        let current = self.configuration().await?;
+        let queues: Vec<QueueConfiguration> =
+            current.queue_configurations().iter().filter(|q| q.id() != Some(id)).cloned().collect();
+        let topics: Vec<TopicConfiguration> =
+            current.topic_configurations().iter().filter(|t| t.id() != Some(id)).cloned().collect();
+        let kept = NotificationConfiguration::builder()
+            .set_queue_configurations(Some(queues))
+            .set_topic_configurations(Some(topics))
+            .set_lambda_function_configurations(Some(current.lambda_function_configurations().to_vec()))
+            .set_event_bridge_configuration(current.event_bridge_configuration().cloned())
+            .build();
+        self.put_configuration(kept).await
     }
 }
 

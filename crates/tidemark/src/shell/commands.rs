@@ -79,6 +79,7 @@ pub static ALL: &[Command] = &[
             flag("s3.force_path_style", "true: address buckets as ENDPOINT/BUCKET (default with an endpoint)"),
             flag("s3.sqs_endpoint", "endpoint URL of SQS, for events (default: -s3.endpoint)"),
             flag("s3.sns_endpoint", "endpoint URL of SNS, for events (default: -s3.endpoint)"),
+            flag("s3.queue_integration", "false: an S3-compatible store without SQS/SNS; events cannot be provisioned"),
             flag("local.root", "the directory whose subdirectories are the buckets"),
             flag("gcs.endpoint", "Cloud Storage endpoint (default https://storage.googleapis.com)"),
             flag(
@@ -144,11 +145,14 @@ pub static ALL: &[Command] = &[
     },
     Command {
         name: "remote.events.enable",
-        synopsis: "-dir=/mnt/data -queue=URL|NAME [-events=created,removed] [-prefix=P]",
+        synopsis: "-dir=/mnt/data [-queue=URL|NAME | -via=sns] [-events=created,removed] [-prefix=P]",
         summary: "subscribe a mount to its bucket's event notifications",
         details: "-queue: the queue the bucket's notifications already reach (bring your own; consume only): an SQS queue URL,\n\
-                  a Pub/Sub subscription (projects/P/subscriptions/S) or an Azure queue name. Enabling the same identity again\n\
-                  changes nothing; a new queue, prefix or event types is a new subscription (new fingerprint, baseline first).",
+                  a Pub/Sub subscription (projects/P/subscriptions/S) or an Azure queue name.\n\
+                  Without -queue (S3): provision a queue and point the bucket's notification at it (sqs_direct), or with\n\
+                  -via=sns a shared topic per bucket and this cluster's queue subscribed to it (several clusters can share\n\
+                  one bucket's events). Enabling the same identity again changes nothing; a new queue, prefix or event types\n\
+                  is a new subscription (new fingerprint, baseline first), refused while provisioned resources exist.",
         flags: &[
             flag("dir", "the mounted directory"),
             flag("queue", "the queue to consume (bring your own)"),

@@ -65,10 +65,15 @@ async fn provision_direct(
     let queue_name = format!("tidemark-{}", &make(&format!("{dir}@{now}")).fingerprint()[..12]);
     let notifications = S3Notifications::connect(conf, bucket).await?;
     let mut managed = ManagedResources::default();
-    let url = match notifications
-        .provision_sqs_direct(&queue_name, &prefix, &event_types, |url| make(url).fingerprint(), &mut managed)
-        .await
-    {
+    let provisioned = match topology {
+        Topology::SnsFanout => notifications.provision_sns_fanout(&queue_name, &mut managed).await,
+        _ => {
+            notifications
+                .provision_sqs_direct(&queue_name, &prefix, &event_types, |url| make(url).fingerprint(), &mut managed)
+                .await
+        }
+    };
+    let url = match provisioned {
         Ok(url) => url,
         Err(e) => {
             if let Err(undo) = notifications.teardown(&mut managed).await {
@@ -139,6 +144,14 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
             ));
         }
         (_, via) => {
+            if conf.kind == StorageKind::S3 && conf.setting("queue_integration") == Some("false") {
+                return Err(CmdError::Failed(format!(
+                    "remote {:?} is an S3-compatible store without queue integration (-s3.queue_integration=false): Tidemark cannot \
+                     provision notifications there; keep {dir} in sync with remote.meta.sync (e.g. from cron), or pass -queue= if \
+                     its notifications do reach a queue",
+                    conf.name
+                )));
+            }
             if conf.kind != StorageKind::S3 {
                 return Err(CmdError::Failed(format!(
                     "remote {:?} is of type {}: give the queue its notifications reach with -queue= (a Pub/Sub subscription or an \
@@ -149,13 +162,7 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
             }
             let topology = match via {
                 None => Topology::SqsDirect,
-                Some("sns") => {
-                    return Err(CmdError::Failed(
-                        "the SNS fan-out topology (-via=sns) is not available in this version yet; use the direct SQS queue (omit \
-                         -via) or -queue=URL"
-                            .into(),
-                    ));
-                }
+                Some("sns") => Topology::SnsFanout,
                 Some(v) => {
                     return Err(CmdError::Usage(format!(
                         "unknown -via={v:?}: use -via=sns, or omit it for a direct SQS queue"
