@@ -30,6 +30,20 @@ pub fn known_settings(kind: StorageKind) -> &'static [(&'static str, &'static st
     }
 }
 
+/// The event-notification capability of a remote's provider, where it has one: S3 with queue
+/// integration (SQS and SNS). `None` for the others, which keep polling or a bring-your-own queue.
+pub async fn event_notifications(
+    conf: &RemoteConf,
+    bucket: &str,
+) -> Result<Option<Box<dyn tidemark_core::subscription::EventNotifications>>> {
+    match conf.kind {
+        StorageKind::S3 if conf.setting("queue_integration") != Some("false") => {
+            Ok(Some(Box::new(aws::provision::S3Notifications::connect(conf, bucket).await?)))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Opens `bucket` of the configured remote.
 pub async fn open_storage(conf: &RemoteConf, bucket: &str) -> Result<Arc<dyn RemoteStorage>> {
     match conf.kind {

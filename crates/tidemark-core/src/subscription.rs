@@ -171,6 +171,31 @@ pub struct SubscriptionDoc {
     pub updated_at_ms: i64,
 }
 
+/// The optional capability of a remote-storage provider to set up and take down the delivery of
+/// its bucket's events to a queue (DESIGN §7). Providers without it (most S3-compatibles, or
+/// where provisioning is not implemented) keep the polling tools (`remote.meta.sync`) or a
+/// bring-your-own queue.
+#[async_trait::async_trait]
+pub trait EventNotifications: Send + Sync {
+    /// Provisions `topology` for keys under `prefix`, recording each resource in `managed` as soon
+    /// as it exists (so a failure part-way leaves exactly what must be torn down). The new
+    /// queue's URL is returned; `fingerprint_of` maps it to the subscription's fingerprint, which
+    /// names the bucket's configuration.
+    async fn provision(
+        &self,
+        topology: Topology,
+        queue_name: &str,
+        prefix: &str,
+        events: &EventTypes,
+        fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
+        managed: &mut ManagedResources,
+    ) -> crate::Result<String>;
+
+    /// Removes what `managed` lists, clearing each resource as it goes; after an error,
+    /// `managed` is what remains. Shared resources others still use are left to them.
+    async fn teardown(&self, managed: &mut ManagedResources) -> crate::Result<()>;
+}
+
 pub const SUBSCRIPTIONS_DIR: &str = "/etc/tidemark/remote_events/subscriptions";
 
 /// The document path of the subscription of `dir`: `/` and `%` are percent-escaped, so the

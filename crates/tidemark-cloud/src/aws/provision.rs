@@ -14,7 +14,7 @@ use aws_sdk_s3::types::{
 use aws_sdk_sqs::types::QueueAttributeName;
 
 use tidemark_core::remote::RemoteConf;
-use tidemark_core::subscription::{EventTypes, ManagedResources};
+use tidemark_core::subscription::{EventNotifications, EventTypes, ManagedResources, Topology};
 use tidemark_core::{Error, Result};
 
 use super::s3::S3Storage;
@@ -366,7 +366,7 @@ impl S3Notifications {
         queue_name: &str,
         prefix: &str,
         events: &EventTypes,
-        fingerprint_of: impl Fn(&str) -> String,
+        fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
         managed: &mut ManagedResources,
     ) -> Result<String> {
         self.check_overlap(prefix, events).await?;
@@ -406,7 +406,7 @@ impl S3Notifications {
 
     /// Removes what `managed` lists — Tidemark's configuration (others survive), then its queue —
     /// clearing each as it goes: after an error, `managed` is what remains.
-    pub async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
+    pub async fn teardown_all(&self, managed: &mut ManagedResources) -> Result<()> {
         // Fan-out: this cluster's subscription first; the shared topic and its configuration
         // go only when no other subscriber remains.
         if let Some(sub) = managed.subscription_arn.clone() {
@@ -481,6 +481,29 @@ impl S3Notifications {
             .set_event_bridge_configuration(current.event_bridge_configuration().cloned())
             .build();
         self.put_configuration(kept).await
+    }
+}
+
+#[async_trait::async_trait]
+impl EventNotifications for S3Notifications {
+    async fn provision(
+        &self,
+        topology: Topology,
+        queue_name: &str,
+        prefix: &str,
+        events: &EventTypes,
+        fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
+        managed: &mut ManagedResources,
+    ) -> Result<String> {
+        match topology {
+            Topology::SqsDirect => self.provision_sqs_direct(queue_name, prefix, events, fingerprint_of, managed).await,
+            Topology::SnsFanout => self.provision_sns_fanout(queue_name, managed).await,
+            Topology::ByoQueue => Err(Error::invalid_argument("a bring-your-own queue is not provisioned")),
+        }
+    }
+
+    async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
+        self.teardown_all(managed).await
     }
 }
 

@@ -1,7 +1,6 @@
 //! `remote.events.enable`, `remote.events.list`, `remote.events.disable`: the subscription
 //! documents of the reference's "subscription document" section.
 
-use tidemark_cloud::aws::provision::S3Notifications;
 use tidemark_core::remote::{MountMapping, RemoteConf, StorageKind, system_paths};
 use tidemark_core::subscription::{
     EventTypes, Identity, ManagedResources, SUBSCRIPTIONS_DIR, SubscriptionDoc, SubscriptionOptions, Topology, doc_path,
@@ -14,6 +13,21 @@ use super::{CmdError, Context, Out};
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// The remote's event-notification capability, or the refusal that says what to do instead.
+async fn capability(
+    conf: &RemoteConf,
+    bucket: &str,
+    dir: &str,
+) -> Result<Box<dyn tidemark_core::subscription::EventNotifications>, CmdError> {
+    tidemark_cloud::event_notifications(conf, bucket).await?.ok_or_else(|| {
+        CmdError::Failed(format!(
+            "remote {:?} cannot provision event notifications: keep {dir} in sync with remote.meta.sync, or pass -queue= \
+             if its notifications reach a queue",
+            conf.name
+        ))
+    })
 }
 
 fn dir_of(args: &Args) -> Result<String, CmdError> {
@@ -63,16 +77,11 @@ async fn provision_direct(
     };
     let now = now_ms();
     let queue_name = format!("tidemark-{}", &make(&format!("{dir}@{now}")).fingerprint()[..12]);
-    let notifications = S3Notifications::connect(conf, bucket).await?;
+    let notifications = capability(conf, bucket, dir).await?;
     let mut managed = ManagedResources::default();
-    let provisioned = match topology {
-        Topology::SnsFanout => notifications.provision_sns_fanout(&queue_name, &mut managed).await,
-        _ => {
-            notifications
-                .provision_sqs_direct(&queue_name, &prefix, &event_types, |url| make(url).fingerprint(), &mut managed)
-                .await
-        }
-    };
+    let fingerprint_of = |url: &str| make(url).fingerprint();
+    let provisioned: Result<String, Error> =
+        notifications.provision(topology, &queue_name, &prefix, &event_types, &fingerprint_of, &mut managed).await;
     let url = match provisioned {
         Ok(url) => url,
         Err(e) => {
@@ -293,7 +302,7 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
         let (conf, _) = read_json::<RemoteConf>(&*ctx.filer, &system_paths::remote_conf(&storage))
             .await?
             .ok_or_else(|| CmdError::Failed(format!("the remote {storage:?} is not configured")))?;
-        let notifications = S3Notifications::connect(&conf, &doc.identity.bucket).await?;
+        let notifications = capability(&conf, &doc.identity.bucket, &dir).await?;
         let mut left = doc.managed.clone();
         if let Err(e) = notifications.teardown(&mut left).await {
             // Keep the document, with what remains, so the teardown can be retried.
