@@ -57,6 +57,21 @@ impl Moto {
         Self::start()
     }
 
+    /// A `remote.configure` record for this moto: S3, SQS and SNS on one endpoint, any keys.
+    pub fn conf(&self, name: &str) -> tidemark_core::remote::RemoteConf {
+        let settings = [
+            ("endpoint", self.endpoint.as_str()),
+            ("access_key", "testing"),
+            ("secret_key", "testing"),
+            ("region", "us-east-1"),
+        ];
+        tidemark_core::remote::RemoteConf {
+            name: name.to_string(),
+            kind: tidemark_core::remote::StorageKind::S3,
+            settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
     /// Starts a private moto server and waits until it answers.
     pub fn start() -> Moto {
         Self::launch(false)

@@ -11,7 +11,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_cloud::aws::sqs::{SqsSource, client};
 use tidemark_core::events::{EventSource, Provider};
-use tidemark_core::remote::{Mount, RemoteConf, RemoteLocation, StorageKind};
+use tidemark_core::remote::{Mount, RemoteLocation};
 use tidemark_core::{Filer, RemoteStorage, SystemClock};
 use tidemark_engine::apply::{ApplyContext, Counters, EventTypes, apply_batch};
 use tidemark_filer::HttpFiler;
@@ -38,12 +38,7 @@ async fn wait_for<F: std::future::Future<Output = bool>>(what: &str, mut f: impl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_echoes_deletes_and_resumes() {
     let moto = Moto::get();
-    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
-    let conf = RemoteConf {
-        name: "s3".into(),
-        kind: StorageKind::S3,
-        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    };
+    let conf = moto.conf("s3");
     let bucket = unique_name("ob");
     let s3 = S3Storage::connect(&conf, &bucket).await.unwrap();
     s3.client().create_bucket().bucket(&bucket).send().await.unwrap();

@@ -16,7 +16,6 @@ use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_cloud::aws::sqs::{SqsSource, client};
 use tidemark_core::RemoteStorage;
 use tidemark_core::events::{Decoded, EventSource, s3};
-use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_testkit::{Moto, TidemarkProcess, run_shell, unique_name};
 
 fn bin() -> &'static Path {
@@ -40,12 +39,7 @@ fn fails(o: Output) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_direct_provisions_exactly_and_tears_down_exactly() {
     let moto = Moto::get();
-    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
-    let conf = RemoteConf {
-        name: "s3".into(),
-        kind: StorageKind::S3,
-        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    };
+    let conf = moto.conf("s3");
     let bucket = unique_name("pv");
     let s3c = S3Storage::connect(&conf, &bucket).await.unwrap();
     s3c.client().create_bucket().bucket(&bucket).send().await.unwrap();
@@ -159,12 +153,7 @@ async fn sqs_direct_provisions_exactly_and_tears_down_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teardown_that_fails_part_way_keeps_what_remains_and_a_retry_finishes() {
     let moto = Moto::get();
-    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
-    let conf = RemoteConf {
-        name: "s3".into(),
-        kind: StorageKind::S3,
-        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    };
+    let conf = moto.conf("s3");
     let bucket = unique_name("td");
     let s3c = S3Storage::connect(&conf, &bucket).await.unwrap();
     s3c.client().create_bucket().bucket(&bucket).send().await.unwrap();
@@ -205,12 +194,7 @@ async fn a_teardown_that_fails_part_way_keeps_what_remains_and_a_retry_finishes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_share_a_bucket_through_sns_fanout() {
     let moto = Moto::get();
-    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
-    let conf = RemoteConf {
-        name: "s3".into(),
-        kind: StorageKind::S3,
-        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    };
+    let conf = moto.conf("s3");
     let bucket = unique_name("fan");
     let s3c = S3Storage::connect(&conf, &bucket).await.unwrap();
     s3c.client().create_bucket().bucket(&bucket).send().await.unwrap();
@@ -294,12 +278,7 @@ fn a_store_without_queue_integration_points_at_remote_meta_sync() {
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let settings = [("endpoint", moto.endpoint.as_str()), ("access_key", "testing"), ("secret_key", "testing")];
-    let conf = RemoteConf {
-        name: "s3".into(),
-        kind: StorageKind::S3,
-        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    };
+    let conf = moto.conf("s3");
     let bucket = unique_name("noq");
     rt.block_on(async {
         S3Storage::connect(&conf, &bucket).await.unwrap().client().create_bucket().bucket(&bucket).send().await.unwrap()
