@@ -9,4 +9,5 @@ pub mod apply;
 pub mod docs;
 pub mod outbound;
 pub mod reconcile;
+pub mod slice;
 pub mod write;

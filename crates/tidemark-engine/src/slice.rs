@@ -1,0 +1,349 @@
+//! The slice engine: one bounded, fenced run for one subscription.
+//!
+//! ```text
+//! acquire the lease (generation + 1) → baseline / gap / scheduled reconcile, if the marker says so
+//! → receive and apply until the deadline, a cancel, or the loss of the lease (renewing it)
+//! → write the status blob → release the lease
+//! ```
+//!
+//! The queue is the cursor: nothing but the marker, the lease and the status blob is stored, all
+//! keyed by the subscription's fingerprint, so a re-pointed subscription (a new fingerprint) reads
+//! as never reconciled and runs a baseline before it tails. Every write of the slice — entries,
+//! marker, status — carries the lease's fence.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use tidemark_core::events::{EventSource, Provider};
+use tidemark_core::model::{Content, Fence, NewEntry, Origin, Txn};
+use tidemark_core::remote::Mount;
+use tidemark_core::subscription::SubscriptionDoc;
+use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
+
+use crate::apply::{ApplyContext, Counters, apply_batch};
+use crate::docs::read_json;
+use crate::reconcile::{ReconcileOptions, reconcile};
+
+pub const MARKERS_DIR: &str = "/etc/tidemark/remote_events/markers";
+pub const STATUS_DIR: &str = "/etc/tidemark/remote_events/status";
+
+pub fn lease_name(fingerprint: &str) -> String {
+    format!("remote_events/{fingerprint}")
+}
+
+pub fn marker_path(fingerprint: &str) -> String {
+    format!("{MARKERS_DIR}/{fingerprint}.json")
+}
+
+pub fn status_path(fingerprint: &str) -> String {
+    format!("{STATUS_DIR}/{fingerprint}.json")
+}
+
+/// When this identity last completed a full reconcile, and last tailed its queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileMarker {
+    pub fingerprint: String,
+    pub last_full_reconcile_at_ms: Option<i64>,
+    pub last_tail_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReconcileKind {
+    /// A new identity: everything already in the bucket.
+    Baseline,
+    /// The tail was interrupted longer than the gap threshold.
+    Gap,
+    /// The periodic backstop.
+    Scheduled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SliceState {
+    Idle,
+    Reconciling,
+    Tailing,
+    Errored,
+}
+
+/// What the admin page shows of a subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusBlob {
+    pub fingerprint: String,
+    pub dir: String,
+    pub state: SliceState,
+    pub counters: Counters,
+    pub last_error: Option<String>,
+    pub slice_started_at_ms: i64,
+    pub slice_ended_at_ms: Option<i64>,
+    pub last_reconcile: Option<(ReconcileKind, i64)>,
+    pub lease_holder: String,
+    pub lease_generation: u64,
+}
+
+/// Which reconcile, if any, a slice must run first.
+pub fn reconcile_due(marker: Option<&ReconcileMarker>, doc: &SubscriptionDoc, now_ms: i64) -> Option<ReconcileKind> {
+    let Some(m) = marker.filter(|m| m.last_full_reconcile_at_ms.is_some()) else {
+        return Some(ReconcileKind::Baseline);
+    };
+    let gap = doc.options.gap_threshold_secs as i64 * 1000;
+    if m.last_tail_at_ms.is_none_or(|t| now_ms - t > gap) {
+        return Some(ReconcileKind::Gap);
+    }
+    let interval = doc.options.reconcile_interval_secs as i64 * 1000;
+    if m.last_full_reconcile_at_ms.is_some_and(|t| now_ms - t > interval) {
+        return Some(ReconcileKind::Scheduled);
+    }
+    None
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceEnd {
+    Deadline,
+    Cancelled,
+    LeaseLost,
+}
+
+#[derive(Debug)]
+pub struct SliceOutcome {
+    pub end: SliceEnd,
+    pub reconciled: Option<ReconcileKind>,
+    pub counters: Counters,
+    pub generation: u64,
+}
+
+pub struct Slice<'a> {
+    pub filer: &'a dyn Filer,
+    pub storage: &'a dyn RemoteStorage,
+    pub source: &'a dyn EventSource,
+    pub clock: &'a dyn Clock,
+    pub doc: &'a SubscriptionDoc,
+    pub mount: &'a Mount,
+    pub provider: Provider,
+    pub cluster_id: Option<&'a str>,
+    /// Who runs the slice (a worker id); the lease's holder.
+    pub holder: &'a str,
+    pub length: Duration,
+    pub lease_ttl: Duration,
+}
+
+/// Writes a JSON document with the slice's fence (a stale slice cannot overwrite it).
+async fn put_fenced<T: Serialize>(filer: &dyn Filer, path: &str, doc: &T, fence: &Fence, now_ms: i64) -> Result<()> {
+    let bytes = Bytes::from(serde_json::to_vec_pretty(doc).map_err(Error::internal)?);
+    let txn = Txn::put(path, NewEntry::file(bytes.len() as u64, now_ms, Content::Inline), Origin::System)
+        .with_fence(fence.clone())
+        .with_data(bytes);
+    filer.apply(txn).await.map(|_| ())
+}
+
+impl Slice<'_> {
+    /// Runs the slice until its length passes, `cancel` resolves, or the lease is lost.
+    pub async fn run(&self, cancel: impl std::future::Future<Output = ()>) -> Result<SliceOutcome> {
+        tokio::pin!(cancel);
+        let fp = &self.doc.fingerprint;
+        let started = self.clock.now_ms();
+        let lease = self.filer.lease_acquire(&lease_name(fp), self.holder, self.lease_ttl).await?;
+        let fence = lease.fence();
+        let mut status = StatusBlob {
+            fingerprint: fp.clone(),
+            dir: self.doc.dir.clone(),
+            state: SliceState::Tailing,
+            counters: read_json::<StatusBlob>(self.filer, &status_path(fp))
+                .await?
+                .map(|(s, _)| s.counters)
+                .unwrap_or_default(),
+            last_error: None,
+            slice_started_at_ms: started,
+            slice_ended_at_ms: None,
+            last_reconcile: None,
+            lease_holder: lease.holder.clone(),
+            lease_generation: lease.generation,
+        };
+        let result = self.body(&fence, &mut status, &mut cancel).await;
+        status.slice_ended_at_ms = Some(self.clock.now_ms());
+        let outcome = match result {
+            Ok(end) => {
+                status.state = if end == SliceEnd::LeaseLost { SliceState::Errored } else { SliceState::Idle };
+                if end == SliceEnd::LeaseLost {
+                    status.last_error = Some("the lease was lost to another worker".into());
+                }
+                end
+            }
+            Err(e) => {
+                status.state = SliceState::Errored;
+                status.last_error = Some(e.to_string());
+                let _ = put_fenced(self.filer, &status_path(fp), &status, &fence, self.clock.now_ms()).await;
+                let _ = self.filer.lease_release(&fence).await;
+                return Err(e);
+            }
+        };
+        if outcome != SliceEnd::LeaseLost {
+            put_fenced(self.filer, &status_path(fp), &status, &fence, self.clock.now_ms()).await?;
+            let _ = self.filer.lease_release(&fence).await;
+        }
+        Ok(SliceOutcome {
+            end: outcome,
+            reconciled: status.last_reconcile.map(|(k, _)| k),
+            counters: status.counters,
+            generation: lease.generation,
+        })
+    }
+
+    async fn body(
+        &self,
+        fence: &Fence,
+        status: &mut StatusBlob,
+        cancel: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) -> Result<SliceEnd> {
+        let fp = &self.doc.fingerprint;
+        let mut marker = read_json::<ReconcileMarker>(self.filer, &marker_path(fp)).await?.map(|(m, _)| m);
+        if let Some(kind) = reconcile_due(marker.as_ref(), self.doc, self.clock.now_ms()) {
+            status.state = SliceState::Reconciling;
+            put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await?;
+            let at = self.clock.now_ms();
+            let opts = ReconcileOptions {
+                fence: Some(fence.clone()),
+                cluster_id: self.cluster_id.map(str::to_string),
+                ..Default::default()
+            };
+            match reconcile(self.filer, self.storage, self.mount, &opts, &mut |_| {}).await {
+                Ok(_) => {}
+                Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
+                Err(e) => return Err(e),
+            }
+            // Written only once the reconcile completed.
+            let m = ReconcileMarker {
+                fingerprint: fp.clone(),
+                last_full_reconcile_at_ms: Some(at),
+                last_tail_at_ms: Some(self.clock.now_ms()),
+            };
+            match put_fenced(self.filer, &marker_path(fp), &m, fence, self.clock.now_ms()).await {
+                Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
+                r => r?,
+            }
+            marker = Some(m);
+            status.last_reconcile = Some((kind, at));
+            status.state = SliceState::Tailing;
+        }
+        let types = &self.doc.identity.event_types;
+        let visibility = Duration::from_secs(self.doc.options.visibility_timeout_secs);
+        let ctx = ApplyContext {
+            mount: self.mount,
+            provider: self.provider,
+            event_types: types,
+            cluster_id: self.cluster_id,
+            fence: Some(fence),
+            concurrency: self.doc.options.apply_concurrency,
+            retry_delay: Duration::from_secs(5),
+            visibility,
+            clock: self.clock,
+        };
+        let deadline = tokio::time::Instant::now() + self.length;
+        let mut renewed = tokio::time::Instant::now();
+        let end = loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break SliceEnd::Deadline;
+            }
+            if now.duration_since(renewed) > self.lease_ttl / 3 {
+                match self.filer.lease_renew(fence, self.lease_ttl).await {
+                    Ok(_) => renewed = now,
+                    Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
+                    Err(e) => return Err(e),
+                }
+            }
+            let wait = (deadline - now).min(Duration::from_secs(20)).min(self.lease_ttl / 3);
+            let batch = tokio::select! {
+                _ = cancel.as_mut() => break SliceEnd::Cancelled,
+                b = self.source.receive(self.source.max_batch(), wait) => b,
+            };
+            let batch = match batch {
+                Ok(b) => b,
+                // The source backs off by itself; a slice that cannot receive still ends on time.
+                Err(e) => {
+                    status.last_error = Some(e.to_string());
+                    continue;
+                }
+            };
+            if batch.is_empty() {
+                continue;
+            }
+            match apply_batch(self.filer, self.storage, self.source, &ctx, batch, &mut status.counters).await {
+                Ok(_) => {}
+                Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
+                Err(e) => return Err(e),
+            }
+        };
+        if end != SliceEnd::LeaseLost {
+            let m = ReconcileMarker { last_tail_at_ms: Some(self.clock.now_ms()), ..marker.unwrap_or_default() };
+            match put_fenced(
+                self.filer,
+                &marker_path(fp),
+                &ReconcileMarker { fingerprint: fp.clone(), ..m },
+                fence,
+                self.clock.now_ms(),
+            )
+            .await
+            {
+                Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
+                r => r?,
+            }
+        }
+        Ok(end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_core::subscription::{EventTypes, Identity, SubscriptionOptions, Topology};
+
+    fn doc() -> SubscriptionDoc {
+        let identity = Identity {
+            queue: "q".into(),
+            topology: Topology::ByoQueue,
+            bucket: "b".into(),
+            prefix: String::new(),
+            event_types: EventTypes::default(),
+        };
+        SubscriptionDoc {
+            dir: "/m".into(),
+            fingerprint: identity.fingerprint(),
+            identity,
+            options: SubscriptionOptions {
+                gap_threshold_secs: 60,
+                reconcile_interval_secs: 3600,
+                ..Default::default()
+            },
+            managed: Default::default(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_marker_decides_the_reconcile() {
+        let d = doc();
+        let now = 10_000_000;
+        assert_eq!(reconcile_due(None, &d, now), Some(ReconcileKind::Baseline), "a new identity");
+        let never = ReconcileMarker {
+            fingerprint: d.fingerprint.clone(),
+            last_full_reconcile_at_ms: None,
+            last_tail_at_ms: Some(now),
+        };
+        assert_eq!(reconcile_due(Some(&never), &d, now), Some(ReconcileKind::Baseline), "a reconcile never completed");
+        let fresh = ReconcileMarker {
+            last_full_reconcile_at_ms: Some(now - 1000),
+            last_tail_at_ms: Some(now - 1000),
+            ..never.clone()
+        };
+        assert_eq!(reconcile_due(Some(&fresh), &d, now), None);
+        let stale_tail = ReconcileMarker { last_tail_at_ms: Some(now - 61_000), ..fresh.clone() };
+        assert_eq!(reconcile_due(Some(&stale_tail), &d, now), Some(ReconcileKind::Gap));
+        let old_full = ReconcileMarker { last_full_reconcile_at_ms: Some(now - 3_601_000), ..fresh };
+        assert_eq!(reconcile_due(Some(&old_full), &d, now), Some(ReconcileKind::Scheduled));
+    }
+}

@@ -1,0 +1,144 @@
+//! The slice engine against moto: a new identity runs its baseline before it tails; the marker,
+//! lease and status blob are keyed by the fingerprint; a held lease refuses a second runner.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aws_sdk_s3::types::{Event, NotificationConfiguration, QueueConfiguration};
+use aws_sdk_sqs::types::QueueAttributeName;
+use bytes::Bytes;
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_cloud::aws::sqs::{SqsSource, client};
+use tidemark_core::events::Provider;
+use tidemark_core::model::{NewEntry, Origin, Txn};
+use tidemark_core::remote::{Mount, RemoteLocation};
+use tidemark_core::subscription::{EventTypes, Identity, SubscriptionDoc, SubscriptionOptions, Topology};
+use tidemark_core::{Error, Filer, RemoteStorage, SystemClock};
+use tidemark_engine::docs::read_json;
+use tidemark_engine::slice::{
+    ReconcileKind, ReconcileMarker, Slice, SliceEnd, SliceState, StatusBlob, lease_name, marker_path, status_path,
+};
+use tidemark_filer::{DataDir, LocalFiler};
+use tidemark_testkit::{Moto, unique_name};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it_again() {
+    let moto = Moto::get();
+    let conf = moto.conf("moto");
+    let bucket = unique_name("sl");
+    let s3 = S3Storage::connect(&conf, &bucket).await.unwrap();
+    s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    // Objects that exist before any notification: only a baseline can find them.
+    for k in ["old/1.txt", "old/2.txt", "photos/old.jpg"] {
+        s3.put(k, Bytes::from_static(b"old"), BTreeMap::new()).await.unwrap();
+    }
+    let sqs = client(&conf).await.unwrap();
+    let url = sqs.create_queue().queue_name(unique_name("sq")).send().await.unwrap().queue_url().unwrap().to_string();
+    let attrs =
+        sqs.get_queue_attributes().queue_url(&url).attribute_names(QueueAttributeName::QueueArn).send().await.unwrap();
+    let arn = attrs.attributes().unwrap()[&QueueAttributeName::QueueArn].clone();
+    let qc = QueueConfiguration::builder()
+        .queue_arn(arn)
+        .events(Event::S3ObjectCreated)
+        .events(Event::S3ObjectRemoved)
+        .build()
+        .unwrap();
+    s3.client()
+        .put_bucket_notification_configuration()
+        .bucket(&bucket)
+        .notification_configuration(NotificationConfiguration::builder().queue_configurations(qc).build())
+        .send()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let filer = LocalFiler::open(DataDir::open(dir.path()).unwrap()).unwrap();
+    filer.apply(Txn::put("/mnt/data", NewEntry::dir(0), Origin::System)).await.unwrap();
+    let mount = Mount {
+        dir: "/mnt/data".into(),
+        location: RemoteLocation { storage: "moto".into(), bucket: bucket.clone(), path: String::new() },
+        sync: false,
+    };
+    let source = SqsSource::new(sqs.clone(), url.clone());
+    let identity = Identity {
+        queue: url.clone(),
+        topology: Topology::ByoQueue,
+        bucket: bucket.clone(),
+        prefix: String::new(),
+        event_types: EventTypes::default(),
+    };
+    let doc = SubscriptionDoc {
+        dir: "/mnt/data".into(),
+        fingerprint: identity.fingerprint(),
+        identity,
+        options: SubscriptionOptions { visibility_timeout_secs: 30, ..Default::default() },
+        managed: Default::default(),
+        created_at_ms: 0,
+        updated_at_ms: 0,
+    };
+    let clock = SystemClock;
+    let slice = |doc: &SubscriptionDoc, holder: &'static str| {
+        let doc = doc.clone();
+        let (filer, s3, source, mount, clock) = (&filer, &s3, &source, &mount, &clock);
+        async move {
+            let s = Slice {
+                filer,
+                storage: s3,
+                source,
+                clock,
+                doc: &doc,
+                mount,
+                provider: Provider::S3,
+                cluster_id: None,
+                holder,
+                length: Duration::from_secs(4),
+                lease_ttl: Duration::from_secs(10),
+            };
+            s.run(std::future::pending()).await
+        }
+    };
+
+    // A put while the first slice tails is applied by it.
+    let putter = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        s3.put("photos/new.jpg", Bytes::from_static(b"new!"), BTreeMap::new()).await.unwrap();
+    };
+    let (first, ()) = tokio::join!(slice(&doc, "worker-a"), putter);
+    let first = first.unwrap();
+    assert_eq!((first.end.clone(), first.reconciled), (SliceEnd::Deadline, Some(ReconcileKind::Baseline)));
+    for p in ["/mnt/data/old/1.txt", "/mnt/data/old/2.txt", "/mnt/data/photos/old.jpg"] {
+        assert!(filer.stat(p).await.unwrap().is_some(), "{p}: the baseline found what existed before");
+    }
+    assert_eq!(filer.stat("/mnt/data/photos/new.jpg").await.unwrap().map(|e| e.size), Some(4), "tailed");
+    let (marker, _) =
+        read_json::<ReconcileMarker>(&filer, &marker_path(&doc.fingerprint)).await.unwrap().expect("a marker");
+    assert!(marker.last_full_reconcile_at_ms.is_some() && marker.last_tail_at_ms.is_some());
+    let (status, _) =
+        read_json::<StatusBlob>(&filer, &status_path(&doc.fingerprint)).await.unwrap().expect("a status blob");
+    assert_eq!(
+        (status.state, status.lease_holder.as_str(), status.lease_generation),
+        (SliceState::Idle, "worker-a", 1)
+    );
+    assert!(status.counters.applied >= 1, "{:?}", status.counters);
+    let lease = filer.lease_get(&lease_name(&doc.fingerprint)).await.unwrap().unwrap();
+    assert!(lease.expires_at_ms <= clock_now(), "released at the end of the slice");
+
+    // The next slice of the same identity tails without a reconcile, with a new generation.
+    let second = slice(&doc, "worker-b").await.unwrap();
+    assert_eq!((second.reconciled, second.generation), (None, 2));
+
+    // A re-pointed subscription (another prefix) is a new identity: a baseline again.
+    let mut repointed = doc.clone();
+    repointed.identity.prefix = "photos/".into();
+    repointed.fingerprint = repointed.identity.fingerprint();
+    let third = slice(&repointed, "worker-a").await.unwrap();
+    assert_eq!(third.reconciled, Some(ReconcileKind::Baseline));
+
+    // A lease held by a live slice refuses a second runner.
+    filer.lease_acquire(&lease_name(&doc.fingerprint), "someone-else", Duration::from_secs(30)).await.unwrap();
+    let err = slice(&doc, "worker-a").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseHeld { .. }), "{err}");
+}
+
+fn clock_now() -> i64 {
+    tidemark_core::Clock::now_ms(&SystemClock)
+}
