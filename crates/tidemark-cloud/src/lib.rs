@@ -44,6 +44,24 @@ pub async fn event_notifications(
     }
 }
 
+/// Opens the queue of a subscription on `conf`'s provider, with the decoder that reads it.
+pub async fn open_event_source(
+    conf: &RemoteConf,
+    queue: &str,
+    visibility: std::time::Duration,
+) -> Result<(Box<dyn tidemark_core::events::EventSource>, tidemark_core::events::Provider)> {
+    use tidemark_core::events::Provider;
+    match conf.kind {
+        StorageKind::S3 => Ok((Box::new(aws::sqs::SqsSource::connect(conf, queue).await?), Provider::S3)),
+        StorageKind::Gcs => Ok((Box::new(gcp::PubSubSource::open(conf, queue)?), Provider::Gcs)),
+        StorageKind::Azure => Ok((Box::new(azure::AzureQueueSource::open(conf, queue, visibility)?), Provider::Azure)),
+        StorageKind::Local => Err(tidemark_core::Error::invalid_argument(format!(
+            "remote {:?} is a local directory, which has no event queue yet; use remote.meta.sync",
+            conf.name
+        ))),
+    }
+}
+
 /// Opens `bucket` of the configured remote.
 pub async fn open_storage(conf: &RemoteConf, bucket: &str) -> Result<Arc<dyn RemoteStorage>> {
     match conf.kind {

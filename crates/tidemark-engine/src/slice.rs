@@ -29,6 +29,9 @@ use crate::reconcile::{ReconcileOptions, reconcile};
 pub const MARKERS_DIR: &str = "/etc/tidemark/remote_events/markers";
 pub const STATUS_DIR: &str = "/etc/tidemark/remote_events/status";
 
+/// How often a tailing slice refreshes its status blob (when its counters moved).
+const STATUS_EVERY: Duration = Duration::from_secs(2);
+
 pub fn lease_name(fingerprint: &str) -> String {
     format!("remote_events/{fingerprint}")
 }
@@ -241,8 +244,15 @@ impl Slice<'_> {
             visibility,
             clock: self.clock,
         };
+        status.state = SliceState::Tailing;
+        match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {
+            Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
+            r => r?,
+        }
         let deadline = tokio::time::Instant::now() + self.length;
         let mut renewed = tokio::time::Instant::now();
+        // The status blob is refreshed while tailing, when the counters moved, at most this often.
+        let mut published = (tokio::time::Instant::now(), status.counters.clone());
         let end = loop {
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -268,13 +278,19 @@ impl Slice<'_> {
                     continue;
                 }
             };
-            if batch.is_empty() {
-                continue;
+            if !batch.is_empty() {
+                match apply_batch(self.filer, self.storage, self.source, &ctx, batch, &mut status.counters).await {
+                    Ok(_) => {}
+                    Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
+                    Err(e) => return Err(e),
+                }
             }
-            match apply_batch(self.filer, self.storage, self.source, &ctx, batch, &mut status.counters).await {
-                Ok(_) => {}
-                Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
-                Err(e) => return Err(e),
+            if published.0.elapsed() >= STATUS_EVERY && published.1 != status.counters {
+                match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {
+                    Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
+                    r => r?,
+                }
+                published = (tokio::time::Instant::now(), status.counters.clone());
             }
         };
         if end != SliceEnd::LeaseLost {

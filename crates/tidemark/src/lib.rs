@@ -2,6 +2,7 @@
 //! of `main.rs` so integration tests and other crates can drive them in-process.
 
 pub mod bench;
+pub mod embedded;
 pub mod events_cmd;
 pub mod roles;
 pub mod shell;

@@ -106,6 +106,11 @@ async fn shutdown_signal() {
 }
 
 async fn serve_filer(data_dir: PathBuf, addr: SocketAddr, args: StoreArgs) -> i32 {
+    serve(data_dir, addr, args, false).await
+}
+
+/// The filer, and with `slices` the embedded slice runner beside it (`tidemark server`).
+async fn serve(data_dir: PathBuf, addr: SocketAddr, args: StoreArgs, slices: bool) -> i32 {
     init_logging();
     if let Err(e) = http::check_bind(addr, args.token.as_deref()) {
         eprintln!("error: {e}");
@@ -143,9 +148,16 @@ async fn serve_filer(data_dir: PathBuf, addr: SocketAddr, args: StoreArgs) -> i3
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
+    let runner = slices.then(|| {
+        let holder = format!("server-{}", std::process::id());
+        tokio::spawn(crate::embedded::run(filer.clone(), holder, stop_rx.clone()))
+    });
     let api: Arc<dyn Filer> = filer.clone();
     let served = http::serve(listener, api, args.token, stopped(stop_rx)).await;
     if let Some(task) = outbound {
+        let _ = task.await;
+    }
+    if let Some(task) = runner {
         let _ = task.await;
     }
     match served {
@@ -162,8 +174,8 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
 }
 
 pub async fn run_server(a: ServerArgs) -> i32 {
-    // For now the server is the filer; the admin and a worker join it in one process as they land.
-    serve_filer(a.data_dir, a.filer_addr, a.common).await
+    // The filer, with the embedded slice runner standing in for the admin and a worker.
+    serve(a.data_dir, a.filer_addr, a.common, true).await
 }
 
 pub async fn run_shell(a: ShellArgs) -> i32 {

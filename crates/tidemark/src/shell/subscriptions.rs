@@ -7,6 +7,7 @@ use tidemark_core::subscription::{
 };
 use tidemark_core::{DeleteOptions, Error, Precondition, format_rfc3339_ms, path};
 use tidemark_engine::docs::{read_json, write_json};
+use tidemark_engine::slice::{StatusBlob, status_path};
 
 use super::flags::Args;
 use super::{CmdError, Context, Out};
@@ -251,7 +252,16 @@ async fn all_docs(ctx: &Context) -> Result<Vec<SubscriptionDoc>, CmdError> {
 pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
     let docs = all_docs(ctx).await?;
     if args.is_set("json") {
-        let json = serde_json::to_string_pretty(&docs).map_err(|e| CmdError::Failed(e.to_string()))?;
+        let mut items = Vec::new();
+        for d in &docs {
+            let status = read_json::<StatusBlob>(&*ctx.filer, &status_path(&d.fingerprint)).await?.map(|(s, _)| s);
+            let mut v = serde_json::to_value(d).map_err(|e| CmdError::Failed(e.to_string()))?;
+            if let Some(obj) = v.as_object_mut() {
+                obj.insert("status".into(), serde_json::to_value(&status).unwrap_or_default());
+            }
+            items.push(v);
+        }
+        let json = serde_json::to_string_pretty(&items).map_err(|e| CmdError::Failed(e.to_string()))?;
         writeln!(out, "{json}")?;
         return Ok(());
     }
@@ -259,12 +269,20 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
         writeln!(out, "no event subscriptions; enable one with remote.events.enable -dir=... -queue=...")?;
         return Ok(());
     }
-    writeln!(out, "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tUPDATED")?;
+    writeln!(
+        out,
+        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tECHO\tUPDATED"
+    )?;
     for d in docs {
+        // Slices write a status blob per fingerprint; until one has run, the state is idle.
+        let status = read_json::<StatusBlob>(&*ctx.filer, &status_path(&d.fingerprint)).await?.map(|(s, _)| s);
+        let (state, c) = match &status {
+            Some(s) => (format!("{:?}", s.state).to_lowercase(), s.counters.clone()),
+            None => ("idle".to_string(), Default::default()),
+        };
         writeln!(
             out,
-            // Slices write a status blob per fingerprint; until one runs, the state is idle.
-            "{}\t{}\t{}\t{}/{}\t{}\t{}\tidle\t{}",
+            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}",
             d.dir,
             d.identity.topology.as_str(),
             d.identity.queue,
@@ -272,6 +290,10 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
             d.identity.prefix,
             d.identity.event_types.describe(),
             d.fingerprint,
+            c.received,
+            c.applied,
+            c.failed,
+            c.echo_suppressed,
             format_rfc3339_ms(d.updated_at_ms)
         )?;
     }
