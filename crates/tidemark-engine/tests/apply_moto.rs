@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use aws_sdk_s3::types::{Event, NotificationConfiguration, QueueConfiguration};
 use aws_sdk_sqs::types::QueueAttributeName;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -50,35 +49,12 @@ async fn world() -> World {
     let s3 = S3Storage::connect(&c, &bucket).await.unwrap();
     s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
     let sqs = client(&c).await.unwrap();
-    let queue_url = sqs
-        .create_queue()
-        .queue_name(unique_name("aq"))
-        .attributes(QueueAttributeName::VisibilityTimeout, "30")
-        .send()
+    // A queue the bucket's notifications reach (set up with Tidemark's own provisioning).
+    let mut managed = tidemark_core::subscription::ManagedResources::default();
+    let queue_url = tidemark_cloud::aws::provision::S3Notifications::connect(&c, &bucket)
         .await
         .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
-    let attrs = sqs
-        .get_queue_attributes()
-        .queue_url(&queue_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap();
-    let arn = attrs.attributes().unwrap()[&QueueAttributeName::QueueArn].clone();
-    let qc = QueueConfiguration::builder()
-        .queue_arn(arn)
-        .events(Event::S3ObjectCreated)
-        .events(Event::S3ObjectRemoved)
-        .build()
-        .unwrap();
-    s3.client()
-        .put_bucket_notification_configuration()
-        .bucket(&bucket)
-        .notification_configuration(NotificationConfiguration::builder().queue_configurations(qc).build())
-        .send()
+        .provision_sqs_direct(&unique_name("q"), "", &Default::default(), &|u: &str| u.len().to_string(), &mut managed)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

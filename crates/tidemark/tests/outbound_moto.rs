@@ -6,8 +6,6 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use aws_sdk_s3::types::{Event, NotificationConfiguration, QueueConfiguration};
-use aws_sdk_sqs::types::QueueAttributeName;
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_cloud::aws::sqs::{SqsSource, client};
 use tidemark_core::events::{EventSource, Provider};
@@ -43,21 +41,12 @@ async fn uploads_echoes_deletes_and_resumes() {
     let s3 = S3Storage::connect(&conf, &bucket).await.unwrap();
     s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
     let sqs = client(&conf).await.unwrap();
-    let url = sqs.create_queue().queue_name(unique_name("oq")).send().await.unwrap().queue_url().unwrap().to_string();
-    let attrs =
-        sqs.get_queue_attributes().queue_url(&url).attribute_names(QueueAttributeName::QueueArn).send().await.unwrap();
-    let arn = attrs.attributes().unwrap()[&QueueAttributeName::QueueArn].clone();
-    let qc = QueueConfiguration::builder()
-        .queue_arn(arn)
-        .events(Event::S3ObjectCreated)
-        .events(Event::S3ObjectRemoved)
-        .build()
-        .unwrap();
-    s3.client()
-        .put_bucket_notification_configuration()
-        .bucket(&bucket)
-        .notification_configuration(NotificationConfiguration::builder().queue_configurations(qc).build())
-        .send()
+    // A queue the bucket's notifications reach (set up with Tidemark's own provisioning).
+    let mut managed = tidemark_core::subscription::ManagedResources::default();
+    let url = tidemark_cloud::aws::provision::S3Notifications::connect(&conf, &bucket)
+        .await
+        .unwrap()
+        .provision_sqs_direct(&unique_name("q"), "", &Default::default(), &|u: &str| u.len().to_string(), &mut managed)
         .await
         .unwrap();
 
