@@ -14,6 +14,7 @@ pub mod event_conformance;
 pub mod gcp;
 pub mod local;
 pub mod memory;
+pub mod receive_backoff;
 
 use std::sync::Arc;
 

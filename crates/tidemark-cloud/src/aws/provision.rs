@@ -110,43 +110,30 @@ pub fn topic_configuration_id(bucket: &str) -> String {
     format!("tidemark-sns-{}", topic_name(bucket).trim_start_matches("tidemark-"))
 }
 
-fn sns_err<E: aws_sdk_sns::error::ProvideErrorMetadata>(op: &str, what: &str, e: E) -> Error {
-    let code = e.code().unwrap_or("error").to_string();
-    let message = e.message().unwrap_or_default().to_string();
-    if matches!(code.as_str(), "AuthorizationError" | "AccessDenied" | "InvalidClientTokenId") {
+/// A refused or failed provisioning call: access denied says which permission (of the
+/// create/route kind) is missing; anything else may pass.
+fn provision_error(service: &str, op: &str, what: &str, code: Option<&str>, message: Option<&str>) -> Error {
+    let code = code.unwrap_or("error");
+    if matches!(code, "AccessDenied" | "AccessDeniedException" | "AuthorizationError" | "InvalidClientTokenId") {
         return Error::Unauthorized {
             message: format!(
-                "{op} {what} was refused ({code}); provisioning needs sns:{op} (create/route permissions)"
+                "{op} {what} was refused ({code}); provisioning needs {service}:{op} (create/route permissions)"
             ),
         };
     }
-    Error::Unavailable { message: format!("{op} {what}: {code} {message}") }
+    Error::Unavailable { message: format!("{op} {what}: {code} {}", message.unwrap_or_default()) }
+}
+
+fn sns_err<E: aws_sdk_sns::error::ProvideErrorMetadata>(op: &str, what: &str, e: E) -> Error {
+    provision_error("sns", op, what, e.code(), e.message())
 }
 
 fn sqs_err<E: aws_sdk_sqs::error::ProvideErrorMetadata>(op: &str, what: &str, e: E) -> Error {
-    let code = e.code().unwrap_or("error").to_string();
-    let message = e.message().unwrap_or_default().to_string();
-    if matches!(code.as_str(), "AccessDenied" | "InvalidClientTokenId" | "AccessDeniedException") {
-        return Error::Unauthorized {
-            message: format!(
-                "{op} {what} was refused ({code}); provisioning needs sqs:{op} (create/route permissions)"
-            ),
-        };
-    }
-    Error::Unavailable { message: format!("{op} {what}: {code} {message}") }
+    provision_error("sqs", op, what, e.code(), e.message())
 }
 
 fn s3_err<E: aws_sdk_s3::error::ProvideErrorMetadata>(op: &str, bucket: &str, e: E) -> Error {
-    let code = e.code().unwrap_or("error").to_string();
-    let message = e.message().unwrap_or_default().to_string();
-    if code == "AccessDenied" {
-        return Error::Unauthorized {
-            message: format!(
-                "{op} on bucket {bucket} was refused; provisioning needs s3:{op} (create/route permissions)"
-            ),
-        };
-    }
-    Error::Unavailable { message: format!("{op} on bucket {bucket}: {code} {message}") }
+    provision_error("s3", op, &format!("on bucket {bucket}"), e.code(), e.message())
 }
 
 impl S3Notifications {

@@ -4,7 +4,6 @@
 //! hammers a missing queue or a refusing endpoint.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,8 +12,9 @@ use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
 use bytes::Bytes;
 
-use tidemark_core::backoff::Backoff;
 use tidemark_core::events::{AckReport, Delivery, EventSource};
+
+use crate::receive_backoff::ReceiveBackoff;
 use tidemark_core::remote::RemoteConf;
 use tidemark_core::{Error, Result};
 
@@ -28,7 +28,7 @@ const MAX_VISIBILITY_SECS: u64 = 43_200;
 pub struct SqsSource {
     client: Client,
     queue_url: String,
-    backoff: Mutex<Backoff>,
+    backoff: ReceiveBackoff,
 }
 
 /// An SQS client for a remote: `sqs_endpoint` if set, else the remote's `endpoint`.
@@ -43,11 +43,7 @@ pub async fn client(conf: &RemoteConf) -> Result<Client> {
 
 impl SqsSource {
     pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
-        SqsSource {
-            client,
-            queue_url: queue_url.into(),
-            backoff: Mutex::new(Backoff::new(Duration::from_millis(500), Duration::from_secs(60))),
-        }
+        SqsSource { client, queue_url: queue_url.into(), backoff: ReceiveBackoff::default() }
     }
 
     pub async fn connect(conf: &RemoteConf, queue_url: &str) -> Result<Self> {
@@ -96,26 +92,6 @@ impl SqsSource {
             )),
         }
     }
-
-    async fn pause_after_failures(&self) {
-        let wait = self.backoff.lock().map(|b| b.current()).unwrap_or_default();
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-    }
-
-    fn record<T>(&self, r: Result<T>) -> Result<T> {
-        if let Ok(mut b) = self.backoff.lock() {
-            match &r {
-                Ok(_) => b.succeed(),
-                Err(e) => {
-                    let wait = b.fail();
-                    tracing::warn!(queue = %self.queue_url, error = %e, retry_in_ms = wait.as_millis() as u64, "receive failed");
-                }
-            }
-        }
-        r
-    }
 }
 
 #[async_trait]
@@ -129,7 +105,7 @@ impl EventSource for SqsSource {
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
-        self.pause_after_failures().await;
+        self.backoff.pause().await;
         let out = self
             .client
             .receive_message()
@@ -142,7 +118,7 @@ impl EventSource for SqsSource {
             .send()
             .await
             .map_err(|e| self.error("ReceiveMessage", e));
-        let out = self.record(out)?;
+        let out = self.backoff.record(&self.queue_url, out)?;
         Ok(out
             .messages()
             .iter()

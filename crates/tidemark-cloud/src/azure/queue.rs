@@ -14,10 +14,11 @@ use bytes::Bytes;
 use reqwest::Method;
 use serde::Deserialize;
 
-use tidemark_core::backoff::Backoff;
 use tidemark_core::events::{AckReport, Delivery, EventSource};
 use tidemark_core::remote::RemoteConf;
 use tidemark_core::{Error, Result};
+
+use crate::receive_backoff::ReceiveBackoff;
 
 use super::client::{AzureClient, encode_path, parse_http_date_ms};
 
@@ -49,7 +50,7 @@ pub struct AzureQueueSource {
     visibility: Duration,
     /// message id -> its newest pop receipt, for messages in flight.
     receipts: Mutex<HashMap<String, String>>,
-    backoff: Mutex<Backoff>,
+    backoff: ReceiveBackoff,
 }
 
 /// `ack_id` = message id + `\n` + the pop receipt it was delivered with.
@@ -67,7 +68,7 @@ impl AzureQueueSource {
             queue: queue.to_string(),
             visibility: visibility.max(Duration::from_secs(1)),
             receipts: Mutex::default(),
-            backoff: Mutex::new(Backoff::new(Duration::from_millis(500), Duration::from_secs(60))),
+            backoff: ReceiveBackoff::default(),
         })
     }
 
@@ -137,10 +138,7 @@ impl EventSource for AzureQueueSource {
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
-        let pause = self.backoff.lock().map(|b| b.current()).unwrap_or_default();
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
-        }
+        self.backoff.pause().await;
         let deadline = Instant::now() + wait;
         loop {
             let rb = self.client.request(
@@ -157,20 +155,7 @@ impl EventSource for AzureQueueSource {
                 Ok(resp) => resp.text().await.map_err(|e| Error::Unavailable { message: format!("GetMessages: {e}") }),
                 Err(e) => Err(e),
             };
-            let xml = match result {
-                Ok(x) => {
-                    if let Ok(mut b) = self.backoff.lock() {
-                        b.succeed();
-                    }
-                    x
-                }
-                Err(e) => {
-                    if let Ok(mut b) = self.backoff.lock() {
-                        b.fail();
-                    }
-                    return Err(e);
-                }
-            };
+            let xml = self.backoff.record(&self.describe(), result)?;
             let list: QueueMessagesList = quick_xml::de::from_str(&xml)
                 .map_err(|e| Error::internal(format!("GetMessages: unreadable answer ({e})")))?;
             if !list.messages.is_empty() || Instant::now() >= deadline {

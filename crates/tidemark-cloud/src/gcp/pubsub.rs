@@ -14,10 +14,11 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 
-use tidemark_core::backoff::Backoff;
 use tidemark_core::events::{AckReport, Delivery, EventSource};
 use tidemark_core::remote::RemoteConf;
 use tidemark_core::{Error, Result, parse_rfc3339_ms};
+
+use crate::receive_backoff::ReceiveBackoff;
 
 use super::auth::{Auth, check, transport};
 
@@ -34,7 +35,7 @@ pub struct PubSubSource {
     seen: Mutex<HashMap<String, u32>>,
     /// ack id -> message id, to forget counts once acknowledged.
     in_flight: Mutex<HashMap<String, String>>,
-    backoff: Mutex<Backoff>,
+    backoff: ReceiveBackoff,
 }
 
 #[derive(Deserialize)]
@@ -105,7 +106,7 @@ impl PubSubSource {
             auth: Auth::from_conf(conf, emulated)?,
             seen: Mutex::default(),
             in_flight: Mutex::default(),
-            backoff: Mutex::new(Backoff::new(Duration::from_millis(500), Duration::from_secs(60))),
+            backoff: ReceiveBackoff::default(),
         })
     }
 
@@ -135,28 +136,12 @@ impl EventSource for PubSubSource {
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
-        let pause = self.backoff.lock().map(|b| b.current()).unwrap_or_default();
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
-        }
+        self.backoff.pause().await;
         let deadline = Instant::now() + wait;
         loop {
             let result =
                 self.post("pull", json!({"maxMessages": max.clamp(1, MAX_BATCH), "returnImmediately": true})).await;
-            let resp = match result {
-                Ok(r) => {
-                    if let Ok(mut b) = self.backoff.lock() {
-                        b.succeed();
-                    }
-                    r
-                }
-                Err(e) => {
-                    if let Ok(mut b) = self.backoff.lock() {
-                        b.fail();
-                    }
-                    return Err(e);
-                }
-            };
+            let resp = self.backoff.record(&self.describe(), result)?;
             let pulled: PullResponse =
                 resp.json().await.map_err(|e| Error::internal(format!("pull: unreadable answer ({e})")))?;
             if !pulled.received_messages.is_empty() || Instant::now() >= deadline {
