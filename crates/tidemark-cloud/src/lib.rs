@@ -1,7 +1,8 @@
 //! Cloud providers, one folder each, behind the provider-neutral traits of `tidemark-core`.
 //!
 //! - [`aws`]: S3 and S3-compatibles (AWS SDK).
-//! - [`local`]: a directory on this machine as a bucket.
+//! - [`local`]: a directory on this machine as a bucket; [`local_events`]: its filesystem
+//!   notifications as an event source.
 //! - [`memory`]: an in-process bucket, for the simulation and benchmarks.
 //! - [`conformance`]: the `RemoteStorage` suite every provider's tests run.
 //!
@@ -13,6 +14,7 @@ pub mod conformance;
 pub mod event_conformance;
 pub mod gcp;
 pub mod local;
+pub mod local_events;
 pub mod memory;
 pub mod receive_backoff;
 
@@ -48,17 +50,29 @@ pub async fn event_notifications(
 /// Opens the queue of a subscription on `conf`'s provider, with the decoder that reads it.
 pub async fn open_event_source(
     conf: &RemoteConf,
-    queue: &str,
+    identity: &tidemark_core::subscription::Identity,
     visibility: std::time::Duration,
 ) -> Result<(Box<dyn tidemark_core::events::EventSource>, tidemark_core::events::Provider)> {
     use tidemark_core::events::Provider;
+    let queue = identity.queue.as_str();
     match conf.kind {
-        StorageKind::S3 => Ok((Box::new(aws::sqs::SqsSource::connect(conf, queue).await?), Provider::S3)),
+        StorageKind::S3 => {
+            Ok((Box::new(aws::sqs::SqsSource::connect(conf, queue).await?.with_visibility(visibility)), Provider::S3))
+        }
         StorageKind::Gcs => Ok((Box::new(gcp::PubSubSource::open(conf, queue)?), Provider::Gcs)),
         StorageKind::Azure => Ok((Box::new(azure::AzureQueueSource::open(conf, queue, visibility)?), Provider::Azure)),
+        StorageKind::Local if queue == local_events::WATCH_QUEUE => {
+            let root = conf.setting("root").ok_or_else(|| {
+                tidemark_core::Error::invalid_argument(format!("remote {:?} has no -local.root", conf.name))
+            })?;
+            let source =
+                local_events::LocalWatchSource::open(std::path::Path::new(root), &identity.bucket, visibility)?;
+            Ok((Box::new(source), Provider::S3))
+        }
         StorageKind::Local => Err(tidemark_core::Error::invalid_argument(format!(
-            "remote {:?} is a local directory, which has no event queue yet; use remote.meta.sync",
-            conf.name
+            "remote {:?} is a local directory: its only event source is {:?} (its filesystem notifications), not {queue:?}",
+            conf.name,
+            local_events::WATCH_QUEUE
         ))),
     }
 }

@@ -8,6 +8,7 @@ pub mod decide;
 pub mod error;
 pub mod events;
 pub mod filer;
+pub mod jobs;
 pub mod keymap;
 pub mod model;
 pub mod path;

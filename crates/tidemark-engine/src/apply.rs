@@ -94,6 +94,8 @@ pub struct BatchReport {
     pub left: usize,
     /// Per-path outcomes of the keys applied.
     pub outcomes: Vec<(String, Outcome)>,
+    /// Event time to apply of each applied key whose event carried a time, milliseconds.
+    pub lags_ms: Vec<i64>,
 }
 
 enum KeyResult {
@@ -246,7 +248,9 @@ pub async fn apply_batch(
                     _ => {}
                 }
                 if let Some(t) = event_times.get(&key) {
-                    counters.lag(ctx.clock.now_ms() - t);
+                    let lag = (ctx.clock.now_ms() - t).max(0);
+                    counters.lag(lag);
+                    report.lags_ms.push(lag);
                 }
                 report.outcomes.push((path, outcome));
             }

@@ -34,3 +34,28 @@ pub async fn write_json<T: Serialize>(filer: &dyn Filer, path: &str, doc: &T, ex
     let opts = WriteOptions { precondition, origin: Origin::System, ..Default::default() };
     Ok(filer.write(path, body, opts).await?.version)
 }
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Cluster {
+    id: String,
+}
+
+/// This cluster's id (`/etc/tidemark/cluster.json`), created by whoever asks first.
+pub async fn cluster_id(filer: &dyn Filer) -> Result<String> {
+    use tidemark_core::remote::system_paths::CLUSTER;
+    if let Some((c, _)) = read_json::<Cluster>(filer, CLUSTER).await? {
+        return Ok(c.id);
+    }
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| Error::internal(format!("no randomness for a cluster id: {e}")))?;
+    let id: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    match write_json(filer, CLUSTER, &Cluster { id: id.clone() }, None).await {
+        Ok(_) => Ok(id),
+        // Someone created it first: theirs is the cluster's.
+        Err(Error::PreconditionFailed { .. }) => read_json::<Cluster>(filer, CLUSTER)
+            .await?
+            .map(|(c, _)| c.id)
+            .ok_or_else(|| Error::internal("the cluster id vanished")),
+        Err(e) => Err(e),
+    }
+}

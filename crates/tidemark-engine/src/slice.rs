@@ -118,6 +118,19 @@ pub struct SliceOutcome {
     pub generation: u64,
 }
 
+/// Sees what a slice measures as it goes (the worker forwards it to the admin's `/metrics`).
+pub trait SliceObserver: Send + Sync {
+    /// One batch was applied: how long it took (receive excluded) and each applied key's lag.
+    fn batch_applied(&self, fingerprint: &str, took: Duration, lags_ms: &[i64]);
+}
+
+/// Observes nothing.
+pub struct NoObserver;
+
+impl SliceObserver for NoObserver {
+    fn batch_applied(&self, _: &str, _: Duration, _: &[i64]) {}
+}
+
 pub struct Slice<'a> {
     pub filer: &'a dyn Filer,
     pub storage: &'a dyn RemoteStorage,
@@ -131,6 +144,7 @@ pub struct Slice<'a> {
     pub holder: &'a str,
     pub length: Duration,
     pub lease_ttl: Duration,
+    pub observer: &'a dyn SliceObserver,
 }
 
 /// Writes a JSON document with the slice's fence (a stale slice cannot overwrite it).
@@ -203,7 +217,12 @@ impl Slice<'_> {
     ) -> Result<SliceEnd> {
         let fp = &self.doc.fingerprint;
         let mut marker = read_json::<ReconcileMarker>(self.filer, &marker_path(fp)).await?.map(|(m, _)| m);
-        if let Some(kind) = reconcile_due(marker.as_ref(), self.doc, self.clock.now_ms()) {
+        // A source that may have missed notifications (a watcher that just started) is covered by
+        // the same gap reconcile as a tail interrupted too long.
+        let missed = self.source.missed_events();
+        let due =
+            reconcile_due(marker.as_ref(), self.doc, self.clock.now_ms()).or(missed.then_some(ReconcileKind::Gap));
+        if let Some(kind) = due {
             status.state = SliceState::Reconciling;
             put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await?;
             let at = self.clock.now_ms();
@@ -226,6 +245,9 @@ impl Slice<'_> {
             match put_fenced(self.filer, &marker_path(fp), &m, fence, self.clock.now_ms()).await {
                 Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
                 r => r?,
+            }
+            if missed {
+                self.source.caught_up();
             }
             marker = Some(m);
             status.last_reconcile = Some((kind, at));
@@ -265,7 +287,10 @@ impl Slice<'_> {
                     Err(e) => return Err(e),
                 }
             }
-            let wait = (deadline - now).min(Duration::from_secs(20)).min(self.lease_ttl / 3);
+            // Counters not yet published shorten the wait, so the status blob (the admin's page)
+            // trails the applies by about STATUS_EVERY, not by a whole long poll.
+            let poll = if published.1 != status.counters { STATUS_EVERY } else { Duration::from_secs(20) };
+            let wait = (deadline - now).min(poll).min(self.lease_ttl / 3);
             let batch = tokio::select! {
                 _ = cancel.as_mut() => break SliceEnd::Cancelled,
                 b = self.source.receive(self.source.max_batch(), wait) => b,
@@ -279,8 +304,9 @@ impl Slice<'_> {
                 }
             };
             if !batch.is_empty() {
+                let began = tokio::time::Instant::now();
                 match apply_batch(self.filer, self.storage, self.source, &ctx, batch, &mut status.counters).await {
-                    Ok(_) => {}
+                    Ok(report) => self.observer.batch_applied(fp, began.elapsed(), &report.lags_ms),
                     Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
                     Err(e) => return Err(e),
                 }

@@ -80,6 +80,7 @@ async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it
                 cluster_id: None,
                 holder,
                 length: Duration::from_secs(4),
+                observer: &tidemark_engine::slice::NoObserver,
                 lease_ttl: Duration::from_secs(10),
             };
             s.run(std::future::pending()).await

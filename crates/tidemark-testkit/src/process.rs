@@ -17,8 +17,11 @@ pub fn free_port() -> u16 {
 /// A running `tidemark` role. Killed (SIGKILL) on drop.
 pub struct TidemarkProcess {
     child: Option<Child>,
-    /// `127.0.0.1:PORT` of its HTTP API.
+    /// `127.0.0.1:PORT` of its HTTP API (the first address it prints: the filer's, or the
+    /// admin's for `tidemark admin`).
     pub addr: String,
+    /// The admin's address, for `tidemark server` (which prints it second).
+    pub admin_addr: String,
     pub data_dir: PathBuf,
     stderr_log: PathBuf,
 }
@@ -27,14 +30,26 @@ impl TidemarkProcess {
     /// Starts `tidemark server --data-dir DIR --filer-addr 127.0.0.1:0 EXTRA...` and waits until
     /// it prints the address it listens on.
     pub fn server(bin: &Path, data_dir: &Path, extra: &[&str]) -> Self {
-        let mut args =
-            vec!["server", "--data-dir", data_dir.to_str().expect("UTF-8 temp path"), "--filer-addr", "127.0.0.1:0"];
+        let mut args = vec![
+            "server",
+            "--data-dir",
+            data_dir.to_str().expect("UTF-8 temp path"),
+            "--filer-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ];
         args.extend_from_slice(extra);
-        Self::start(bin, data_dir, &args)
+        Self::start_with(bin, data_dir, &args, 2)
     }
 
     /// Starts `tidemark ARGS...`, which must print `... listening on http://ADDR ...` on stdout.
     pub fn start(bin: &Path, data_dir: &Path, args: &[&str]) -> Self {
+        Self::start_with(bin, data_dir, args, 1)
+    }
+
+    /// Starts a process that prints `listening on` for `listeners` addresses.
+    pub fn start_with(bin: &Path, data_dir: &Path, args: &[&str], listeners: usize) -> Self {
         let stderr_log = data_dir.with_extension("stderr.log");
         let log = std::fs::File::create(&stderr_log).expect("creating the stderr log");
         let mut child = Command::new(bin)
@@ -54,11 +69,56 @@ impl TidemarkProcess {
                 }
             }
         });
-        let mut p =
-            TidemarkProcess { child: Some(child), addr: String::new(), data_dir: data_dir.to_path_buf(), stderr_log };
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(addr) => p.addr = addr,
-            Err(_) => panic!("tidemark {args:?} did not start within 30 s; stderr:\n{}", p.stderr()),
+        let mut p = TidemarkProcess {
+            child: Some(child),
+            addr: String::new(),
+            admin_addr: String::new(),
+            data_dir: data_dir.to_path_buf(),
+            stderr_log,
+        };
+        for i in 0..listeners {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(addr) if i == 0 => p.addr = addr,
+                Ok(addr) => p.admin_addr = addr,
+                Err(_) => panic!("tidemark {args:?} did not start within 30 s; stderr:\n{}", p.stderr()),
+            }
+        }
+        p
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`, ...).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").args([&format!("-{name}"), &self.pid().to_string()]).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -{name} {}", self.pid());
+    }
+
+    /// Starts a process that prints nothing to wait for (a worker): waits until `ready` holds
+    /// of its stderr log.
+    pub fn start_quiet(bin: &Path, log_path: &Path, args: &[&str], ready: impl Fn(&str) -> bool) -> Self {
+        let log = std::fs::File::create(log_path).expect("creating the stderr log");
+        let child = Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let p = TidemarkProcess {
+            child: Some(child),
+            addr: String::new(),
+            admin_addr: String::new(),
+            data_dir: log_path.to_path_buf(),
+            stderr_log: log_path.to_path_buf(),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !ready(&p.stderr()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tidemark {args:?} not ready within 30 s; stderr:\n{}",
+                p.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
         p
     }

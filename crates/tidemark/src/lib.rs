@@ -2,7 +2,7 @@
 //! of `main.rs` so integration tests and other crates can drive them in-process.
 
 pub mod bench;
-pub mod embedded;
 pub mod events_cmd;
+pub mod quickstart;
 pub mod roles;
 pub mod shell;

@@ -23,6 +23,10 @@ enum Role {
     Filer(roles::FilerArgs),
     /// Run everything in one process on the embedded store: the default way to run Tidemark.
     Server(roles::ServerArgs),
+    /// Run the admin: detection, scheduling slices onto workers, the Admin UI and /metrics.
+    Admin(roles::AdminArgs),
+    /// Run a worker: takes slices from the admin and runs them against the filer.
+    Worker(roles::WorkerArgs),
     /// The operator's shell: `tidemark shell -c "fs.ls -l /"`, or interactive.
     Shell(roles::ShellArgs),
     /// Tools for bucket event notifications.
@@ -46,6 +50,8 @@ fn main() {
         match cli.role {
             Role::Filer(a) => roles::run_filer(a).await,
             Role::Server(a) => roles::run_server(a).await,
+            Role::Admin(a) => roles::run_admin(a).await,
+            Role::Worker(a) => roles::run_worker(a).await,
             Role::Shell(a) => roles::run_shell(a).await,
             Role::Bench(b) => tidemark::bench::run(b).await,
             Role::Events(e) => tidemark::events_cmd::run(e),

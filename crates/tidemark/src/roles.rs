@@ -30,8 +30,63 @@ pub struct ServerArgs {
     /// Address the filer's API listens on. A non-loopback address requires --token.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     filer_addr: SocketAddr,
+    /// Address the admin (Admin UI, /metrics, the worker API) listens on.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
+    admin_addr: SocketAddr,
+    /// Mount this local directory as a bucket at /buckets/NAME (NAME: the directory's name) with
+    /// events enabled: files copied into it appear in the namespace within a second. Idempotent
+    /// across restarts. The quick way to see Tidemark work without a cloud account.
+    #[arg(long, value_name = "DIR")]
+    local_bucket: Option<PathBuf>,
+    #[command(flatten)]
+    slices: SliceArgs,
     #[command(flatten)]
     common: StoreArgs,
+}
+
+#[derive(Args)]
+pub struct AdminArgs {
+    /// The filer whose subscriptions the admin schedules.
+    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
+    filer: String,
+    /// Address to listen on (Admin UI, /metrics, the worker API). A non-loopback address requires --token.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
+    addr: SocketAddr,
+    /// Drop a worker that has not heart-beaten for this many seconds, and give its slices to others.
+    #[arg(long, value_name = "SECS", default_value_t = 15)]
+    worker_timeout: u64,
+    /// The token of the filer, and the one the admin requires from its clients.
+    #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    /// The admin that assigns this worker its slices.
+    #[arg(long, env = "TIDEMARK_ADMIN", value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
+    admin: String,
+    /// The filer the slices read and write.
+    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
+    filer: String,
+    /// The worker's id on the admin's Workers page (default: HOST-PID).
+    #[arg(long, value_name = "ID")]
+    id: Option<String>,
+    #[command(flatten)]
+    slices: SliceArgs,
+    /// The token of the filer and the admin.
+    #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+#[derive(Args)]
+pub struct SliceArgs {
+    /// How many slices (subscriptions) this worker runs at once.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_execute: u64,
+    /// Seconds a slice holds its subscription's lease between renewals. A worker that stops
+    /// (paused, cut off) loses its subscriptions to another worker after this long.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    lease_ttl: u64,
 }
 
 #[derive(Args)]
@@ -105,41 +160,48 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: finishing requests in flight");
 }
 
-async fn serve_filer(data_dir: PathBuf, addr: SocketAddr, args: StoreArgs) -> i32 {
-    serve(data_dir, addr, args, false).await
+fn fail(code: i32, message: impl std::fmt::Display) -> i32 {
+    eprintln!("error: {message}");
+    code
 }
 
-/// The filer, and with `slices` the embedded slice runner beside it (`tidemark server`).
-async fn serve(data_dir: PathBuf, addr: SocketAddr, args: StoreArgs, slices: bool) -> i32 {
-    init_logging();
-    if let Err(e) = http::check_bind(addr, args.token.as_deref()) {
-        eprintln!("error: {e}");
-        return 2;
-    }
-    let filer = match open_filer(&data_dir, args.store.as_deref()) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 1;
-        }
-    };
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: cannot listen on {addr}: {e} (is another filer running? choose another address)");
-            return 1;
-        }
-    };
+async fn bind(addr: SocketAddr, what: &str) -> Result<(tokio::net::TcpListener, String), String> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e} (is another {what} running? choose another address)"))?;
     let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
-    // Scripts and tests read this line to find the port (with --addr 127.0.0.1:0).
-    println!("tidemark filer listening on http://{bound} (data dir {})", data_dir.display());
-    tracing::info!(addr = %bound, store = filer.store().backend(), "filer started");
-    let filer = Arc::new(filer);
-    // One shutdown for every part: the HTTP API and the outbound sync.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
+    Ok((listener, bound))
+}
+
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+fn worker_config(id: Option<String>, s: &SliceArgs) -> tidemark_worker::WorkerConfig {
+    tidemark_worker::WorkerConfig {
+        worker_id: id.unwrap_or_else(tidemark_worker::default_worker_id),
+        max_execute: s.max_execute as usize,
+        slice: tidemark_worker::SliceSettings { lease_ttl: std::time::Duration::from_secs(s.lease_ttl) },
+    }
+}
+
+pub async fn run_filer(a: FilerArgs) -> i32 {
+    init_logging();
+    if let Err(e) = http::check_bind(a.addr, a.common.token.as_deref()) {
+        return fail(2, e);
+    }
+    let filer = match open_filer(&a.data_dir, a.common.store.as_deref()) {
+        Ok(f) => Arc::new(f),
+        Err(e) => return fail(1, e),
     };
+    let (listener, bound) = match bind(a.addr, "filer").await {
+        Ok(l) => l,
+        Err(e) => return fail(1, e),
+    };
+    // Scripts and tests read this line to find the port (with --addr 127.0.0.1:0).
+    println!("tidemark filer listening on http://{bound} (data dir {})", a.data_dir.display());
+    tracing::info!(addr = %bound, store = filer.store().backend(), "filer started");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let outbound = filer.data_dir().map(|dd| {
         let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), dd);
         tokio::spawn(sync.run(stopped(stop_rx.clone())))
@@ -148,34 +210,149 @@ async fn serve(data_dir: PathBuf, addr: SocketAddr, args: StoreArgs, slices: boo
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
-    let runner = slices.then(|| {
-        let holder = format!("server-{}", std::process::id());
-        tokio::spawn(crate::embedded::run(filer.clone(), holder, stop_rx.clone()))
-    });
     let api: Arc<dyn Filer> = filer.clone();
-    let served = http::serve(listener, api, args.token, stopped(stop_rx)).await;
+    let served = http::serve(listener, api, a.common.token, stopped(stop_rx)).await;
     if let Some(task) = outbound {
-        let _ = task.await;
-    }
-    if let Some(task) = runner {
         let _ = task.await;
     }
     match served {
         Ok(()) => 0,
-        Err(e) => {
-            eprintln!("error: the filer stopped: {e}");
-            1
-        }
+        Err(e) => fail(1, format!("the filer stopped: {e}")),
     }
 }
 
-pub async fn run_filer(a: FilerArgs) -> i32 {
-    serve_filer(a.data_dir, a.addr, a.common).await
+/// The filer, the admin and one worker in one process (`tidemark server`).
+pub async fn run_server(a: ServerArgs) -> i32 {
+    init_logging();
+    if let Err(e) = http::check_bind(a.filer_addr, a.common.token.as_deref()) {
+        return fail(2, e);
+    }
+    if let Err(e) = tidemark_admin::check_bind(a.admin_addr, a.common.token.as_deref()) {
+        return fail(2, e);
+    }
+    let local_bucket = match a.local_bucket.as_deref().map(crate::quickstart::LocalBucket::resolve).transpose() {
+        Ok(b) => b,
+        Err(e) => return fail(2, e),
+    };
+    let filer = match open_filer(&a.data_dir, a.common.store.as_deref()) {
+        Ok(f) => Arc::new(f),
+        Err(e) => return fail(1, e),
+    };
+    let (filer_listener, filer_bound) = match bind(a.filer_addr, "filer").await {
+        Ok(l) => l,
+        Err(e) => return fail(1, e),
+    };
+    let (admin_listener, admin_bound) = match bind(a.admin_addr, "admin").await {
+        Ok(l) => l,
+        Err(e) => return fail(1, e),
+    };
+    println!("tidemark filer listening on http://{filer_bound} (data dir {})", a.data_dir.display());
+    println!("tidemark admin listening on http://{admin_bound} (Admin UI: http://{admin_bound}/subscriptions)");
+    tracing::info!(filer = %filer_bound, admin = %admin_bound, store = filer.store().backend(), "server started");
+    let api: Arc<dyn Filer> = filer.clone();
+    // Servers stop after the worker drained (its last status writes and reports need them).
+    let (signal_tx, signal_rx) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let outbound = filer.data_dir().map(|dd| {
+        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), dd);
+        tokio::spawn(sync.run(stopped(stop_rx.clone())))
+    });
+    let admin = tidemark_admin::Admin::new(
+        api.clone(),
+        tidemark_admin::AdminConfig { filer_label: filer_bound.clone(), ..Default::default() },
+    );
+    let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
+    let admin_http =
+        tokio::spawn(tidemark_admin::serve(admin_listener, admin, a.common.token.clone(), stopped(stop_rx.clone())));
+    let filer_http = tokio::spawn(http::serve(filer_listener, api.clone(), a.common.token.clone(), stopped(stop_rx)));
+    let client = match tidemark_worker::AdminClient::new(&admin_bound, a.common.token.clone()) {
+        Ok(c) => c,
+        Err(e) => return fail(1, e),
+    };
+    let worker = tidemark_worker::Worker::new(client, api.clone(), worker_config(None, &a.slices));
+    let worker = tokio::spawn(worker.run(signal_rx));
+    if let Some(bucket) = local_bucket {
+        // The servers already run (spawned above); the set-up talks to the filer in-process.
+        match bucket.set_up(api.clone()).await {
+            Ok(msg) => println!("{msg}"),
+            Err(e) => eprintln!("error: setting up --local-bucket: {e}"),
+        }
+    }
+    shutdown_signal().await;
+    let _ = signal_tx.send(true);
+    let _ = worker.await;
+    let _ = stop_tx.send(true);
+    let _ = detection.await;
+    if let Some(task) = outbound {
+        let _ = task.await;
+    }
+    let _ = admin_http.await;
+    match filer_http.await {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => fail(1, format!("the filer stopped: {e}")),
+        Err(e) => fail(1, format!("the filer stopped: {e}")),
+    }
 }
 
-pub async fn run_server(a: ServerArgs) -> i32 {
-    // The filer, with the embedded slice runner standing in for the admin and a worker.
-    serve(a.data_dir, a.filer_addr, a.common, true).await
+pub async fn run_admin(a: AdminArgs) -> i32 {
+    init_logging();
+    if let Err(e) = tidemark_admin::check_bind(a.addr, a.token.as_deref()) {
+        return fail(2, e);
+    }
+    let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
+        Ok(f) => Arc::new(f),
+        Err(e) => return fail(2, e),
+    };
+    if let Err(e) = filer.health().await {
+        tracing::warn!(filer = %a.filer, error = %e, "the filer is not reachable yet; the admin retries");
+    }
+    let (listener, bound) = match bind(a.addr, "admin").await {
+        Ok(l) => l,
+        Err(e) => return fail(1, e),
+    };
+    println!("tidemark admin listening on http://{bound} (Admin UI: http://{bound}/subscriptions; filer {})", a.filer);
+    let config = tidemark_admin::AdminConfig {
+        filer_label: a.filer.clone(),
+        scheduler: tidemark_admin::SchedulerConfig {
+            worker_timeout: std::time::Duration::from_secs(a.worker_timeout.max(1)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let admin = tidemark_admin::Admin::new(filer, config);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
+    let served = tidemark_admin::serve(listener, admin, a.token, stopped(stop_rx)).await;
+    let _ = detection.await;
+    match served {
+        Ok(()) => 0,
+        Err(e) => fail(1, format!("the admin stopped: {e}")),
+    }
+}
+
+pub async fn run_worker(a: WorkerArgs) -> i32 {
+    init_logging();
+    let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
+        Ok(f) => Arc::new(f),
+        Err(e) => return fail(2, e),
+    };
+    let client = match tidemark_worker::AdminClient::new(&a.admin, a.token.clone()) {
+        Ok(c) => c,
+        Err(e) => return fail(2, e),
+    };
+    let config = worker_config(a.id, &a.slices);
+    tracing::info!(worker = %config.worker_id, admin = %a.admin, filer = %a.filer, max_execute = config.max_execute, "worker starting");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    tidemark_worker::Worker::new(client, filer, config).run(stop_rx).await;
+    0
 }
 
 pub async fn run_shell(a: ShellArgs) -> i32 {

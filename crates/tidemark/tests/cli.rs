@@ -169,7 +169,7 @@ fn a_data_directory_serves_one_process_and_bad_store_urls_are_named() {
     let out = Command::new(bin())
         .args(["server", "--data-dir"])
         .arg(&data)
-        .args(["--filer-addr", "127.0.0.1:0"])
+        .args(["--filer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
         .output()
         .unwrap();
     no_panic(&out);
@@ -208,11 +208,26 @@ fn sigterm_stops_the_server_cleanly_and_data_survives_a_restart() {
 #[test]
 fn help_explains_every_role() {
     let out = ok(Command::new(bin()).arg("--help").output().unwrap());
-    for role in ["filer", "server", "shell"] {
+    for role in ["filer", "server", "admin", "worker", "shell"] {
         assert!(out.contains(role), "{out}");
     }
     let out = ok(Command::new(bin()).args(["server", "--help"]).output().unwrap());
-    assert!(out.contains("--data-dir") && out.contains("--filer-addr") && out.contains("--token"), "{out}");
+    for flag in ["--data-dir", "--filer-addr", "--admin-addr", "--local-bucket", "--token"] {
+        assert!(out.contains(flag), "{flag}: {out}");
+    }
+    let out = ok(Command::new(bin()).args(["worker", "--help"]).output().unwrap());
+    for flag in ["--admin", "--filer", "--max-execute", "--lease-ttl"] {
+        assert!(out.contains(flag), "{flag}: {out}");
+    }
+    let out = ok(Command::new(bin()).args(["admin", "--help"]).output().unwrap());
+    assert!(out.contains("--filer") && out.contains("--addr") && out.contains("--worker-timeout"), "{out}");
+    // Beyond loopback without a token: refused, with the fix named.
+    let out = Command::new(bin()).args(["admin", "--addr", "0.0.0.0:0"]).env_remove("TIDEMARK_TOKEN").output().unwrap();
+    no_panic(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--token"), "{}", text(&out.stderr));
+    let out = Command::new(bin()).args(["worker", "--max-execute", "0"]).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("--max-execute"), "{}", text(&out.stderr));
     let out = Command::new(bin()).args(["server", "--bogus"]).output().unwrap();
     no_panic(&out);
     assert!(!out.status.success());

@@ -29,6 +29,8 @@ pub struct SqsSource {
     client: Client,
     queue_url: String,
     backoff: ReceiveBackoff,
+    /// The subscription's visibility timeout, asked for on each receive (else the queue's own).
+    visibility: Option<Duration>,
 }
 
 /// An SQS client for a remote: `sqs_endpoint` if set, else the remote's `endpoint`.
@@ -43,7 +45,13 @@ pub async fn client(conf: &RemoteConf) -> Result<Client> {
 
 impl SqsSource {
     pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
-        SqsSource { client, queue_url: queue_url.into(), backoff: ReceiveBackoff::default() }
+        SqsSource { client, queue_url: queue_url.into(), backoff: ReceiveBackoff::default(), visibility: None }
+    }
+
+    /// Receives with this visibility timeout rather than the queue's default.
+    pub fn with_visibility(mut self, v: Duration) -> Self {
+        self.visibility = (!v.is_zero()).then_some(v);
+        self
     }
 
     pub async fn connect(conf: &RemoteConf, queue_url: &str) -> Result<Self> {
@@ -112,6 +120,7 @@ impl EventSource for SqsSource {
             .queue_url(&self.queue_url)
             .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
             .wait_time_seconds(wait.min(MAX_WAIT).as_secs() as i32)
+            .set_visibility_timeout(self.visibility.map(|v| v.as_secs().clamp(1, MAX_VISIBILITY_SECS) as i32))
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .message_attribute_names("All")

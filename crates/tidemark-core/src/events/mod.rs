@@ -69,6 +69,18 @@ pub trait EventSource: Send + Sync + 'static {
     async fn ack(&self, ack_ids: &[String]) -> Result<AckReport>;
     async fn extend(&self, ack_id: &str, by: Duration) -> Result<()>;
     async fn release(&self, ack_id: &str, delay: Duration) -> Result<()>;
+
+    /// True while the source may have missed notifications that a durable queue would have
+    /// kept — a filesystem watcher that just started, or whose buffer overflowed — until
+    /// [`EventSource::caught_up`] says a reconcile completed after that. The slice then runs a
+    /// gap reconcile before it tails. Queues keep what arrives while nobody listens, so they
+    /// never say so.
+    fn missed_events(&self) -> bool {
+        false
+    }
+
+    /// A full reconcile that started after the last [`EventSource::missed_events`] completed.
+    fn caught_up(&self) {}
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -145,10 +145,11 @@ pub static ALL: &[Command] = &[
     },
     Command {
         name: "remote.events.enable",
-        synopsis: "-dir=/mnt/data [-queue=URL|NAME | -via=sns] [-events=created,removed] [-prefix=P]",
+        synopsis: "-dir=/mnt/data [-queue=URL|NAME | -via=sns] [-events=created,removed] [-prefix=P] [-slice=5m] ...",
         summary: "subscribe a mount to its bucket's event notifications",
         details: "-queue: the queue the bucket's notifications already reach (bring your own; consume only): an SQS queue URL,\n\
                   a Pub/Sub subscription (projects/P/subscriptions/S) or an Azure queue name.\n\
+                  A local directory mount needs no queue: its filesystem notifications are its events (fs-notify).\n\
                   Without -queue (S3): provision a queue and point the bucket's notification at it (sqs_direct), or with\n\
                   -via=sns a shared topic per bucket and this cluster's queue subscribed to it (several clusters can share\n\
                   one bucket's events). Enabling the same identity again changes nothing; a new queue, prefix or event types\n\
@@ -159,6 +160,11 @@ pub static ALL: &[Command] = &[
             flag("via", "sns: provision an SNS fan-out (omit for a direct SQS queue)"),
             flag("events", "event types: created, removed, other (default created,removed)"),
             flag("prefix", "only keys below this path of the mount"),
+            flag("slice", "how long one slice runs before the next is proposed (default 5m)"),
+            flag("reconcileInterval", "how often a scheduled full reconcile runs (default 24h)"),
+            flag("gapThreshold", "a tail interrupted longer than this runs a gap reconcile (default 1h)"),
+            flag("visibility", "the queue's visibility timeout for a delivery in progress (default 60s)"),
+            flag("concurrency", "distinct keys applied at once (default 8)"),
         ],
         positional: (0, 0),
         run: |ctx, args, out| Box::pin(subscriptions::enable(ctx, args, out)),

@@ -31,6 +31,77 @@ async fn capability(
     })
 }
 
+/// `90`, `90s`, `5m`, `2h`, `1d` as seconds.
+fn parse_secs(flag: &str, v: &str) -> Result<u64, CmdError> {
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(CmdError::Usage(format!("-{flag}={v:?}: give seconds, or a number with s, m, h or d"))),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| CmdError::Usage(format!("-{flag}={v:?}: give seconds, or a number with s, m, h or d")))?;
+    n.checked_mul(mult).filter(|s| *s > 0).ok_or_else(|| CmdError::Usage(format!("-{flag}={v:?} is out of range")))
+}
+
+/// The subscription's options: `base` with what the flags change.
+fn options_from(args: &Args, base: &SubscriptionOptions) -> Result<SubscriptionOptions, CmdError> {
+    let mut o = base.clone();
+    if let Some(v) = args.get("slice") {
+        o.slice_secs = parse_secs("slice", v)?;
+    }
+    if let Some(v) = args.get("reconcileInterval") {
+        o.reconcile_interval_secs = parse_secs("reconcileInterval", v)?;
+    }
+    if let Some(v) = args.get("gapThreshold") {
+        o.gap_threshold_secs = parse_secs("gapThreshold", v)?;
+    }
+    if let Some(v) = args.get("visibility") {
+        o.visibility_timeout_secs = parse_secs("visibility", v)?;
+        if o.visibility_timeout_secs > 12 * 3600 {
+            return Err(CmdError::Usage("-visibility is at most 12h (SQS's limit)".into()));
+        }
+    }
+    if let Some(v) = args.get("concurrency") {
+        o.apply_concurrency = v
+            .parse()
+            .ok()
+            .filter(|n| (1..=256).contains(n))
+            .ok_or_else(|| CmdError::Usage(format!("-concurrency={v:?}: give 1 to 256")))?;
+    }
+    Ok(o)
+}
+
+/// The same identity enabled again: only options can change.
+async fn update_options(
+    ctx: &Context,
+    args: &Args,
+    doc_file: &str,
+    old: &SubscriptionDoc,
+    version: u64,
+    out: Out<'_>,
+) -> Result<(), CmdError> {
+    let options = options_from(args, &old.options)?;
+    if options == old.options {
+        writeln!(out, "events already enabled on {} (fingerprint {}); nothing changed", old.dir, old.fingerprint)?;
+        return Ok(());
+    }
+    let doc = SubscriptionDoc { options, updated_at_ms: now_ms(), ..old.clone() };
+    write_json(&*ctx.filer, doc_file, &doc, Some(version)).await?;
+    writeln!(
+        out,
+        "events on {}: options updated (fingerprint {} unchanged; the next slice uses them)",
+        old.dir, old.fingerprint
+    )?;
+    Ok(())
+}
+
 fn dir_of(args: &Args) -> Result<String, CmdError> {
     let d = args.get("dir").ok_or_else(|| CmdError::Usage("-dir is required".into()))?;
     path::normalize_user_path(d).map_err(|e| CmdError::Usage(e.to_string()))
@@ -47,19 +118,19 @@ async fn provision_direct(
     prefix: String,
     event_types: EventTypes,
     topology: Topology,
+    args: &Args,
     out: Out<'_>,
 ) -> Result<(), CmdError> {
     let filer = &*ctx.filer;
     let doc_file = doc_path(dir);
     let existing = read_json::<SubscriptionDoc>(filer, &doc_file).await?;
-    if let Some((old, _)) = &existing {
+    if let Some((old, version)) = &existing {
         let same = old.identity.topology == topology
             && old.identity.bucket == bucket
             && old.identity.prefix == prefix
             && old.identity.event_types == event_types;
         if same {
-            writeln!(out, "events already enabled on {dir} (fingerprint {}); nothing changed", old.fingerprint)?;
-            return Ok(());
+            return update_options(ctx, args, &doc_file, old, *version, out).await;
         }
         if !old.managed.is_empty() {
             return Err(CmdError::Failed(format!(
@@ -99,7 +170,7 @@ async fn provision_direct(
         dir: dir.to_string(),
         fingerprint: identity.fingerprint(),
         identity,
-        options: SubscriptionOptions::default(),
+        options: options_from(args, &SubscriptionOptions::default())?,
         managed,
         created_at_ms: now,
         updated_at_ms: now,
@@ -148,6 +219,10 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
     }
     let (topology, queue) = match (args.get("queue"), args.get("via")) {
         (Some(q), None) if !q.is_empty() => (Topology::ByoQueue, q.to_string()),
+        // A local directory's events are its filesystem notifications: nothing to provision.
+        (None, None) if conf.kind == StorageKind::Local => {
+            (Topology::ByoQueue, tidemark_cloud::local_events::WATCH_QUEUE.to_string())
+        }
         (Some(_), Some(_)) => {
             return Err(CmdError::Usage(
                 "-queue (bring your own queue) and -via (provision) exclude each other".into(),
@@ -162,7 +237,7 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
                     conf.name
                 )));
             }
-            if conf.kind != StorageKind::S3 {
+            if conf.kind != StorageKind::S3 && conf.kind != StorageKind::Local {
                 return Err(CmdError::Failed(format!(
                     "remote {:?} is of type {}: give the queue its notifications reach with -queue= (a Pub/Sub subscription or an \
                      Azure queue), or keep this mount in sync with remote.meta.sync",
@@ -179,18 +254,27 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
                     )));
                 }
             };
-            return provision_direct(ctx, &dir, &conf, &mount.location.bucket, prefix, event_types, topology, out)
-                .await;
+            return provision_direct(
+                ctx,
+                &dir,
+                &conf,
+                &mount.location.bucket,
+                prefix,
+                event_types,
+                topology,
+                &args,
+                out,
+            )
+            .await;
         }
     };
     let identity = Identity { queue, topology, bucket: mount.location.bucket.clone(), prefix, event_types };
     let fingerprint = identity.fingerprint();
     let doc_file = doc_path(&dir);
     let existing = read_json::<SubscriptionDoc>(filer, &doc_file).await?;
-    if let Some((old, _)) = &existing {
+    if let Some((old, version)) = &existing {
         if old.identity == identity {
-            writeln!(out, "events already enabled on {dir} (fingerprint {fingerprint}); nothing changed")?;
-            return Ok(());
+            return update_options(ctx, &args, &doc_file, old, *version, out).await;
         }
         if !old.managed.is_empty() {
             return Err(CmdError::Failed(format!(
@@ -205,7 +289,10 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
         dir: dir.clone(),
         identity,
         fingerprint: fingerprint.clone(),
-        options: existing.as_ref().map(|(d, _)| d.options.clone()).unwrap_or_else(SubscriptionOptions::default),
+        options: options_from(
+            &args,
+            &existing.as_ref().map(|(d, _)| d.options.clone()).unwrap_or_else(SubscriptionOptions::default),
+        )?,
         managed: Default::default(),
         created_at_ms: existing.as_ref().map_or(now, |(d, _)| d.created_at_ms),
         updated_at_ms: now,

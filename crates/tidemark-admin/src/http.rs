@@ -1,0 +1,313 @@
+//! The admin's HTTP surface: the worker API (`/api/v1/workers/...`), read APIs for the shell and
+//! scripts, the Admin UI pages, and `/metrics`. With a token, every request must carry it: as
+//! `Authorization: Bearer TOKEN` (workers, scripts, Prometheus) or as the password of HTTP Basic
+//! authentication (a browser asks for it; any user name).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Form, Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use base64::Engine;
+use serde::Deserialize;
+
+use tidemark_core::Error;
+use tidemark_core::error::ErrorBody;
+use tidemark_core::jobs::{Heartbeat, JOB_TYPES_DOC, JobReport, JobTypes, REMOTE_EVENTS, Register, RegisterReply};
+use tidemark_engine::docs::{read_json, write_json};
+
+use crate::{Admin, now_ms};
+
+struct ApiError(Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self.0 {
+            Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            Error::InvalidArgument { .. } | Error::InvalidPath { .. } => StatusCode::BAD_REQUEST,
+            Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Error::PreconditionFailed { .. } => StatusCode::CONFLICT,
+            Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut resp = (status, Json(ErrorBody::from(self.0))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, "Basic realm=\"tidemark admin\"".parse().expect("static"));
+        }
+        resp
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn json<T>(j: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    j.map(|Json(t)| t).map_err(|r| ApiError(Error::invalid_argument(format!("bad JSON body: {}", r.body_text()))))
+}
+
+#[derive(Clone)]
+struct AppState {
+    admin: Arc<Admin>,
+    token: Option<Arc<str>>,
+}
+
+/// Refuses to expose the admin beyond this machine without a token.
+pub fn check_bind(addr: SocketAddr, token: Option<&str>) -> Result<(), Error> {
+    if !addr.ip().is_loopback() && token.is_none_or(str::is_empty) {
+        return Err(Error::invalid_argument(format!(
+            "refusing to listen on {addr} without a token: anyone who can reach it could schedule work and switch job types; \
+             pass --token (or TIDEMARK_TOKEN), or bind 127.0.0.1"
+        )));
+    }
+    Ok(())
+}
+
+pub fn router(admin: Arc<Admin>, token: Option<String>) -> Router {
+    let state = AppState { admin, token: token.filter(|t| !t.is_empty()).map(Arc::from) };
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/subscriptions") }))
+        .route("/subscriptions", get(subscriptions_page))
+        .route("/job-types", get(job_types_page).post(job_types_form))
+        .route("/workers", get(workers_page))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/health", get(health))
+        .route("/api/v1/subscriptions", get(subscriptions_api))
+        .route("/api/v1/workers", get(workers_api))
+        .route("/api/v1/job-types", get(job_types_api).put(job_types_put))
+        .route("/api/v1/workers/register", post(register))
+        .route("/api/v1/workers/{id}/heartbeat", post(heartbeat))
+        .route("/api/v1/workers/{id}/report", post(report))
+        .route("/api/v1/workers/{id}/leave", post(leave))
+        .fallback(|| async {
+            ApiError(Error::NotFound { path: "no such page; try /subscriptions or /api/v1/health".into() })
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(token) = &state.token {
+        let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let given = if let Some(b) = header.strip_prefix("Bearer ") {
+            Some(b.to_string())
+        } else if let Some(b) = header.strip_prefix("Basic ") {
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .ok()
+                .and_then(|d| String::from_utf8(d).ok())
+                .and_then(|up| up.split_once(':').map(|(_, p)| p.to_string()))
+        } else {
+            None
+        };
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            return ApiError(Error::Unauthorized {
+                message:
+                    "missing or wrong token: pass --token or set TIDEMARK_TOKEN to the admin's token (in a browser: \
+                          any user name, the token as password)"
+                        .into(),
+            })
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn subscriptions_page(State(s): State<AppState>) -> Html<String> {
+    let a = &s.admin;
+    let snap = a.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone();
+    Html(crate::ui::subscriptions(&snap, &a.sched(), &a.config.filer_label, now_ms()))
+}
+
+async fn job_types_page(State(s): State<AppState>) -> Html<String> {
+    let a = &s.admin;
+    let n = a.snapshot.read().unwrap_or_else(|p| p.into_inner()).subscriptions.len();
+    Html(crate::ui::job_types(&a.sched(), n, &a.config.filer_label))
+}
+
+async fn workers_page(State(s): State<AppState>) -> Html<String> {
+    Html(crate::ui::workers(&s.admin.sched(), &s.admin.config.filer_label, now_ms()))
+}
+
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.admin.metrics.render())
+}
+
+async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
+    let a = &s.admin;
+    let (workers, running) = {
+        let sc = a.sched();
+        (sc.workers().len(), sc.running_jobs())
+    };
+    Json(serde_json::json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "filer": a.config.filer_label,
+        "workers": workers,
+        "slices_running": running,
+        "started_at_ms": a.started_ms,
+    }))
+}
+
+async fn subscriptions_api(State(s): State<AppState>) -> Json<serde_json::Value> {
+    let a = &s.admin;
+    let snap = a.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let sched = a.sched();
+    let rows: Vec<serde_json::Value> = snap
+        .subscriptions
+        .iter()
+        .map(|v| {
+            let job = sched.job_of(&v.doc.fingerprint).map(|t| match t {
+                crate::scheduler::Tracked::Pending { job, .. } => serde_json::json!({"id": job.id, "worker": null}),
+                crate::scheduler::Tracked::Assigned { job, worker, .. } => {
+                    serde_json::json!({"id": job.id, "worker": worker})
+                }
+            });
+            serde_json::json!({
+                "dir": v.doc.dir,
+                "fingerprint": v.doc.fingerprint,
+                "identity": v.doc.identity,
+                "status": v.status,
+                "lease": v.lease,
+                "job": job,
+            })
+        })
+        .collect();
+    Json(serde_json::json!({ "subscriptions": rows, "read_at_ms": snap.read_at_ms, "problems": snap.problems }))
+}
+
+async fn workers_api(State(s): State<AppState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "workers": s.admin.sched().workers() }))
+}
+
+async fn job_types_api(State(s): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
+    let t = read_json::<JobTypes>(&*s.admin.filer, JOB_TYPES_DOC).await?.map(|(t, _)| t).unwrap_or_default();
+    Ok(Json(serde_json::json!({ "job_types": [{"job_type": REMOTE_EVENTS, "enabled": t.enabled(REMOTE_EVENTS)}] })))
+}
+
+#[derive(Deserialize)]
+struct Switch {
+    job_type: String,
+    enabled: bool,
+}
+
+/// Switches a job type, persisted in the filer (a read-modify-write that retries on a race).
+async fn switch(admin: &Admin, sw: &Switch) -> Result<(), Error> {
+    if sw.job_type != REMOTE_EVENTS {
+        return Err(Error::invalid_argument(format!(
+            "unknown job type {:?}; the admin runs {REMOTE_EVENTS:?}",
+            sw.job_type
+        )));
+    }
+    for _ in 0..5 {
+        let current = read_json::<JobTypes>(&*admin.filer, JOB_TYPES_DOC).await?;
+        let (mut t, version) = current.map_or((JobTypes::default(), None), |(t, v)| (t, Some(v)));
+        t.set(&sw.job_type, sw.enabled);
+        match write_json(&*admin.filer, JOB_TYPES_DOC, &t, version).await {
+            Ok(_) => {
+                tracing::info!(job_type = %sw.job_type, enabled = sw.enabled, "job type switched");
+                // Applied now rather than at the next detection pass.
+                let _ = admin.detect_once().await;
+                return Ok(());
+            }
+            Err(Error::PreconditionFailed { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Unavailable { message: "the job types document keeps changing; try again".into() })
+}
+
+async fn job_types_put(
+    State(s): State<AppState>,
+    body: Result<Json<Switch>, JsonRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let sw = json(body)?;
+    switch(&s.admin, &sw).await?;
+    Ok(Json(serde_json::json!({"job_type": sw.job_type, "enabled": sw.enabled})))
+}
+
+async fn job_types_form(State(s): State<AppState>, Form(sw): Form<Switch>) -> Response {
+    match switch(&s.admin, &sw).await {
+        Ok(()) => Redirect::to("/job-types").into_response(),
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+async fn register(
+    State(s): State<AppState>,
+    body: Result<Json<Register>, JsonRejection>,
+) -> ApiResult<Json<RegisterReply>> {
+    let r = json(body)?;
+    if r.worker_id.is_empty() || r.worker_id.len() > 200 || r.worker_id.contains('/') {
+        return Err(ApiError(Error::invalid_argument("a worker id is 1 to 200 characters without '/'")));
+    }
+    tracing::info!(worker = %r.worker_id, host = %r.host, max_execute = r.max_execute, "worker registered");
+    s.admin.sched().register(r, now_ms());
+    let beat = (s.admin.config.scheduler.worker_timeout / 5)
+        .clamp(std::time::Duration::from_millis(200), std::time::Duration::from_secs(5));
+    Ok(Json(RegisterReply { heartbeat_ms: beat.as_millis() as u64 }))
+}
+
+async fn heartbeat(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    body: Result<Json<Heartbeat>, JsonRejection>,
+) -> ApiResult<Json<tidemark_core::jobs::HeartbeatReply>> {
+    let hb = json(body)?;
+    let a = &s.admin;
+    let dirs: std::collections::BTreeMap<String, String> = a
+        .snapshot
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .subscriptions
+        .iter()
+        .map(|v| (v.doc.fingerprint.clone(), v.doc.dir.clone()))
+        .collect();
+    a.metrics.samples(|fp| dirs.get(fp).cloned(), &hb.samples);
+    let reply = a.sched().heartbeat(&id, hb.running, hb.draining, now_ms());
+    for j in &reply.assign {
+        tracing::info!(worker = %id, job = %j.id, dir = %j.dir, "slice assigned");
+    }
+    Ok(Json(reply))
+}
+
+async fn report(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    body: Result<Json<JobReport>, JsonRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let r = json(body)?;
+    s.admin.metrics.slice_ended(r.outcome.as_str(), r.duration_ms as f64 / 1000.0);
+    s.admin.sched().report(&id, r, now_ms());
+    Ok(Json(serde_json::json!({"ok": true})))
+}
+
+async fn leave(State(s): State<AppState>, Path(id): Path<String>) -> Json<serde_json::Value> {
+    tracing::info!(worker = %id, "worker left");
+    s.admin.sched().leave(&id);
+    Json(serde_json::json!({"ok": true}))
+}
+
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    admin: Arc<Admin>,
+    token: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(admin, token)).with_graceful_shutdown(shutdown).await
+}
