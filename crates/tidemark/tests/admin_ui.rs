@@ -1,0 +1,165 @@
+//! The Admin UI in a real browser (Debian's headless Chromium): a screenshot of each page, and
+//! assertions on the DOM it renders — the subscription row, its state and counters moving after
+//! files arrive in a local bucket, the Workers page, and the Job types switch.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tidemark_testkit::TidemarkProcess;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn chromium() -> PathBuf {
+    let p = std::env::var_os("TIDEMARK_CHROMIUM").map(PathBuf::from).unwrap_or_else(|| "/usr/bin/chromium".into());
+    assert!(p.exists(), "{} is missing: run ./scripts/setup.sh (it installs Debian's chromium)", p.display());
+    p
+}
+
+/// Chromium with the flags this machine's closed network needs, and a fresh profile.
+fn browser(profile: &Path) -> Command {
+    let mut c = Command::new(chromium());
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    c
+}
+
+fn dump_dom(profile: &Path, url: &str) -> String {
+    let out = browser(profile).args(["--dump-dom", url]).output().expect("running chromium");
+    assert!(out.status.success(), "chromium --dump-dom {url}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn screenshot(profile: &Path, url: &str, name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}.png"));
+    let _ = std::fs::remove_file(&file);
+    let out = browser(profile)
+        .args(["--window-size=1500,700", &format!("--screenshot={}", file.display()), url])
+        .output()
+        .expect("running chromium");
+    assert!(out.status.success(), "chromium --screenshot {url}: {}", String::from_utf8_lossy(&out.stderr));
+    let png = std::fs::read(&file).unwrap_or_default();
+    assert!(png.len() > 5_000 && png.starts_with(b"\x89PNG"), "{}: not a real screenshot", file.display());
+    file
+}
+
+/// The text (tags stripped) of the element with `data-field="FIELD"` inside the row `id="ROW"`.
+fn field(dom: &str, row: &str, name: &str) -> Option<String> {
+    let at = dom.find(&format!("id=\"{row}\""))?;
+    let rest = &dom[at..];
+    let row = &rest[..rest.find("</tr>").unwrap_or(rest.len())];
+    let f = row.find(&format!("data-field=\"{name}\""))?;
+    let open = row[..f].rfind('<')?;
+    let tag: String = row[open + 1..].chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+    let start = f + row[f..].find('>')? + 1;
+    let stop = start + row[start..].find(&format!("</{tag}>"))?;
+    let mut text = String::new();
+    let mut in_tag = false;
+    for c in row[start..stop].chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    Some(text.trim().to_string())
+}
+
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn the_admin_pages_show_subscriptions_workers_and_job_types_in_a_browser() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("photos");
+    let server = TidemarkProcess::server(
+        bin(),
+        &tmp.path().join("data"),
+        &["--local-bucket", bucket.to_str().unwrap(), "--lease-ttl", "6"],
+    );
+    let admin = format!("http://{}", server.admin_addr);
+    let profile = tmp.path().join("chromium-profile");
+
+    // The subscription row appears, tailing, with its baseline done.
+    let mut fp = String::new();
+    eventually("the subscription row, tailing", || {
+        let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
+        let Some(at) = dom.find("id=\"sub-") else { return false };
+        fp = dom[at + 8..].split('"').next().unwrap().to_string();
+        field(&dom, &format!("sub-{fp}"), "state").as_deref() == Some("tailing")
+    });
+    let row = format!("sub-{fp}");
+    let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
+    assert_eq!(field(&dom, &row, "dir").as_deref(), Some("/buckets/photos"), "{dom}");
+    assert_eq!(field(&dom, &row, "topology").as_deref(), Some("byo_queue"));
+    assert_eq!(field(&dom, &row, "queue").as_deref(), Some("fs-notify"));
+    assert!(matches!(field(&dom, &row, "reconcile-kind").as_deref(), Some("baseline" | "gap")), "{dom}");
+    assert_eq!(field(&dom, &row, "lease-generation").as_deref(), Some("1"));
+    let applied = |dom: &str| field(dom, &row, "applied").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let before = applied(&dom);
+
+    // Files arrive; the counters move on the page.
+    for i in 0..3 {
+        std::fs::write(bucket.join(format!("p{i}.jpg")), vec![b'x'; 100 + i]).unwrap();
+    }
+    eventually("the applied counter to move", || applied(&dump_dom(&profile, &format!("{admin}/subscriptions"))) > before);
+    let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
+    let received: u64 = field(&dom, &row, "received").unwrap().parse().unwrap();
+    assert!(received >= applied(&dom), "{dom}");
+    assert_eq!(field(&dom, &row, "failed").as_deref(), Some("0"));
+    screenshot(&profile, &format!("{admin}/subscriptions"), "subscriptions");
+
+    // The Workers page lists the server's own worker, running the slice.
+    let dom = dump_dom(&profile, &format!("{admin}/workers"));
+    assert!(dom.contains("id=\"worker-"), "{dom}");
+    assert!(dom.contains("data-field=\"state\">active<"), "{dom}");
+    assert!(dom.contains("/buckets/photos"), "{dom}");
+    screenshot(&profile, &format!("{admin}/workers"), "workers");
+
+    // The Job types page switches remote_events off (a plain form post), and on again.
+    let dom = dump_dom(&profile, &format!("{admin}/job-types"));
+    assert_eq!(field(&dom, "job-type-remote_events", "state").as_deref(), Some("enabled"), "{dom}");
+    screenshot(&profile, &format!("{admin}/job-types"), "job-types");
+    let post = |enabled: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-d"])
+            .arg(format!("job_type=remote_events&enabled={enabled}"))
+            .arg(format!("{admin}/job-types"))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "303");
+    };
+    post("false");
+    let dom = dump_dom(&profile, &format!("{admin}/job-types"));
+    assert_eq!(field(&dom, "job-type-remote_events", "state").as_deref(), Some("disabled"), "{dom}");
+    eventually("the slice to end once the job type is off", || {
+        let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
+        dom.contains("id=\"job-type-off\"") && field(&dom, &row, "state").as_deref() == Some("idle")
+    });
+    screenshot(&profile, &format!("{admin}/subscriptions"), "subscriptions-job-type-off");
+    post("true");
+    eventually("tailing again", || {
+        let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
+        !dom.contains("id=\"job-type-off\"") && field(&dom, &row, "state").as_deref() == Some("tailing")
+    });
+}
