@@ -122,7 +122,9 @@ fn the_admin_pages_show_subscriptions_workers_and_job_types_in_a_browser() {
     for i in 0..3 {
         std::fs::write(bucket.join(format!("p{i}.jpg")), vec![b'x'; 100 + i]).unwrap();
     }
-    eventually("the applied counter to move", || applied(&dump_dom(&profile, &format!("{admin}/subscriptions"))) > before);
+    eventually("the applied counter to move", || {
+        applied(&dump_dom(&profile, &format!("{admin}/subscriptions"))) > before
+    });
     let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
     let received: u64 = field(&dom, &row, "received").unwrap().parse().unwrap();
     assert!(received >= applied(&dom), "{dom}");
