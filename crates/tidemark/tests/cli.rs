@@ -206,6 +206,31 @@ fn sigterm_stops_the_server_cleanly_and_data_survives_a_restart() {
 }
 
 #[test]
+fn the_admin_requires_the_token_it_was_given() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &["--token", "s3cret"]);
+    let code = |auth: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(auth)
+            .arg(format!("http://{}/api/v1/health", server.admin_addr))
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    };
+    assert_eq!(code(&[]), "401");
+    assert_eq!(code(&["-H", "Authorization: Bearer wrong"]), "401");
+    assert_eq!(code(&["-H", "Authorization: Bearer s3cret"]), "200");
+    assert_eq!(code(&["-u", "anyone:s3cret"]), "200", "a browser's Basic authentication");
+    // The server's own worker got in: it registered with the token.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !server.stderr().contains("registered with the admin") {
+        assert!(std::time::Instant::now() < deadline, "{}", server.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
 fn help_explains_every_role() {
     let out = ok(Command::new(bin()).arg("--help").output().unwrap());
     for role in ["filer", "server", "admin", "worker", "shell"] {
