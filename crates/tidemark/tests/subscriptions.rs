@@ -65,7 +65,6 @@ fn byo_queue_subscriptions_follow_the_identity_rules() {
     for (cmd, says) in [
         ("remote.events.enable -dir=/mnt/data -queue=q -events=deleted", "unknown event type"),
         ("remote.events.enable -dir=/mnt/data -queue=q -via=sns", "exclude each other"),
-        ("remote.events.enable -dir=/mnt/data", "-queue="),
         ("remote.events.disable -dir=/mnt/other", "no event subscription"),
     ] {
         let o = sh(cmd);
@@ -73,6 +72,9 @@ fn byo_queue_subscriptions_follow_the_identity_rules() {
         assert!(err(&o).contains(says), "{cmd}: {}", err(&o));
     }
 
+    // A local directory needs no queue: its filesystem notifications are its events.
+    let local = ok("remote.events.enable -dir=/mnt/data");
+    assert!(local.contains("fs-notify"), "{local}");
     assert!(ok("remote.events.disable -dir=/mnt/data -teardown").contains("nothing in the cloud was changed"));
     assert!(ok("remote.events.list").contains("no event subscriptions"));
 }

@@ -1,0 +1,515 @@
+//! Deterministic simulation of the engine. One seed fully determines a run of the **real**
+//! applier (`apply_batch`), reconciler, `decide`, conditional writes and lease fencing of the
+//! real filer and store, against an in-process bucket whose notifications go through a queue
+//! that duplicates, delays, reorders, drops and redelivers, with local writers, two workers that
+//! pause and resume, and a clock that expires leases and visibility timeouts.
+//!
+//! The harness picks each next step from the seed: a put or delete in the bucket (and its
+//! notification), a local write, a worker's step (acquire / renew the lease, receive a batch,
+//! apply it with its fence), a pause or resume, the clock moving on, a fenced reconcile. Steps run
+//! one at a time, so a run's outcome does not depend on thread timing. Then quiescence: every
+//! worker resumes, one drains the queue, and the properties are checked:
+//!
+//! 1. with no dropped notification, the namespace equals the bucket (keys, sizes, etags) before
+//!    any final reconcile; after one, always;
+//! 2. a local write not yet uploaded is never overwritten by remote state;
+//! 3. no write lands from a stale lease generation (checked at every write);
+//! 4. every acknowledged message's change is reflected when it is acknowledged (checked at every
+//!    acknowledgement); `applied <= received`, and `received` is what the queue delivered.
+
+mod queue;
+mod rng;
+mod wrappers;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use tidemark_cloud::memory::MemoryStorage;
+use tidemark_core::events::{EventSource, Provider};
+use tidemark_core::model::{Fence, Lease};
+use tidemark_core::remote::{Mount, RemoteLocation};
+use tidemark_core::subscription::EventTypes;
+use tidemark_core::{Clock, Error, Filer, ManualClock, RemoteStorage, WriteOptions, format_rfc3339_ms};
+use tidemark_engine::apply::{ApplyContext, Counters, apply_batch};
+use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
+use tidemark_filer::LocalFiler;
+use tidemark_store::SqliteStore;
+
+pub use queue::SimQueue;
+pub use rng::Rng;
+use wrappers::{CheckedQueue, FencedFiler, History, SimRemote, Violations};
+
+/// Which engine runs: the real one, or a deliberately broken variant the properties must catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Correct,
+    /// HEAD is answered from the last event's payload instead of the bucket.
+    TrustPayload,
+    /// Writes go to the filer without the lease's fence.
+    NoFence,
+    /// Every delivery is acknowledged as soon as it is received.
+    AckFirst,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub seed: u64,
+    pub steps: usize,
+    pub variant: Variant,
+}
+
+impl Config {
+    pub fn new(seed: u64) -> Self {
+        Config { seed, steps: 120, variant: Variant::Correct }
+    }
+}
+
+/// What one run found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub violations: Vec<String>,
+    pub dropped: usize,
+    pub deliveries: u64,
+    pub applied: u64,
+    pub received: u64,
+    pub stale_writes_refused: u64,
+    pub steps: usize,
+}
+
+const DIR: &str = "/m";
+const LEASE: &str = "remote_events/sim";
+const LEASE_TTL: Duration = Duration::from_secs(10);
+const VISIBILITY: Duration = Duration::from_secs(5);
+const KEYS: &[&str] = &["a.txt", "b.txt", "c/d.txt", "c/e.txt", "f g.txt", "h+i.txt"];
+
+struct Worker {
+    name: String,
+    filer: Arc<FencedFiler>,
+    lease: Option<Lease>,
+    paused: bool,
+    /// A batch received and not yet applied: a worker paused here applies it when it resumes,
+    /// with the fence it had — as a process stopped mid-batch does.
+    pending: Option<(Vec<tidemark_core::events::Delivery>, Fence)>,
+}
+
+struct World {
+    cfg: Config,
+    rng: Rng,
+    clock: ManualClock,
+    filer: Arc<dyn Filer>,
+    bucket: MemoryStorage,
+    remote: Arc<SimRemote>,
+    queue: Arc<CheckedQueue>,
+    history: Arc<Mutex<History>>,
+    mount: Mount,
+    workers: Vec<Worker>,
+    violations: Violations,
+    /// Local writes not uploaded: path → size of the latest.
+    local: BTreeMap<String, u64>,
+    version: u64,
+    counters: Counters,
+    report: Report,
+    drop_pct: u64,
+    dup_pct: u64,
+    _tmp: tempfile::TempDir,
+}
+
+fn form_encode(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
+            b' ' => "+".into(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl World {
+    async fn open(cfg: Config) -> Result<World, Error> {
+        let mut rng = Rng::new(cfg.seed);
+        // Fast storage for thousands of runs: tmpfs where there is one.
+        let base = if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" };
+        let tmp =
+            tempfile::Builder::new().prefix("tidemark-sim-").tempdir_in(base).map_err(|e| Error::io("tempdir", e))?;
+        let clock = ManualClock::new(1_800_000_000_000);
+        let store = SqliteStore::open(tmp.path().join("meta.db"), Arc::new(clock.clone()))?;
+        let filer: Arc<dyn Filer> =
+            Arc::new(LocalFiler::with_store(Arc::new(store), &tmp.path().join("blobs"), Arc::new(clock.clone()))?);
+        let bucket = MemoryStorage::new(Arc::new(clock.clone()));
+        // The mount's directory, as remote.mount leaves it.
+        let dir = tidemark_core::model::NewEntry::dir(clock.now_ms());
+        filer.apply(tidemark_core::model::Txn::put(DIR, dir, tidemark_core::Origin::System)).await?;
+        let violations: Violations = Arc::default();
+        let history: Arc<Mutex<History>> = Arc::default();
+        let payloads = Arc::new(Mutex::new(BTreeMap::new()));
+        let remote = Arc::new(SimRemote {
+            inner: Arc::new(bucket.clone()),
+            seed: cfg.seed,
+            flaky_pct: [0, 5, 15][rng.below(3) as usize],
+            asked: Mutex::default(),
+            trust_payload: (cfg.variant == Variant::TrustPayload).then(|| payloads.clone()),
+        });
+        let queue = Arc::new(CheckedQueue {
+            queue: SimQueue::new(clock.clone(), cfg.seed, VISIBILITY),
+            filer: filer.clone(),
+            history: history.clone(),
+            dir: DIR.into(),
+            ack_first: cfg.variant == Variant::AckFirst,
+            violations: violations.clone(),
+            payloads,
+        });
+        let workers = (0..2)
+            .map(|i| Worker {
+                name: format!("w{i}"),
+                filer: Arc::new(FencedFiler {
+                    inner: filer.clone(),
+                    strip_fence: cfg.variant == Variant::NoFence,
+                    violations: violations.clone(),
+                    worker: format!("w{i}"),
+                }),
+                lease: None,
+                paused: false,
+                pending: None,
+            })
+            .collect();
+        // A quarter of the runs lose notifications; the rest must converge without a reconcile.
+        let drop_pct = if rng.chance(25) { 10 } else { 0 };
+        let dup_pct = [0, 10, 30][rng.below(3) as usize];
+        let mount = Mount {
+            dir: DIR.into(),
+            location: RemoteLocation { storage: "sim".into(), bucket: "b".into(), path: String::new() },
+            sync: false,
+        };
+        Ok(World {
+            report: Report { seed: cfg.seed, ..Default::default() },
+            cfg,
+            rng,
+            clock,
+            filer,
+            bucket,
+            remote,
+            queue,
+            history,
+            mount,
+            workers,
+            violations,
+            local: BTreeMap::new(),
+            version: 0,
+            counters: Counters::default(),
+            drop_pct,
+            dup_pct,
+            _tmp: tmp,
+        })
+    }
+
+    fn notify(&mut self, key: &str, created: Option<(&str, u64)>) {
+        let version = self.version;
+        let now = self.clock.now_ms();
+        let mut object = serde_json::json!({ "key": form_encode(key), "sequencer": format!("{version:016X}") });
+        if let Some((etag, size)) = created {
+            object["eTag"] = etag.into();
+            object["size"] = size.into();
+        }
+        let record = serde_json::json!({
+            "eventVersion": "2.1",
+            "eventSource": "aws:s3",
+            "eventTime": format_rfc3339_ms(now),
+            "eventName": if created.is_some() { "ObjectCreated:Put" } else { "ObjectRemoved:Delete" },
+            "s3": { "bucket": { "name": "b" }, "object": object },
+        });
+        let body = Bytes::from(serde_json::json!({ "Records": [record] }).to_string());
+        if self.rng.chance(self.drop_pct) {
+            self.report.dropped += 1;
+            return;
+        }
+        let copies = if self.rng.chance(self.dup_pct) { 2 } else { 1 };
+        for _ in 0..copies {
+            let delay = if self.rng.chance(30) { self.rng.below(8_000) as i64 } else { 0 };
+            self.queue.queue.send(body.clone(), key, version, delay);
+        }
+    }
+
+    fn external_put(&mut self) -> Result<(), Error> {
+        let key = KEYS[self.rng.below(KEYS.len() as u64) as usize];
+        let size = 1 + self.rng.below(50) as usize;
+        let o = self.bucket.insert(key, Bytes::from(vec![b'r'; size]), BTreeMap::new())?;
+        self.version += 1;
+        {
+            let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            h.etag_version.insert(o.etag.clone(), self.version);
+            h.changes.entry(key.into()).or_default().push((self.version, true));
+        }
+        self.notify(key, Some((&o.etag, o.size)));
+        Ok(())
+    }
+
+    async fn external_delete(&mut self) -> Result<(), Error> {
+        let key = KEYS[self.rng.below(KEYS.len() as u64) as usize];
+        if self.bucket.stat(key).await?.is_none() {
+            return Ok(());
+        }
+        self.bucket.remove(key)?;
+        self.version += 1;
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .changes
+            .entry(key.into())
+            .or_default()
+            .push((self.version, false));
+        self.notify(key, None);
+        Ok(())
+    }
+
+    async fn local_write(&mut self) -> Result<(), Error> {
+        // Local writes go to a few keys only, so the others keep converging to the bucket.
+        let key = KEYS[self.rng.below(2) as usize * 3];
+        let path = format!("{DIR}/{key}");
+        let size = 100 + self.rng.below(50);
+        let body = futures::stream::once(async move { Ok(Bytes::from(vec![b'L'; size as usize])) }).boxed();
+        match self.filer.write(&path, body, WriteOptions::default()).await {
+            Ok(_) => {
+                self.local.insert(path, size);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn worker_step(&mut self, w: usize, drain: bool) -> Result<(), Error> {
+        if self.workers[w].paused {
+            return Ok(());
+        }
+        if let Some((batch, fence)) = self.workers[w].pending.take() {
+            return self.apply(w, batch, fence).await;
+        }
+        let now = self.clock.now_ms();
+        let filer = self.workers[w].filer.clone();
+        // Like a slice: take the lease when it has none (or its own ran out), renew it now and then.
+        let needs_lease = self.workers[w].lease.as_ref().is_none_or(|l| l.expires_at_ms <= now);
+        if needs_lease {
+            match filer.lease_acquire(LEASE, &self.workers[w].name, LEASE_TTL).await {
+                Ok(l) => self.workers[w].lease = Some(l),
+                Err(Error::LeaseHeld { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        } else if drain || self.rng.chance(50) {
+            let fence = self.workers[w].lease.as_ref().map(Lease::fence).expect("held");
+            match filer.lease_renew(&fence, LEASE_TTL).await {
+                Ok(l) => self.workers[w].lease = Some(l),
+                Err(Error::Fenced { .. }) => {
+                    self.workers[w].lease = None;
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let fence: Fence = self.workers[w].lease.as_ref().map(Lease::fence).expect("held");
+        if !drain && self.rng.chance(10) {
+            return self.reconcile_with(w, fence).await;
+        }
+        let batch = self.queue.receive(10, Duration::ZERO).await?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if !drain && self.rng.chance(40) {
+            // Received; applied at this worker's next step (it may be paused in between).
+            self.workers[w].pending = Some((batch, fence));
+            return Ok(());
+        }
+        self.apply(w, batch, fence).await
+    }
+
+    async fn apply(
+        &mut self,
+        w: usize,
+        batch: Vec<tidemark_core::events::Delivery>,
+        fence: Fence,
+    ) -> Result<(), Error> {
+        let filer = self.workers[w].filer.clone();
+        let types = EventTypes::default();
+        let ctx = ApplyContext {
+            mount: &self.mount,
+            provider: Provider::S3,
+            event_types: &types,
+            cluster_id: Some("sim-cluster"),
+            fence: Some(&fence),
+            concurrency: 4,
+            retry_delay: Duration::from_secs(1),
+            visibility: Duration::ZERO,
+            clock: &self.clock,
+        };
+        match apply_batch(&*filer, &*self.remote, &*self.queue, &ctx, batch, &mut self.counters).await {
+            Ok(_) => Ok(()),
+            Err(Error::Fenced { .. }) => {
+                // A slice ends here; what it did not acknowledge comes back to the next one.
+                self.report.stale_writes_refused += 1;
+                self.workers[w].lease = None;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn reconcile_with(&mut self, w: usize, fence: Fence) -> Result<(), Error> {
+        let filer = self.workers[w].filer.clone();
+        let opts = ReconcileOptions {
+            fence: Some(fence),
+            cluster_id: Some("sim-cluster".into()),
+            page_size: 3,
+            ..Default::default()
+        };
+        match reconcile(&*filer, &*self.bucket_view(), &self.mount, &opts, &mut |_| {}).await {
+            Ok(_) => Ok(()),
+            Err(Error::Fenced { .. }) => {
+                self.report.stale_writes_refused += 1;
+                self.workers[w].lease = None;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The bucket as the reconciler lists it (no injected HEAD failures: a reconcile lists).
+    fn bucket_view(&self) -> Arc<dyn RemoteStorage> {
+        Arc::new(self.bucket.clone())
+    }
+
+    async fn step(&mut self) -> Result<(), Error> {
+        match self.rng.below(100) {
+            0..=24 => self.external_put()?,
+            25..=34 => self.external_delete().await?,
+            35..=39 => self.local_write().await?,
+            40..=79 => {
+                let w = self.rng.below(2) as usize;
+                self.worker_step(w, false).await?
+            }
+            80..=86 => {
+                let w = self.rng.below(2) as usize;
+                self.workers[w].paused = !self.workers[w].paused;
+            }
+            _ => {
+                let by = 200 + self.rng.below(12_000) as i64;
+                self.clock.advance_ms(by);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every worker resumes; the clock moves past every lease and delay; one worker drains the
+    /// queue (redeliveries included).
+    async fn quiesce(&mut self) -> Result<(), Error> {
+        for w in &mut self.workers {
+            w.paused = false;
+        }
+        // Batches held by workers stopped mid-batch are applied (or refused by the fence) first.
+        for w in 0..self.workers.len() {
+            if let Some((batch, fence)) = self.workers[w].pending.take() {
+                self.apply(w, batch, fence).await?;
+            }
+        }
+        for _ in 0..400 {
+            if self.queue.queue.is_empty() {
+                return Ok(());
+            }
+            self.clock.advance_ms(VISIBILITY.as_millis() as i64 + 1);
+            self.worker_step(0, true).await?;
+        }
+        Err(Error::internal(format!("the queue did not drain: {} messages left", self.queue.queue.len())))
+    }
+
+    /// Property 1 (and 2 for local writes): the namespace against the bucket, key by key.
+    async fn compare(&self, when: &str) -> Result<Vec<String>, Error> {
+        let mut out = Vec::new();
+        let keys: BTreeSet<&str> = KEYS.iter().copied().collect();
+        for key in keys {
+            let path = format!("{DIR}/{key}");
+            let entry = self.filer.stat(&path).await?;
+            if let Some(size) = self.local.get(&path) {
+                match &entry {
+                    Some(e) if tidemark_core::decide::is_locally_dirty(e) && e.size == *size => {}
+                    other => out.push(format!(
+                        "{when}: the local write of {path} ({size} bytes) was overwritten: {:?}",
+                        other.as_ref().map(|e| (e.size, e.remote.as_ref().map(|r| r.etag.clone())))
+                    )),
+                }
+                continue;
+            }
+            let object = self.bucket.stat(key).await?;
+            let same = match (&object, &entry) {
+                (None, None) => true,
+                (Some(o), Some(e)) => e.size == o.size && e.remote.as_ref().is_some_and(|r| r.etag == o.etag),
+                _ => false,
+            };
+            if !same {
+                out.push(format!(
+                    "{when}: {path}: the bucket has {:?}, the namespace {:?}",
+                    object.map(|o| (o.size, o.etag)),
+                    entry.map(|e| (e.size, e.remote.map(|r| r.etag)))
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Runs one seed to the end and checks every property.
+pub async fn run(cfg: Config) -> Report {
+    let seed = cfg.seed;
+    let mut world = match World::open(cfg).await {
+        Ok(w) => w,
+        Err(e) => return Report { seed, violations: vec![format!("set-up failed: {e}")], ..Default::default() },
+    };
+    let result = async {
+        for _ in 0..world.cfg.steps {
+            world.step().await?;
+            world.report.steps += 1;
+        }
+        world.quiesce().await?;
+        if world.report.dropped == 0 {
+            let found = world.compare("after quiescence, no notification dropped").await?;
+            world.report.violations.extend(found);
+        }
+        // One final reconcile by whoever holds the lease, then everything must match.
+        world.clock.advance_ms(LEASE_TTL.as_millis() as i64 + 1);
+        let lease = world.workers[0].filer.lease_acquire(LEASE, "w0", LEASE_TTL).await?;
+        world.reconcile_with(0, lease.fence()).await?;
+        let found = world.compare("after the final reconcile").await?;
+        world.report.violations.extend(found);
+        Ok::<(), Error>(())
+    }
+    .await;
+    if let Err(e) = result {
+        world.report.violations.push(format!("the run failed: {e}"));
+    }
+    let c = &world.counters;
+    world.report.applied = c.applied;
+    world.report.received = c.received;
+    world.report.deliveries = world.queue.queue.deliveries();
+    if c.applied > c.received {
+        world.report.violations.push(format!("applied {} > received {}", c.applied, c.received));
+    }
+    if c.received != world.report.deliveries {
+        world
+            .report
+            .violations
+            .push(format!("received {} but the queue delivered {}", c.received, world.report.deliveries));
+    }
+    let during = std::mem::take(&mut *world.violations.lock().unwrap_or_else(|p| p.into_inner()));
+    world.report.violations.splice(0..0, during);
+    world.report
+}
+
+/// The command that replays one seed, printed with every failure.
+pub fn replay_command(seed: u64, variant: Variant) -> String {
+    let v = match variant {
+        Variant::Correct => String::new(),
+        other => format!("TIDEMARK_SIM_VARIANT={other:?} "),
+    };
+    format!("{v}TIDEMARK_SIM_SEED={seed} cargo test -p tidemark-sim --test simulation replay -- --nocapture")
+}

@@ -1,0 +1,125 @@
+//! The simulation's CI budget: at least 1,000 seeds of the correct engine with every property
+//! holding, and each deliberately broken variant caught within a few hundred seeds. A failure
+//! prints its seed and the command that replays it; `TIDEMARK_SIM_SEEDS=100000` runs a long one.
+
+use std::time::Instant;
+
+use tidemark_sim::{Config, Report, Variant, replay_command, run};
+
+fn seeds_from_env(default: u64) -> u64 {
+    std::env::var("TIDEMARK_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+fn start_seed() -> u64 {
+    std::env::var("TIDEMARK_SIM_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Runs seeds `from..from+n` of `variant`, a few at once; stops early at the first failure when
+/// `stop_at_first`.
+async fn run_many(from: u64, n: u64, variant: Variant, stop_at_first: bool) -> (u64, Vec<Report>) {
+    let parallel = 4;
+    let mut failures = Vec::new();
+    let mut totals = Report::default();
+    let mut ran = 0;
+    let mut next = from;
+    let mut set = tokio::task::JoinSet::new();
+    while next < from + n || !set.is_empty() {
+        while set.len() < parallel && next < from + n && (!stop_at_first || failures.is_empty()) {
+            let seed = next;
+            next += 1;
+            set.spawn(async move { run(Config { variant, ..Config::new(seed) }).await });
+        }
+        let Some(done) = set.join_next().await else { break };
+        let report = done.expect("a simulation task panicked");
+        ran += 1;
+        totals.dropped += report.dropped;
+        totals.deliveries += report.deliveries;
+        totals.applied += report.applied;
+        totals.stale_writes_refused += report.stale_writes_refused;
+        totals.steps += report.steps;
+        if !report.violations.is_empty() {
+            failures.push(report);
+        }
+    }
+    failures.sort_by_key(|r| r.seed);
+    eprintln!(
+        "{variant:?}: {ran} seeds, {} steps, {} deliveries, {} applied, {} notifications dropped, {} stale-fenced batches refused",
+        totals.steps, totals.deliveries, totals.applied, totals.dropped, totals.stale_writes_refused
+    );
+    (ran, failures)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_properties_hold_over_the_ci_seeds() {
+    let n = seeds_from_env(1000);
+    let began = Instant::now();
+    let (ran, failures) = run_many(start_seed(), n, Variant::Correct, false).await;
+    eprintln!(
+        "simulation: {ran} seeds from {} in {:.1} s, {} failed",
+        start_seed(),
+        began.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    for r in failures.iter().take(5) {
+        eprintln!(
+            "seed {} failed:\n  {}\n  replay: {}",
+            r.seed,
+            r.violations.join("\n  "),
+            replay_command(r.seed, Variant::Correct)
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} seeds broke a property (first: seed {})",
+        failures.len(),
+        failures[0].seed
+    );
+}
+
+async fn caught(variant: Variant) {
+    let (ran, failures) = run_many(0, 300, variant, true).await;
+    let first = failures.first().unwrap_or_else(|| panic!("{variant:?} was not caught in {ran} seeds"));
+    eprintln!("{variant:?} caught at seed {} after {ran} seeds: {}", first.seed, first.violations[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applier_that_trusts_the_event_payload_is_caught() {
+    caught(Variant::TrustPayload).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applier_that_skips_the_fence_is_caught() {
+    caught(Variant::NoFence).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applier_that_acks_before_applying_is_caught() {
+    caught(Variant::AckFirst).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_replays_the_same_run() {
+    for seed in 0..20 {
+        let a = run(Config::new(seed)).await;
+        let b = run(Config::new(seed)).await;
+        let key = |r: &Report| {
+            (r.steps, r.deliveries, r.applied, r.received, r.dropped, r.stale_writes_refused, r.violations.clone())
+        };
+        assert_eq!(key(&a), key(&b), "seed {seed} ran differently twice");
+    }
+}
+
+/// `TIDEMARK_SIM_SEED=N [TIDEMARK_SIM_VARIANT=NoFence] cargo test -p tidemark-sim --test simulation replay -- --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay() {
+    let Some(seed) = std::env::var("TIDEMARK_SIM_SEED").ok().and_then(|s| s.parse().ok()) else { return };
+    let variant = match std::env::var("TIDEMARK_SIM_VARIANT").as_deref() {
+        Ok("TrustPayload") => Variant::TrustPayload,
+        Ok("NoFence") => Variant::NoFence,
+        Ok("AckFirst") => Variant::AckFirst,
+        _ => Variant::Correct,
+    };
+    let r = run(Config { variant, ..Config::new(seed) }).await;
+    eprintln!("{r:#?}");
+    assert!(r.violations.is_empty(), "seed {seed} ({variant:?}) broke a property");
+}
