@@ -6,8 +6,10 @@
 //! 1. a local entry without a remote record (local-only) is never touched;
 //! 2. a locally dirty entry (written locally since the last sync) is never overwritten;
 //! 3. the echo of this cluster's own upload is skipped;
-//! 4. a remote object without a local entry is created (metadata only) — unless this cluster
-//!    uploaded it and a user has deleted the entry since (a tombstone newer than the upload);
+//! 4. a remote object without a local entry is created (metadata only) — unless a user deleted
+//!    the entry under a synced mount and the delete is not propagated yet (a tombstone): the
+//!    object is the one the user deleted (same etag and mtime), or this cluster's own upload of
+//!    a version the user deleted since;
 //! 5. if etag, mtime or size differ, the entry is updated; a file where the remote has a
 //!    directory (or the reverse) is a conflict, reported and left alone;
 //! 6. a remote-backed entry whose object is gone is deleted (metadata only);
@@ -69,8 +71,23 @@ pub struct DecideCtx<'a> {
     pub storage: &'a str,
     /// This cluster's id, to recognise its own uploads.
     pub cluster_id: Option<&'a str>,
-    /// The version of the local delete of this path, if one is waiting for upload.
-    pub tombstone: Option<u64>,
+    /// The user's delete of this path, if one is waiting for the outbound sync.
+    pub tombstone: Option<&'a Tombstone>,
+}
+
+/// A user's delete of a remote-backed file under a synced mount, kept until the outbound sync
+/// has deleted its object (`system_paths::tombstone`), so that remote state the user already
+/// deleted — a late or redelivered event, a reconcile listing the object before the delete
+/// reaches the bucket — does not bring the entry back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub path: String,
+    /// The version of the entry that was deleted.
+    pub version: u64,
+    /// The object the entry was backed by when deleted.
+    pub etag: String,
+    pub remote_mtime_ms: i64,
+    pub deleted_at_ms: i64,
 }
 
 /// The remote side of a decision: the object, and whether its key is a directory marker
@@ -159,10 +176,12 @@ pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &Decid
     match remote {
         None => Action::Skip(SkipReason::InSync),
         Some(r) => {
-            if let (Some(v), Some(t)) = (own_upload_version(r.object, ctx.cluster_id), ctx.tombstone)
-                && t > v
-            {
-                return Action::Skip(SkipReason::Tombstone);
+            if let Some(t) = ctx.tombstone {
+                let deleted_object = r.object.etag == t.etag && r.object.last_modified_ms == t.remote_mtime_ms;
+                let deleted_upload = own_upload_version(r.object, ctx.cluster_id).is_some_and(|v| t.version >= v);
+                if deleted_object || deleted_upload {
+                    return Action::Skip(SkipReason::Tombstone);
+                }
             }
             Action::Create(entry_for(r, ctx.storage, None))
         }
@@ -226,6 +245,16 @@ mod tests {
     }
 
     const CTX: DecideCtx<'static> = DecideCtx { storage: "r", cluster_id: Some("us"), tombstone: None };
+
+    fn tomb(version: u64, etag: &str, mtime: i64) -> &'static Tombstone {
+        Box::leak(Box::new(Tombstone {
+            path: "/m/x".into(),
+            version,
+            etag: etag.into(),
+            remote_mtime_ms: mtime,
+            deleted_at_ms: 0,
+        }))
+    }
 
     fn file(o: &RemoteObject) -> Option<RemoteSide<'_>> {
         Some(RemoteSide { object: o, is_dir_marker: false })
@@ -305,15 +334,29 @@ mod tests {
                 "tombstone newer than own upload",
                 None,
                 file(&echo_old),
-                DecideCtx { tombstone: Some(5), ..CTX },
+                DecideCtx { tombstone: Some(tomb(5, "other", 1)), ..CTX },
                 Action::Skip(SkipReason::Tombstone),
             ),
             (
                 "tombstone older than own upload",
                 None,
                 file(&not_echo_newer),
-                DecideCtx { tombstone: Some(5), ..CTX },
+                DecideCtx { tombstone: Some(tomb(5, "other", 1)), ..CTX },
                 { Action::Create(entry_for(file(&not_echo_newer).unwrap(), "r", None)) },
+            ),
+            (
+                "tombstone of the very object",
+                None,
+                file(&o1),
+                DecideCtx { tombstone: Some(tomb(9, "e1", o1.last_modified_ms)), ..CTX },
+                Action::Skip(SkipReason::Tombstone),
+            ),
+            (
+                "a newer object than the tombstone's",
+                None,
+                file(&o_changed),
+                DecideCtx { tombstone: Some(tomb(9, "e1", o1.last_modified_ms)), ..CTX },
+                { Action::Create(entry_for(file(&o_changed).unwrap(), "r", None)) },
             ),
             (
                 "file where the remote has a directory",

@@ -240,6 +240,14 @@ pub mod system_paths {
     pub fn remote_conf(name: &str) -> String {
         format!("{REMOTE_DIR}/{name}.conf")
     }
+
+    /// Where users' deletes under synced mounts wait for the outbound sync (`decide::Tombstone`).
+    pub const TOMBSTONES_DIR: &str = "/etc/tidemark/tombstones";
+
+    /// The tombstone of `path`: `/` and `%` percent-escaped, so the mapping is injective.
+    pub fn tombstone(path: &str) -> String {
+        format!("{TOMBSTONES_DIR}/{}.json", path.replace('%', "%25").replace('/', "%2F"))
+    }
 }
 
 #[cfg(test)]

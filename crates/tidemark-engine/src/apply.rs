@@ -25,7 +25,7 @@ use tidemark_core::model::Fence;
 use tidemark_core::remote::Mount;
 use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
 
-use crate::write::{Outcome, decide_and_write};
+use crate::write::{Outcome, WriteRules, decide_and_write};
 
 pub use tidemark_core::subscription::EventTypes;
 
@@ -137,7 +137,8 @@ async fn apply_key(
     let remote =
         object.as_ref().map(|o| RemoteSide { object: o, is_dir_marker: matches!(mapped, Mapped::DirMarker(_)) });
     let dctx = DecideCtx { storage: &ctx.mount.location.storage, cluster_id: ctx.cluster_id, tombstone: None };
-    match decide_and_write(filer, &path, local, remote, &dctx, ctx.fence, true).await {
+    let rules = WriteRules { fence: ctx.fence, allow_delete: true, check_tombstones: ctx.mount.sync };
+    match decide_and_write(filer, &path, local, remote, &dctx, rules).await {
         Ok(outcome) => Ok(KeyResult::Done(Some((path, outcome)))),
         Err(e @ Error::Fenced { .. }) => Err(e),
         Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => Ok(KeyResult::Transient(format!("write: {e}"))),

@@ -59,3 +59,20 @@ pub async fn cluster_id(filer: &dyn Filer) -> Result<String> {
         Err(e) => Err(e),
     }
 }
+
+/// The tombstone of a user's delete of `path` waiting for the outbound sync, if any.
+pub async fn tombstone(filer: &dyn Filer, path: &str) -> Result<Option<tidemark_core::decide::Tombstone>> {
+    use tidemark_core::remote::system_paths;
+    Ok(read_json(filer, &system_paths::tombstone(path)).await?.map(|(t, _)| t))
+}
+
+/// Removes the tombstone of `path` (the outbound sync propagated the delete, or the path holds
+/// something again). Absent is fine.
+pub async fn remove_tombstone(filer: &dyn Filer, path: &str) -> Result<()> {
+    use tidemark_core::model::Txn;
+    use tidemark_core::remote::system_paths;
+    match filer.apply(Txn::delete(system_paths::tombstone(path), false, Origin::System)).await {
+        Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use bytes::BytesMut;
 use futures::StreamExt;
 
-use tidemark_core::decide::{ORIGIN_METADATA, VERSION_METADATA, is_locally_dirty};
+use tidemark_core::decide::{DecideCtx, ORIGIN_METADATA, RemoteSide, VERSION_METADATA, is_locally_dirty};
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::{ChangeRecord, Content, Origin, Precondition, RemoteEntry, Txn};
 use tidemark_core::remote::Mount;
@@ -27,6 +27,12 @@ pub enum OutboundOutcome {
         key: String,
     },
     Deleted {
+        path: String,
+        key: String,
+    },
+    /// The user deleted the entry, but the bucket has a newer object someone else put: it stays,
+    /// and the entry now mirrors it.
+    KeptNewer {
         path: String,
         key: String,
     },
@@ -50,19 +56,49 @@ pub async fn sync_record(
     let map = KeyMap::new(&mount.dir, &mount.location.path)?;
     match &record.new {
         None => {
-            // A delete a user made: remove the object, if the entry had one.
+            // A delete a user made: remove the object the entry was backed by.
             let Some(old) = &record.old else { return Ok(OutboundOutcome::Nothing) };
-            let Some(r) = &old.remote else { return Ok(OutboundOutcome::Nothing) };
-            if old.is_dir() && r.etag.is_empty() {
+            if old.is_dir() && old.remote.as_ref().is_none_or(|r| r.etag.is_empty()) {
                 return Ok(OutboundOutcome::Nothing); // an implied directory has no object
             }
             let Some(key) = map.path_to_key(&record.path, old.is_dir()) else { return Ok(OutboundOutcome::Nothing) };
-            // A path re-created since holds local data now: its own record uploads it.
-            if filer.stat(&record.path).await?.is_some() {
+            // A later delete of the same path (its tombstone names another version) is handled by
+            // its own record; this one must not touch the bucket or that tombstone.
+            let tomb = crate::docs::tombstone(filer, &record.path).await?;
+            if tomb.as_ref().is_some_and(|t| t.version != old.version) {
                 return Ok(OutboundOutcome::Nothing);
             }
-            storage.delete(&key).await?;
-            Ok(OutboundOutcome::Deleted { path: record.path.clone(), key })
+            // A path re-created since holds other data now: its own record uploads it.
+            if filer.stat(&record.path).await?.is_some() {
+                crate::docs::remove_tombstone(filer, &record.path).await?;
+                return Ok(OutboundOutcome::Nothing);
+            }
+            let object = storage.stat(&key).await?;
+            let outcome = match (&old.remote, &object) {
+                (_, None) => OutboundOutcome::Nothing,
+                (r, Some(o)) => {
+                    let ours = o.user_metadata.as_ref().and_then(|m| m.get(ORIGIN_METADATA)).map(String::as_str)
+                        == Some(cluster_id);
+                    if ours || r.as_ref().is_some_and(|r| r.etag == o.etag) {
+                        storage.delete(&key).await?;
+                        OutboundOutcome::Deleted { path: record.path.clone(), key }
+                    } else {
+                        // Someone else's object (newer than what the user deleted, or there while
+                        // the file was only local): it stays.
+                        OutboundOutcome::KeptNewer { path: record.path.clone(), key }
+                    }
+                }
+            };
+            crate::docs::remove_tombstone(filer, &record.path).await?;
+            if let (OutboundOutcome::KeptNewer { .. }, Some(o)) = (&outcome, &object) {
+                // Its notification may have been handled while the local file hid it (and
+                // skipped): mirror it now rather than at the next reconcile.
+                let ctx = DecideCtx { storage: &mount.location.storage, cluster_id: Some(cluster_id), tombstone: None };
+                let side = RemoteSide { object: o, is_dir_marker: old.is_dir() };
+                let rules = crate::write::WriteRules { fence: None, allow_delete: true, check_tombstones: false };
+                crate::write::decide_and_write(filer, &record.path, None, Some(side), &ctx, rules).await?;
+            }
+            Ok(outcome)
         }
         Some(_) => {
             let Some(entry) = filer.stat(&record.path).await? else { return Ok(OutboundOutcome::Nothing) };

@@ -112,6 +112,8 @@ struct Run<'a> {
     map: KeyMap,
     opts: &'a ReconcileOptions,
     storage_name: &'a str,
+    /// Whether users' deletes leave tombstones here (the mount syncs).
+    tombstones: bool,
     report: ReconcileReport,
     sink: &'a mut (dyn FnMut(&Item) + Send + Sync),
 }
@@ -136,7 +138,12 @@ impl Run<'_> {
                 a => outcome_of(&a),
             }
         } else {
-            decide_and_write(self.filer, p, local, remote, &ctx, self.opts.fence.as_ref(), self.opts.delete).await?
+            let rules = crate::write::WriteRules {
+                fence: self.opts.fence.as_ref(),
+                allow_delete: self.opts.delete,
+                check_tombstones: self.tombstones,
+            };
+            decide_and_write(self.filer, p, local, remote, &ctx, rules).await?
         };
         self.emit(Item::Path { path: p.to_string(), outcome });
         Ok(())
@@ -192,6 +199,8 @@ pub async fn reconcile(
         map,
         opts,
         storage_name: &mount.location.storage,
+        // Not "whether any exist now": a user's delete during a long run must count too.
+        tombstones: mount.sync,
         report: ReconcileReport::default(),
         sink,
     };

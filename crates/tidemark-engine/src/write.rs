@@ -49,16 +49,38 @@ pub fn outcome_of(action: &Action) -> Outcome {
 /// Decides `path` against `remote` starting from `local`, and writes the decision through the
 /// filer's conditional (and, with `fence`, fenced) transaction. `allow_delete: false` turns a
 /// delete into a skip (`remote.meta.sync -delete=false`).
+/// How a `decide_and_write` may write.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteRules<'a> {
+    /// Every write carries this fence (a slice's lease).
+    pub fence: Option<&'a Fence>,
+    /// Whether an entry whose object is gone may be deleted (`remote.meta.sync -delete`).
+    pub allow_delete: bool,
+    /// Whether users' deletes leave tombstones here (the mount syncs), so an absent entry's
+    /// tombstone must be looked at before it is re-created.
+    pub check_tombstones: bool,
+}
+
 pub async fn decide_and_write(
     filer: &dyn Filer,
     path: &str,
     mut local: Option<Entry>,
     remote: Option<RemoteSide<'_>>,
     ctx: &DecideCtx<'_>,
-    fence: Option<&Fence>,
-    allow_delete: bool,
+    rules: WriteRules<'_>,
 ) -> Result<Outcome> {
+    let WriteRules { fence, allow_delete, check_tombstones } = rules;
     for _ in 0..MAX_REDECIDE {
+        // Looked up whenever the entry is absent — also after a conditional write found it
+        // deleted meanwhile: a user's delete that the outbound sync has not propagated yet keeps
+        // the entry from coming back.
+        let tomb = match (&local, remote) {
+            (None, Some(_)) if check_tombstones && ctx.tombstone.is_none() => {
+                crate::docs::tombstone(filer, path).await?
+            }
+            _ => None,
+        };
+        let ctx = &DecideCtx { tombstone: ctx.tombstone.or(tomb.as_ref()), ..*ctx };
         let action = decide(local.as_ref(), remote, ctx);
         let precondition = local.as_ref().map_or(Precondition::Absent, |e| Precondition::Version(e.version));
         let outcome = outcome_of(&action);

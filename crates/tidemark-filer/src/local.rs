@@ -105,6 +105,56 @@ impl LocalFiler {
         }
     }
 
+    /// Under a mount that syncs, a user's delete of remote-backed files leaves a tombstone for
+    /// each (written first: a crash in between leaves a tombstone whose entry still exists, which
+    /// nothing reads), so that remote state the user deleted does not bring them back before the
+    /// outbound sync deletes the objects. It removes the tombstones once it has.
+    async fn tombstone_before_delete(&self, p: &str, recursive: bool) -> Result<()> {
+        use tidemark_core::decide::Tombstone;
+        use tidemark_core::remote::{MountMapping, system_paths};
+        let Some(entry) = self.store.get(p).await? else { return Ok(()) };
+        let Some((mapping, _)) =
+            crate::remotes::read_doc::<MountMapping>(self.store.as_ref(), system_paths::MOUNT_MAPPING).await?
+        else {
+            return Ok(());
+        };
+        if !mapping.find_for(p).is_some_and(|m| m.sync && m.dir != p) {
+            return Ok(());
+        }
+        let mut victims = vec![entry.clone()];
+        if recursive && entry.is_dir() {
+            let mut after: Option<String> = None;
+            loop {
+                let page = self.store.scan(p, after.as_deref(), 1000).await?;
+                victims.extend(page.entries.iter().cloned());
+                match page.next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+        }
+        let now = self.clock.now_ms();
+        for e in victims.iter().filter(|e| !e.is_dir()) {
+            let Some(r) = &e.remote else { continue };
+            let t = Tombstone {
+                path: e.path.clone(),
+                version: e.version,
+                etag: r.etag.clone(),
+                remote_mtime_ms: r.remote_mtime_ms,
+                deleted_at_ms: now,
+            };
+            let data = bytes::Bytes::from(serde_json::to_vec(&t).map_err(Error::internal)?);
+            let txn = Txn::put(
+                system_paths::tombstone(&e.path),
+                NewEntry::file(data.len() as u64, now, Content::Inline),
+                tidemark_core::Origin::System,
+            )
+            .with_data(data);
+            self.store.apply(txn).await?;
+        }
+        Ok(())
+    }
+
     /// Applies a transaction, then removes the blobs that no entry names any more. The records
     /// of one transaction are the dense range `first_seq..=seq`, so they are read back exactly.
     async fn commit(&self, txn: Txn) -> Result<Applied> {
@@ -298,6 +348,7 @@ impl Filer for LocalFiler {
     }
 
     async fn delete(&self, p: &str, opts: DeleteOptions) -> Result<Applied> {
+        self.tombstone_before_delete(p, opts.recursive).await?;
         let txn = Txn::delete(p, opts.recursive, tidemark_core::Origin::Local).with_precondition(opts.precondition);
         self.commit(txn).await
     }

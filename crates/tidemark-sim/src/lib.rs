@@ -41,7 +41,7 @@ use tidemark_store::SqliteStore;
 
 pub use queue::SimQueue;
 pub use rng::Rng;
-use wrappers::{CheckedQueue, FencedFiler, History, SimRemote, Violations};
+use wrappers::{CheckedQueue, FencedFiler, History, SimRemote, Violations, violate};
 
 /// Which engine runs: the real one, or a deliberately broken variant the properties must catch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +79,8 @@ pub struct Report {
     pub received: u64,
     pub stale_writes_refused: u64,
     pub steps: usize,
+    /// What happened, step by step, when `TIDEMARK_SIM_TRACE` is set (for replays).
+    pub trace: Vec<String>,
 }
 
 const DIR: &str = "/m";
@@ -111,6 +113,14 @@ struct World {
     violations: Violations,
     /// Local writes not uploaded: path → size of the latest.
     local: BTreeMap<String, u64>,
+    /// Whether the mount uploads local changes (`remote.sync.enable`): half of the runs.
+    sync: bool,
+    outbound_cursor: u64,
+    /// Etags of objects the outbound sync uploaded.
+    uploaded: BTreeSet<String>,
+    /// A user's delete of a path under a synced mount: the bucket version when it happened and
+    /// the object the entry was backed by (`None`: a local file never uploaded).
+    user_deletes: BTreeMap<String, (u64, Option<String>)>,
     version: u64,
     counters: Counters,
     report: Report,
@@ -130,6 +140,14 @@ fn form_encode(key: &str) -> String {
 }
 
 impl World {
+    fn trace(&mut self, line: impl FnOnce() -> String) {
+        if std::env::var_os("TIDEMARK_SIM_TRACE").is_some() {
+            let t = self.clock.now_ms() - 1_800_000_000_000;
+            let l = line();
+            self.report.trace.push(format!("[{t:>7} ms v{}] {l}", self.version));
+        }
+    }
+
     async fn open(cfg: Config) -> Result<World, Error> {
         let mut rng = Rng::new(cfg.seed);
         // Fast storage for thousands of runs: tmpfs where there is one.
@@ -180,11 +198,16 @@ impl World {
         // A quarter of the runs lose notifications; the rest must converge without a reconcile.
         let drop_pct = if rng.chance(25) { 10 } else { 0 };
         let dup_pct = [0, 10, 30][rng.below(3) as usize];
+        let sync = rng.chance(50);
         let mount = Mount {
             dir: DIR.into(),
             location: RemoteLocation { storage: "sim".into(), bucket: "b".into(), path: String::new() },
-            sync: false,
+            sync,
         };
+        // The mount mapping, as remote.mount (and remote.sync.enable) leave it: the filer reads it.
+        let mapping = tidemark_core::remote::MountMapping { mounts: vec![mount.clone()] };
+        tidemark_engine::docs::write_json(&*filer, tidemark_core::remote::system_paths::MOUNT_MAPPING, &mapping, None)
+            .await?;
         Ok(World {
             report: Report { seed: cfg.seed, ..Default::default() },
             cfg,
@@ -199,6 +222,10 @@ impl World {
             workers,
             violations,
             local: BTreeMap::new(),
+            sync,
+            outbound_cursor: 0,
+            uploaded: BTreeSet::new(),
+            user_deletes: BTreeMap::new(),
             version: 0,
             counters: Counters::default(),
             drop_pct,
@@ -244,6 +271,7 @@ impl World {
             h.etag_version.insert(o.etag.clone(), self.version);
             h.changes.entry(key.into()).or_default().push((self.version, true));
         }
+        self.trace(|| format!("bucket: put {key} {} ({size} B)", o.etag));
         self.notify(key, Some((&o.etag, o.size)));
         Ok(())
     }
@@ -273,12 +301,101 @@ impl World {
         let size = 100 + self.rng.below(50);
         let body = futures::stream::once(async move { Ok(Bytes::from(vec![b'L'; size as usize])) }).boxed();
         match self.filer.write(&path, body, WriteOptions::default()).await {
-            Ok(_) => {
+            Ok(e) => {
+                self.trace(|| format!("user: write {path} ({size} B, v{})", e.version));
                 self.local.insert(path, size);
                 Ok(())
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// A user deletes a file under the mount (only where sync propagates it to the bucket).
+    async fn local_delete(&mut self) -> Result<(), Error> {
+        let key = KEYS[self.rng.below(KEYS.len() as u64) as usize];
+        let path = format!("{DIR}/{key}");
+        let etag = match self.filer.stat(&path).await? {
+            Some(e) if !e.is_dir() => e.remote.map(|r| r.etag),
+            _ => return Ok(()),
+        };
+        self.filer.delete(&path, Default::default()).await?;
+        self.trace(|| format!("user: delete {path} (was {etag:?})"));
+        self.local.remove(&path);
+        self.user_deletes.insert(path, (self.version, etag));
+        Ok(())
+    }
+
+    /// The outbound sync handles the next change records, as the filer's loop does; its
+    /// uploads and deletes reach the bucket and, like any change, its notifications.
+    async fn outbound_step(&mut self, max: usize) -> Result<bool, Error> {
+        let records = self.filer.changes(self.outbound_cursor, max, Duration::ZERO).await?;
+        for r in &records {
+            if r.path.starts_with(&format!("{DIR}/")) {
+                let out = tidemark_engine::outbound::sync_record(
+                    &*self.filer,
+                    &self.bucket,
+                    &self.mount,
+                    "sim-cluster",
+                    &self.clock,
+                    r,
+                )
+                .await?;
+                let seq = r.seq;
+                let what = format!("{out:?}");
+                self.trace(|| format!("outbound: record {seq} {what}"));
+                match out {
+                    tidemark_engine::outbound::OutboundOutcome::Uploaded { key, .. } => {
+                        let o = self.bucket.stat(&key).await?.ok_or_else(|| Error::internal("uploaded object gone"))?;
+                        self.version += 1;
+                        {
+                            let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+                            h.etag_version.insert(o.etag.clone(), self.version);
+                            h.changes.entry(key.clone()).or_default().push((self.version, true));
+                        }
+                        self.uploaded.insert(o.etag.clone());
+                        self.notify(&key, Some((&o.etag, o.size)));
+                    }
+                    tidemark_engine::outbound::OutboundOutcome::Deleted { key, .. } => {
+                        self.version += 1;
+                        self.history
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .changes
+                            .entry(key.clone())
+                            .or_default()
+                            .push((self.version, false));
+                        self.notify(&key, None);
+                    }
+                    tidemark_engine::outbound::OutboundOutcome::KeptNewer { .. }
+                    | tidemark_engine::outbound::OutboundOutcome::Nothing => {}
+                }
+            }
+            self.outbound_cursor = r.seq;
+        }
+        Ok(!records.is_empty())
+    }
+
+    /// Property 2, after every step: a local write is still there until the outbound sync
+    /// uploaded it (then the bucket owns the key again).
+    async fn check_local_writes(&mut self, when: &str) -> Result<(), Error> {
+        let paths: Vec<(String, u64)> = self.local.iter().map(|(p, s)| (p.clone(), *s)).collect();
+        for (path, size) in paths {
+            let e = self.filer.stat(&path).await?;
+            match &e {
+                Some(e) if tidemark_core::decide::is_locally_dirty(e) && e.size == size => {}
+                Some(e) if e.size == size && e.remote.as_ref().is_some_and(|r| self.uploaded.contains(&r.etag)) => {
+                    self.local.remove(&path);
+                }
+                other => violate(
+                    &self.violations,
+                    format!(
+                        "{when}: the local write of {path} ({size} bytes) was overwritten: {:?}",
+                        other.as_ref().map(|e| (e.size, e.remote.as_ref().map(|r| r.etag.clone())))
+                    ),
+                ),
+            }
+        }
+        Ok(())
     }
 
     async fn worker_step(&mut self, w: usize, drain: bool) -> Result<(), Error> {
@@ -344,8 +461,15 @@ impl World {
             visibility: Duration::ZERO,
             clock: &self.clock,
         };
+        let gen_ = fence.generation;
         match apply_batch(&*filer, &*self.remote, &*self.queue, &ctx, batch, &mut self.counters).await {
-            Ok(_) => Ok(()),
+            Ok(r) => {
+                let name = self.workers[w].name.clone();
+                self.trace(|| {
+                    format!("{name} (gen {gen_}): applied {:?}, acked {}, left {}", r.outcomes, r.acked, r.left)
+                });
+                Ok(())
+            }
             Err(Error::Fenced { .. }) => {
                 // A slice ends here; what it did not acknowledge comes back to the next one.
                 self.report.stale_writes_refused += 1;
@@ -364,7 +488,12 @@ impl World {
             page_size: 3,
             ..Default::default()
         };
-        match reconcile(&*filer, &*self.bucket_view(), &self.mount, &opts, &mut |_| {}).await {
+        let mut items = Vec::new();
+        let result =
+            reconcile(&*filer, &*self.bucket_view(), &self.mount, &opts, &mut |i| items.push(format!("{i:?}"))).await;
+        let name = self.workers[w].name.clone();
+        self.trace(|| format!("{name}: reconcile {items:?}"));
+        match result {
             Ok(_) => Ok(()),
             Err(Error::Fenced { .. }) => {
                 self.report.stale_writes_refused += 1;
@@ -382,10 +511,16 @@ impl World {
 
     async fn step(&mut self) -> Result<(), Error> {
         match self.rng.below(100) {
-            0..=24 => self.external_put()?,
-            25..=34 => self.external_delete().await?,
-            35..=39 => self.local_write().await?,
-            40..=79 => {
+            0..=22 => self.external_put()?,
+            23..=31 => self.external_delete().await?,
+            32..=36 => self.local_write().await?,
+            37..=39 if self.sync => self.local_delete().await?,
+            37..=39 => {}
+            40..=44 if self.sync => {
+                self.outbound_step(2).await?;
+            }
+            40..=44 => {}
+            45..=79 => {
                 let w = self.rng.below(2) as usize;
                 self.worker_step(w, false).await?
             }
@@ -414,11 +549,13 @@ impl World {
             }
         }
         for _ in 0..400 {
-            if self.queue.queue.is_empty() {
+            let uploading = self.sync && self.outbound_step(100).await?;
+            if self.queue.queue.is_empty() && !uploading {
                 return Ok(());
             }
             self.clock.advance_ms(VISIBILITY.as_millis() as i64 + 1);
             self.worker_step(0, true).await?;
+            self.check_local_writes("while draining").await?;
         }
         Err(Error::internal(format!("the queue did not drain: {} messages left", self.queue.queue.len())))
     }
@@ -466,11 +603,38 @@ pub async fn run(cfg: Config) -> Report {
         Err(e) => return Report { seed, violations: vec![format!("set-up failed: {e}")], ..Default::default() },
     };
     let result = async {
-        for _ in 0..world.cfg.steps {
+        for i in 0..world.cfg.steps {
             world.step().await?;
             world.report.steps += 1;
+            world.check_local_writes(&format!("step {i}")).await?;
         }
         world.quiesce().await?;
+        if world.sync && !world.local.is_empty() {
+            world.report.violations.push(format!("local writes never uploaded: {:?}", world.local));
+        }
+        // A user's delete is not undone: unless someone put the key again after it, the object
+        // the entry was backed by is gone (an object someone else put is theirs, and stays).
+        for (path, (at, etag)) in world.user_deletes.clone() {
+            let Some(etag) = etag else { continue };
+            let key = &path[DIR.len() + 1..];
+            let put_after = world
+                .history
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .changes
+                .get(key)
+                .is_some_and(|c| c.iter().any(|(v, exists)| *v > at && *exists));
+            if put_after {
+                continue;
+            }
+            let object = world.bucket.stat(key).await?;
+            if object.as_ref().is_some_and(|o| o.etag == etag) {
+                world.report.violations.push(format!(
+                    "the user's delete of {path} was undone: the object {etag} is still there (entry there: {})",
+                    world.filer.stat(&path).await?.is_some()
+                ));
+            }
+        }
         if world.report.dropped == 0 {
             let found = world.compare("after quiescence, no notification dropped").await?;
             world.report.violations.extend(found);

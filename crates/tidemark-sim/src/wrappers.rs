@@ -143,8 +143,15 @@ impl CheckedQueue {
     async fn check(&self, receipts: &[String]) -> Result<()> {
         for r in receipts {
             let Some(m) = self.queue.message_of(r) else { continue };
-            let entry = self.filer.stat(&format!("{}/{}", self.dir, m.key)).await?;
-            let ok = self.history.lock().unwrap_or_else(|p| p.into_inner()).reflects(&m.key, entry.as_ref(), m.version);
+            let path = format!("{}/{}", self.dir, m.key);
+            let entry = self.filer.stat(&path).await?;
+            let mut ok =
+                self.history.lock().unwrap_or_else(|p| p.into_inner()).reflects(&m.key, entry.as_ref(), m.version);
+            // A user's delete waiting for the outbound sync wins over the object it deleted (the
+            // final comparison catches a tombstone that hid a newer object).
+            if !ok && entry.is_none() {
+                ok = tidemark_engine::docs::tombstone(&*self.filer, &path).await?.is_some();
+            }
             if !ok {
                 violate(
                     &self.violations,
