@@ -16,6 +16,26 @@ pub enum Bench {
     /// A full reconcile of N objects from the in-process memory bucket into a fresh SQLite
     /// namespace, then a second, no-change reconcile: time, rate and peak memory of each.
     Reconcile(ReconcileBench),
+    /// The engine's own cost per event: N notifications through the real applier against the
+    /// in-process memory bucket and queue (no network), into a fresh SQLite namespace; with a
+    /// per-stage breakdown, and the HEADs a burst over fewer keys costs (coalescing).
+    Apply(ApplyBench),
+}
+
+#[derive(Args)]
+pub struct ApplyBench {
+    /// Notifications to apply.
+    #[arg(long, default_value_t = 10_000)]
+    events: usize,
+    /// Distinct keys they name (fewer than --events: a burst that coalesces).
+    #[arg(long)]
+    keys: Option<usize>,
+    /// Distinct keys applied at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Where to put the namespace (default: a temporary directory, removed afterwards).
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -53,14 +73,16 @@ fn mib(kib: Option<u64>) -> String {
 }
 
 pub async fn run(bench: Bench) -> i32 {
-    match bench {
-        Bench::Reconcile(b) => match reconcile_bench(b).await {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("error: {e}");
-                1
-            }
-        },
+    let result = match bench {
+        Bench::Reconcile(b) => reconcile_bench(b).await,
+        Bench::Apply(b) => crate::bench_apply::run(b.events, b.keys, b.concurrency, b.data_dir).await,
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! of `main.rs` so integration tests and other crates can drive them in-process.
 
 pub mod bench;
+mod bench_apply;
 pub mod events_cmd;
 pub mod quickstart;
 pub mod roles;
