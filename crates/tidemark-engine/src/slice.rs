@@ -32,6 +32,29 @@ pub const STATUS_DIR: &str = "/etc/tidemark/remote_events/status";
 /// How often a tailing slice refreshes its status blob (when its counters moved).
 const STATUS_EVERY: Duration = Duration::from_secs(2);
 
+/// The most deliveries gathered into one applied batch when the queue has a backlog.
+pub const GATHER: usize = 100;
+
+/// After a full receive (the queue has a backlog), receives more without waiting, up to
+/// [`GATHER`] deliveries, so that one HEAD serves every notification of a key in the burst.
+pub async fn gather(
+    source: &dyn EventSource,
+    mut batch: Vec<tidemark_core::events::Delivery>,
+) -> Vec<tidemark_core::events::Delivery> {
+    let max = source.max_batch();
+    let mut last = batch.len();
+    while last >= max && batch.len() < GATHER {
+        match source.receive(max.min(GATHER - batch.len()), Duration::ZERO).await {
+            Ok(more) => {
+                last = more.len();
+                batch.extend(more);
+            }
+            Err(_) => break, // what was gathered is applied; the error shows on the next receive
+        }
+    }
+    batch
+}
+
 pub fn lease_name(fingerprint: &str) -> String {
     format!("remote_events/{fingerprint}")
 }
@@ -296,6 +319,7 @@ impl Slice<'_> {
                 b = self.source.receive(self.source.max_batch(), wait) => b,
             };
             let batch = match batch {
+                Ok(b) if !b.is_empty() => gather(self.source, b).await,
                 Ok(b) => b,
                 // The source backs off by itself; a slice that cannot receive still ends on time.
                 Err(e) => {

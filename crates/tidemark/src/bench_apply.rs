@@ -215,14 +215,17 @@ pub async fn run(
         if batch.is_empty() {
             break;
         }
+        // As a slice does: a backlog is gathered into larger batches.
+        let batch = tidemark_engine::slice::gather(&source, batch).await;
         batches += 1;
         apply_batch(&timed_filer, &remote, &source, &ctx, batch, &mut counters).await.map_err(|e| e.to_string())?;
     }
     let wall = began.elapsed().as_secs_f64();
     let heads = bucket.calls.stat.load(Ordering::Relaxed) - heads_before;
     println!(
-        "bench apply: {events} notifications over {keys} keys, concurrency {concurrency}, batches of {} (store: SQLite in {})",
+        "bench apply: {events} notifications over {keys} keys, concurrency {concurrency}, receives of {} gathered up to {} (store: SQLite in {})",
         source.max_batch(),
+        tidemark_engine::slice::GATHER,
         if dir == tmp.path() { "a temporary directory".to_string() } else { dir.display().to_string() }
     );
     println!(
