@@ -20,6 +20,25 @@ pub enum Bench {
     /// in-process memory bucket and queue (no network), into a fresh SQLite namespace; with a
     /// per-stage breakdown, and the HEADs a burst over fewer keys costs (coalescing).
     Apply(ApplyBench),
+    /// Object put in the bucket → entry visible in the namespace, through a running filer and its
+    /// workers (`scripts/bench.sh` sets one up against moto and a local bucket): p50 / p99 over N
+    /// puts, and what a `remote.meta.sync` on a schedule would give for comparison.
+    Latency(LatencyBench),
+}
+
+#[derive(Args)]
+pub struct LatencyBench {
+    /// The filer of a running `tidemark server` (or filer + admin + workers).
+    #[arg(long, env = "TIDEMARK_FILER", default_value = "127.0.0.1:8888")]
+    filer: String,
+    /// A mounted directory with events enabled; objects are put into its bucket directly.
+    #[arg(long)]
+    dir: String,
+    /// How many objects to put, one after another (each waits until visible).
+    #[arg(long, default_value_t = 1000)]
+    puts: usize,
+    #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Args)]
@@ -76,6 +95,7 @@ pub async fn run(bench: Bench) -> i32 {
     let result = match bench {
         Bench::Reconcile(b) => reconcile_bench(b).await,
         Bench::Apply(b) => crate::bench_apply::run(b.events, b.keys, b.concurrency, b.data_dir).await,
+        Bench::Latency(b) => latency_bench(b).await,
     };
     match result {
         Ok(()) => 0,
@@ -128,6 +148,97 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
             mib(peak.zip(before).map(|(p, b)| p.saturating_sub(b)))
         );
         println!("    {}", report.summary());
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+    if sorted.is_empty() {
+        return std::time::Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn latency_bench(b: LatencyBench) -> Result<(), String> {
+    use std::time::Duration;
+    use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
+    use tidemark_engine::docs::read_json;
+    let filer = tidemark_filer::HttpFiler::new(&b.filer, b.token.clone()).map_err(|e| e.to_string())?;
+    let dir = tidemark_core::path::normalize_user_path(&b.dir).map_err(|e| e.to_string())?;
+    let (mapping, _) = read_json::<MountMapping>(&filer, system_paths::MOUNT_MAPPING)
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    let mount = mapping.find_dir(&dir).cloned().ok_or_else(|| format!("{dir} is not a mount"))?;
+    let (conf, _) = read_json::<RemoteConf>(&filer, &system_paths::remote_conf(&mount.location.storage))
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the mount's remote is not configured")?;
+    let storage = tidemark_cloud::open_storage(&conf, &mount.location.bucket).await.map_err(|e| e.to_string())?;
+    let run = format!(
+        "{:x}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
+    );
+    let prefix = mount.location.key_prefix();
+    println!(
+        "bench latency: {} puts into {} ({}), each waited for in {dir}",
+        b.puts,
+        conf.kind.as_str(),
+        storage.describe()
+    );
+    let mut lat = Vec::with_capacity(b.puts);
+    let mut late = 0;
+    for i in 0..b.puts {
+        let key = format!("{prefix}bench-latency/{run}/{i:05}.txt");
+        let path = format!("{dir}/bench-latency/{run}/{i:05}.txt");
+        let t = Instant::now();
+        storage.put(&key, Bytes::from(format!("{i}")), Default::default()).await.map_err(|e| e.to_string())?;
+        loop {
+            if filer.stat(&path).await.map_err(|e| e.to_string())?.is_some() {
+                lat.push(t.elapsed());
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                late += 1;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if (i + 1) % 100 == 0 {
+            eprintln!("  {} / {} puts", i + 1, b.puts);
+        }
+    }
+    lat.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "  put → visible: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} of {} within 60 s)",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.9)),
+        ms(percentile(&lat, 0.99)),
+        ms(lat.last().copied().unwrap_or_default()),
+        lat.len(),
+        b.puts
+    );
+    if late > 0 {
+        println!("  {late} puts were not visible within 60 s");
+    }
+    // The cron alternative: a full reconcile every T leaves a change unseen for up to T plus the
+    // reconcile's own duration; a uniformly timed change waits T/2 on average.
+    let t = Instant::now();
+    let report = reconcile(&filer, &*storage, &mount, &ReconcileOptions::default(), &mut |_| {})
+        .await
+        .map_err(|e| e.to_string())?;
+    let d = t.elapsed();
+    println!("  one remote.meta.sync of this bucket: {:.2} s ({})", d.as_secs_f64(), report.summary());
+    for period in [60u64, 300, 3600] {
+        let p = Duration::from_secs(period);
+        println!(
+            "  remote.meta.sync every {:>4} s: staleness p50 {:.1} s, p99 {:.1} s",
+            period,
+            (p / 2 + d).as_secs_f64(),
+            (p.mul_f64(0.99) + d).as_secs_f64()
+        );
     }
     Ok(())
 }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The end-to-end benchmarks, from a clean clone: builds Tidemark in release, starts moto on a free
+# port, runs a `tidemark server` against it and against a local bucket, and prints every figure
+# docs/BENCHMARKS.md records. Usage: scripts/bench.sh [PUTS]   (default 1000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+puts="${1:-1000}"
+
+./scripts/setup.sh >/dev/null
+cargo build --release -q -p tidemark
+bin=./target/release/tidemark
+work=$(mktemp -d -t tidemark-bench-XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 1; rm -rf "$work"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_line() { # FILE PATTERN
+  for _ in $(seq 1 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  echo "bench: timed out waiting for '$2' in $1" >&2; cat "$1" >&2; exit 1
+}
+
+echo "== engine overhead (in-process bucket and queue) =="
+"$bin" bench apply --events 10000 --concurrency 1
+"$bin" bench apply --events 10000 --concurrency 8
+echo "== coalescing: a burst of 10,000 notifications over 100 keys =="
+"$bin" bench apply --events 10000 --keys 100
+
+port=$(free_port)
+python3 -m moto.server -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$port/moto-api/" && break; sleep 0.1; done
+moto="http://127.0.0.1:$port"
+
+start_server() { # NAME EXTRA...
+  local name=$1; shift
+  local fport aport
+  fport=$(free_port); aport=$(free_port)
+  "$bin" server --data-dir "$work/$name" --filer-addr "127.0.0.1:$fport" --admin-addr "127.0.0.1:$aport" "$@" \
+    >"$work/$name.out" 2>"$work/$name.err" &
+  pids+=($!)
+  wait_line "$work/$name.out" "admin listening"
+  echo "127.0.0.1:$fport"
+}
+
+echo "== put → visible against moto (S3 → SQS, long polling) =="
+filer=$(start_server s3)
+bucket="bench-$$"
+python3 - "$moto" "$bucket" <<'PY'
+import sys, urllib.request
+req = urllib.request.Request(f"{sys.argv[1]}/{sys.argv[2]}", method="PUT")
+urllib.request.urlopen(req).read()
+PY
+"$bin" shell --filer "$filer" -c "remote.configure -name=s3 -type=s3 -s3.endpoint=$moto -s3.access_key=testing -s3.secret_key=testing; \
+  remote.mount -dir=/mnt/s3 -remote=s3/$bucket; remote.events.enable -dir=/mnt/s3" >/dev/null
+"$bin" bench latency --filer "$filer" --dir /mnt/s3 --puts "$puts"
+
+echo "== put → visible for a local bucket (filesystem notifications) =="
+filer=$(start_server local --local-bucket "$work/buckets/demo")
+wait_line "$work/local.out" "mounted at"
+"$bin" bench latency --filer "$filer" --dir /buckets/demo --puts "$puts"
+
+echo "== reconcile: 100,000 objects against the in-process bucket =="
+"$bin" bench reconcile --objects 100000
