@@ -79,6 +79,8 @@ pub struct Report {
     pub received: u64,
     pub stale_writes_refused: u64,
     pub steps: usize,
+    /// Whole slices of the slice engine run.
+    pub slices: u64,
     /// What happened, step by step, when `TIDEMARK_SIM_TRACE` is set (for replays).
     pub trace: Vec<String>,
 }
@@ -109,6 +111,8 @@ struct World {
     queue: Arc<CheckedQueue>,
     history: Arc<Mutex<History>>,
     mount: Mount,
+    /// The subscription the slices run (fingerprint `sim`: its lease is `remote_events/sim`).
+    doc: tidemark_core::subscription::SubscriptionDoc,
     workers: Vec<Worker>,
     violations: Violations,
     /// Local writes not uploaded: path → size of the latest.
@@ -208,7 +212,30 @@ impl World {
         let mapping = tidemark_core::remote::MountMapping { mounts: vec![mount.clone()] };
         tidemark_engine::docs::write_json(&*filer, tidemark_core::remote::system_paths::MOUNT_MAPPING, &mapping, None)
             .await?;
+        let identity = tidemark_core::subscription::Identity {
+            queue: "sim:queue".into(),
+            topology: tidemark_core::subscription::Topology::ByoQueue,
+            bucket: "b".into(),
+            prefix: String::new(),
+            event_types: EventTypes::default(),
+        };
+        let doc = tidemark_core::subscription::SubscriptionDoc {
+            dir: DIR.into(),
+            identity,
+            fingerprint: "sim".into(),
+            // Short enough that the simulated minutes see gap and scheduled reconciles.
+            options: tidemark_core::subscription::SubscriptionOptions {
+                gap_threshold_secs: 60,
+                reconcile_interval_secs: 300,
+                visibility_timeout_secs: VISIBILITY.as_secs(),
+                ..Default::default()
+            },
+            managed: Default::default(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        };
         Ok(World {
+            doc,
             report: Report { seed: cfg.seed, ..Default::default() },
             cfg,
             rng,
@@ -480,6 +507,67 @@ impl World {
         }
     }
 
+    /// A whole slice of the real slice engine (`Slice::run`) by worker `w`, while the rest of the
+    /// world waits: lease, the reconcile its marker asks for, receive and apply what is visible,
+    /// status blob, release. It is cancelled as soon as nothing is visible in the queue (its
+    /// wall-clock length is only a safety net), so what it does does not depend on timing.
+    async fn slice(&mut self, w: usize) -> Result<(), Error> {
+        if self.workers[w].paused || self.workers[w].pending.is_some() {
+            return Ok(());
+        }
+        let filer = self.workers[w].filer.clone();
+        let name = self.workers[w].name.clone();
+        let slice = tidemark_engine::slice::Slice {
+            filer: &*filer,
+            storage: &*self.remote,
+            source: &*self.queue,
+            clock: &self.clock,
+            doc: &self.doc,
+            mount: &self.mount,
+            provider: Provider::S3,
+            cluster_id: Some("sim-cluster"),
+            holder: &name,
+            length: Duration::from_secs(30),
+            lease_ttl: LEASE_TTL,
+            observer: &tidemark_engine::slice::NoObserver,
+        };
+        // The counters the slice starts from (its status blob): what it adds is this slice's.
+        let before = tidemark_engine::docs::read_json::<tidemark_engine::slice::StatusBlob>(
+            &*self.filer,
+            &tidemark_engine::slice::status_path(&self.doc.fingerprint),
+        )
+        .await?
+        .map(|(s, _)| s.counters)
+        .unwrap_or_default();
+        let queue = self.queue.queue.clone();
+        let drained = std::future::poll_fn(move |_| {
+            if queue.visible_len() == 0 { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+        });
+        let out = slice.run(drained).await;
+        self.trace(|| format!("{name}: slice {out:?}"));
+        match out {
+            Ok(o) => {
+                self.counters.received += o.counters.received - before.received;
+                self.counters.applied += o.counters.applied - before.applied;
+                if o.end == tidemark_engine::slice::SliceEnd::LeaseLost {
+                    self.report.stale_writes_refused += 1;
+                }
+                // The slice released its lease; this worker holds none now.
+                self.workers[w].lease = None;
+                self.report.slices += 1;
+                Ok(())
+            }
+            Err(Error::LeaseHeld { .. }) => Ok(()),
+            // A transient failure (a HEAD in its reconcile) fails the slice, as in production: its
+            // status says so, its lease was released, and the admin proposes the next.
+            Err(Error::Unavailable { .. }) => {
+                self.workers[w].lease = None;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     async fn reconcile_with(&mut self, w: usize, fence: Fence) -> Result<(), Error> {
         let filer = self.workers[w].filer.clone();
         let opts = ReconcileOptions {
@@ -520,9 +608,13 @@ impl World {
                 self.outbound_step(2).await?;
             }
             40..=44 => {}
-            45..=79 => {
+            45..=72 => {
                 let w = self.rng.below(2) as usize;
                 self.worker_step(w, false).await?
+            }
+            73..=79 => {
+                let w = self.rng.below(2) as usize;
+                self.slice(w).await?
             }
             80..=86 => {
                 let w = self.rng.below(2) as usize;

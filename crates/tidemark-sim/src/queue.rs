@@ -69,6 +69,12 @@ impl SimQueue {
         self.lock().messages.values().find(|m| m.receipt.as_deref() == Some(receipt)).cloned()
     }
 
+    /// Messages a receive could return now.
+    pub fn visible_len(&self) -> usize {
+        let now = self.clock.now_ms();
+        self.lock().messages.values().filter(|m| m.visible_at_ms <= now).count()
+    }
+
     pub fn len(&self) -> usize {
         self.lock().messages.len()
     }

@@ -37,14 +37,15 @@ async fn run_many(from: u64, n: u64, variant: Variant, stop_at_first: bool) -> (
         totals.applied += report.applied;
         totals.stale_writes_refused += report.stale_writes_refused;
         totals.steps += report.steps;
+        totals.slices += report.slices;
         if !report.violations.is_empty() {
             failures.push(report);
         }
     }
     failures.sort_by_key(|r| r.seed);
     eprintln!(
-        "{variant:?}: {ran} seeds, {} steps, {} deliveries, {} applied, {} notifications dropped, {} stale-fenced batches refused",
-        totals.steps, totals.deliveries, totals.applied, totals.dropped, totals.stale_writes_refused
+        "{variant:?}: {ran} seeds, {} steps, {} slices, {} deliveries, {} applied, {} notifications dropped, {} stale-fenced batches refused",
+        totals.steps, totals.slices, totals.deliveries, totals.applied, totals.dropped, totals.stale_writes_refused
     );
     (ran, failures)
 }
