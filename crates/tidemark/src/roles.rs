@@ -104,6 +104,9 @@ pub struct ShellArgs {
     /// The filer to talk to.
     #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     filer: String,
+    /// The admin, for what only it knows (which worker runs a subscription's slice).
+    #[arg(long, env = "TIDEMARK_ADMIN", value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
+    admin: String,
     /// The filer's token, if it has one.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -356,12 +359,13 @@ pub async fn run_worker(a: WorkerArgs) -> i32 {
 }
 
 pub async fn run_shell(a: ShellArgs) -> i32 {
-    let filer = match HttpFiler::new(&a.filer, a.token) {
+    let filer = match HttpFiler::new(&a.filer, a.token.clone()) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
             return 2;
         }
     };
-    shell::main(shell::Context { filer: Arc::new(filer) }, a.command).await
+    let admin = Some(shell::AdminRef { addr: a.admin, token: a.token.clone() });
+    shell::main(shell::Context { filer: Arc::new(filer), admin }, a.command).await
 }

@@ -109,6 +109,21 @@ fn the_admin_pages_show_subscriptions_workers_and_job_types_in_a_browser() {
         field(&dom, &format!("sub-{fp}"), "state").as_deref() == Some("tailing")
     });
     let row = format!("sub-{fp}");
+    // The shell asks the admin which worker runs the slice.
+    let listed = tidemark_testkit::run_shell(
+        bin(),
+        &server.addr,
+        "remote.events.list",
+        &[("TIDEMARK_ADMIN", &server.admin_addr)],
+    );
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(listed.contains("running on"), "{listed}");
+    let unknown =
+        tidemark_testkit::run_shell(bin(), &server.addr, "remote.events.list", &[("TIDEMARK_ADMIN", "127.0.0.1:1")]);
+    assert!(
+        String::from_utf8_lossy(&unknown.stdout).contains("SLICE unknown"),
+        "the admin unreachable is said, not fatal"
+    );
     let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
     assert_eq!(field(&dom, &row, "dir").as_deref(), Some("/buckets/photos"), "{dom}");
     assert_eq!(field(&dom, &row, "topology").as_deref(), Some("byo_queue"));

@@ -20,6 +20,15 @@ use flags::{Args, FlagSpec};
 /// What a command needs from the outside world.
 pub struct Context {
     pub filer: Arc<dyn Filer>,
+    /// The admin (`--admin`), asked for what only it knows: which worker runs which slice.
+    pub admin: Option<AdminRef>,
+}
+
+/// Where the admin is, and its token.
+#[derive(Clone, Debug)]
+pub struct AdminRef {
+    pub addr: String,
+    pub token: Option<String>,
 }
 
 pub type Out<'a> = &'a mut (dyn Write + Send);

@@ -336,8 +336,45 @@ async fn all_docs(ctx: &Context) -> Result<Vec<SubscriptionDoc>, CmdError> {
     }
 }
 
+/// The admin's view of the slices: fingerprint → who runs it (`None`: waiting for a worker).
+/// `Err` says why the admin could not be asked (the list goes on without it).
+async fn slices_from_admin(ctx: &Context) -> Result<std::collections::BTreeMap<String, Option<String>>, String> {
+    let Some(admin) = &ctx.admin else { return Err("no --admin".into()) };
+    let base = if admin.addr.contains("://") { admin.addr.clone() } else { format!("http://{}", admin.addr) };
+    let client =
+        reqwest::Client::builder().timeout(std::time::Duration::from_secs(2)).build().map_err(|e| e.to_string())?;
+    let mut rb = client.get(format!("{base}/api/v1/subscriptions"));
+    if let Some(t) = &admin.token {
+        rb = rb.bearer_auth(t);
+    }
+    let resp = rb.send().await.map_err(|e| format!("the admin at {} is not reachable ({e})", admin.addr))?;
+    if !resp.status().is_success() {
+        return Err(format!("the admin at {} answered {}", admin.addr, resp.status()));
+    }
+    let v: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+    let mut out = std::collections::BTreeMap::new();
+    for s in v["subscriptions"].as_array().into_iter().flatten() {
+        if let (Some(fp), Some(job)) = (s["fingerprint"].as_str(), s["job"].as_object()) {
+            out.insert(fp.to_string(), job.get("worker").and_then(|w| w.as_str()).map(str::to_string));
+        }
+    }
+    Ok(out)
+}
+
+fn slice_text(slices: &Result<std::collections::BTreeMap<String, Option<String>>, String>, fp: &str) -> String {
+    match slices {
+        Err(_) => "?".into(),
+        Ok(m) => match m.get(fp) {
+            Some(Some(w)) => format!("running on {w}"),
+            Some(None) => "waiting for a worker".into(),
+            None => "none".into(),
+        },
+    }
+}
+
 pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
     let docs = all_docs(ctx).await?;
+    let slices = if docs.is_empty() { Ok(Default::default()) } else { slices_from_admin(ctx).await };
     if args.is_set("json") {
         let mut items = Vec::new();
         for d in &docs {
@@ -345,6 +382,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
             let mut v = serde_json::to_value(d).map_err(|e| CmdError::Failed(e.to_string()))?;
             if let Some(obj) = v.as_object_mut() {
                 obj.insert("status".into(), serde_json::to_value(&status).unwrap_or_default());
+                obj.insert("slice".into(), slice_text(&slices, &d.fingerprint).into());
             }
             items.push(v);
         }
@@ -358,7 +396,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
     }
     writeln!(
         out,
-        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tECHO\tUPDATED"
+        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tECHO\tUPDATED\tSLICE"
     )?;
     for d in docs {
         // Slices write a status blob per fingerprint; until one has run, the state is idle.
@@ -369,7 +407,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
         };
         writeln!(
             out,
-            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}\t{}",
             d.dir,
             d.identity.topology.as_str(),
             d.identity.queue,
@@ -381,8 +419,12 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
             c.applied,
             c.failed,
             c.echo_suppressed,
-            format_rfc3339_ms(d.updated_at_ms)
+            format_rfc3339_ms(d.updated_at_ms),
+            slice_text(&slices, &d.fingerprint)
         )?;
+    }
+    if let Err(why) = &slices {
+        writeln!(out, "(SLICE unknown: {why}; pass --admin or set TIDEMARK_ADMIN)")?;
     }
     Ok(())
 }
