@@ -159,6 +159,63 @@ async fn two_workers_tail_across_slices_through_a_pause_and_a_kill() {
     let restarted = worker(&a, &f, &holder, &killed_log);
     eventually("every put across the kill", Duration::from_secs(60), async || all_there(&expected).await).await;
 
+    // 4. The admin restarts (same address): the workers register again, their running slices
+    //    are adopted rather than proposed twice, and events keep flowing.
+    let admin_port = a.rsplit(':').next().unwrap().to_string();
+    drop(admin_p);
+    let admin_p = TidemarkProcess::start(
+        bin(),
+        &tmp.path().join("admin2"),
+        &["admin", "--filer", &f, "--addr", &format!("127.0.0.1:{admin_port}"), "--worker-timeout", "3"],
+    );
+    assert_eq!(admin_p.addr, a);
+    put_some(5, Duration::from_millis(200), &mut expected).await;
+    eventually("every put across the admin's restart", Duration::from_secs(60), async || all_there(&expected).await)
+        .await;
+    eventually("both workers registered again", Duration::from_secs(30), async || {
+        let w: serde_json::Value = serde_json::from_str(&get(&a, "/api/v1/workers").await).unwrap();
+        w["workers"].as_array().is_some_and(|w| w.len() == 2)
+    })
+    .await;
+
+    // 5. SIGTERM the holder: it ends its slice cleanly — status written, lease released — and
+    //    exits 0; the other worker takes over without waiting for the lease to expire.
+    let (holder, generation) = wait_live_lease(&a).await;
+    let (stopping, other) = if holder == "wa" { (&mut wa, "wb") } else { (&mut wb, "wa") };
+    // (After a restart the holder may be the restarted process; find it by id.)
+    let mut restarted = restarted;
+    let stopping = if stopping.pid() == 0 { &mut restarted } else { stopping };
+    stopping.signal("TERM");
+    let exit = stopping.wait_exit(Duration::from_secs(30)).expect("the worker exits on SIGTERM");
+    assert!(exit.success(), "{exit:?}");
+    // Released, not left to expire (it would still be live: renewed every 1.3 s for 4 s). Asked
+    // of the filer itself: the admin's view is up to a detection pass old.
+    let fp = subscriptions(&a).await["subscriptions"][0]["fingerprint"].as_str().unwrap().to_string();
+    let lease = filer.lease_get(&format!("remote_events/{fp}")).await.unwrap().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    assert!(
+        lease.holder != holder || lease.expires_at_ms <= now,
+        "the stopped worker still holds the lease: {lease:?}"
+    );
+    // Its status blob says the slice ended (unless the next slice already wrote its own).
+    let (status, _) = tidemark_engine::docs::read_json::<tidemark_engine::slice::StatusBlob>(
+        &filer,
+        &tidemark_engine::slice::status_path(&fp),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        status.lease_generation > generation || (status.lease_holder == holder && status.slice_ended_at_ms.is_some()),
+        "the stopped worker's slice did not write its end: {status:?}"
+    );
+    eventually("the other worker takes over at once", Duration::from_secs(15), async || {
+        live_lease(&a).await.is_some_and(|(h, g)| h == other && g > generation)
+    })
+    .await;
+    put_some(5, Duration::from_millis(200), &mut expected).await;
+    eventually("every put after the drain", Duration::from_secs(40), async || all_there(&expected).await).await;
+
     // Nothing applied twice: each key was put once, so the namespace changed it exactly once.
     let mut per_path: BTreeMap<String, usize> = BTreeMap::new();
     let mut after = 0;
@@ -195,5 +252,5 @@ async fn two_workers_tail_across_slices_through_a_pause_and_a_kill() {
             eprintln!("{log}: {line}");
         }
     }
-    drop(restarted);
+    drop((restarted, admin_p));
 }
