@@ -1,6 +1,6 @@
 //! The whole loop, as a user runs it: `tidemark server`, an S3 mount, `remote.events.enable`
 //! (provisioning a queue), and then changes made directly in the bucket appear in the namespace
-//! within seconds, applied by the server's embedded slice runner.
+//! within seconds, applied by the server's own worker (its admin schedules the slices).
 
 use std::path::Path;
 use std::process::Output;
