@@ -133,7 +133,9 @@ impl Scheduler {
         }
     }
 
-    fn is_wanted(&self, job: &Job) -> bool {
+    /// Whether a job's subscription is still wanted as it was (not disabled, re-pointed, or its
+    /// job type switched off).
+    pub fn is_wanted(&self, job: &Job) -> bool {
         self.enabled && self.wanted.get(&job.fingerprint).is_some_and(|d| *d == job.dir)
     }
 

@@ -149,6 +149,12 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
             None => "<span class=\"muted\">never taken</span>".into(),
         };
         let slice = match sched.job_of(&d.fingerprint) {
+            // Cancelled at the worker's next heartbeat; it ends cleanly and reports.
+            Some(Tracked::Assigned { job, worker, .. }) if !sched.is_wanted(job) => format!(
+                "<span data-field=\"slice\">stopping</span> on {} <span class=\"muted\">({})</span>",
+                escape(worker),
+                escape(&job.id)
+            ),
             Some(Tracked::Assigned { job, worker, since_ms, .. }) => format!(
                 "<span data-field=\"slice\">running</span> on {} <span class=\"muted\">({}, since {})</span>",
                 escape(worker),

@@ -171,7 +171,9 @@ fn the_admin_pages_show_subscriptions_workers_and_job_types_in_a_browser() {
     assert_eq!(field(&dom, "job-type-remote_events", "state").as_deref(), Some("disabled"), "{dom}");
     eventually("the slice to end once the job type is off", || {
         let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
-        dom.contains("id=\"job-type-off\"") && field(&dom, &row, "state").as_deref() == Some("idle")
+        dom.contains("id=\"job-type-off\"")
+            && field(&dom, &row, "state").as_deref() == Some("idle")
+            && field(&dom, &row, "slice").as_deref() != Some("running")
     });
     screenshot(&profile, &format!("{admin}/subscriptions"), "subscriptions-job-type-off");
     post("true");
