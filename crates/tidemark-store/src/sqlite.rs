@@ -229,12 +229,22 @@ fn query_entries(conn: &Connection, sql: &str, params: impl rusqlite::Params) ->
 /// Every entry strictly below `dir`, in byte order of the path.
 fn descendants(conn: &Connection, dir: &str, start_after: &str, limit: i64) -> Result<Vec<Entry>> {
     let (lo, hi) = path::descendant_bounds(dir);
-    let after = if start_after > lo.as_str() { start_after } else { "" };
-    query_entries(
-        conn,
-        "SELECT path, version, meta FROM entries WHERE path >= ?1 AND path > ?2 AND path < ?3 ORDER BY path LIMIT ?4",
-        params![lo, after, hi, limit],
-    )
+    // One lower bound per query: given both (`path >= lo AND path > after`), SQLite seeks to `lo`
+    // and filters from there, so every page rescanned the directory from its start (a reconcile
+    // of 1,000,000 objects went quadratic).
+    if start_after > lo.as_str() {
+        query_entries(
+            conn,
+            "SELECT path, version, meta FROM entries WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3",
+            params![start_after, hi, limit],
+        )
+    } else {
+        query_entries(
+            conn,
+            "SELECT path, version, meta FROM entries WHERE path >= ?1 AND path < ?2 ORDER BY path LIMIT ?3",
+            params![lo, hi, limit],
+        )
+    }
 }
 
 fn put_row(conn: &Connection, e: &Entry, data: Option<&[u8]>) -> Result<()> {
