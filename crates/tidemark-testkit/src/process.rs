@@ -171,3 +171,18 @@ pub fn run_shell(bin: &Path, addr: &str, commands: &str, env: &[(&str, &str)]) -
     }
     cmd.output().unwrap_or_else(|e| panic!("running the shell: {e}"))
 }
+
+/// The stdout of a command that must have succeeded (its stderr in the failure otherwise).
+pub fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Polls `check` until it holds; fails the test naming `what` after 40 s.
+pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

@@ -4,9 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use tidemark_testkit::TidemarkProcess;
+use tidemark_testkit::{TidemarkProcess, eventually};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
@@ -78,14 +77,6 @@ fn field(dom: &str, row: &str, name: &str) -> Option<String> {
         }
     }
     Some(text.trim().to_string())
-}
-
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(300));
-    }
 }
 
 #[test]

@@ -3,29 +3,14 @@
 //! within seconds, applied by the server's own worker (its admin schedules the slices).
 
 use std::path::Path;
-use std::process::Output;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::RemoteStorage;
-use tidemark_testkit::{Moto, TidemarkProcess, run_shell, unique_name};
+use tidemark_testkit::{Moto, TidemarkProcess, eventually, ok, run_shell, unique_name};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
-}
-
-fn ok(o: Output) -> String {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
