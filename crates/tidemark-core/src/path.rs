@@ -104,6 +104,15 @@ pub fn descendant_bounds(dir: &str) -> (String, String) {
     if dir == ROOT { ("/".to_string(), "0".to_string()) } else { (format!("{dir}/"), format!("{dir}0")) }
 }
 
+/// The exclusive bounds `(lo, hi)` of a range read of the entries strictly below `dir` whose
+/// path is greater than `start_after`: `lo < path < hi`. One lower bound, so a database can seek
+/// straight to the page. (No canonical path equals `dir/`, and the root's own path `/` is the
+/// root's `lo`, so the directory itself is never in the range.)
+pub fn scan_bounds(dir: &str, start_after: &str) -> (String, String) {
+    let (lo, hi) = descendant_bounds(dir);
+    if start_after > lo.as_str() { (start_after.to_string(), hi) } else { (lo, hi) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -241,6 +241,12 @@ pub mod system_paths {
         format!("{REMOTE_DIR}/{name}.conf")
     }
 
+    /// How far the outbound sync has followed the change log: `{"seq": N}`, written by the filer
+    /// holding the [`OUTBOUND_LEASE`] (fenced by it), so any filer can take over where it stopped.
+    pub const OUTBOUND_CURSOR: &str = "/etc/tidemark/outbound/cursor.json";
+    /// The lease one filer of a cluster holds while it runs the outbound sync.
+    pub const OUTBOUND_LEASE: &str = "filer/outbound-sync";
+
     /// Where users' deletes under synced mounts wait for the outbound sync (`decide::Tombstone`).
     pub const TOMBSTONES_DIR: &str = "/etc/tidemark/tombstones";
 

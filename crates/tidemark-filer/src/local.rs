@@ -49,6 +49,19 @@ impl LocalFiler {
         Ok(LocalFiler { store: Arc::new(store), blobs, remotes: Remotes::default(), clock, _data_dir: Some(data_dir) })
     }
 
+    /// Opens the filer on a data directory (content, lock) with a store of its own choosing
+    /// (a shared PostgreSQL store).
+    pub fn open_with_store(data_dir: DataDir, store: Arc<dyn MetaStore>) -> Result<Self> {
+        let blobs = BlobDir::open(data_dir.root())?;
+        Ok(LocalFiler {
+            store,
+            blobs,
+            remotes: Remotes::default(),
+            clock: Arc::new(SystemClock),
+            _data_dir: Some(data_dir),
+        })
+    }
+
     /// A filer over any store, with blobs under `blob_root` (tests, other backends).
     pub fn with_store(store: Arc<dyn MetaStore>, blob_root: &std::path::Path, clock: Arc<dyn Clock>) -> Result<Self> {
         Ok(LocalFiler { store, blobs: BlobDir::open(blob_root)?, remotes: Remotes::default(), clock, _data_dir: None })

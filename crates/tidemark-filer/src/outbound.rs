@@ -1,13 +1,19 @@
 //! The filer's outbound `remote.sync` loop: follows the change log and hands each local change
-//! under a mount with sync enabled to `tidemark_engine::outbound::sync_record`. Its position is
-//! a file in the data directory (`outbound.cursor`), written after each batch, so a restart
-//! resumes where it stopped; handling a record again is harmless (it looks at current state).
+//! under a mount with sync enabled to `tidemark_engine::outbound::sync_record`.
+//!
+//! One filer of a cluster runs it at a time: the one holding the `filer/outbound-sync` lease
+//! (with several filers on one shared store, the others wait to take over). Its position is the
+//! system document `/etc/tidemark/outbound/cursor.json`, written after each batch with the
+//! lease's fence, so a restart, or another filer taking over, resumes where it stopped, and a
+//! filer that lost the lease cannot move it. Handling a record again is harmless (it looks at
+//! current state).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tidemark_core::backoff::Backoff;
+use tidemark_core::model::{Content, Fence, NewEntry, Origin, Txn};
 use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
 use tidemark_core::{Error, Filer, Result};
 use tidemark_engine::outbound::{OutboundOutcome, sync_record};
@@ -15,61 +21,136 @@ use tidemark_engine::outbound::{OutboundOutcome, sync_record};
 use crate::local::LocalFiler;
 use crate::remotes::read_doc;
 
+/// How long the lease lasts between renewals; renewed every third of it.
+const LEASE_TTL: Duration = Duration::from_secs(30);
+/// How often a filer that does not hold the lease checks whether it is free.
+const STANDBY_CHECK: Duration = Duration::from_secs(5);
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Cursor {
+    seq: u64,
+}
+
 pub struct OutboundSync {
     filer: Arc<LocalFiler>,
-    cursor_file: PathBuf,
-}
-
-fn read_cursor(p: &PathBuf) -> u64 {
-    std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
-}
-
-fn write_cursor(p: &PathBuf, seq: u64) -> Result<()> {
-    let tmp = p.with_extension("tmp");
-    std::fs::write(&tmp, seq.to_string())
-        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, p))
-        .map_err(|e| Error::io(format!("writing {}", p.display()), e))
+    holder: String,
 }
 
 impl OutboundSync {
-    pub fn new(filer: Arc<LocalFiler>, data_dir: &std::path::Path) -> Self {
-        OutboundSync { filer, cursor_file: data_dir.join("outbound.cursor") }
+    /// `holder` names this filer in the lease (unique among the filers of the cluster).
+    pub fn new(filer: Arc<LocalFiler>, holder: impl Into<String>) -> Self {
+        OutboundSync { filer, holder: holder.into() }
     }
 
     /// Where the loop will resume.
-    pub fn cursor(&self) -> u64 {
-        read_cursor(&self.cursor_file)
+    pub async fn cursor(&self) -> Result<u64> {
+        Ok(read_doc::<Cursor>(self.filer.store().as_ref(), system_paths::OUTBOUND_CURSOR)
+            .await?
+            .map_or(0, |(c, _)| c.seq))
     }
 
-    /// Runs until `stop` resolves.
+    /// Runs until `stop` resolves: takes the lease (or waits for it), then handles batches while
+    /// renewing it; a lost lease abandons the batch in flight and goes back to waiting.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
+        let store = self.filer.store().clone();
+        let ttl_ms = LEASE_TTL.as_millis() as i64;
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
+        let mut standby_logged = false;
         loop {
-            tokio::select! {
-                _ = &mut stop => return,
-                r = self.step(Duration::from_secs(10)) => match r {
-                    Ok(_) => backoff.succeed(),
-                    Err(e) => {
-                        let wait = backoff.fail();
-                        tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "outbound sync: will retry");
-                        tokio::select! {
-                            _ = &mut stop => return,
-                            _ = tokio::time::sleep(wait) => {}
-                        }
+            let lease = match store.lease_acquire(system_paths::OUTBOUND_LEASE, &self.holder, ttl_ms).await {
+                Ok(l) => l,
+                Err(Error::LeaseHeld { holder, .. }) => {
+                    if !standby_logged {
+                        tracing::info!(%holder, "outbound sync: another filer runs it; standing by");
+                        standby_logged = true;
                     }
-                },
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        _ = tokio::time::sleep(STANDBY_CHECK) => continue,
+                    }
+                }
+                Err(e) => {
+                    let wait = backoff.fail();
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "outbound sync: cannot take its lease");
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        _ = tokio::time::sleep(wait) => continue,
+                    }
+                }
+            };
+            standby_logged = false;
+            let fence = lease.fence();
+            let mut pos = match self.cursor().await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbound sync: cannot read its cursor");
+                    let _ = store.lease_release(&fence).await;
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        _ = tokio::time::sleep(backoff.fail()) => continue,
+                    }
+                }
+            };
+            tracing::info!(generation = lease.generation, cursor = pos, "outbound sync: running on this filer");
+            let keep = async {
+                loop {
+                    tokio::time::sleep(LEASE_TTL / 3).await;
+                    if let Err(e) = store.lease_renew(&fence, ttl_ms).await {
+                        return e;
+                    }
+                }
+            };
+            tokio::pin!(keep);
+            let stopping = loop {
+                tokio::select! {
+                    _ = &mut stop => break true,
+                    e = &mut keep => {
+                        tracing::warn!(error = %e, "outbound sync: lost its lease; another filer may take over");
+                        break false;
+                    }
+                    r = self.step(&fence, &mut pos, Duration::from_secs(10)) => match r {
+                        Ok(_) => backoff.succeed(),
+                        Err(e) => {
+                            let wait = backoff.fail();
+                            tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "outbound sync: will retry");
+                            tokio::select! {
+                                _ = &mut stop => break true,
+                                _ = tokio::time::sleep(wait) => {}
+                            }
+                        }
+                    },
+                }
+            };
+            if stopping {
+                // Hand over at once rather than after the ttl.
+                let _ = store.lease_release(&fence).await;
+                return;
             }
         }
     }
 
-    /// Handles the next batch of change-log records (waiting up to `wait` for one). Stops at a
-    /// record that fails transiently, keeping the cursor before it, so it is retried.
-    pub async fn step(&self, wait: Duration) -> Result<Vec<OutboundOutcome>> {
-        let after = read_cursor(&self.cursor_file);
+    async fn write_cursor(&self, fence: &Fence, seq: u64) -> Result<()> {
+        let data = Bytes::from(serde_json::to_vec(&Cursor { seq }).map_err(Error::internal)?);
+        let entry = NewEntry::file(data.len() as u64, self.filer.clock().now_ms(), Content::Inline);
+        let txn =
+            Txn::put(system_paths::OUTBOUND_CURSOR, entry, Origin::System).with_fence(fence.clone()).with_data(data);
+        self.filer.store().apply(txn).await.map(|_| ())
+    }
+
+    /// Handles the next batch of change-log records after `pos` (waiting up to `wait` for one)
+    /// and moves `pos` past it. Stops at a record that fails transiently, keeping the cursor
+    /// before it, so it is retried.
+    async fn step(&self, fence: &Fence, pos: &mut u64, wait: Duration) -> Result<Vec<OutboundOutcome>> {
+        let after = *pos;
         let records = self.filer.changes(after, 500, wait).await?;
         let Some(last) = records.last().map(|r| r.seq) else { return Ok(Vec::new()) };
+        // The cursor's own records say nothing to sync: a batch of only those is passed over
+        // without writing the cursor again (which would make another record, forever).
+        if records.iter().all(|r| r.path == system_paths::OUTBOUND_CURSOR) {
+            *pos = last;
+            return Ok(Vec::new());
+        }
         let store = self.filer.store().as_ref();
         let (mapping, _) = read_doc::<MountMapping>(store, system_paths::MOUNT_MAPPING).await?.unwrap_or_default();
         let mut outcomes = Vec::new();
@@ -102,12 +183,16 @@ impl OutboundSync {
                     tracing::error!(path = %r.path, error = %e, "outbound sync: cannot upload; the entry stays local");
                 }
                 Err(e) => {
-                    write_cursor(&self.cursor_file, r.seq - 1)?;
+                    if r.seq - 1 > after {
+                        self.write_cursor(fence, r.seq - 1).await?;
+                        *pos = r.seq - 1;
+                    }
                     return Err(e);
                 }
             }
         }
-        write_cursor(&self.cursor_file, last)?;
+        self.write_cursor(fence, last).await?;
+        *pos = last;
         Ok(outcomes)
     }
 }

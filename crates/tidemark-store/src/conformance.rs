@@ -116,13 +116,14 @@ pub async fn ordering_with_tricky_names(h: &Harness) {
     let pos = |p: &str| below.iter().position(|x| x == p).unwrap();
     assert!(pos("/d/a-b") < pos("/d/a/b") && pos("/d/a/b") < pos("/d/a0"));
 
-    // Root scan sees everything, the directory itself included; a prefix sibling is excluded.
+    // A root scan sees every entry but the root itself; a prefix sibling is excluded.
     put(s, "/dd").await;
     assert!(!all_below(s, "/d", 100).await.contains(&"/dd".to_string()));
     let root = all_below(s, "/", 100).await;
     assert!(
         root.contains(&"/d".to_string()) && root.contains(&"/dd".to_string()) && root.contains(&"/d/a/b".to_string())
     );
+    assert!(!root.contains(&"/".to_string()), "a scan is of the entries strictly below");
 }
 
 pub async fn pagination_boundaries(h: &Harness) {

@@ -15,10 +15,10 @@ use bytes::Bytes;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::watch;
 
-use tidemark_core::model::{
-    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, RemoteEntry, Txn,
-};
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Txn};
 use tidemark_core::{Clock, Error, MetaStore, Result, path};
+
+use crate::txn::{self, Change, TxnOps, json_err, parent_of, row_to_entry};
 
 /// The schema, one migration per version; `PRAGMA user_version` records how many have run.
 const MIGRATIONS: &[&str] = &[r#"
@@ -67,10 +67,6 @@ fn db_err(e: rusqlite::Error) -> Error {
         }
         _ => Error::Internal { message: format!("sqlite: {e}") },
     }
-}
-
-fn json_err(e: serde_json::Error) -> Error {
-    Error::internal(format!("stored record is not valid JSON: {e}"))
 }
 
 impl SqliteStore {
@@ -134,19 +130,25 @@ impl SqliteStore {
         .map_err(|e| Error::internal(format!("store task failed: {e}")))?
     }
 
-    /// Runs `f` in one IMMEDIATE transaction on the writer; commits only if `f` succeeds.
+    /// Runs `f` in one IMMEDIATE transaction on the writer; stores the sequence counter back and
+    /// commits only if `f` succeeds.
     async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&rusqlite::Transaction<'_>, i64) -> Result<T> + Send + 'static,
+        F: AsyncFnOnce(&mut SqliteTxn<'_>, i64) -> Result<T> + Send + 'static,
     {
         let writer = self.writer.clone();
         let now = self.clock.now_ms();
         let (out, seq) = tokio::task::spawn_blocking(move || {
             let mut conn = writer.lock().map_err(|_| Error::internal("writer poisoned by an earlier panic"))?;
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            let out = f(&tx, now)?;
-            let seq = current_seq(&tx)?;
+            let start = read_seq(&tx)?;
+            let mut ops = SqliteTxn { conn: &tx, seq: start };
+            let out = futures::executor::block_on(f(&mut ops, now))?;
+            let seq = ops.seq;
+            if seq != start {
+                tx.execute("UPDATE counters SET value = ?1 WHERE name = 'seq'", [seq as i64]).map_err(db_err)?;
+            }
             tx.commit().map_err(db_err)?;
             Ok::<_, Error>((out, seq))
         })
@@ -173,34 +175,12 @@ fn migrate(conn: &mut Connection, now_ms: i64) -> Result<()> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
         tx.execute_batch(sql).map_err(db_err)?;
         if i == 0 {
-            let root = Entry {
-                path: path::ROOT.into(),
-                kind: EntryKind::Dir,
-                size: 0,
-                mtime_ms: now_ms,
-                mode: tidemark_core::model::DEFAULT_DIR_MODE,
-                version: 0,
-                remote: None,
-                content: Content::Empty,
-                extended: Default::default(),
-            };
-            put_row(&tx, &root, None)?;
+            put_row(&tx, &txn::root_entry(now_ms), None)?;
         }
         tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(db_err)?;
         tx.commit().map_err(db_err)?;
     }
     Ok(())
-}
-
-fn parent_of(p: &str) -> &str {
-    path::parent(p).unwrap_or("")
-}
-
-fn row_to_entry(path: String, version: i64, meta: String) -> Result<Entry> {
-    let mut e: Entry = serde_json::from_str(&meta).map_err(json_err)?;
-    e.path = path;
-    e.version = version as u64;
-    Ok(e)
 }
 
 fn get_entry(conn: &Connection, p: &str) -> Result<Option<Entry>> {
@@ -210,7 +190,7 @@ fn get_entry(conn: &Connection, p: &str) -> Result<Option<Entry>> {
         })
         .optional()
         .map_err(db_err)?;
-    row.map(|(p, v, m)| row_to_entry(p, v, m)).transpose()
+    row.map(|(p, v, m)| row_to_entry(p, v, &m)).transpose()
 }
 
 fn query_entries(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<Entry>> {
@@ -221,42 +201,22 @@ fn query_entries(conn: &Connection, sql: &str, params: impl rusqlite::Params) ->
     let mut out = Vec::new();
     for row in rows {
         let (p, v, m) = row.map_err(db_err)?;
-        out.push(row_to_entry(p, v, m)?);
+        out.push(row_to_entry(p, v, &m)?);
     }
     Ok(out)
 }
 
-/// Every entry strictly below `dir`, in byte order of the path.
+/// Every entry strictly below `dir` after `start_after`, in byte order of the path.
 fn descendants(conn: &Connection, dir: &str, start_after: &str, limit: i64) -> Result<Vec<Entry>> {
-    let (lo, hi) = path::descendant_bounds(dir);
-    // One lower bound per query: given both (`path >= lo AND path > after`), SQLite seeks to `lo`
-    // and filters from there, so every page rescanned the directory from its start (a reconcile
-    // of 1,000,000 objects went quadratic).
-    if start_after > lo.as_str() {
-        query_entries(
-            conn,
-            "SELECT path, version, meta FROM entries WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3",
-            params![start_after, hi, limit],
-        )
-    } else {
-        query_entries(
-            conn,
-            "SELECT path, version, meta FROM entries WHERE path >= ?1 AND path < ?2 ORDER BY path LIMIT ?3",
-            params![lo, hi, limit],
-        )
-    }
-}
-
-fn put_row(conn: &Connection, e: &Entry, data: Option<&[u8]>) -> Result<()> {
-    let meta = serde_json::to_string(e).map_err(json_err)?;
-    conn.prepare_cached(
-        "INSERT INTO entries (path, parent, version, meta, data) VALUES (?1, ?2, ?3, ?4, ?5)
-         ON CONFLICT (path) DO UPDATE SET version = excluded.version, meta = excluded.meta, data = excluded.data",
+    // One lower bound per query: given two (`path >= lo AND path > after`), SQLite seeks to the
+    // first and filters from there, so every page rescanned the directory from its start (a
+    // reconcile of 1,000,000 objects went quadratic).
+    let (lo, hi) = path::scan_bounds(dir, start_after);
+    query_entries(
+        conn,
+        "SELECT path, version, meta FROM entries WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3",
+        params![lo, hi, limit],
     )
-    .map_err(db_err)?
-    .execute(params![e.path, parent_of(&e.path), e.version as i64, meta, data])
-    .map_err(db_err)?;
-    Ok(())
 }
 
 fn inline_data(conn: &Connection, p: &str) -> Result<Option<Vec<u8>>> {
@@ -265,33 +225,9 @@ fn inline_data(conn: &Connection, p: &str) -> Result<Option<Vec<u8>>> {
     Ok(data.flatten())
 }
 
-fn current_seq(conn: &Connection) -> Result<u64> {
+fn read_seq(conn: &Connection) -> Result<u64> {
     let v: i64 = conn.query_row("SELECT value FROM counters WHERE name = 'seq'", [], |r| r.get(0)).map_err(db_err)?;
     Ok(v as u64)
-}
-
-fn next_seq(conn: &Connection) -> Result<u64> {
-    let v: i64 = conn
-        .query_row("UPDATE counters SET value = value + 1 WHERE name = 'seq' RETURNING value", [], |r| r.get(0))
-        .map_err(db_err)?;
-    Ok(v as u64)
-}
-
-fn log_change(
-    conn: &Connection,
-    seq: u64,
-    ts_ms: i64,
-    p: &str,
-    origin: Origin,
-    old: Option<&Entry>,
-    new: Option<&Entry>,
-) -> Result<()> {
-    let enc = |e: Option<&Entry>| e.map(serde_json::to_string).transpose().map_err(json_err);
-    conn.prepare_cached("INSERT INTO changelog (seq, ts_ms, path, origin, old, new) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
-        .map_err(db_err)?
-        .execute(params![seq as i64, ts_ms, p, origin.as_str(), enc(old)?, enc(new)?])
-        .map_err(db_err)?;
-    Ok(())
 }
 
 fn get_lease(conn: &Connection, name: &str) -> Result<Option<Lease>> {
@@ -307,132 +243,94 @@ fn get_lease(conn: &Connection, name: &str) -> Result<Option<Lease>> {
     .map_err(db_err)
 }
 
-/// The fence holds if the lease row names this holder and generation and has not expired.
-fn check_fence(conn: &Connection, fence: &Fence, now_ms: i64) -> Result<Lease> {
-    match get_lease(conn, &fence.lease)? {
-        Some(l) if l.holder == fence.holder && l.generation == fence.generation && l.expires_at_ms > now_ms => Ok(l),
-        other => Err(Error::Fenced { lease: fence.lease.clone(), current_generation: other.map(|l| l.generation) }),
-    }
+/// The shared transaction logic's row operations on the writer's open transaction. Every call
+/// is synchronous; the futures are ready at once and driven by `block_on` on the blocking thread.
+struct SqliteTxn<'c> {
+    conn: &'c Connection,
+    seq: u64,
 }
 
-fn apply_txn(tx: &Connection, txn: Txn, now_ms: i64) -> Result<Applied> {
-    txn.validate()?;
-    if let Some(f) = &txn.fence {
-        check_fence(tx, f, now_ms)?;
+impl TxnOps for SqliteTxn<'_> {
+    async fn entry(&mut self, p: &str) -> Result<Option<Entry>> {
+        get_entry(self.conn, p)
     }
-    let first_seq = current_seq(tx)? + 1;
-    let current = get_entry(tx, &txn.path)?;
-    if !txn.precondition.holds(current.as_ref().map(|e| e.version)) {
-        return Err(Error::PreconditionFailed { path: txn.path.clone(), current: current.map(|e| e.version) });
-    }
-    match txn.mutation {
-        Mutation::Put { entry, data } => {
-            for anc in path::ancestors(&txn.path) {
-                match get_entry(tx, anc)? {
-                    Some(e) if e.is_dir() => {}
-                    Some(_) => return Err(Error::NotADirectory { path: anc.to_string() }),
-                    None => {
-                        let seq = next_seq(tx)?;
-                        let dir = materialise(anc, seq, implied_parent(&entry));
-                        put_row(tx, &dir, None)?;
-                        log_change(tx, seq, now_ms, anc, txn.origin, None, Some(&dir))?;
-                    }
-                }
-            }
-            if let Some(cur) = &current
-                && cur.is_dir()
-                && entry.kind == EntryKind::File
-                && !descendants(tx, &txn.path, "", 1)?.is_empty()
-            {
-                return Err(Error::DirectoryNotEmpty { path: txn.path.clone() });
-            }
-            let kept: Option<Vec<u8>> = match (&entry.content, &data) {
-                (Content::Inline, None) => {
-                    let bytes = match &current {
-                        Some(cur) if cur.content == Content::Inline => inline_data(tx, &txn.path)?,
-                        _ => None,
-                    };
-                    match bytes {
-                        Some(b) if b.len() as u64 == entry.size => Some(b),
-                        Some(_) => {
-                            return Err(Error::invalid_argument(
-                                "a metadata update cannot change the size of inline content",
-                            ));
-                        }
-                        None => {
-                            return Err(Error::invalid_argument(
-                                "inline content without data, and the entry has none to keep",
-                            ));
-                        }
-                    }
-                }
-                _ => None,
-            };
-            let seq = next_seq(tx)?;
-            let new = materialise(&txn.path, seq, entry);
-            put_row(tx, &new, data.as_deref().or(kept.as_deref()))?;
-            log_change(tx, seq, now_ms, &txn.path, txn.origin, current.as_ref(), Some(&new))?;
-            Ok(Applied { first_seq, seq, old: current, new: Some(new) })
+
+    async fn entries(&mut self, paths: &[&str]) -> Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        for p in paths {
+            out.extend(get_entry(self.conn, p)?);
         }
-        Mutation::Delete { recursive } => {
-            let Some(cur) = current else {
-                return Err(Error::not_found(&txn.path));
-            };
-            if cur.is_dir() {
-                let below = descendants(tx, &txn.path, "", i64::MAX)?;
-                if !below.is_empty() && !recursive {
-                    return Err(Error::DirectoryNotEmpty { path: txn.path.clone() });
-                }
-                // Reverse byte order removes every child before its parent, so a follower of the
-                // change log never sees a directory deleted while something below it remains.
-                for child in below.iter().rev() {
-                    let seq = next_seq(tx)?;
-                    tx.execute("DELETE FROM entries WHERE path = ?1", [&child.path]).map_err(db_err)?;
-                    log_change(tx, seq, now_ms, &child.path, txn.origin, Some(child), None)?;
-                }
-            }
-            let seq = next_seq(tx)?;
-            tx.execute("DELETE FROM entries WHERE path = ?1", [&txn.path]).map_err(db_err)?;
-            log_change(tx, seq, now_ms, &txn.path, txn.origin, Some(&cur), None)?;
-            Ok(Applied { first_seq, seq, old: Some(cur), new: None })
-        }
+        Ok(out)
+    }
+
+    async fn descendants(&mut self, dir: &str, limit: Option<i64>) -> Result<Vec<Entry>> {
+        descendants(self.conn, dir, "", limit.unwrap_or(i64::MAX))
+    }
+
+    async fn inline_data(&mut self, p: &str) -> Result<Option<Vec<u8>>> {
+        inline_data(self.conn, p)
+    }
+
+    async fn put_row(&mut self, e: &Entry, data: Option<&[u8]>) -> Result<()> {
+        put_row(self.conn, e, data)
+    }
+
+    async fn delete_row(&mut self, p: &str) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM entries WHERE path = ?1")
+            .map_err(db_err)?
+            .execute([p])
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn log_change(&mut self, c: Change<'_>) -> Result<()> {
+        let enc = |e: Option<&Entry>| e.map(serde_json::to_string).transpose().map_err(json_err);
+        self.conn
+            .prepare_cached(
+                "INSERT INTO changelog (seq, ts_ms, path, origin, old, new) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .map_err(db_err)?
+            .execute(params![c.seq as i64, c.ts_ms, c.path, c.origin.as_str(), enc(c.old)?, enc(c.new)?])
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn lease(&mut self, name: &str) -> Result<Option<Lease>> {
+        get_lease(self.conn, name)
+    }
+
+    async fn put_lease(&mut self, l: &Lease) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO leases (name, holder, generation, expires_at_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, generation = excluded.generation,
+                 expires_at_ms = excluded.expires_at_ms",
+                params![l.name, l.holder, l.generation as i64, l.expires_at_ms],
+            )
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn current_seq(&self) -> u64 {
+        self.seq
     }
 }
 
-/// A directory created because an entry below it was written. Below a remote-backed entry it is
-/// remote-backed too, with an empty etag: implied by the keys below it, not by a marker object,
-/// so a reconcile may remove it once it is empty.
-fn implied_parent(child: &NewEntry) -> NewEntry {
-    let mut dir = NewEntry::dir(child.mtime_ms);
-    dir.remote = child.remote.as_ref().map(|r| RemoteEntry {
-        storage: r.storage.clone(),
-        etag: String::new(),
-        remote_mtime_ms: child.mtime_ms,
-        remote_size: 0,
-        version_id: None,
-        last_local_sync_ms: None,
-    });
-    dir
-}
-
-fn materialise(p: &str, version: u64, e: NewEntry) -> Entry {
-    Entry {
-        path: p.to_string(),
-        kind: e.kind,
-        size: e.size,
-        mtime_ms: e.mtime_ms,
-        mode: e.mode,
-        version,
-        remote: e.remote,
-        content: e.content,
-        extended: e.extended,
-    }
-}
-
-fn check_ttl(ttl_ms: i64) -> Result<()> {
-    if ttl_ms <= 0 {
-        return Err(Error::invalid_argument(format!("lease ttl must be positive, got {ttl_ms} ms")));
-    }
+fn put_row(conn: &Connection, e: &Entry, data: Option<&[u8]>) -> Result<()> {
+    let meta = serde_json::to_string(e).map_err(json_err)?;
+    conn.prepare_cached(
+        "INSERT INTO entries (path, parent, version, meta, data) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (path) DO UPDATE SET version = excluded.version, meta = excluded.meta, data = excluded.data",
+    )
+    .map_err(db_err)?
+    .execute(params![e.path, parent_of(&e.path), e.version as i64, meta, data])
+    .map_err(db_err)?;
     Ok(())
 }
 
@@ -477,14 +375,10 @@ impl MetaStore for SqliteStore {
 
     async fn count_below(&self, dir: &str) -> Result<u64> {
         path::validate(dir)?;
-        let (lo, hi) = path::descendant_bounds(dir);
+        let (lo, hi) = path::scan_bounds(dir, "");
         self.read(move |c| {
             let n: i64 = c
-                .query_row(
-                    "SELECT COUNT(*) FROM entries WHERE path >= ?1 AND path < ?2 AND path <> '/'",
-                    params![lo, hi],
-                    |r| r.get(0),
-                )
+                .query_row("SELECT COUNT(*) FROM entries WHERE path > ?1 AND path < ?2", params![lo, hi], |r| r.get(0))
                 .map_err(db_err)?;
             Ok(n as u64)
         })
@@ -504,72 +398,23 @@ impl MetaStore for SqliteStore {
         .await
     }
 
-    async fn apply(&self, txn: Txn) -> Result<Applied> {
-        self.write(move |tx, now| apply_txn(tx, txn, now)).await
+    async fn apply(&self, t: Txn) -> Result<Applied> {
+        self.write(async move |ops, now| txn::apply(ops, t, now).await).await
     }
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<Lease> {
-        check_ttl(ttl_ms)?;
         let (name, holder) = (name.to_string(), holder.to_string());
-        self.write(move |tx, now| {
-            let current = get_lease(tx, &name)?;
-            if let Some(l) = &current
-                && l.expires_at_ms > now
-                && l.holder != holder
-            {
-                return Err(Error::LeaseHeld { lease: name, holder: l.holder.clone(), expires_at_ms: l.expires_at_ms });
-            }
-            let lease = Lease {
-                generation: current.map_or(1, |l| l.generation + 1),
-                name,
-                holder,
-                expires_at_ms: now.saturating_add(ttl_ms),
-            };
-            tx.execute(
-                "INSERT INTO leases (name, holder, generation, expires_at_ms) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, generation = excluded.generation,
-                 expires_at_ms = excluded.expires_at_ms",
-                params![lease.name, lease.holder, lease.generation as i64, lease.expires_at_ms],
-            )
-            .map_err(db_err)?;
-            Ok(lease)
-        })
-        .await
+        self.write(async move |ops, now| txn::lease_acquire(ops, &name, &holder, ttl_ms, now).await).await
     }
 
     async fn lease_renew(&self, fence: &Fence, ttl_ms: i64) -> Result<Lease> {
-        check_ttl(ttl_ms)?;
         let fence = fence.clone();
-        self.write(move |tx, now| {
-            let mut lease = check_fence(tx, &fence, now)?;
-            lease.expires_at_ms = now.saturating_add(ttl_ms);
-            tx.execute(
-                "UPDATE leases SET expires_at_ms = ?2 WHERE name = ?1",
-                params![lease.name, lease.expires_at_ms],
-            )
-            .map_err(db_err)?;
-            Ok(lease)
-        })
-        .await
+        self.write(async move |ops, now| txn::lease_renew(ops, &fence, ttl_ms, now).await).await
     }
 
     async fn lease_release(&self, fence: &Fence) -> Result<()> {
         let fence = fence.clone();
-        self.write(move |tx, _now| {
-            match get_lease(tx, &fence.lease)? {
-                // An expired lease that nobody has taken since is still ours to release.
-                Some(l) if l.holder == fence.holder && l.generation == fence.generation => {}
-                other => {
-                    return Err(Error::Fenced {
-                        lease: fence.lease.clone(),
-                        current_generation: other.map(|l| l.generation),
-                    });
-                }
-            }
-            tx.execute("UPDATE leases SET expires_at_ms = 0 WHERE name = ?1", [&fence.lease]).map_err(db_err)?;
-            Ok(())
-        })
-        .await
+        self.write(async move |ops, _now| txn::lease_release(ops, &fence).await).await
     }
 
     async fn lease_get(&self, name: &str) -> Result<Option<Lease>> {
@@ -610,7 +455,7 @@ impl MetaStore for SqliteStore {
     }
 
     async fn last_seq(&self) -> Result<u64> {
-        self.read(current_seq).await
+        self.read(read_seq).await
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {

@@ -292,3 +292,131 @@ pub fn http_request(host: &str, method: &str, path: &str, body: &str) -> Option<
     let n = s.read(&mut buf).ok()?;
     String::from_utf8_lossy(&buf[..n]).split_whitespace().nth(1)?.parse().ok()
 }
+
+/// Where Debian's packages put PostgreSQL's server programs (`initdb`, `pg_ctl`): the newest
+/// `/usr/lib/postgresql/N/bin`, or whatever is on the PATH.
+fn postgres_bin(program: &str) -> std::path::PathBuf {
+    let mut versions: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|d| Some((d.file_name().to_str()?.parse().ok()?, d.path().join("bin").join(program))))
+        .filter(|(_, p)| p.exists())
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, p)| p).unwrap_or_else(|| program.into())
+}
+
+/// A throwaway PostgreSQL cluster (or the run's shared one from `TIDEMARK_TEST_POSTGRES`).
+/// Tests isolate themselves with [`Postgres::fresh_database`]. Hold the handle in the test, not
+/// in a static: statics are never dropped, so a private cluster would outlive the run.
+pub struct Postgres {
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`: the cluster's maintenance database.
+    pub url: String,
+    _cluster: Option<PgCluster>,
+}
+
+/// A cluster this process started: stopped (immediately) and removed when dropped.
+struct PgCluster {
+    dir: tempfile::TempDir,
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let _ = as_postgres(&[postgres_bin("pg_ctl").to_str().unwrap_or("pg_ctl"), "-D"], self.dir.path())
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// `program args... DIR`, run as the `postgres` user when we are root (the server refuses to
+/// run as root), as ourselves otherwise.
+fn as_postgres(program_and_args: &[&str], dir: &std::path::Path) -> Command {
+    let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let mut cmd = if is_root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]);
+        c.args(program_and_args);
+        c
+    } else {
+        let mut c = Command::new(program_and_args[0]);
+        c.args(&program_and_args[1..]);
+        c
+    };
+    cmd.arg(dir);
+    cmd
+}
+
+impl Postgres {
+    pub fn get() -> Postgres {
+        if let Ok(url) = std::env::var("TIDEMARK_TEST_POSTGRES") {
+            return Postgres { url, _cluster: None };
+        }
+        Self::start()
+    }
+
+    /// initdb + pg_ctl start on a free port, listening on 127.0.0.1 only, `fsync=off` (a test
+    /// cluster: durability across a machine crash is not what the tests check).
+    pub fn start() -> Postgres {
+        let dir = tempfile::Builder::new().prefix("tidemark-pg-").tempdir().expect("a temporary directory");
+        let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        if is_root {
+            let chown = Command::new("chown").args(["postgres:postgres"]).arg(dir.path()).status();
+            assert!(
+                chown.is_ok_and(|s| s.success()),
+                "cannot hand {} to the postgres user: is PostgreSQL installed? run ./scripts/setup.sh",
+                dir.path().display()
+            );
+        }
+        let initdb = postgres_bin("initdb");
+        let out = as_postgres(
+            &[initdb.to_str().unwrap(), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "-D"],
+            dir.path(),
+        )
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {} ({e}): run ./scripts/setup.sh, which installs PostgreSQL", initdb.display())
+        });
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        let port = free_port();
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
+            dir.path().display()
+        );
+        let pg_ctl = postgres_bin("pg_ctl");
+        let log = dir.path().join("server.log");
+        let out = as_postgres(
+            &[pg_ctl.to_str().unwrap(), "-w", "-t", "60", "-l", log.to_str().unwrap(), "-o", &opts, "-D"],
+            dir.path(),
+        )
+        .arg("start")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e})", pg_ctl.display()));
+        let cluster = PgCluster { dir };
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        Postgres { url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), _cluster: Some(cluster) }
+    }
+
+    /// A new, empty database on this cluster (named after `tag`); its URL.
+    pub fn fresh_database(&self, tag: &str) -> String {
+        let name = unique_name(tag).replace('-', "_");
+        let out = Command::new("psql")
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &self.url, "-c"])
+            .arg(format!("CREATE DATABASE {name} ENCODING 'UTF8' TEMPLATE template0"))
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run psql ({e}): run ./scripts/setup.sh, which installs PostgreSQL"));
+        assert!(out.status.success(), "CREATE DATABASE {name} failed: {}", String::from_utf8_lossy(&out.stderr));
+        match self.url.rfind('/') {
+            Some(i) => format!("{}/{name}", &self.url[..i]),
+            None => panic!("{} has no database part", self.url),
+        }
+    }
+}

@@ -91,7 +91,9 @@ pub struct SliceArgs {
 
 #[derive(Args)]
 pub struct StoreArgs {
-    /// The metadata store: `sqlite` (default: DIR/meta.db) or `sqlite:///path/to/file.db`.
+    /// The metadata store: `sqlite` (default: DIR/meta.db), `sqlite:///path/to/file.db`, or
+    /// `postgres://USER:PASSWORD@HOST:PORT/DBNAME`, shared by several filers (schema created
+    /// and migrated at start).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
     /// Require `Authorization: Bearer TOKEN` on every request.
@@ -125,7 +127,7 @@ fn init_logging() {
         .try_init();
 }
 
-fn open_filer(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFiler, String> {
+async fn open_filer(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFiler, String> {
     let dir = DataDir::open(data_dir).map_err(|e| e.to_string())?;
     match store {
         None | Some("sqlite") => LocalFiler::open(dir).map_err(|e| e.to_string()),
@@ -133,12 +135,20 @@ fn open_filer(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFiler, Str
             let file = PathBuf::from(&url["sqlite://".len()..]);
             LocalFiler::open_sqlite(dir, &file).map_err(|e| e.to_string())
         }
-        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Err(
-            "the PostgreSQL store is not available in this version yet; omit --store to use the embedded SQLite store"
-                .into(),
-        ),
-        Some(other) => Err(format!("unknown --store {other:?}: use `sqlite` or `sqlite:///path/to/file.db`")),
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let store = tidemark_store::PgStore::connect(url).await.map_err(|e| e.to_string())?;
+            LocalFiler::open_with_store(dir, Arc::new(store)).map_err(|e| e.to_string())
+        }
+        Some(other) => Err(format!(
+            "unknown --store {other:?}: use `sqlite`, `sqlite:///path/to/file.db` or `postgres://USER:PASSWORD@HOST:PORT/DBNAME`"
+        )),
     }
+}
+
+/// This filer's name in the outbound sync's lease: unique among the filers of a cluster.
+fn filer_id(bound: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    format!("{}-{}@{bound}", if host.is_empty() { "filer" } else { &host }, std::process::id())
 }
 
 async fn shutdown_signal() {
@@ -193,7 +203,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
     if let Err(e) = http::check_bind(a.addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
-    let filer = match open_filer(&a.data_dir, a.common.store.as_deref()) {
+    let filer = match open_filer(&a.data_dir, a.common.store.as_deref()).await {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(1, e),
     };
@@ -205,19 +215,17 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
     println!("tidemark filer listening on http://{bound} (data dir {})", a.data_dir.display());
     tracing::info!(addr = %bound, store = filer.store().backend(), "filer started");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let outbound = filer.data_dir().map(|dd| {
-        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), dd);
+    let outbound = {
+        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), filer_id(&bound));
         tokio::spawn(sync.run(stopped(stop_rx.clone())))
-    });
+    };
     tokio::spawn(async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
     let api: Arc<dyn Filer> = filer.clone();
     let served = http::serve(listener, api, a.common.token, stopped(stop_rx)).await;
-    if let Some(task) = outbound {
-        let _ = task.await;
-    }
+    let _ = outbound.await;
     match served {
         Ok(()) => 0,
         Err(e) => fail(1, format!("the filer stopped: {e}")),
@@ -237,7 +245,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok(b) => b,
         Err(e) => return fail(2, e),
     };
-    let filer = match open_filer(&a.data_dir, a.common.store.as_deref()) {
+    let filer = match open_filer(&a.data_dir, a.common.store.as_deref()).await {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(1, e),
     };
@@ -256,10 +264,10 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     // Servers stop after the worker drained (its last status writes and reports need them).
     let (signal_tx, signal_rx) = tokio::sync::watch::channel(false);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let outbound = filer.data_dir().map(|dd| {
-        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), dd);
+    let outbound = {
+        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), filer_id(&filer_bound));
         tokio::spawn(sync.run(stopped(stop_rx.clone())))
-    });
+    };
     let admin = tidemark_admin::Admin::new(
         api.clone(),
         tidemark_admin::AdminConfig { filer_label: filer_bound.clone(), ..Default::default() },
@@ -286,9 +294,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     let _ = worker.await;
     let _ = stop_tx.send(true);
     let _ = detection.await;
-    if let Some(task) = outbound {
-        let _ = task.await;
-    }
+    let _ = outbound.await;
     let _ = admin_http.await;
     match filer_http.await {
         Ok(Ok(())) => 0,

@@ -1,0 +1,577 @@
+//! The PostgreSQL `MetaStore`: the shared store for several filers (and so many workers) on one
+//! database.
+//!
+//! - Every mutation is one SQL transaction that first locks the sequence counter's row
+//!   (`SELECT ... FOR UPDATE`). That lock serialises all mutations of all filers, exactly as the
+//!   SQLite writer does for one: the fence check, the precondition, the writes and the change-log
+//!   records see the latest committed state and commit together. Sequence numbers are handed out
+//!   under the lock and committed in order, so the change log is dense and totally ordered: a
+//!   reader never sees record N+1 before N, whichever filer wrote them.
+//! - "Now" is the database's clock (`clock_timestamp()`), read under the lock: leases expire by
+//!   one clock for every filer, however far the filers' own clocks drift.
+//! - Paths are `TEXT COLLATE "C"`, which compares bytes: listings and scans are in byte order
+//!   (the order of an object-store LIST) whatever the database's default collation.
+//! - Commits `NOTIFY tidemark_changes` with the new sequence number; every handle keeps one
+//!   connection `LISTEN`ing (and polls the counter as a backstop), so a change-log follower on
+//!   one filer wakes for commits made through another.
+//! - Migrations are numbered, recorded in `tidemark_schema`, and run at connect under an advisory
+//!   lock, so filers starting together migrate once.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{AsyncMessage, NoTls, Row};
+
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Txn};
+use tidemark_core::{Error, MetaStore, Result, path};
+
+use crate::txn::{self, Change, TxnOps, json_err, parent_of, row_to_entry};
+
+/// The schema, one migration per version; `tidemark_schema` records which have run.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE entries (
+    path    TEXT COLLATE "C" PRIMARY KEY,
+    parent  TEXT COLLATE "C" NOT NULL,
+    version BIGINT NOT NULL,
+    meta    TEXT NOT NULL,
+    data    BYTEA
+);
+CREATE INDEX entries_by_parent ON entries (parent, path);
+CREATE TABLE leases (
+    name          TEXT PRIMARY KEY,
+    holder        TEXT NOT NULL,
+    generation    BIGINT NOT NULL,
+    expires_at_ms BIGINT NOT NULL
+);
+CREATE TABLE changelog (
+    seq    BIGINT PRIMARY KEY,
+    ts_ms  BIGINT NOT NULL,
+    path   TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    old    TEXT,
+    new    TEXT
+);
+-- The sequence counter lives apart from the change log so that trimming the log can never make
+-- a sequence number (and so an entry version) be handed out twice. Its row is also the lock
+-- that serialises every mutation.
+CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+INSERT INTO counters (name, value) VALUES ('seq', 0);
+"#];
+
+/// Any fixed number: the advisory lock migrations hold, so concurrent starts migrate once.
+const MIGRATION_LOCK: i64 = 0x7469_6465_6d61_726b;
+const CHANNEL: &str = "tidemark_changes";
+const POOL_SIZE: usize = 16;
+/// How often the listener reads the counter even without a notification (a backstop).
+const POLL_EVERY: Duration = Duration::from_secs(5);
+const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::int8";
+
+pub struct PgStore {
+    pool: Pool,
+    seq_tx: Arc<watch::Sender<u64>>,
+    listener: tokio::task::JoinHandle<()>,
+    /// `host:port/dbname` for messages (never the password).
+    label: String,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+/// Where a config points, for messages: `host:port/dbname`.
+fn describe(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(s) => s.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}/{}", config.get_dbname().or(config.get_user()).unwrap_or("postgres"))
+}
+
+/// The server's message for a database error, the error and its cause otherwise.
+fn detail(e: &tokio_postgres::Error) -> String {
+    match (e.as_db_error(), std::error::Error::source(e)) {
+        (Some(db), _) => db.message().to_string(),
+        (None, Some(cause)) => format!("{e}: {cause}"),
+        (None, None) => e.to_string(),
+    }
+}
+
+fn pg_err(e: tokio_postgres::Error) -> Error {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code();
+        let transient = [
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::QUERY_CANCELED,
+        ];
+        let message = format!("postgres: {} ({})", db.message(), code.code());
+        return if transient.contains(code) { Error::Unavailable { message } } else { Error::Internal { message } };
+    }
+    if e.is_closed() || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()) {
+        return Error::Unavailable { message: format!("postgres: the connection failed: {}", detail(&e)) };
+    }
+    Error::Internal { message: format!("postgres: {}", detail(&e)) }
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user:password@host:port/dbname?options`), checks the
+    /// database, and runs pending migrations.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let config = tokio_postgres::Config::from_str(url).map_err(|e| {
+            Error::invalid_argument(format!(
+                "--store {:?} is not a PostgreSQL URL ({e}); expected postgres://USER:PASSWORD@HOST:PORT/DBNAME",
+                redact(url)
+            ))
+        })?;
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(Error::invalid_argument(
+                "sslmode=require: this build of Tidemark speaks to PostgreSQL without TLS; reach the database over a \
+                 trusted network or a local TLS tunnel, and drop sslmode=require",
+            ));
+        }
+        let label = describe(&config);
+        let manager =
+            Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .build()
+            .map_err(|e| Error::internal(format!("postgres pool: {e}")))?;
+        let client = pool.get().await.map_err(|e| {
+            let why = match &e {
+                deadpool_postgres::PoolError::Backend(e) => detail(e),
+                other => other.to_string(),
+            };
+            Error::Unavailable {
+                message: format!(
+                    "cannot connect to PostgreSQL at {label}: {why}; is it running, and may this user connect?"
+                ),
+            }
+        })?;
+        let encoding: String = client.query_one("SHOW server_encoding", &[]).await.map_err(pg_err)?.get(0);
+        if encoding != "UTF8" {
+            return Err(Error::invalid_argument(format!(
+                "the database {label} has encoding {encoding}; Tidemark needs UTF8 (CREATE DATABASE ... ENCODING 'UTF8')"
+            )));
+        }
+        drop(client);
+        migrate(&pool, &label).await?;
+        let last = read_seq(&**pool.get().await.map_err(|e| pool_err(&label, e))?).await?;
+        let seq_tx = Arc::new(watch::channel(last).0);
+        let listener = tokio::spawn(listen(config, seq_tx.clone(), label.clone()));
+        Ok(PgStore { pool, seq_tx, listener, label })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(|e| pool_err(&self.label, e))
+    }
+
+    /// Runs `f` in one transaction holding the store-wide write lock; stores the sequence counter
+    /// back (notifying listeners) and commits only if `f` succeeds.
+    async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        F: AsyncFnOnce(&mut PgTxn<'_>, i64) -> Result<T>,
+    {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_err)?;
+        let row = tx
+            .query_one(&format!("SELECT value, {NOW_MS} FROM counters WHERE name = 'seq' FOR UPDATE"), &[])
+            .await
+            .map_err(pg_err)?;
+        let (start, now): (i64, i64) = (row.get(0), row.get(1));
+        let mut ops = PgTxn { tx: &tx, seq: start as u64 };
+        // On an error the transaction is dropped, which rolls it back.
+        let out = f(&mut ops, now).await?;
+        let seq = ops.seq;
+        if seq != start as u64 {
+            let stmt = tx
+                .prepare_cached(
+                    "WITH u AS (UPDATE counters SET value = $1 WHERE name = 'seq' RETURNING value)
+                     SELECT pg_notify('tidemark_changes', value::text) FROM u",
+                )
+                .await
+                .map_err(pg_err)?;
+            tx.query(&stmt, &[&(seq as i64)]).await.map_err(pg_err)?;
+        }
+        tx.commit().await.map_err(pg_err)?;
+        advance(&self.seq_tx, seq);
+        Ok(out)
+    }
+}
+
+fn pool_err(label: &str, e: deadpool_postgres::PoolError) -> Error {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => pg_err(e),
+        other => Error::Unavailable { message: format!("postgres at {label}: {other}") },
+    }
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &userinfo[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn advance(tx: &watch::Sender<u64>, seq: u64) {
+    tx.send_if_modified(|cur| {
+        let newer = seq > *cur;
+        if newer {
+            *cur = seq;
+        }
+        newer
+    });
+}
+
+async fn migrate(pool: &Pool, label: &str) -> Result<()> {
+    let mut client = pool.get().await.map_err(|e| pool_err(label, e))?;
+    let tx = client.transaction().await.map_err(pg_err)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(pg_err)?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS tidemark_schema (version INT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+        .await
+        .map_err(pg_err)?;
+    let version: i32 =
+        tx.query_one("SELECT COALESCE(max(version), 0) FROM tidemark_schema", &[]).await.map_err(pg_err)?.get(0);
+    let version = version as usize;
+    if version > MIGRATIONS.len() {
+        return Err(Error::internal(format!(
+            "the database {label} was written by a newer Tidemark (schema version {version}, this one knows {}); upgrade the binary",
+            MIGRATIONS.len()
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        tx.batch_execute(sql).await.map_err(pg_err)?;
+        if i == 0 {
+            let now: i64 = tx.query_one(&format!("SELECT {NOW_MS}"), &[]).await.map_err(pg_err)?.get(0);
+            let mut ops = PgTxn { tx: &tx, seq: 0 };
+            ops.put_row(&txn::root_entry(now), None).await?;
+        }
+        tx.execute("INSERT INTO tidemark_schema (version) VALUES ($1)", &[&((i + 1) as i32)]).await.map_err(pg_err)?;
+        tracing::info!(database = %label, version = i + 1, "postgres store: migrated");
+    }
+    tx.commit().await.map_err(pg_err)
+}
+
+async fn read_seq(c: &tokio_postgres::Client) -> Result<u64> {
+    let v: i64 = c.query_one("SELECT value FROM counters WHERE name = 'seq'", &[]).await.map_err(pg_err)?.get(0);
+    Ok(v as u64)
+}
+
+/// Keeps one connection listening for commits of every filer on the database and moves `seq_tx`
+/// forward; reconnects (with a pause) when the connection fails, catching up from the counter.
+async fn listen(config: tokio_postgres::Config, seq_tx: Arc<watch::Sender<u64>>, label: String) {
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match config.connect(NoTls).await {
+            Ok((client, mut connection)) => {
+                let (ntx, mut nrx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+                let driver = tokio::spawn(async move {
+                    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+                    while let Some(Ok(m)) = messages.next().await {
+                        if let AsyncMessage::Notification(n) = m
+                            && let Ok(seq) = n.payload().parse()
+                            && ntx.send(seq).is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+                if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+                    tracing::warn!(database = %label, error = %e, "postgres store: cannot LISTEN; retrying");
+                } else {
+                    pause = Duration::from_millis(200);
+                    loop {
+                        // After (re)connecting and every POLL_EVERY: commits we were not told of.
+                        match read_seq(&client).await {
+                            Ok(seq) => advance(&seq_tx, seq),
+                            Err(e) => {
+                                tracing::warn!(database = %label, error = %e, "postgres store: listener lost its connection");
+                                break;
+                            }
+                        }
+                        let deadline = tokio::time::sleep(POLL_EVERY);
+                        tokio::pin!(deadline);
+                        loop {
+                            tokio::select! {
+                                n = nrx.recv() => match n {
+                                    Some(seq) => advance(&seq_tx, seq),
+                                    None => break,
+                                },
+                                _ = &mut deadline => break,
+                            }
+                        }
+                        if nrx.is_closed() && nrx.is_empty() {
+                            break;
+                        }
+                    }
+                }
+                driver.abort();
+            }
+            Err(e) => {
+                tracing::warn!(database = %label, error = %e, "postgres store: listener cannot connect; retrying")
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}
+
+fn entry_of(row: &Row) -> Result<Entry> {
+    row_to_entry(row.get(0), row.get(1), row.get::<_, &str>(2))
+}
+
+fn entries_of(rows: &[Row]) -> Result<Vec<Entry>> {
+    rows.iter().map(entry_of).collect()
+}
+
+fn lease_of(row: &Row) -> Lease {
+    Lease { name: row.get(0), holder: row.get(1), generation: row.get::<_, i64>(2) as u64, expires_at_ms: row.get(3) }
+}
+
+const SELECT_ENTRY: &str = "SELECT path, version, meta FROM entries WHERE path = $1";
+const SELECT_BELOW: &str =
+    "SELECT path, version, meta FROM entries WHERE path > $1 AND path < $2 ORDER BY path LIMIT $3";
+const SELECT_LEASE: &str = "SELECT name, holder, generation, expires_at_ms FROM leases WHERE name = $1";
+
+/// The shared transaction logic's row operations on an open PostgreSQL transaction.
+struct PgTxn<'t> {
+    tx: &'t deadpool_postgres::Transaction<'t>,
+    seq: u64,
+}
+
+impl PgTxn<'_> {
+    async fn rows(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Vec<Row>> {
+        let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
+        self.tx.query(&stmt, params).await.map_err(pg_err)
+    }
+}
+
+impl TxnOps for PgTxn<'_> {
+    async fn entry(&mut self, p: &str) -> Result<Option<Entry>> {
+        self.rows(SELECT_ENTRY, &[&p]).await?.first().map(entry_of).transpose()
+    }
+
+    async fn entries(&mut self, paths: &[&str]) -> Result<Vec<Entry>> {
+        if paths.is_empty() {
+            return Ok(Vec::new());
+        }
+        entries_of(&self.rows("SELECT path, version, meta FROM entries WHERE path = ANY($1)", &[&paths]).await?)
+    }
+
+    async fn descendants(&mut self, dir: &str, limit: Option<i64>) -> Result<Vec<Entry>> {
+        let (lo, hi) = path::scan_bounds(dir, "");
+        entries_of(&self.rows(SELECT_BELOW, &[&lo, &hi, &limit.unwrap_or(i64::MAX)]).await?)
+    }
+
+    async fn inline_data(&mut self, p: &str) -> Result<Option<Vec<u8>>> {
+        let rows = self.rows("SELECT data FROM entries WHERE path = $1", &[&p]).await?;
+        Ok(rows.first().and_then(|r| r.get::<_, Option<Vec<u8>>>(0)))
+    }
+
+    async fn put_row(&mut self, e: &Entry, data: Option<&[u8]>) -> Result<()> {
+        let meta = serde_json::to_string(e).map_err(json_err)?;
+        self.rows(
+            "INSERT INTO entries (path, parent, version, meta, data) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (path) DO UPDATE SET version = excluded.version, meta = excluded.meta, data = excluded.data",
+            &[&e.path, &parent_of(&e.path), &(e.version as i64), &meta, &data],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn delete_row(&mut self, p: &str) -> Result<()> {
+        self.rows("DELETE FROM entries WHERE path = $1", &[&p]).await?;
+        Ok(())
+    }
+
+    async fn log_change(&mut self, c: Change<'_>) -> Result<()> {
+        let enc = |e: Option<&Entry>| e.map(serde_json::to_string).transpose().map_err(json_err);
+        self.rows(
+            "INSERT INTO changelog (seq, ts_ms, path, origin, old, new) VALUES ($1, $2, $3, $4, $5, $6)",
+            &[&(c.seq as i64), &c.ts_ms, &c.path, &c.origin.as_str(), &enc(c.old)?, &enc(c.new)?],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn lease(&mut self, name: &str) -> Result<Option<Lease>> {
+        Ok(self.rows(SELECT_LEASE, &[&name]).await?.first().map(lease_of))
+    }
+
+    async fn put_lease(&mut self, l: &Lease) -> Result<()> {
+        self.rows(
+            "INSERT INTO leases (name, holder, generation, expires_at_ms) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, generation = excluded.generation,
+             expires_at_ms = excluded.expires_at_ms",
+            &[&l.name, &l.holder, &(l.generation as i64), &l.expires_at_ms],
+        )
+        .await?;
+        Ok(())
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn current_seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+#[async_trait]
+impl MetaStore for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn get(&self, p: &str) -> Result<Option<Entry>> {
+        path::validate(p)?;
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(SELECT_ENTRY).await.map_err(pg_err)?;
+        c.query_opt(&stmt, &[&p]).await.map_err(pg_err)?.as_ref().map(entry_of).transpose()
+    }
+
+    async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
+        path::validate(dir)?;
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(SELECT_ENTRY).await.map_err(pg_err)?;
+        match c.query_opt(&stmt, &[&dir]).await.map_err(pg_err)?.as_ref().map(entry_of).transpose()? {
+            None => return Err(Error::not_found(dir)),
+            Some(e) if !e.is_dir() => return Err(Error::NotADirectory { path: dir.to_string() }),
+            Some(_) => {}
+        }
+        let stmt = c
+            .prepare_cached(
+                "SELECT path, version, meta FROM entries WHERE parent = $1 AND path > $2 ORDER BY path LIMIT $3",
+            )
+            .await
+            .map_err(pg_err)?;
+        let rows = c.query(&stmt, &[&dir, &start_after.unwrap_or(""), &(limit as i64 + 1)]).await.map_err(pg_err)?;
+        Ok(Page::from_rows(entries_of(&rows)?, limit))
+    }
+
+    async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
+        path::validate(dir)?;
+        let (lo, hi) = path::scan_bounds(dir, start_after.unwrap_or(""));
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(SELECT_BELOW).await.map_err(pg_err)?;
+        let rows = c.query(&stmt, &[&lo, &hi, &(limit as i64 + 1)]).await.map_err(pg_err)?;
+        Ok(Page::from_rows(entries_of(&rows)?, limit))
+    }
+
+    async fn count_below(&self, dir: &str) -> Result<u64> {
+        path::validate(dir)?;
+        let (lo, hi) = path::scan_bounds(dir, "");
+        let c = self.client().await?;
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM entries WHERE path > $1 AND path < $2", &[&lo, &hi])
+            .await
+            .map_err(pg_err)?
+            .get(0);
+        Ok(n as u64)
+    }
+
+    async fn read_inline(&self, p: &str) -> Result<Option<Bytes>> {
+        path::validate(p)?;
+        let c = self.client().await?;
+        let row = c.query_opt("SELECT data FROM entries WHERE path = $1", &[&p]).await.map_err(pg_err)?;
+        Ok(row.and_then(|r| r.get::<_, Option<Vec<u8>>>(0)).map(Bytes::from))
+    }
+
+    async fn apply(&self, t: Txn) -> Result<Applied> {
+        self.write(async move |ops, now| txn::apply(ops, t, now).await).await
+    }
+
+    async fn lease_acquire(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<Lease> {
+        self.write(async move |ops, now| txn::lease_acquire(ops, name, holder, ttl_ms, now).await).await
+    }
+
+    async fn lease_renew(&self, fence: &Fence, ttl_ms: i64) -> Result<Lease> {
+        self.write(async move |ops, now| txn::lease_renew(ops, fence, ttl_ms, now).await).await
+    }
+
+    async fn lease_release(&self, fence: &Fence) -> Result<()> {
+        self.write(async move |ops, _now| txn::lease_release(ops, fence).await).await
+    }
+
+    async fn lease_get(&self, name: &str) -> Result<Option<Lease>> {
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(SELECT_LEASE).await.map_err(pg_err)?;
+        Ok(c.query_opt(&stmt, &[&name]).await.map_err(pg_err)?.as_ref().map(lease_of))
+    }
+
+    async fn changes(&self, after: u64, limit: usize) -> Result<Vec<ChangeRecord>> {
+        let c = self.client().await?;
+        let stmt = c
+            .prepare_cached(
+                "SELECT seq, ts_ms, path, origin, old, new FROM changelog WHERE seq > $1 ORDER BY seq LIMIT $2",
+            )
+            .await
+            .map_err(pg_err)?;
+        let rows = c.query(&stmt, &[&(after as i64), &(limit as i64)]).await.map_err(pg_err)?;
+        let dec = |s: Option<&str>| s.map(serde_json::from_str::<Entry>).transpose().map_err(json_err);
+        rows.iter()
+            .map(|r| {
+                let origin: &str = r.get(3);
+                let origin = Origin::parse(origin)
+                    .ok_or_else(|| Error::internal(format!("unknown origin {origin:?} in the change log")))?;
+                Ok(ChangeRecord {
+                    seq: r.get::<_, i64>(0) as u64,
+                    ts_ms: r.get(1),
+                    path: r.get(2),
+                    origin,
+                    old: dec(r.get(4))?,
+                    new: dec(r.get(5))?,
+                })
+            })
+            .collect()
+    }
+
+    async fn last_seq(&self) -> Result<u64> {
+        read_seq(&**self.client().await?).await
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.seq_tx.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_never_show_the_password() {
+        assert_eq!(redact("postgres://tm:s3cret@db:5432/tm"), "postgres://tm:***@db:5432/tm");
+        assert_eq!(redact("postgres://tm@db/tm"), "postgres://tm@db/tm");
+        assert_eq!(redact("postgres://db/tm"), "postgres://db/tm");
+    }
+}

@@ -1,0 +1,264 @@
+//! The transaction logic every backend shares: what `apply` and the lease operations check and
+//! write, over a handful of row operations ([`TxnOps`]) that each backend implements inside its
+//! own database transaction. Keeping the rules here, once, is what makes "passes the same
+//! conformance suite" mean "behaves the same".
+//!
+//! A backend runs each mutation as one serialised transaction (SQLite: `BEGIN IMMEDIATE` on the
+//! one writer; PostgreSQL: the sequence counter's row locked `FOR UPDATE` first), reads the
+//! sequence counter at its start, hands the ops to a function here, and, if it succeeds, stores
+//! the counter back and commits.
+
+use tidemark_core::model::{
+    Applied, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, RemoteEntry, Txn,
+};
+use tidemark_core::{Error, Result, path};
+
+/// The row operations of one open transaction. Reads see the transaction's own writes.
+pub(crate) trait TxnOps {
+    async fn entry(&mut self, path: &str) -> Result<Option<Entry>>;
+    /// The entries of `paths` that exist, in any order (one round trip where the backend can).
+    async fn entries(&mut self, paths: &[&str]) -> Result<Vec<Entry>>;
+    /// Entries strictly below `dir`, in byte order, at most `limit` (all when `None`).
+    async fn descendants(&mut self, dir: &str, limit: Option<i64>) -> Result<Vec<Entry>>;
+    async fn inline_data(&mut self, path: &str) -> Result<Option<Vec<u8>>>;
+    async fn put_row(&mut self, entry: &Entry, data: Option<&[u8]>) -> Result<()>;
+    async fn delete_row(&mut self, path: &str) -> Result<()>;
+    async fn log_change(&mut self, change: Change<'_>) -> Result<()>;
+    async fn lease(&mut self, name: &str) -> Result<Option<Lease>>;
+    async fn put_lease(&mut self, lease: &Lease) -> Result<()>;
+    /// Hands out the next sequence number (the counter is stored back at commit).
+    fn next_seq(&mut self) -> u64;
+    fn current_seq(&self) -> u64;
+}
+
+/// One change-log record about to be written.
+pub(crate) struct Change<'a> {
+    pub seq: u64,
+    pub ts_ms: i64,
+    pub path: &'a str,
+    pub origin: Origin,
+    pub old: Option<&'a Entry>,
+    pub new: Option<&'a Entry>,
+}
+
+/// The parent column of a row (`""` for the root).
+pub(crate) fn parent_of(p: &str) -> &str {
+    path::parent(p).unwrap_or("")
+}
+
+/// Decodes a stored row; the path and version columns are authoritative over the JSON.
+pub(crate) fn row_to_entry(path: String, version: i64, meta: &str) -> Result<Entry> {
+    let mut e: Entry = serde_json::from_str(meta).map_err(json_err)?;
+    e.path = path;
+    e.version = version as u64;
+    Ok(e)
+}
+
+pub(crate) fn json_err(e: serde_json::Error) -> Error {
+    Error::internal(format!("stored record is not valid JSON: {e}"))
+}
+
+/// The root directory every store starts with (written by the first migration).
+pub(crate) fn root_entry(now_ms: i64) -> Entry {
+    Entry {
+        path: path::ROOT.into(),
+        kind: EntryKind::Dir,
+        size: 0,
+        mtime_ms: now_ms,
+        mode: tidemark_core::model::DEFAULT_DIR_MODE,
+        version: 0,
+        remote: None,
+        content: Content::Empty,
+        extended: Default::default(),
+    }
+}
+
+/// The fence holds if the lease names this holder and generation and has not expired.
+async fn check_fence(ops: &mut impl TxnOps, fence: &Fence, now_ms: i64) -> Result<Lease> {
+    match ops.lease(&fence.lease).await? {
+        Some(l) if l.holder == fence.holder && l.generation == fence.generation && l.expires_at_ms > now_ms => Ok(l),
+        other => Err(Error::Fenced { lease: fence.lease.clone(), current_generation: other.map(|l| l.generation) }),
+    }
+}
+
+/// `MetaStore::apply`: fence, precondition, implicit parents, the write, its change-log records.
+pub(crate) async fn apply(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<Applied> {
+    txn.validate()?;
+    if let Some(f) = &txn.fence {
+        check_fence(ops, f, now_ms).await?;
+    }
+    let first_seq = ops.current_seq() + 1;
+    let current = ops.entry(&txn.path).await?;
+    if !txn.precondition.holds(current.as_ref().map(|e| e.version)) {
+        return Err(Error::PreconditionFailed { path: txn.path.clone(), current: current.map(|e| e.version) });
+    }
+    let origin = txn.origin;
+    fn change<'a>(
+        seq: u64,
+        ts_ms: i64,
+        origin: Origin,
+        path: &'a str,
+        old: Option<&'a Entry>,
+        new: Option<&'a Entry>,
+    ) -> Change<'a> {
+        Change { seq, ts_ms, path, origin, old, new }
+    }
+    match &txn.mutation {
+        Mutation::Put { entry, data } => {
+            let ancestors = path::ancestors(&txn.path);
+            let existing = ops.entries(&ancestors).await?;
+            for anc in ancestors {
+                match existing.iter().find(|e| e.path == anc) {
+                    Some(e) if e.is_dir() => {}
+                    Some(_) => return Err(Error::NotADirectory { path: anc.to_string() }),
+                    None => {
+                        let seq = ops.next_seq();
+                        let dir = materialise(anc, seq, implied_parent(entry));
+                        ops.put_row(&dir, None).await?;
+                        ops.log_change(change(seq, now_ms, origin, anc, None, Some(&dir))).await?;
+                    }
+                }
+            }
+            if let Some(cur) = &current
+                && cur.is_dir()
+                && entry.kind == EntryKind::File
+                && !ops.descendants(&txn.path, Some(1)).await?.is_empty()
+            {
+                return Err(Error::DirectoryNotEmpty { path: txn.path.clone() });
+            }
+            let kept: Option<Vec<u8>> = match (&entry.content, data) {
+                (Content::Inline, None) => {
+                    let bytes = match &current {
+                        Some(cur) if cur.content == Content::Inline => ops.inline_data(&txn.path).await?,
+                        _ => None,
+                    };
+                    match bytes {
+                        Some(b) if b.len() as u64 == entry.size => Some(b),
+                        Some(_) => {
+                            return Err(Error::invalid_argument(
+                                "a metadata update cannot change the size of inline content",
+                            ));
+                        }
+                        None => {
+                            return Err(Error::invalid_argument(
+                                "inline content without data, and the entry has none to keep",
+                            ));
+                        }
+                    }
+                }
+                _ => None,
+            };
+            let seq = ops.next_seq();
+            let new = materialise(&txn.path, seq, entry.clone());
+            ops.put_row(&new, data.as_deref().or(kept.as_deref())).await?;
+            ops.log_change(change(seq, now_ms, origin, &txn.path, current.as_ref(), Some(&new))).await?;
+            Ok(Applied { first_seq, seq, old: current, new: Some(new) })
+        }
+        Mutation::Delete { recursive } => {
+            let Some(cur) = current else {
+                return Err(Error::not_found(&txn.path));
+            };
+            if cur.is_dir() {
+                let below = ops.descendants(&txn.path, None).await?;
+                if !below.is_empty() && !recursive {
+                    return Err(Error::DirectoryNotEmpty { path: txn.path.clone() });
+                }
+                // Reverse byte order removes every child before its parent, so a follower of the
+                // change log never sees a directory deleted while something below it remains.
+                for child in below.iter().rev() {
+                    let seq = ops.next_seq();
+                    ops.delete_row(&child.path).await?;
+                    ops.log_change(change(seq, now_ms, origin, &child.path, Some(child), None)).await?;
+                }
+            }
+            let seq = ops.next_seq();
+            ops.delete_row(&txn.path).await?;
+            ops.log_change(change(seq, now_ms, origin, &txn.path, Some(&cur), None)).await?;
+            Ok(Applied { first_seq, seq, old: Some(cur), new: None })
+        }
+    }
+}
+
+/// `MetaStore::lease_acquire`.
+pub(crate) async fn lease_acquire(
+    ops: &mut impl TxnOps,
+    name: &str,
+    holder: &str,
+    ttl_ms: i64,
+    now_ms: i64,
+) -> Result<Lease> {
+    check_ttl(ttl_ms)?;
+    let current = ops.lease(name).await?;
+    if let Some(l) = &current
+        && l.expires_at_ms > now_ms
+        && l.holder != holder
+    {
+        return Err(Error::LeaseHeld { lease: name.into(), holder: l.holder.clone(), expires_at_ms: l.expires_at_ms });
+    }
+    let lease = Lease {
+        generation: current.map_or(1, |l| l.generation + 1),
+        name: name.into(),
+        holder: holder.into(),
+        expires_at_ms: now_ms.saturating_add(ttl_ms),
+    };
+    ops.put_lease(&lease).await?;
+    Ok(lease)
+}
+
+/// `MetaStore::lease_renew`.
+pub(crate) async fn lease_renew(ops: &mut impl TxnOps, fence: &Fence, ttl_ms: i64, now_ms: i64) -> Result<Lease> {
+    check_ttl(ttl_ms)?;
+    let mut lease = check_fence(ops, fence, now_ms).await?;
+    lease.expires_at_ms = now_ms.saturating_add(ttl_ms);
+    ops.put_lease(&lease).await?;
+    Ok(lease)
+}
+
+/// `MetaStore::lease_release`.
+pub(crate) async fn lease_release(ops: &mut impl TxnOps, fence: &Fence) -> Result<()> {
+    match ops.lease(&fence.lease).await? {
+        // An expired lease that nobody has taken since is still ours to release.
+        Some(mut l) if l.holder == fence.holder && l.generation == fence.generation => {
+            l.expires_at_ms = 0;
+            ops.put_lease(&l).await
+        }
+        other => Err(Error::Fenced { lease: fence.lease.clone(), current_generation: other.map(|l| l.generation) }),
+    }
+}
+
+fn check_ttl(ttl_ms: i64) -> Result<()> {
+    if ttl_ms <= 0 {
+        return Err(Error::invalid_argument(format!("lease ttl must be positive, got {ttl_ms} ms")));
+    }
+    Ok(())
+}
+
+/// A directory created because an entry below it was written. Below a remote-backed entry it is
+/// remote-backed too, with an empty etag: implied by the keys below it, not by a marker object,
+/// so a reconcile may remove it once it is empty.
+fn implied_parent(child: &NewEntry) -> NewEntry {
+    let mut dir = NewEntry::dir(child.mtime_ms);
+    dir.remote = child.remote.as_ref().map(|r| RemoteEntry {
+        storage: r.storage.clone(),
+        etag: String::new(),
+        remote_mtime_ms: child.mtime_ms,
+        remote_size: 0,
+        version_id: None,
+        last_local_sync_ms: None,
+    });
+    dir
+}
+
+fn materialise(p: &str, version: u64, e: NewEntry) -> Entry {
+    Entry {
+        path: p.to_string(),
+        kind: e.kind,
+        size: e.size,
+        mtime_ms: e.mtime_ms,
+        mode: e.mode,
+        version,
+        remote: e.remote,
+        content: e.content,
+        extended: e.extended,
+    }
+}

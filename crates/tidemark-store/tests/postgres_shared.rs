@@ -1,0 +1,157 @@
+//! What sharing one PostgreSQL database between several filers relies on, beyond the
+//! conformance suite: each `PgStore` handle here stands for one filer.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidemark_core::model::{Content, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::{Error, MetaStore};
+use tidemark_store::PgStore;
+use tidemark_testkit::Postgres;
+
+fn file(size: u64) -> NewEntry {
+    NewEntry::file(size, 1_000, Content::Empty)
+}
+
+async fn psql(url: &str, sql: &str) -> String {
+    let out = tokio::process::Command::new("psql")
+        .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-d", url, "-c", sql])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{sql}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_on_two_filers_make_one_dense_change_log_that_a_follower_reads_exactly_once() {
+    let pg = Postgres::get();
+    let url = pg.fresh_database("shared");
+    let a: Arc<dyn MetaStore> = Arc::new(PgStore::connect(&url).await.unwrap());
+    let b: Arc<dyn MetaStore> = Arc::new(PgStore::connect(&url).await.unwrap());
+    a.apply(Txn::put("/race", file(0), Origin::Local)).await.unwrap();
+
+    // A follower on filer B, started before the writes, reading the log as an outbound sync does.
+    let follower = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let mut rx = b.subscribe();
+            let mut seen = Vec::new();
+            let mut after = b.last_seq().await.unwrap();
+            while seen.len() < 400 + 2 {
+                let page = b.changes(after, 37).await.unwrap();
+                if page.is_empty() {
+                    tokio::time::timeout(Duration::from_secs(30), rx.changed()).await.unwrap().unwrap();
+                    continue;
+                }
+                after = page.last().unwrap().seq;
+                seen.extend(page);
+            }
+            seen
+        })
+    };
+
+    // 2 filers x 4 writers x 50 puts of their own keys, and every writer also races a CAS on
+    // /race each round: exactly one CAS per version may win, whichever filer it goes through.
+    let mut tasks = Vec::new();
+    for (f, store) in [a.clone(), b.clone()].into_iter().enumerate() {
+        for w in 0..4 {
+            let s = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut wins = 0;
+                for i in 0..50 {
+                    s.apply(Txn::put(format!("/f{f}/w{w}/k{i:02}"), file(i), Origin::Remote)).await.unwrap();
+                    if i % 25 == 0 {
+                        let v = s.get("/race").await.unwrap().unwrap().version;
+                        let cas = Txn::put("/race", file(i), Origin::Local).with_precondition(Precondition::Version(v));
+                        match s.apply(cas).await {
+                            Ok(_) => wins += 1,
+                            Err(Error::PreconditionFailed { .. }) => {}
+                            Err(e) => panic!("unexpected {e}"),
+                        }
+                    }
+                }
+                wins
+            }));
+        }
+    }
+    let mut wins = 0;
+    for t in tasks {
+        wins += t.await.unwrap();
+    }
+    assert!(wins >= 1, "some CAS must win");
+    let seen = tokio::time::timeout(Duration::from_secs(60), follower).await.unwrap().unwrap();
+    let expected = 400 + 2 + 8 + wins; // the puts, the /fF and /fF/wW parents, the CAS winners
+    let all = a.changes(seen[0].seq - 1, 10_000).await.unwrap();
+    assert_eq!(all.len(), expected, "every write has its record");
+    assert!(all.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "dense and in order");
+    assert_eq!(&all[..seen.len()], &seen[..], "the follower on the other filer saw the same records, in order, once");
+    let keys: BTreeSet<&str> = all.iter().filter(|c| c.path.contains("/k")).map(|c| c.path.as_str()).collect();
+    assert_eq!(keys.len(), 400);
+    assert_eq!(a.last_seq().await.unwrap(), b.last_seq().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_through_one_filer_wakes_a_waiter_on_another_at_once() {
+    let pg = Postgres::get();
+    let url = pg.fresh_database("notify");
+    let a = PgStore::connect(&url).await.unwrap();
+    let b = PgStore::connect(&url).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // B's listener is up
+    let mut rx = b.subscribe();
+    rx.borrow_and_update();
+    let t = std::time::Instant::now();
+    let applied = a.apply(Txn::put("/n", file(1), Origin::Local)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), rx.wait_for(|s| *s >= applied.seq)).await.unwrap().unwrap();
+    // NOTIFY, not the 5 s backstop poll.
+    assert!(t.elapsed() < Duration::from_secs(2), "woken after {:?}", t.elapsed());
+
+    // Cut B's listening connection (as a database restart or a network blip would): B
+    // reconnects and still learns of commits made meanwhile.
+    psql(
+        &url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+    )
+    .await;
+    let later = a.apply(Txn::put("/n2", file(1), Origin::Local)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(15), rx.wait_for(|s| *s >= later.seq)).await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filers_starting_together_migrate_once() {
+    let pg = Postgres::get();
+    let url = pg.fresh_database("migrate");
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn({
+                let url = url.clone();
+                async move { PgStore::connect(&url).await }
+            })
+        })
+        .collect();
+    for s in starts {
+        s.await.unwrap().unwrap();
+    }
+    assert_eq!(psql(&url, "SELECT string_agg(version::text, ',') FROM tidemark_schema").await, "1");
+    assert_eq!(psql(&url, "SELECT count(*) FROM entries").await, "1", "one root");
+
+    // A database written by a newer Tidemark is refused, not half-used.
+    psql(&url, "INSERT INTO tidemark_schema (version) VALUES (99)").await;
+    let err = PgStore::connect(&url).await.err().expect("refused").to_string();
+    assert!(err.contains("newer Tidemark") && err.contains("schema version 99"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_and_unreachable_servers_say_what_is_wrong() {
+    let err = PgStore::connect("postgres://tm:s3cret@127.0.0.1:1/tm").await.err().expect("refused").to_string();
+    assert!(err.contains("cannot connect to PostgreSQL at 127.0.0.1:1/tm") && !err.contains("s3cret"), "{err}");
+    let err = PgStore::connect("postgres://tm:s3cret@127.0.0.1/tm?sslmode=bogus").await.err().expect("refused");
+    assert!(matches!(err, Error::InvalidArgument { .. }) && !err.to_string().contains("s3cret"), "{err}");
+    let err = PgStore::connect("postgres://127.0.0.1/tm?sslmode=require").await.err().expect("refused").to_string();
+    assert!(err.contains("without TLS"), "{err}");
+    let pg = Postgres::get();
+    let missing = format!("{}_missing", pg.fresh_database("gone"));
+    let err = PgStore::connect(&missing).await.err().expect("refused").to_string();
+    assert!(err.contains("does not exist"), "{err}");
+}
