@@ -171,6 +171,44 @@ pub struct Slice<'a> {
 }
 
 /// Writes a JSON document with the slice's fence (a stale slice cannot overwrite it).
+/// Runs `work` while keeping the lease (just taken or renewed): renews it every third of its ttl.
+/// Work that outlasts the lease — a baseline reconcile of a large
+/// bucket, a batch against a slow store — would otherwise lose it half-way and, redone by the
+/// next slice, never finish. A renewal refused by the fence abandons the work (dropping it: what
+/// it did so far was fenced writes, and its messages are not acknowledged) and is `Fenced`; a
+/// renewal that fails otherwise is retried at the next tick (if the lease expires meanwhile, the
+/// work's own writes are fenced).
+async fn keeping_lease<T>(
+    filer: &dyn Filer,
+    fence: &Fence,
+    ttl: Duration,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::pin!(work);
+    let mut renewed = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            r = &mut work => return r,
+            _ = tokio::time::sleep_until(renewed + ttl / 3) => {
+                match filer.lease_renew(fence, ttl).await {
+                    Ok(_) => renewed = tokio::time::Instant::now(),
+                    Err(e @ Error::Fenced { .. }) => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(error = %e, lease = %fence.lease, "cannot renew the lease; retrying");
+                        renewed = tokio::time::Instant::now() - ttl / 3 + Duration::from_millis(500);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Says why a slice ends as `LeaseLost` (which lease, at which generation now).
+fn lost(e: &Error) -> SliceEnd {
+    tracing::info!(reason = %e, "the slice lost its lease");
+    SliceEnd::LeaseLost
+}
+
 async fn put_fenced<T: Serialize>(filer: &dyn Filer, path: &str, doc: &T, fence: &Fence, now_ms: i64) -> Result<()> {
     let bytes = Bytes::from(serde_json::to_vec_pretty(doc).map_err(Error::internal)?);
     let txn = Txn::put(path, NewEntry::file(bytes.len() as u64, now_ms, Content::Inline), Origin::System)
@@ -202,7 +240,13 @@ impl Slice<'_> {
             lease_holder: lease.holder.clone(),
             lease_generation: lease.generation,
         };
-        let result = self.body(&fence, &mut status, &mut cancel).await;
+        // The lease is renewed beside the whole body (a receive from a slow queue, a baseline
+        // reconcile of a large bucket and a batch against a slow store can each outlast it).
+        let body = self.body(&fence, &mut status, &mut cancel);
+        let result = match keeping_lease(self.filer, &fence, self.lease_ttl, body).await {
+            Err(e @ Error::Fenced { .. }) => Ok(lost(&e)),
+            r => r,
+        };
         status.slice_ended_at_ms = Some(self.clock.now_ms());
         let outcome = match result {
             Ok(end) => {
@@ -256,7 +300,7 @@ impl Slice<'_> {
             };
             match reconcile(self.filer, self.storage, self.mount, &opts, &mut |_| {}).await {
                 Ok(_) => {}
-                Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
+                Err(e @ Error::Fenced { .. }) => return Ok(lost(&e)),
                 Err(e) => return Err(e),
             }
             // Written only once the reconcile completed.
@@ -266,7 +310,7 @@ impl Slice<'_> {
                 last_tail_at_ms: Some(self.clock.now_ms()),
             };
             match put_fenced(self.filer, &marker_path(fp), &m, fence, self.clock.now_ms()).await {
-                Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
+                Err(e @ Error::Fenced { .. }) => return Ok(lost(&e)),
                 r => r?,
             }
             if missed {
@@ -291,11 +335,10 @@ impl Slice<'_> {
         };
         status.state = SliceState::Tailing;
         match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {
-            Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
+            Err(e @ Error::Fenced { .. }) => return Ok(lost(&e)),
             r => r?,
         }
         let deadline = tokio::time::Instant::now() + self.length;
-        let mut renewed = tokio::time::Instant::now();
         // The status blob is refreshed while tailing, when the counters moved, at most this often.
         let mut published = (tokio::time::Instant::now(), status.counters.clone());
         let end = loop {
@@ -303,17 +346,10 @@ impl Slice<'_> {
             if now >= deadline {
                 break SliceEnd::Deadline;
             }
-            if now.duration_since(renewed) > self.lease_ttl / 3 {
-                match self.filer.lease_renew(fence, self.lease_ttl).await {
-                    Ok(_) => renewed = now,
-                    Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
-                    Err(e) => return Err(e),
-                }
-            }
             // Counters not yet published shorten the wait, so the status blob (the admin's page)
             // trails the applies by about STATUS_EVERY, not by a whole long poll.
             let poll = if published.1 != status.counters { STATUS_EVERY } else { Duration::from_secs(20) };
-            let wait = (deadline - now).min(poll).min(self.lease_ttl / 3);
+            let wait = (deadline - now).min(poll);
             let batch = tokio::select! {
                 _ = cancel.as_mut() => break SliceEnd::Cancelled,
                 b = self.source.receive(self.source.max_batch(), wait) => b,
@@ -331,13 +367,13 @@ impl Slice<'_> {
                 let began = tokio::time::Instant::now();
                 match apply_batch(self.filer, self.storage, self.source, &ctx, batch, &mut status.counters).await {
                     Ok(report) => self.observer.batch_applied(fp, began.elapsed(), &report.lags_ms),
-                    Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
+                    Err(e @ Error::Fenced { .. }) => break lost(&e),
                     Err(e) => return Err(e),
                 }
             }
             if published.0.elapsed() >= STATUS_EVERY && published.1 != status.counters {
                 match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {
-                    Err(Error::Fenced { .. }) => break SliceEnd::LeaseLost,
+                    Err(e @ Error::Fenced { .. }) => break lost(&e),
                     r => r?,
                 }
                 published = (tokio::time::Instant::now(), status.counters.clone());
@@ -354,7 +390,7 @@ impl Slice<'_> {
             )
             .await
             {
-                Err(Error::Fenced { .. }) => return Ok(SliceEnd::LeaseLost),
+                Err(e @ Error::Fenced { .. }) => return Ok(lost(&e)),
                 r => r?,
             }
         }

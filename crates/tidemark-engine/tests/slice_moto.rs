@@ -19,15 +19,24 @@ use tidemark_engine::slice::{
 use tidemark_filer::{DataDir, LocalFiler};
 use tidemark_testkit::{Moto, unique_name};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it_again() {
+struct Fixture {
+    _moto: Moto,
+    _dir: tempfile::TempDir,
+    s3: S3Storage,
+    filer: LocalFiler,
+    mount: Mount,
+    source: SqsSource,
+    doc: SubscriptionDoc,
+}
+
+/// A bucket holding `objects`, its notifications reaching a queue, a filer with the mount.
+async fn fixture(objects: &[&str]) -> Fixture {
     let moto = Moto::get();
     let conf = moto.conf("moto");
     let bucket = unique_name("sl");
     let s3 = S3Storage::connect(&conf, &bucket).await.unwrap();
     s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
-    // Objects that exist before any notification: only a baseline can find them.
-    for k in ["old/1.txt", "old/2.txt", "photos/old.jpg"] {
+    for k in objects {
         s3.put(k, Bytes::from_static(b"old"), BTreeMap::new()).await.unwrap();
     }
     let sqs = client(&conf).await.unwrap();
@@ -64,10 +73,18 @@ async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it
         created_at_ms: 0,
         updated_at_ms: 0,
     };
+    Fixture { _moto: moto, _dir: dir, s3, filer, mount, source, doc }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it_again() {
+    // Objects that exist before any notification: only a baseline can find them.
+    let f = fixture(&["old/1.txt", "old/2.txt", "photos/old.jpg"]).await;
+    let (filer, s3, source, mount, doc) = (&f.filer, &f.s3, &f.source, &f.mount, &f.doc);
     let clock = SystemClock;
     let slice = |doc: &SubscriptionDoc, holder: &'static str| {
         let doc = doc.clone();
-        let (filer, s3, source, mount, clock) = (&filer, &s3, &source, &mount, &clock);
+        let clock = &clock;
         async move {
             let s = Slice {
                 filer,
@@ -92,7 +109,7 @@ async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it
         tokio::time::sleep(Duration::from_secs(2)).await;
         s3.put("photos/new.jpg", Bytes::from_static(b"new!"), BTreeMap::new()).await.unwrap();
     };
-    let (first, ()) = tokio::join!(slice(&doc, "worker-a"), putter);
+    let (first, ()) = tokio::join!(slice(doc, "worker-a"), putter);
     let first = first.unwrap();
     assert_eq!((first.end.clone(), first.reconciled), (SliceEnd::Deadline, Some(ReconcileKind::Baseline)));
     for p in ["/mnt/data/old/1.txt", "/mnt/data/old/2.txt", "/mnt/data/photos/old.jpg"] {
@@ -100,10 +117,10 @@ async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it
     }
     assert_eq!(filer.stat("/mnt/data/photos/new.jpg").await.unwrap().map(|e| e.size), Some(4), "tailed");
     let (marker, _) =
-        read_json::<ReconcileMarker>(&filer, &marker_path(&doc.fingerprint)).await.unwrap().expect("a marker");
+        read_json::<ReconcileMarker>(filer, &marker_path(&doc.fingerprint)).await.unwrap().expect("a marker");
     assert!(marker.last_full_reconcile_at_ms.is_some() && marker.last_tail_at_ms.is_some());
     let (status, _) =
-        read_json::<StatusBlob>(&filer, &status_path(&doc.fingerprint)).await.unwrap().expect("a status blob");
+        read_json::<StatusBlob>(filer, &status_path(&doc.fingerprint)).await.unwrap().expect("a status blob");
     assert_eq!(
         (status.state, status.lease_holder.as_str(), status.lease_generation),
         (SliceState::Idle, "worker-a", 1)
@@ -113,7 +130,7 @@ async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it
     assert!(lease.expires_at_ms <= clock_now(), "released at the end of the slice");
 
     // The next slice of the same identity tails without a reconcile, with a new generation.
-    let second = slice(&doc, "worker-b").await.unwrap();
+    let second = slice(doc, "worker-b").await.unwrap();
     assert_eq!((second.reconciled, second.generation), (None, 2));
 
     // A re-pointed subscription (another prefix) is a new identity: a baseline again.
@@ -125,10 +142,65 @@ async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it
 
     // A lease held by a live slice refuses a second runner.
     filer.lease_acquire(&lease_name(&doc.fingerprint), "someone-else", Duration::from_secs(30)).await.unwrap();
-    let err = slice(&doc, "worker-a").await.unwrap_err();
+    let err = slice(doc, "worker-a").await.unwrap_err();
     assert!(matches!(err, Error::LeaseHeld { .. }), "{err}");
 }
 
 fn clock_now() -> i64 {
     tidemark_core::Clock::now_ms(&SystemClock)
+}
+
+/// A queue whose every receive takes longer than the slice's whole lease (a slow queue, a
+/// congested network).
+struct SlowSource<'a>(&'a SqsSource, Duration);
+
+#[async_trait::async_trait]
+impl tidemark_core::events::EventSource for SlowSource<'static> {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn max_batch(&self) -> usize {
+        self.0.max_batch()
+    }
+    async fn receive(&self, max: usize, wait: Duration) -> tidemark_core::Result<Vec<tidemark_core::events::Delivery>> {
+        tokio::time::sleep(self.1).await;
+        self.0.receive(max, wait).await
+    }
+    async fn ack(&self, ids: &[String]) -> tidemark_core::Result<tidemark_core::events::AckReport> {
+        self.0.ack(ids).await
+    }
+    async fn extend(&self, id: &str, by: Duration) -> tidemark_core::Result<()> {
+        self.0.extend(id, by).await
+    }
+    async fn release(&self, id: &str, delay: Duration) -> tidemark_core::Result<()> {
+        self.0.release(id, delay).await
+    }
+}
+
+/// The lease is renewed beside the slice's work, not only between receives: a receive (or a
+/// reconcile, or a batch) that outlasts the lease does not lose it — which, redone by the next
+/// slice and lost again, would never make progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_that_outlasts_the_lease_keeps_it() {
+    let f: &'static Fixture = Box::leak(Box::new(fixture(&[]).await));
+    f.s3.put("slow.txt", Bytes::from_static(b"slow"), BTreeMap::new()).await.unwrap();
+    let slow = SlowSource(&f.source, Duration::from_secs(3));
+    let slice = Slice {
+        filer: &f.filer,
+        storage: &f.s3,
+        source: &slow,
+        clock: &SystemClock,
+        doc: &f.doc,
+        mount: &f.mount,
+        provider: Provider::S3,
+        cluster_id: None,
+        holder: "worker-a",
+        length: Duration::from_secs(8),
+        observer: &tidemark_engine::slice::NoObserver,
+        lease_ttl: Duration::from_secs(2),
+    };
+    let out = slice.run(std::future::pending()).await.unwrap();
+    assert_eq!(out.end, SliceEnd::Deadline, "{out:?}");
+    assert_eq!(out.generation, 1, "one lease, kept");
+    assert!(f.filer.stat("/mnt/data/slow.txt").await.unwrap().is_some(), "applied");
 }
