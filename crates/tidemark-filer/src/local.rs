@@ -199,6 +199,19 @@ impl LocalFiler {
     }
 }
 
+/// Why the content of `entry` cannot be read here.
+fn missing_blob(p: &str, entry: &Entry, backend: &str) -> String {
+    if backend == "sqlite" {
+        format!("{p}: its content file ({} bytes) is missing from the data directory's blobs/", entry.size)
+    } else {
+        format!(
+            "{p}: its content ({} bytes) was written through another filer and is kept in that filer's data \
+             directory; read it through that filer (or here once the outbound sync has uploaded it)",
+            entry.size
+        )
+    }
+}
+
 fn blob_of(e: Option<&Entry>) -> Option<&str> {
     match e.map(|e| &e.content) {
         Some(Content::Blob { id }) => Some(id),
@@ -281,7 +294,18 @@ impl Filer for LocalFiler {
                     }
                     match self.blobs.open_range(id, range).await {
                         Ok(s) => s,
-                        Err(Error::NotFound { .. }) => continue,
+                        Err(Error::NotFound { .. }) => {
+                            // Overwritten meanwhile (read it again), or never here: with a shared
+                            // store, another filer took the write and keeps the blob.
+                            match self.store.get(p).await? {
+                                Some(now) if now.version == entry.version => {
+                                    return Err(Error::Unavailable {
+                                        message: missing_blob(p, &entry, self.store.backend()),
+                                    });
+                                }
+                                _ => continue,
+                            }
+                        }
                         Err(e) => return Err(e),
                     }
                 }

@@ -55,6 +55,10 @@ pub struct ApplyBench {
     /// Where to put the namespace (default: a temporary directory, removed afterwards).
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// The store to measure: the embedded SQLite (default) or `postgres://...` (an empty database:
+    /// the bench writes into it).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
 }
 
 #[derive(Args)]
@@ -94,7 +98,7 @@ fn mib(kib: Option<u64>) -> String {
 pub async fn run(bench: Bench) -> i32 {
     let result = match bench {
         Bench::Reconcile(b) => reconcile_bench(b).await,
-        Bench::Apply(b) => crate::bench_apply::run(b.events, b.keys, b.concurrency, b.data_dir).await,
+        Bench::Apply(b) => crate::bench_apply::run(b.events, b.keys, b.concurrency, b.data_dir, b.store).await,
         Bench::Latency(b) => latency_bench(b).await,
     };
     match result {

@@ -168,11 +168,23 @@ pub async fn run(
     keys: Option<usize>,
     concurrency: usize,
     data_dir: Option<std::path::PathBuf>,
+    store: Option<String>,
 ) -> std::result::Result<(), String> {
     let keys = keys.unwrap_or(events).clamp(1, events.max(1));
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let dir = data_dir.unwrap_or_else(|| tmp.path().to_path_buf());
-    let filer = Arc::new(LocalFiler::open(DataDir::open(&dir).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?);
+    let data_dir = DataDir::open(&dir).map_err(|e| e.to_string())?;
+    let filer = match store.as_deref() {
+        Some(url) if url.starts_with("postgres") => {
+            let pg = tidemark_store::PgStore::connect(url).await.map_err(|e| e.to_string())?;
+            LocalFiler::open_with_store(data_dir, Arc::new(pg))
+        }
+        Some(other) => {
+            return Err(format!("--store {other:?}: the bench measures the default SQLite or postgres://..."));
+        }
+        None => LocalFiler::open(data_dir),
+    };
+    let filer = Arc::new(filer.map_err(|e| e.to_string())?);
     let stages = Arc::new(Stages::default());
     let clock = ManualClock::new(1_800_000_000_000);
     let bucket = MemoryStorage::new(Arc::new(clock.clone()));
@@ -223,10 +235,14 @@ pub async fn run(
     let wall = began.elapsed().as_secs_f64();
     let heads = bucket.calls.stat.load(Ordering::Relaxed) - heads_before;
     println!(
-        "bench apply: {events} notifications over {keys} keys, concurrency {concurrency}, receives of {} gathered up to {} (store: SQLite in {})",
+        "bench apply: {events} notifications over {keys} keys, concurrency {concurrency}, receives of {} gathered up to {} (store: {})",
         source.max_batch(),
         tidemark_engine::slice::GATHER,
-        if dir == tmp.path() { "a temporary directory".to_string() } else { dir.display().to_string() }
+        match &store {
+            Some(_) => "PostgreSQL".to_string(),
+            None if dir == tmp.path() => "SQLite in a temporary directory".to_string(),
+            None => format!("SQLite in {}", dir.display()),
+        }
     );
     println!(
         "  {:.2} s: {:.0} events/s applied ({} applied, {} received, {} failed), {} entries changed, {batches} batches",

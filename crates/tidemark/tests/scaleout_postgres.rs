@@ -158,7 +158,7 @@ async fn two_filers_and_three_workers_on_one_database_lose_nothing_through_pause
 
     // 1. Events flow; what the workers wrote through either filer reads the same through both.
     put_batch(500, &mut expected).await;
-    eventually("phase 1 through filer 2", Duration::from_secs(90), async || all_there(&c2, &expected).await).await;
+    eventually("phase 1 through filer 2", Duration::from_secs(180), async || all_there(&c2, &expected).await).await;
     assert!(all_there(&c1, &expected).await);
 
     // 2. Pause the lease holder past its lease: another worker takes over with a higher
@@ -170,7 +170,7 @@ async fn two_filers_and_three_workers_on_one_database_lose_nothing_through_pause
         live_lease(&c1, &lease_name).await.is_some_and(|(h, g)| h != holder && g > generation)
     })
     .await;
-    eventually("phase 2", Duration::from_secs(90), async || all_there(&c1, &expected).await).await;
+    eventually("phase 2", Duration::from_secs(180), async || all_there(&c1, &expected).await).await;
     workers[&holder].0.signal("CONT");
     let paused_log = logs(&holder, workers[&holder].1);
     eventually("the woken worker's slice ends on the fence", Duration::from_secs(30), async || {
@@ -185,7 +185,7 @@ async fn two_filers_and_three_workers_on_one_database_lose_nothing_through_pause
     let n = workers[&holder].1 + 1;
     let restarted = worker(&a, &via(&holder), &holder, &logs(&holder, n));
     workers.insert(holder.clone(), (restarted, n));
-    eventually("phase 3", Duration::from_secs(90), async || all_there(&c1, &expected).await).await;
+    eventually("phase 3", Duration::from_secs(180), async || all_there(&c1, &expected).await).await;
 
     // 4. Restart filer 2 (same address and data directory) while puts arrive: the worker that
     //    writes through it retries until it is back.
@@ -194,7 +194,7 @@ async fn two_filers_and_three_workers_on_one_database_lose_nothing_through_pause
     put_batch(250, &mut expected).await;
     f2_p = filer(&f2_dir, &store, &f2);
     put_batch(250, &mut expected).await;
-    eventually("phase 4 through the restarted filer", Duration::from_secs(90), async || {
+    eventually("phase 4 through the restarted filer", Duration::from_secs(180), async || {
         all_there(&c2, &expected).await
     })
     .await;
@@ -232,6 +232,24 @@ async fn two_filers_and_three_workers_on_one_database_lose_nothing_through_pause
         expected.len(),
         elapsed.as_secs_f64()
     );
+
+    // Content: a small file written through one filer reads through the other (inline in the
+    // database); a large one is a blob in the writing filer's data directory, and the other
+    // filer says so rather than failing obscurely.
+    let (small, big) = (tmp.path().join("small.txt"), tmp.path().join("big.bin"));
+    std::fs::write(&small, "small, shared").unwrap();
+    std::fs::write(&big, vec![b'b'; 100 * 1024]).unwrap();
+    ok(run_shell(
+        bin(),
+        &f1,
+        &format!("fs.put {} /docs/small.txt; fs.put {} /docs/big.bin", small.display(), big.display()),
+        &[],
+    ));
+    assert_eq!(ok(run_shell(bin(), &f2, "fs.cat /docs/small.txt", &[])), "small, shared");
+    assert_eq!(ok(run_shell(bin(), &f1, "fs.cat /docs/big.bin", &[])).len(), 100 * 1024);
+    let other = run_shell(bin(), &f2, "fs.cat /docs/big.bin", &[]);
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && err.contains("written through another filer"), "{err}");
 
     // Which worker ran which slice, for whoever reads a failure.
     for (id, (_, n)) in &workers {
