@@ -3,7 +3,8 @@
 //!
 //! One filer of a cluster runs it at a time: the one holding the `filer/outbound-sync` lease
 //! (with several filers on one shared store, the others wait to take over). Its position is the
-//! system document `/etc/tidemark/outbound/cursor.json`, written after each batch with the
+//! system document `/etc/tidemark/outbound/cursor.json`, written after each batch that had
+//! something to sync (or every 10,000 records passed over), with the
 //! lease's fence, so a restart, or another filer taking over, resumes where it stopped, and a
 //! filer that lost the lease cannot move it. Handling a record again is harmless (it looks at
 //! current state).
@@ -25,6 +26,10 @@ use crate::remotes::read_doc;
 const LEASE_TTL: Duration = Duration::from_secs(30);
 /// How often a filer that does not hold the lease checks whether it is free.
 const STANDBY_CHECK: Duration = Duration::from_secs(5);
+/// Records passed over (none under a synced mount) before the cursor is written anyway, so a
+/// restart does not re-read a long stretch of the log; below it nothing is written for them (a
+/// namespace without synced mounts gets no cursor document).
+const CURSOR_LAG: u64 = 10_000;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Cursor {
@@ -93,6 +98,7 @@ impl OutboundSync {
                 }
             };
             tracing::info!(generation = lease.generation, cursor = pos, "outbound sync: running on this filer");
+            let mut written = pos;
             let keep = async {
                 loop {
                     tokio::time::sleep(LEASE_TTL / 3).await;
@@ -109,7 +115,7 @@ impl OutboundSync {
                         tracing::warn!(error = %e, "outbound sync: lost its lease; another filer may take over");
                         break false;
                     }
-                    r = self.step(&fence, &mut pos, Duration::from_secs(10)) => match r {
+                    r = self.step(&fence, &mut pos, &mut written, Duration::from_secs(10)) => match r {
                         Ok(_) => backoff.succeed(),
                         Err(e) => {
                             let wait = backoff.fail();
@@ -139,24 +145,26 @@ impl OutboundSync {
     }
 
     /// Handles the next batch of change-log records after `pos` (waiting up to `wait` for one)
-    /// and moves `pos` past it. Stops at a record that fails transiently, keeping the cursor
-    /// before it, so it is retried.
-    async fn step(&self, fence: &Fence, pos: &mut u64, wait: Duration) -> Result<Vec<OutboundOutcome>> {
+    /// and moves `pos` past it; `written` is the cursor last stored. Stops at a record that fails
+    /// transiently, keeping the cursor before it, so it is retried.
+    async fn step(
+        &self,
+        fence: &Fence,
+        pos: &mut u64,
+        written: &mut u64,
+        wait: Duration,
+    ) -> Result<Vec<OutboundOutcome>> {
         let after = *pos;
         let records = self.filer.changes(after, 500, wait).await?;
         let Some(last) = records.last().map(|r| r.seq) else { return Ok(Vec::new()) };
-        // The cursor's own records say nothing to sync: a batch of only those is passed over
-        // without writing the cursor again (which would make another record, forever).
-        if records.iter().all(|r| r.path == system_paths::OUTBOUND_CURSOR) {
-            *pos = last;
-            return Ok(Vec::new());
-        }
         let store = self.filer.store().as_ref();
         let (mapping, _) = read_doc::<MountMapping>(store, system_paths::MOUNT_MAPPING).await?.unwrap_or_default();
         let mut outcomes = Vec::new();
         let mut cluster: Option<String> = None;
+        let mut synced_any = false;
         for r in &records {
             let Some(mount) = mapping.find_for(&r.path).filter(|m| m.sync) else { continue };
+            synced_any = true;
             let id = match &cluster {
                 Some(id) => id.clone(),
                 None => {
@@ -185,13 +193,18 @@ impl OutboundSync {
                 Err(e) => {
                     if r.seq - 1 > after {
                         self.write_cursor(fence, r.seq - 1).await?;
-                        *pos = r.seq - 1;
+                        (*pos, *written) = (r.seq - 1, r.seq - 1);
                     }
                     return Err(e);
                 }
             }
         }
-        self.write_cursor(fence, last).await?;
+        // Records of nothing to sync (the cursor's own among them: writing the cursor for those
+        // would make another record, forever) move the cursor in memory only, up to CURSOR_LAG.
+        if synced_any || last - *written >= CURSOR_LAG {
+            self.write_cursor(fence, last).await?;
+            *written = last;
+        }
         *pos = last;
         Ok(outcomes)
     }
