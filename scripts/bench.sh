@@ -11,7 +11,8 @@ cargo build --release -q -p tidemark
 bin=./target/release/tidemark
 work=$(mktemp -d -t tidemark-bench-XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 1; rm -rf "$work"; }
+. scripts/postgres.sh
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; stop_postgres; sleep 1; rm -rf "$work"; }
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_line() { # FILE PATTERN
@@ -22,6 +23,13 @@ wait_line() { # FILE PATTERN
 echo "== engine overhead (in-process bucket and queue) =="
 "$bin" bench apply --events 10000 --concurrency 1
 "$bin" bench apply --events 10000 --concurrency 8
+echo "== engine overhead on the shared store (a throwaway PostgreSQL, fsync on like SQLite's FULL) =="
+start_postgres "$work/pg" on
+for c in 1 8; do
+  db="bench_apply_$c"
+  psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"
+  "$bin" bench apply --events 10000 --concurrency "$c" --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
+done
 echo "== coalescing: a burst of 10,000 notifications over 100 keys =="
 "$bin" bench apply --events 10000 --keys 100
 

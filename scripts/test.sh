@@ -9,10 +9,10 @@ cd "$(dirname "$0")/.."
 
 logs=$(mktemp -d -t tidemark-test-XXXXXX)
 pids=()
-stop_pg() { :; }
+. scripts/postgres.sh
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  stop_pg
+  stop_postgres
 }
 trap cleanup EXIT
 
@@ -71,20 +71,8 @@ wait_http "http://127.0.0.1:$gcs_port/storage/v1/b" fake-gcs
 export TIDEMARK_TEST_GCS="http://127.0.0.1:$gcs_port"
 echo "test: fake-gcs-server on $TIDEMARK_TEST_GCS"
 
-# PostgreSQL: a throwaway cluster (initdb in a temporary directory, 127.0.0.1 only, fsync off),
-# run as the postgres user when we are root, as the server refuses to run as root.
-pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-pg_dir=$(mktemp -d -t tidemark-pg-XXXXXX)
-as_pg=()
-if [ "$(id -u)" = 0 ]; then chown postgres:postgres "$pg_dir"; as_pg=(runuser -u postgres --); fi
-"${as_pg[@]}" "$pg_bin/initdb" -A trust -U postgres -E UTF8 --locale=C -D "$pg_dir/data" >"$logs/initdb.log" 2>&1 \
-  || { echo "test: initdb failed; its log:" >&2; cat "$logs/initdb.log" >&2; exit 1; }
-pg_port=$(free_port)
-"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -w -t 60 -l "$pg_dir/server.log" \
-  -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" start >/dev/null \
-  || { echo "test: PostgreSQL did not start; its log:" >&2; cat "$pg_dir/server.log" >&2; exit 1; }
-stop_pg() { "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate -w stop >/dev/null 2>&1 || true; rm -rf "$pg_dir"; }
-export TIDEMARK_TEST_POSTGRES="postgres://postgres@127.0.0.1:$pg_port/postgres"
+# PostgreSQL: a throwaway cluster for the run (scripts/postgres.sh).
+start_postgres "$(mktemp -d -t tidemark-pg-XXXXXX)"
 echo "test: PostgreSQL on $TIDEMARK_TEST_POSTGRES (log: $pg_dir/server.log)"
 
 if cargo nextest --version >/dev/null 2>&1; then

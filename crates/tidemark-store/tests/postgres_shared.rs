@@ -32,23 +32,30 @@ async fn writers_on_two_filers_make_one_dense_change_log_that_a_follower_reads_e
     let b: Arc<dyn MetaStore> = Arc::new(PgStore::connect(&url).await.unwrap());
     a.apply(Txn::put("/race", file(0), Origin::Local)).await.unwrap();
 
-    // A follower on filer B, started before the writes, reading the log as an outbound sync does.
+    // A follower on filer B, following from before the writes, reading the log as an outbound
+    // sync does, until it has reached the last record the writers made.
+    let start = a.last_seq().await.unwrap();
+    let (done_tx, mut done) = tokio::sync::watch::channel(None::<u64>);
     let follower = {
         let b = b.clone();
         tokio::spawn(async move {
             let mut rx = b.subscribe();
-            let mut seen = Vec::new();
-            let mut after = b.last_seq().await.unwrap();
-            while seen.len() < 400 + 2 {
+            let (mut seen, mut after) = (Vec::new(), start);
+            loop {
                 let page = b.changes(after, 37).await.unwrap();
-                if page.is_empty() {
-                    tokio::time::timeout(Duration::from_secs(30), rx.changed()).await.unwrap().unwrap();
+                if let Some(last) = page.last() {
+                    after = last.seq;
+                    seen.extend(page);
                     continue;
                 }
-                after = page.last().unwrap().seq;
-                seen.extend(page);
+                if done.borrow().is_some_and(|end| after >= end) {
+                    return seen;
+                }
+                let woken = tokio::time::timeout(Duration::from_secs(30), async {
+                    tokio::select! { _ = rx.changed() => {}, _ = done.changed() => {} }
+                });
+                woken.await.expect("no wake-up within 30 s while records were missing");
             }
-            seen
         })
     };
 
@@ -81,12 +88,13 @@ async fn writers_on_two_filers_make_one_dense_change_log_that_a_follower_reads_e
         wins += t.await.unwrap();
     }
     assert!(wins >= 1, "some CAS must win");
+    done_tx.send(Some(a.last_seq().await.unwrap())).unwrap();
     let seen = tokio::time::timeout(Duration::from_secs(60), follower).await.unwrap().unwrap();
     let expected = 400 + 2 + 8 + wins; // the puts, the /fF and /fF/wW parents, the CAS winners
-    let all = a.changes(seen[0].seq - 1, 10_000).await.unwrap();
+    let all = a.changes(start, 10_000).await.unwrap();
     assert_eq!(all.len(), expected, "every write has its record");
     assert!(all.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "dense and in order");
-    assert_eq!(&all[..seen.len()], &seen[..], "the follower on the other filer saw the same records, in order, once");
+    assert_eq!(all, seen, "the follower on the other filer saw every record, in order, once");
     let keys: BTreeSet<&str> = all.iter().filter(|c| c.path.contains("/k")).map(|c| c.path.as_str()).collect();
     assert_eq!(keys.len(), 400);
     assert_eq!(a.last_seq().await.unwrap(), b.last_seq().await.unwrap());
