@@ -264,9 +264,17 @@ impl Slice<'_> {
                 return Err(e);
             }
         };
+        let mut outcome = outcome;
         if outcome != SliceEnd::LeaseLost {
-            put_fenced(self.filer, &status_path(fp), &status, &fence, self.clock.now_ms()).await?;
-            let _ = self.filer.lease_release(&fence).await;
+            // A slice that ended otherwise (cancelled, say, as a paused worker resumes) may have
+            // lost its lease meanwhile: its last write is refused, and that is how it ended.
+            match put_fenced(self.filer, &status_path(fp), &status, &fence, self.clock.now_ms()).await {
+                Ok(()) => {
+                    let _ = self.filer.lease_release(&fence).await;
+                }
+                Err(e @ Error::Fenced { .. }) => outcome = lost(&e),
+                Err(e) => return Err(e),
+            }
         }
         Ok(SliceOutcome {
             end: outcome,

@@ -151,26 +151,37 @@ fn filer_id(bound: &str) -> String {
     format!("{}-{}@{bound}", if host.is_empty() { "filer" } else { &host }, std::process::id())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called, not
+/// when it is first awaited: a signal that arrives while the role is still starting up is then
+/// a clean shutdown, not the default "terminate at once". Call it first thing in a role.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let (term, int) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok())
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    async move {
+        #[cfg(unix)]
+        {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = wait(term) => {},
+                _ = wait(int) => {},
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutting down: finishing requests in flight");
     }
-    tracing::info!("shutting down: finishing requests in flight");
 }
 
 fn fail(code: i32, message: impl std::fmt::Display) -> i32 {
@@ -200,6 +211,7 @@ fn worker_config(id: Option<String>, s: &SliceArgs) -> tidemark_worker::WorkerCo
 
 pub async fn run_filer(a: FilerArgs) -> i32 {
     init_logging();
+    let shutdown = shutdown_signal();
     if let Err(e) = http::check_bind(a.addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
@@ -220,7 +232,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         tokio::spawn(sync.run(stopped(stop_rx.clone())))
     };
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         let _ = stop_tx.send(true);
     });
     let api: Arc<dyn Filer> = filer.clone();
@@ -235,6 +247,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
 /// The filer, the admin and one worker in one process (`tidemark server`).
 pub async fn run_server(a: ServerArgs) -> i32 {
     init_logging();
+    let shutdown = shutdown_signal();
     if let Err(e) = http::check_bind(a.filer_addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
@@ -289,7 +302,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
             Err(e) => eprintln!("error: setting up --local-bucket: {e}"),
         }
     }
-    shutdown_signal().await;
+    shutdown.await;
     let _ = signal_tx.send(true);
     let _ = worker.await;
     let _ = stop_tx.send(true);
@@ -305,6 +318,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
 
 pub async fn run_admin(a: AdminArgs) -> i32 {
     init_logging();
+    let shutdown = shutdown_signal();
     if let Err(e) = tidemark_admin::check_bind(a.addr, a.token.as_deref()) {
         return fail(2, e);
     }
@@ -331,7 +345,7 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
     let admin = tidemark_admin::Admin::new(filer, config);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         let _ = stop_tx.send(true);
     });
     let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
@@ -345,6 +359,7 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
 
 pub async fn run_worker(a: WorkerArgs) -> i32 {
     init_logging();
+    let shutdown = shutdown_signal();
     let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(2, e),
@@ -357,7 +372,7 @@ pub async fn run_worker(a: WorkerArgs) -> i32 {
     tracing::info!(worker = %config.worker_id, admin = %a.admin, filer = %a.filer, max_execute = config.max_execute, "worker starting");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         let _ = stop_tx.send(true);
     });
     tidemark_worker::Worker::new(client, filer, config).run(stop_rx).await;

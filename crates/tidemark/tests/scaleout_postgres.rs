@@ -34,6 +34,18 @@ async fn live_lease(filer: &HttpFiler, name: &str) -> Option<(String, u64)> {
     (lease.expires_at_ms > now).then_some((lease.holder, lease.generation))
 }
 
+/// The live lease, waiting out the moment between two slices when there is none.
+async fn wait_live_lease(filer: &HttpFiler, name: &str) -> (String, u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(l) = live_lease(filer, name).await {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "no worker held the subscription's lease within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn worker(admin: &str, filer: &str, id: &str, log: &Path) -> TidemarkProcess {
     TidemarkProcess::start_quiet(
         bin(),
@@ -163,7 +175,7 @@ async fn two_filers_and_three_workers_on_one_database_lose_nothing_through_pause
 
     // 2. Pause the lease holder past its lease: another worker takes over with a higher
     //    generation; woken, the paused one's writes are refused by the fence.
-    let (holder, generation) = live_lease(&c1, &lease_name).await.expect("a holder");
+    let (holder, generation) = wait_live_lease(&c1, &lease_name).await;
     workers[&holder].0.signal("STOP");
     put_batch(500, &mut expected).await;
     eventually("another worker takes the lease", Duration::from_secs(40), async || {
@@ -179,7 +191,7 @@ async fn two_filers_and_three_workers_on_one_database_lose_nothing_through_pause
     .await;
 
     // 3. Kill the holder mid-slice while puts arrive, and restart it.
-    let (holder, _) = live_lease(&c1, &lease_name).await.expect("a holder");
+    let (holder, _) = wait_live_lease(&c1, &lease_name).await;
     workers.get_mut(&holder).unwrap().0.kill();
     put_batch(500, &mut expected).await;
     let n = workers[&holder].1 + 1;
