@@ -24,7 +24,7 @@ echo "== engine overhead (in-process bucket and queue) =="
 "$bin" bench apply --events 10000 --concurrency 1
 "$bin" bench apply --events 10000 --concurrency 8
 echo "== engine overhead on the shared store (a throwaway PostgreSQL, fsync on like SQLite's FULL) =="
-start_postgres "$work/pg" on
+start_postgres on
 for c in 1 8; do
   db="bench_apply_$c"
   psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"

@@ -72,7 +72,7 @@ export TIDEMARK_TEST_GCS="http://127.0.0.1:$gcs_port"
 echo "test: fake-gcs-server on $TIDEMARK_TEST_GCS"
 
 # PostgreSQL: a throwaway cluster for the run (scripts/postgres.sh).
-start_postgres "$(mktemp -d -t tidemark-pg-XXXXXX)"
+start_postgres
 echo "test: PostgreSQL on $TIDEMARK_TEST_POSTGRES (log: $pg_dir/server.log)"
 
 if cargo nextest --version >/dev/null 2>&1; then
