@@ -254,6 +254,8 @@ async fn migrate(pool: &Pool, label: &str) -> Result<()> {
     let mut client = pool.get().await.map_err(|e| pool_err(label, e))?;
     let tx = client.transaction().await.map_err(pg_err)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(pg_err)?;
+    // "relation tidemark_schema already exists, skipping" on every start is noise in the log.
+    tx.batch_execute("SET LOCAL client_min_messages = warning").await.map_err(pg_err)?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS tidemark_schema (version INT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
         .await
         .map_err(pg_err)?;
