@@ -438,13 +438,8 @@ impl TxnOps for PgTxn<'_> {
         Ok(())
     }
 
-    fn next_seq(&mut self) -> u64 {
-        self.seq += 1;
-        self.seq
-    }
-
-    fn current_seq(&self) -> u64 {
-        self.seq
+    fn seq_mut(&mut self) -> &mut u64 {
+        &mut self.seq
     }
 }
 

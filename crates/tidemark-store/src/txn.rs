@@ -26,9 +26,19 @@ pub(crate) trait TxnOps {
     async fn log_change(&mut self, change: Change<'_>) -> Result<()>;
     async fn lease(&mut self, name: &str) -> Result<Option<Lease>>;
     async fn put_lease(&mut self, lease: &Lease) -> Result<()>;
-    /// Hands out the next sequence number (the counter is stored back at commit).
-    fn next_seq(&mut self) -> u64;
-    fn current_seq(&self) -> u64;
+    /// The transaction's sequence counter: read at its start, stored back at commit.
+    fn seq_mut(&mut self) -> &mut u64;
+
+    /// Hands out the next sequence number.
+    fn next_seq(&mut self) -> u64 {
+        let seq = self.seq_mut();
+        *seq += 1;
+        *seq
+    }
+
+    fn current_seq(&mut self) -> u64 {
+        *self.seq_mut()
+    }
 }
 
 /// One change-log record about to be written.
