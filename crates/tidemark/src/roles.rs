@@ -12,7 +12,8 @@ use crate::shell;
 
 #[derive(Args)]
 pub struct FilerArgs {
-    /// Directory for the store (meta.db) and file content (blobs/). Created if missing.
+    /// Directory for the embedded store (meta.db, unless --store names another), file content
+    /// (blobs/) and the LOCK that keeps a second process out. Created if missing.
     #[arg(long, value_name = "DIR")]
     data_dir: PathBuf,
     /// Address to listen on. A non-loopback address requires --token.
@@ -24,7 +25,8 @@ pub struct FilerArgs {
 
 #[derive(Args)]
 pub struct ServerArgs {
-    /// Directory for the store (meta.db) and file content (blobs/). Created if missing.
+    /// Directory for the embedded store (meta.db, unless --store names another), file content
+    /// (blobs/) and the LOCK that keeps a second process out. Created if missing.
     #[arg(long, value_name = "DIR")]
     data_dir: PathBuf,
     /// Address the filer's API listens on. A non-loopback address requires --token.
