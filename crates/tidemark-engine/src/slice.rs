@@ -170,11 +170,9 @@ pub struct Slice<'a> {
     pub observer: &'a dyn SliceObserver,
 }
 
-/// Writes a JSON document with the slice's fence (a stale slice cannot overwrite it).
 /// Runs `work` while keeping the lease (just taken or renewed): renews it every third of its ttl.
-/// Work that outlasts the lease — a baseline reconcile of a large
-/// bucket, a batch against a slow store — would otherwise lose it half-way and, redone by the
-/// next slice, never finish. A renewal refused by the fence abandons the work (dropping it: what
+/// Work that outlasts the lease — a baseline reconcile of a large bucket, a batch against a slow
+/// store — would otherwise lose it half-way and, redone by the next slice, never finish. A renewal refused by the fence abandons the work (dropping it: what
 /// it did so far was fenced writes, and its messages are not acknowledged) and is `Fenced`; a
 /// renewal that fails otherwise is retried at the next tick (if the lease expires meanwhile, the
 /// work's own writes are fenced).
@@ -209,6 +207,7 @@ fn lost(e: &Error) -> SliceEnd {
     SliceEnd::LeaseLost
 }
 
+/// Writes a JSON document with the slice's fence (a stale slice cannot overwrite it).
 async fn put_fenced<T: Serialize>(filer: &dyn Filer, path: &str, doc: &T, fence: &Fence, now_ms: i64) -> Result<()> {
     let bytes = Bytes::from(serde_json::to_vec_pretty(doc).map_err(Error::internal)?);
     let txn = Txn::put(path, NewEntry::file(bytes.len() as u64, now_ms, Content::Inline), Origin::System)
@@ -248,7 +247,7 @@ impl Slice<'_> {
             r => r,
         };
         status.slice_ended_at_ms = Some(self.clock.now_ms());
-        let outcome = match result {
+        let mut outcome = match result {
             Ok(end) => {
                 status.state = if end == SliceEnd::LeaseLost { SliceState::Errored } else { SliceState::Idle };
                 if end == SliceEnd::LeaseLost {
@@ -264,7 +263,6 @@ impl Slice<'_> {
                 return Err(e);
             }
         };
-        let mut outcome = outcome;
         if outcome != SliceEnd::LeaseLost {
             // A slice that ended otherwise (cancelled, say, as a paused worker resumes) may have
             // lost its lease meanwhile: its last write is refused, and that is how it ended.

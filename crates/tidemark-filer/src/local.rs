@@ -79,11 +79,6 @@ impl LocalFiler {
         &self.clock
     }
 
-    /// The data directory, when the filer has one.
-    pub fn data_dir(&self) -> Option<&std::path::Path> {
-        self._data_dir.as_ref().map(DataDir::root)
-    }
-
     /// This cluster's id: created once, by the first filer, in `/etc/tidemark/cluster.json`.
     pub async fn cluster_id(&self) -> Result<String> {
         use tidemark_core::remote::system_paths::CLUSTER;
