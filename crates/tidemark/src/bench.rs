@@ -1,5 +1,6 @@
 //! `tidemark bench ...`: benchmarks that print their figures (see docs/BENCHMARKS.md).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -24,6 +25,11 @@ pub enum Bench {
     /// workers (`scripts/bench.sh` sets one up against moto and a local bucket): p50 / p99 over N
     /// puts, and what a `remote.meta.sync` on a schedule would give for comparison.
     Latency(LatencyBench),
+    /// End to end against an S3-compatible endpoint that serves SQS too (moto in
+    /// `scripts/bench.sh`): apply throughput at several concurrencies, the API calls per applied
+    /// event, and a reconcile against the raw LIST — each beside what a plain SDK client achieves
+    /// against the same server in the same run. Creates `tidemark-bench-*` buckets and queues.
+    S3(crate::bench_s3::S3Bench),
 }
 
 #[derive(Args)]
@@ -34,9 +40,18 @@ pub struct LatencyBench {
     /// A mounted directory with events enabled; objects are put into its bucket directly.
     #[arg(long)]
     dir: String,
-    /// How many objects to put, one after another (each waits until visible).
+    /// How many objects to put.
     #[arg(long, default_value_t = 1000)]
     puts: usize,
+    /// Put this many objects a second, whether or not the earlier ones are visible yet (a
+    /// sustained load; visibility is then followed on the filer's change log). Default: one
+    /// after another, each waited for by polling the entry every 5 ms.
+    #[arg(long, value_name = "PUTS_PER_SECOND")]
+    rate: Option<f64>,
+    /// Skip measuring the limit (for an S3 remote: put → notification received by a plain SQS
+    /// client on a scratch bucket and queue of the same endpoint).
+    #[arg(long)]
+    no_limit: bool,
     #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
@@ -100,6 +115,7 @@ pub async fn run(bench: Bench) -> i32 {
         Bench::Reconcile(b) => reconcile_bench(b).await,
         Bench::Apply(b) => crate::bench_apply::run(b.events, b.keys, b.concurrency, b.data_dir, b.store).await,
         Bench::Latency(b) => latency_bench(b).await,
+        Bench::S3(b) => crate::bench_s3::run(b).await,
     };
     match result {
         Ok(()) => 0,
@@ -185,52 +201,77 @@ async fn latency_bench(b: LatencyBench) -> Result<(), String> {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
     );
     let prefix = mount.location.key_prefix();
+    let objects: Vec<(String, String)> = (0..b.puts)
+        .map(|i| (format!("{prefix}bench-latency/{run}/{i:05}.txt"), format!("{dir}/bench-latency/{run}/{i:05}.txt")))
+        .collect();
     println!(
-        "bench latency: {} puts into {} ({}), each waited for in {dir}",
+        "bench latency: {} puts into {} ({}), {}, each waited for in {dir}",
         b.puts,
         conf.kind.as_str(),
-        storage.describe()
+        storage.describe(),
+        match b.rate {
+            Some(r) => format!("{r} a second"),
+            None => "one after another".into(),
+        }
     );
-    let mut lat = Vec::with_capacity(b.puts);
-    let mut late = 0;
-    for i in 0..b.puts {
-        let key = format!("{prefix}bench-latency/{run}/{i:05}.txt");
-        let path = format!("{dir}/bench-latency/{run}/{i:05}.txt");
-        let t = Instant::now();
-        storage.put(&key, Bytes::from(format!("{i}")), Default::default()).await.map_err(|e| e.to_string())?;
-        loop {
-            if filer.stat(&path).await.map_err(|e| e.to_string())?.is_some() {
-                lat.push(t.elapsed());
-                break;
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                late += 1;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if (i + 1) % 100 == 0 {
-            eprintln!("  {} / {} puts", i + 1, b.puts);
-        }
+    let filer = Arc::new(filer);
+    // A first object, not counted, waited for until it is visible: the subscription's first slice
+    // may still be starting (the admin assigns it on its next scan, after a baseline reconcile).
+    let warm = Instant::now();
+    let warmup =
+        [(format!("{prefix}bench-latency/{run}/warm-up.txt"), format!("{dir}/bench-latency/{run}/warm-up.txt"))];
+    match sequential_puts(&filer, &*storage, &warmup).await? {
+        (_, 0) => println!("  warm-up put visible after {:.0} ms (not counted)", warm.elapsed().as_secs_f64() * 1000.0),
+        _ => return Err(format!("the warm-up object was not visible in {dir} within 60 s: are events enabled on it?")),
     }
-    lat.sort();
+    let (lat, late) = match b.rate {
+        None => sequential_puts(&filer, &*storage, &objects).await?,
+        Some(rate) => sustained_puts(&filer, storage.clone(), &objects, rate).await?,
+    };
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let mut sorted: Vec<Duration> = lat.iter().map(|(_, d)| *d).collect();
+    sorted.sort();
     println!(
         "  put → visible: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} of {} within 60 s)",
-        ms(percentile(&lat, 0.5)),
-        ms(percentile(&lat, 0.9)),
-        ms(percentile(&lat, 0.99)),
-        ms(lat.last().copied().unwrap_or_default()),
-        lat.len(),
+        ms(percentile(&sorted, 0.5)),
+        ms(percentile(&sorted, 0.9)),
+        ms(percentile(&sorted, 0.99)),
+        ms(sorted.last().copied().unwrap_or_default()),
+        sorted.len(),
         b.puts
     );
     if late > 0 {
         println!("  {late} puts were not visible within 60 s");
     }
+    // The slowest puts with their time of day, to find them in the server's log.
+    let mut slowest = lat.clone();
+    slowest.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+    let p50 = percentile(&sorted, 0.5);
+    for (at, d) in slowest.iter().take(3).filter(|(_, d)| *d > p50 * 5) {
+        println!("  outlier: {:.0} ms, put at {}", ms(*d), tidemark_core::format_rfc3339_ms(*at));
+    }
+    if !b.no_limit && conf.kind == tidemark_core::remote::StorageKind::S3 {
+        let limit = crate::bench_s3::put_to_receive(&conf, &run, b.puts.min(1000), b.rate).await?;
+        let mut limit_sorted = limit.clone();
+        limit_sorted.sort();
+        let (l50, l99) = (percentile(&limit_sorted, 0.5), percentile(&limit_sorted, 0.99));
+        println!(
+            "  limit, put → notification received by a plain SQS client (long polling, {} puts): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            limit.len(),
+            ms(l50),
+            ms(l99),
+            ms(limit_sorted.last().copied().unwrap_or_default())
+        );
+        println!(
+            "  ratio to the limit: p50 {:.2}, p99 {:.2}",
+            ms(percentile(&sorted, 0.5)) / ms(l50).max(0.001),
+            ms(percentile(&sorted, 0.99)) / ms(l99).max(0.001)
+        );
+    }
     // The cron alternative: a full reconcile every T leaves a change unseen for up to T plus the
     // reconcile's own duration; a uniformly timed change waits T/2 on average.
     let t = Instant::now();
-    let report = reconcile(&filer, &*storage, &mount, &ReconcileOptions::default(), &mut |_| {})
+    let report = reconcile(&*filer, &*storage, &mount, &ReconcileOptions::default(), &mut |_| {})
         .await
         .map_err(|e| e.to_string())?;
     let d = t.elapsed();
@@ -245,4 +286,105 @@ async fn latency_bench(b: LatencyBench) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// Wall-clock milliseconds now (for naming outliers).
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+type Latencies = (Vec<(i64, std::time::Duration)>, usize);
+
+/// One put after another; each entry polled for every 5 ms until it appears.
+async fn sequential_puts(
+    filer: &tidemark_filer::HttpFiler,
+    storage: &dyn tidemark_core::RemoteStorage,
+    objects: &[(String, String)],
+) -> Result<Latencies, String> {
+    use std::time::Duration;
+    let mut lat = Vec::with_capacity(objects.len());
+    let mut late = 0;
+    for (i, (key, path)) in objects.iter().enumerate() {
+        let (at, t) = (wall_ms(), Instant::now());
+        storage.put(key, Bytes::from(format!("{i}")), Default::default()).await.map_err(|e| e.to_string())?;
+        loop {
+            if filer.stat(path).await.map_err(|e| e.to_string())?.is_some() {
+                lat.push((at, t.elapsed()));
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                late += 1;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if (i + 1) % 100 == 0 {
+            eprintln!("  {} / {} puts", i + 1, objects.len());
+        }
+    }
+    Ok((lat, late))
+}
+
+/// `rate` puts a second on a timer, each in its own task; a follower of the filer's change log
+/// notes when each entry first appears.
+async fn sustained_puts(
+    filer: &Arc<tidemark_filer::HttpFiler>,
+    storage: Arc<dyn tidemark_core::RemoteStorage>,
+    objects: &[(String, String)],
+    rate: f64,
+) -> Result<Latencies, String> {
+    use std::collections::HashMap;
+    use std::time::Duration;
+    if !(rate > 0.0 && rate.is_finite()) {
+        return Err(format!("--rate {rate}: give a positive number of puts a second"));
+    }
+    let after = filer.health().await.map_err(|e| e.to_string())?.last_seq;
+    let wanted: HashMap<String, usize> = objects.iter().enumerate().map(|(i, (_, p))| (p.clone(), i)).collect();
+    let follower = {
+        let filer = filer.clone();
+        tokio::spawn(async move {
+            let mut after = after;
+            let mut seen: HashMap<usize, Instant> = HashMap::new();
+            let mut idle = Instant::now();
+            while seen.len() < wanted.len() && idle.elapsed() < Duration::from_secs(60) {
+                let records = filer.changes(after, 1000, Duration::from_secs(1)).await.map_err(|e| e.to_string())?;
+                let now = Instant::now();
+                for r in records {
+                    after = r.seq;
+                    if let (Some(i), Some(_)) = (wanted.get(&r.path), &r.new) {
+                        seen.entry(*i).or_insert(now);
+                        idle = now;
+                    }
+                }
+            }
+            Ok::<_, String>(seen)
+        })
+    };
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    let mut puts = tokio::task::JoinSet::new();
+    let mut started = Vec::with_capacity(objects.len());
+    let began = Instant::now();
+    for (i, (key, _)) in objects.iter().enumerate() {
+        ticker.tick().await;
+        started.push((wall_ms(), Instant::now()));
+        let (storage, key) = (storage.clone(), key.clone());
+        puts.spawn(async move { storage.put(&key, Bytes::from(format!("{i}")), Default::default()).await });
+        if (i + 1) % 100 == 0 {
+            eprintln!("  {} / {} puts", i + 1, objects.len());
+        }
+    }
+    let offered = objects.len() as f64 / began.elapsed().as_secs_f64();
+    while let Some(put) = puts.join_next().await {
+        put.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    }
+    let seen = follower.await.map_err(|e| e.to_string())??;
+    println!("  {:.1} puts a second offered", offered);
+    let mut lat = Vec::with_capacity(objects.len());
+    for (i, (at, t)) in started.iter().enumerate() {
+        if let Some(v) = seen.get(&i) {
+            lat.push((*at, v.saturating_duration_since(*t)));
+        }
+    }
+    let late = objects.len() - lat.len();
+    Ok((lat, late))
 }

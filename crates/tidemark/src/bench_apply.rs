@@ -23,7 +23,7 @@ use tidemark_filer::{DataDir, LocalFiler};
 use tidemark_sim::SimQueue;
 
 #[derive(Default)]
-struct Stage {
+pub(crate) struct Stage {
     calls: AtomicU64,
     nanos: AtomicU64,
 }
@@ -36,27 +36,33 @@ impl Stage {
         self.nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
     }
-    fn secs(&self) -> f64 {
+    pub(crate) fn secs(&self) -> f64 {
         self.nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
-    fn calls(&self) -> u64 {
+    pub(crate) fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
     }
 }
 
+/// Time and calls per stage of applying events. `deletes` counts the delete calls the queue's
+/// acks cost (an ack of N deliveries is N / max_batch delete-batch calls on SQS).
 #[derive(Default)]
-struct Stages {
-    head: Stage,
-    entry_read: Stage,
-    write: Stage,
-    ack: Stage,
-    receive: Stage,
+pub(crate) struct Stages {
+    pub(crate) head: Stage,
+    pub(crate) list: Stage,
+    pub(crate) entry_read: Stage,
+    pub(crate) write: Stage,
+    pub(crate) ack: Stage,
+    pub(crate) receive: Stage,
+    pub(crate) deletes: AtomicU64,
+    pub(crate) received: AtomicU64,
 }
 
-struct TimedRemote(MemoryStorage, Arc<Stages>);
+/// A bucket whose HEAD and LIST calls are timed and counted.
+pub(crate) struct TimedRemote<R>(pub(crate) R, pub(crate) Arc<Stages>);
 
 #[async_trait]
-impl RemoteStorage for TimedRemote {
+impl<R: RemoteStorage> RemoteStorage for TimedRemote<R> {
     fn describe(&self) -> String {
         self.0.describe()
     }
@@ -64,7 +70,7 @@ impl RemoteStorage for TimedRemote {
         self.1.head.time(self.0.stat(key)).await
     }
     async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
-        self.0.list(prefix, start_after, page, max).await
+        self.1.list.time(self.0.list(prefix, start_after, page, max)).await
     }
     async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream> {
         self.0.get(key, range, if_etag).await
@@ -82,7 +88,8 @@ impl RemoteStorage for TimedRemote {
     }
 }
 
-struct TimedFiler(Arc<LocalFiler>, Arc<Stages>);
+/// A filer whose entry reads and conditional writes are timed.
+pub(crate) struct TimedFiler(pub(crate) Arc<LocalFiler>, pub(crate) Arc<Stages>);
 
 #[async_trait]
 impl Filer for TimedFiler {
@@ -130,10 +137,11 @@ impl Filer for TimedFiler {
     }
 }
 
-struct TimedQueue(SimQueue, Arc<Stages>);
+/// A queue whose receives and acks are timed and counted.
+pub(crate) struct TimedQueue<Q>(pub(crate) Q, pub(crate) Arc<Stages>);
 
 #[async_trait]
-impl EventSource for TimedQueue {
+impl<Q: EventSource> EventSource for TimedQueue<Q> {
     fn describe(&self) -> String {
         self.0.describe()
     }
@@ -141,9 +149,14 @@ impl EventSource for TimedQueue {
         self.0.max_batch()
     }
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
-        self.1.receive.time(self.0.receive(max, wait)).await
+        let got = self.1.receive.time(self.0.receive(max, wait)).await;
+        if let Ok(d) = &got {
+            self.1.received.fetch_add(d.len() as u64, Ordering::Relaxed);
+        }
+        got
     }
     async fn ack(&self, ack_ids: &[String]) -> Result<AckReport> {
+        self.1.deletes.fetch_add(ack_ids.len().div_ceil(self.0.max_batch().max(1)) as u64, Ordering::Relaxed);
         self.1.ack.time(self.0.ack(ack_ids)).await
     }
     async fn extend(&self, ack_id: &str, by: Duration) -> Result<()> {
@@ -152,6 +165,43 @@ impl EventSource for TimedQueue {
     async fn release(&self, ack_id: &str, delay: Duration) -> Result<()> {
         self.0.release(ack_id, delay).await
     }
+}
+
+/// Receives and applies until `expected` deliveries were handled, as a slice does (a receive, a
+/// backlog gathered into a larger batch, the batch applied and acknowledged), giving up after
+/// 60 s without a delivery. Returns the number of batches.
+pub(crate) async fn drain(
+    filer: &dyn Filer,
+    remote: &dyn RemoteStorage,
+    source: &dyn EventSource,
+    ctx: &ApplyContext<'_>,
+    expected: u64,
+    wait: Duration,
+    counters: &mut Counters,
+) -> std::result::Result<u64, String> {
+    let mut batches = 0u64;
+    let mut idle_since = Instant::now();
+    while counters.applied + counters.ignored < expected {
+        let batch = source.receive(source.max_batch(), wait).await.map_err(|e| e.to_string())?;
+        if batch.is_empty() {
+            if idle_since.elapsed() > Duration::from_secs(60) {
+                return Err(format!(
+                    "only {} of {expected} notifications arrived and were applied within 60 s ({} failed)",
+                    counters.applied + counters.ignored,
+                    counters.failed
+                ));
+            }
+            if wait.is_zero() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            continue;
+        }
+        idle_since = Instant::now();
+        let batch = tidemark_engine::slice::gather(source, batch).await;
+        batches += 1;
+        apply_batch(filer, remote, source, ctx, batch, counters).await.map_err(|e| e.to_string())?;
+    }
+    Ok(batches)
 }
 
 fn notification(key: &str, o: &RemoteObject, now_ms: i64) -> Bytes {
@@ -221,17 +271,7 @@ pub async fn run(
     let mut counters = Counters::default();
     let heads_before = bucket.calls.stat.load(Ordering::Relaxed);
     let began = Instant::now();
-    let mut batches = 0u64;
-    loop {
-        let batch = source.receive(source.max_batch(), Duration::ZERO).await.map_err(|e| e.to_string())?;
-        if batch.is_empty() {
-            break;
-        }
-        // As a slice does: a backlog is gathered into larger batches.
-        let batch = tidemark_engine::slice::gather(&source, batch).await;
-        batches += 1;
-        apply_batch(&timed_filer, &remote, &source, &ctx, batch, &mut counters).await.map_err(|e| e.to_string())?;
-    }
+    let batches = drain(&timed_filer, &remote, &source, &ctx, events as u64, Duration::ZERO, &mut counters).await?;
     let wall = began.elapsed().as_secs_f64();
     let heads = bucket.calls.stat.load(Ordering::Relaxed) - heads_before;
     println!(
