@@ -58,6 +58,20 @@ pub(crate) struct Stages {
     pub(crate) received: AtomicU64,
 }
 
+impl Stages {
+    /// Where the time went, summed over concurrent calls.
+    pub(crate) fn breakdown(&self, wall: f64) -> String {
+        format!(
+            "time in HEAD {:.2} s, entry read {:.2} s, conditional write {:.2} s, receive {:.2} s, ack {:.2} s (summed over concurrent calls; wall {wall:.2} s)",
+            self.head.secs(),
+            self.entry_read.secs(),
+            self.write.secs(),
+            self.receive.secs(),
+            self.ack.secs()
+        )
+    }
+}
+
 /// A bucket whose HEAD and LIST calls are timed and counted.
 pub(crate) struct TimedRemote<R>(pub(crate) R, pub(crate) Arc<Stages>);
 
@@ -170,7 +184,7 @@ impl<Q: EventSource> EventSource for TimedQueue<Q> {
 /// Receives and applies until `expected` deliveries were handled, as a slice does (a receive, a
 /// backlog gathered into a larger batch, the batch applied and acknowledged), giving up after
 /// 60 s without a delivery. Returns the number of batches.
-pub(crate) async fn drain(
+async fn drain(
     filer: &dyn Filer,
     remote: &dyn RemoteStorage,
     source: &dyn EventSource,

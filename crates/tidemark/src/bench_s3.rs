@@ -26,14 +26,16 @@ use tidemark_cloud::aws::sqs::SqsSource;
 use tidemark_core::events::Provider;
 use tidemark_core::model::{NewEntry, Origin, Txn};
 use tidemark_core::remote::{Mount, RemoteConf, RemoteLocation, StorageKind};
-use tidemark_core::subscription::{EventTypes, ManagedResources};
-use tidemark_core::{Filer, RemoteStorage, SystemClock};
-use tidemark_engine::apply::{ApplyContext, Counters};
+use tidemark_core::subscription::{
+    EventTypes, Identity, ManagedResources, SubscriptionDoc, SubscriptionOptions, Topology,
+};
+use tidemark_core::{Clock, Filer, RemoteStorage, SystemClock};
+use tidemark_engine::apply::Counters;
 use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
-use tidemark_engine::slice::GATHER;
+use tidemark_engine::slice::{GATHER, ReconcileMarker, Slice, SliceEnd, SliceObserver, marker_path};
 use tidemark_filer::{DataDir, LocalFiler};
 
-use crate::bench_apply::{Stages, TimedFiler, TimedQueue, TimedRemote, drain};
+use crate::bench_apply::{Stages, TimedFiler, TimedQueue, TimedRemote};
 
 #[derive(Args)]
 pub struct S3Bench {
@@ -264,8 +266,6 @@ async fn apply_runs(
         sync: false,
     };
     let visibility = Duration::from_secs(60);
-    let clock = SystemClock;
-    let types = EventTypes::default();
     let mut cost = Cost { heads: 0.0, receives: 0.0, deletes: 0.0 };
     // The receive-and-delete share, once: it does not depend on the apply concurrency. The body
     // is a notification of the size moto sends.
@@ -295,28 +295,13 @@ async fn apply_runs(
         // The limit: every event's calls at the plain client's rates, the HEADs at this
         // concurrency and the receive/delete share (the faster way) one after another, as in a slice.
         let limit = b.events as f64 / (head_secs + rd_secs);
-
-        let filer = fresh_filer(&tmp.path().join(format!("c{c}")), &mount).await?;
         let stages = Arc::new(Stages::default());
+        let filer = fresh_filer(&tmp.path().join(format!("c{c}")), &mount).await?;
         let remote = TimedRemote(storage.clone(), stages.clone());
         let source = TimedQueue(SqsSource::new(sqs.clone(), queue_url).with_visibility(visibility), stages.clone());
         let timed_filer = TimedFiler(filer.clone(), stages.clone());
-        let ctx = ApplyContext {
-            mount: &mount,
-            provider: Provider::S3,
-            event_types: &types,
-            cluster_id: Some("bench"),
-            fence: None,
-            concurrency: c,
-            retry_delay: Duration::from_secs(1),
-            visibility,
-            clock: &clock,
-        };
-        let mut counters = Counters::default();
-        let t = Instant::now();
-        let batches =
-            drain(&timed_filer, &remote, &source, &ctx, b.events as u64, Duration::from_secs(1), &mut counters).await?;
-        let secs = t.elapsed().as_secs_f64();
+        let (secs, counters) =
+            slice_run(&timed_filer, &remote, &source, &mount, queue_url, c, visibility, b.events).await?;
         let rate = counters.applied as f64 / secs;
         let applied = counters.applied.max(1) as f64;
         cost = Cost {
@@ -325,7 +310,7 @@ async fn apply_runs(
             deletes: stages.deletes.load(Ordering::Relaxed) as f64 / applied,
         };
         println!(
-            "  {c:>11} | {:>9.0} | {:>13.0} | {limit:>12.0} | {rate:>14.0} | {:>5.2} | {:.2} / {:.3} / {:.3} ({} applied, {} changed, {} failed, {batches} batches)",
+            "  {c:>11} | {:>9.0} | {:>13.0} | {limit:>12.0} | {rate:>14.0} | {:>5.2} | {:.2} / {:.3} / {:.3} ({} applied, {} changed, {} failed)",
             b.events as f64 / put_secs,
             b.events as f64 / head_secs,
             rate / limit,
@@ -336,17 +321,95 @@ async fn apply_runs(
             counters.changes,
             counters.failed,
         );
-        println!(
-            "  {:>11}   time in HEAD {:.2} s, entry read {:.2} s, conditional write {:.2} s, receive {:.2} s, ack {:.2} s (summed over concurrent calls; wall {secs:.2} s)",
-            "",
-            stages.head.secs(),
-            stages.entry_read.secs(),
-            stages.write.secs(),
-            stages.receive.secs(),
-            stages.ack.secs(),
-        );
+        println!("  {:>11}   {}", "", stages.breakdown(secs));
     }
     Ok(cost)
+}
+
+/// Wakes the bench once `want` keys were applied.
+struct AppliedKeys {
+    keys: std::sync::atomic::AtomicUsize,
+    want: usize,
+    done: tokio::sync::Notify,
+}
+
+impl SliceObserver for AppliedKeys {
+    fn batch_applied(&self, _: &str, _: Duration, lags_ms: &[i64]) {
+        // Every notification of the bench carries an event time, so each applied key has a lag.
+        if self.keys.fetch_add(lags_ms.len(), Ordering::SeqCst) + lags_ms.len() >= self.want {
+            self.done.notify_one();
+        }
+    }
+}
+
+/// Runs a real slice over the queue until `want` keys were applied (or two minutes passed);
+/// returns its seconds and counters.
+#[allow(clippy::too_many_arguments)]
+async fn slice_run(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    source: &dyn tidemark_core::events::EventSource,
+    mount: &Mount,
+    queue_url: &str,
+    concurrency: usize,
+    visibility: Duration,
+    want: usize,
+) -> Result<(f64, Counters), String> {
+    let identity = Identity {
+        queue: queue_url.into(),
+        topology: Topology::SqsDirect,
+        bucket: mount.location.bucket.clone(),
+        prefix: String::new(),
+        event_types: EventTypes::default(),
+    };
+    let doc = SubscriptionDoc {
+        dir: mount.dir.clone(),
+        fingerprint: identity.fingerprint(),
+        identity,
+        options: SubscriptionOptions {
+            apply_concurrency: concurrency,
+            visibility_timeout_secs: visibility.as_secs(),
+            ..Default::default()
+        },
+        managed: Default::default(),
+        created_at_ms: 0,
+        updated_at_ms: 0,
+    };
+    // A reconcile just completed: the slice only tails.
+    let now = SystemClock.now_ms();
+    let marker = ReconcileMarker {
+        fingerprint: doc.fingerprint.clone(),
+        last_full_reconcile_at_ms: Some(now),
+        last_tail_at_ms: Some(now),
+    };
+    tidemark_engine::docs::write_json(filer, &marker_path(&doc.fingerprint), &marker, None).await.map_err(err)?;
+    let observer = AppliedKeys { keys: Default::default(), want, done: Default::default() };
+    let slice = Slice {
+        filer,
+        storage,
+        source,
+        clock: &SystemClock,
+        doc: &doc,
+        mount,
+        provider: Provider::S3,
+        cluster_id: Some("bench"),
+        holder: "bench",
+        length: Duration::from_secs(120),
+        lease_ttl: Duration::from_secs(30),
+        observer: &observer,
+    };
+    let t = Instant::now();
+    let outcome = slice.run(observer.done.notified()).await.map_err(err)?;
+    let secs = t.elapsed().as_secs_f64();
+    if outcome.end != SliceEnd::Cancelled {
+        return Err(format!(
+            "the slice ended {:?} with {} of {want} keys applied ({:?})",
+            outcome.end,
+            observer.keys.load(Ordering::SeqCst),
+            outcome.counters
+        ));
+    }
+    Ok((secs, outcome.counters))
 }
 
 /// LIST pages and seconds of the raw listing, for the cost table.
