@@ -45,7 +45,8 @@ macro_rules! metastore_conformance {
             ordering_with_tricky_names, pagination_boundaries, each_precondition,
             implicit_parents_and_kind_conflicts, inline_content, versions_are_never_reused,
             lease_acquire_renew_expiry_takeover, stale_generation_write_is_rejected,
-            change_log_order_and_contents, cas_race_one_winner_per_version, invalid_input_is_rejected);
+            change_log_order_and_contents, cas_race_one_winner_per_version, invalid_input_is_rejected,
+            concurrent_mutations_stand_or_fail_alone);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -418,6 +419,58 @@ pub async fn cas_race_one_winner_per_version(h: &Harness) {
         assert_eq!(winners.len(), 1, "round {round}: exactly one CAS on version {v} wins, got {winners:?}");
         assert_eq!(s.get("/race").await.unwrap().unwrap().size, winners[0] as u64);
     }
+}
+
+/// Many mutations at once (committed together where the store groups them): each succeeds or
+/// fails on its own, a failed one leaves no entry and no change-log record — not even of the
+/// implicit parents it created before failing — and the log stays dense.
+pub async fn concurrent_mutations_stand_or_fail_alone(h: &Harness) {
+    const TASKS: usize = 64;
+    let s = h.store.clone();
+    s.apply(Txn::put("/g/file", file(0), Origin::Local)).await.unwrap();
+    let start = s.last_seq().await.unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+    let handles: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (s, barrier) = (s.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let txn = match i % 4 {
+                    // Succeeds, creating its own parent directory.
+                    0 => Txn::put(format!("/g/ok{i}/f"), file(i as u64), Origin::Local),
+                    // Fails on its precondition.
+                    1 => Txn::put(format!("/g/bad{i}/f"), file(0), Origin::Local)
+                        .with_precondition(Precondition::Version(1 << 40)),
+                    // Fails: a file cannot be a parent.
+                    2 => Txn::put(format!("/g/file/x{i}"), file(0), Origin::Local),
+                    // Fails after it wrote its new parent directory: inline content without data.
+                    _ => Txn::put(format!("/g/bad{i}/f"), NewEntry::file(3, 1_000, Content::Inline), Origin::Local),
+                };
+                (i, s.apply(txn).await)
+            })
+        })
+        .collect();
+    let mut applied = Vec::new();
+    for handle in handles {
+        let (i, r) = handle.await.unwrap();
+        match (i % 4, r) {
+            (0, Ok(a)) => applied.push(a),
+            (0, Err(e)) => panic!("task {i}: {e}"),
+            (_, Ok(a)) => panic!("task {i} should have failed, applied at {}", a.seq),
+            (_, Err(_)) => {}
+        }
+    }
+    let log = s.changes(start, 10_000).await.unwrap();
+    assert_eq!(log.len(), 2 * applied.len(), "each success: its parent and its file; failures: nothing");
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "the log stays dense");
+    assert!(log.iter().all(|c| c.path.starts_with("/g/ok")), "no record of a failed mutation");
+    for a in &applied {
+        let records: Vec<u64> = log.iter().filter(|c| (a.first_seq..=a.seq).contains(&c.seq)).map(|c| c.seq).collect();
+        assert_eq!(records.len() as u64, a.seq - a.first_seq + 1, "a mutation's records are its own seq range");
+    }
+    let below: Vec<String> = all_below(&*s, "/g", 7).await;
+    assert_eq!(below.len(), 1 + 2 * applied.len(), "{below:?}");
+    assert!(below.iter().all(|p| p == "/g/file" || p.starts_with("/g/ok")), "{below:?}");
 }
 
 pub async fn invalid_input_is_rejected(h: &Harness) {

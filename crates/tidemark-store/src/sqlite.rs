@@ -1,9 +1,12 @@
 //! The SQLite `MetaStore`: one file in the data directory, WAL mode, `synchronous=FULL` (a
 //! committed transaction survives a crash of the process or the machine).
 //!
-//! Every mutation runs in one `BEGIN IMMEDIATE` transaction on the single writer connection, so
-//! the fence check, the precondition check, the writes and the change-log records are atomic
-//! and serialised. Reads use a small pool of read-only connections that WAL lets run beside the
+//! Every mutation runs on the single writer connection inside a `BEGIN IMMEDIATE` transaction,
+//! so the fence check, the precondition check, the writes and the change-log records are atomic
+//! and serialised. Mutations that arrive while the writer is busy are committed together (group
+//! commit): each runs in its own savepoint, so one that fails leaves no trace and the others are
+//! unaffected, and one commit — one fsync — makes the whole group durable before any of them
+//! returns. A lone mutation commits at once; under load, the fsync is shared. Reads use a small pool of read-only connections that WAL lets run beside the
 //! writer. Paths are `TEXT` with SQLite's default `BINARY` collation, which compares UTF-8 bytes:
 //! ordering by path is byte order.
 
@@ -52,12 +55,123 @@ INSERT INTO counters (name, value) VALUES ('seq', 0);
 
 const READER_POOL: usize = 4;
 
+/// The most mutations one group commit takes; more wait for the next group.
+const MAX_GROUP: usize = 512;
+
 pub struct SqliteStore {
     file: PathBuf,
     writer: Arc<Mutex<Connection>>,
+    /// Mutations waiting for the writer, oldest first.
+    pending: Arc<Mutex<Vec<Box<dyn Job>>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
     clock: Arc<dyn Clock>,
-    seq_tx: watch::Sender<u64>,
+    seq_tx: Arc<watch::Sender<u64>>,
+}
+
+/// A mutation waiting for a group commit: run inside the group's transaction, then told whether
+/// the group committed.
+trait Job: Send {
+    /// Runs the mutation; `false` when it failed (its savepoint is rolled back).
+    fn run(&mut self, ops: &mut SqliteTxn<'_>) -> bool;
+    /// Hands the result to the caller: the mutation's own once the group committed, else the
+    /// group's error.
+    fn finish(self: Box<Self>, committed: Result<()>);
+}
+
+struct PendingWrite<T, F> {
+    f: Option<F>,
+    now: i64,
+    out: Option<Result<T>>,
+    reply: tokio::sync::oneshot::Sender<Result<T>>,
+}
+
+impl<T, F> Job for PendingWrite<T, F>
+where
+    T: Send + 'static,
+    F: AsyncFnOnce(&mut SqliteTxn<'_>, i64) -> Result<T> + Send + 'static,
+{
+    fn run(&mut self, ops: &mut SqliteTxn<'_>) -> bool {
+        let Some(f) = self.f.take() else { return false };
+        let out = futures::executor::block_on(f(ops, self.now));
+        let ok = out.is_ok();
+        self.out = Some(out);
+        ok
+    }
+
+    fn finish(self: Box<Self>, committed: Result<()>) {
+        let result = match committed {
+            Ok(()) => self.out.unwrap_or_else(|| Err(Error::internal("a mutation of a committed group never ran"))),
+            Err(e) => Err(e),
+        };
+        // The caller may have gone (its future dropped); the mutation stands either way.
+        let _ = self.reply.send(result);
+    }
+}
+
+/// Commits every pending mutation, in groups of up to MAX_GROUP, on the writer. Called once per
+/// mutation after it was queued, so none waits without a caller to commit it; a call that finds
+/// the queue empty (an earlier group took its mutation) returns at once.
+fn commit_pending(writer: &Mutex<Connection>, pending: &Mutex<Vec<Box<dyn Job>>>, seq_tx: &watch::Sender<u64>) {
+    let mut conn = match writer.lock() {
+        Ok(c) => c,
+        Err(_) => {
+            let jobs = std::mem::take(&mut *pending.lock().unwrap_or_else(|p| p.into_inner()));
+            for job in jobs {
+                job.finish(Err(Error::internal("the store's writer was poisoned by an earlier panic")));
+            }
+            return;
+        }
+    };
+    loop {
+        let mut jobs: Vec<Box<dyn Job>> = {
+            let mut queue = pending.lock().unwrap_or_else(|p| p.into_inner());
+            let n = queue.len().min(MAX_GROUP);
+            queue.drain(..n).collect()
+        };
+        if jobs.is_empty() {
+            return;
+        }
+        match commit_group(&mut conn, &mut jobs) {
+            Ok(seq) => {
+                // Followers wake before any writer of the group returns.
+                seq_tx.send_if_modified(|cur| {
+                    let changed = *cur != seq;
+                    *cur = seq;
+                    changed
+                });
+                for job in jobs {
+                    job.finish(Ok(()));
+                }
+            }
+            Err(e) => {
+                for job in jobs {
+                    job.finish(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// One transaction for `jobs`, each in its own savepoint; returns the sequence counter committed.
+fn commit_group(conn: &mut Connection, jobs: &mut [Box<dyn Job>]) -> Result<u64> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+    let start = read_seq(&tx)?;
+    let mut seq = start;
+    for job in jobs.iter_mut() {
+        tx.execute_batch("SAVEPOINT mutation").map_err(db_err)?;
+        let mut ops = SqliteTxn { conn: &tx, seq };
+        if job.run(&mut ops) {
+            seq = ops.seq;
+            tx.execute_batch("RELEASE mutation").map_err(db_err)?;
+        } else {
+            tx.execute_batch("ROLLBACK TO mutation; RELEASE mutation").map_err(db_err)?;
+        }
+    }
+    if seq != start {
+        tx.execute("UPDATE counters SET value = ?1 WHERE name = 'seq'", [seq as i64]).map_err(db_err)?;
+    }
+    tx.commit().map_err(db_err)?;
+    Ok(seq)
 }
 
 fn db_err(e: rusqlite::Error) -> Error {
@@ -84,9 +198,11 @@ impl SqliteStore {
         let last: i64 =
             writer.query_row("SELECT value FROM counters WHERE name = 'seq'", [], |r| r.get(0)).map_err(db_err)?;
         let (seq_tx, _) = watch::channel(last as u64);
+        let seq_tx = Arc::new(seq_tx);
         Ok(SqliteStore {
             file,
             writer: Arc::new(Mutex::new(writer)),
+            pending: Arc::default(),
             readers: Arc::new(Mutex::new(Vec::new())),
             clock,
             seq_tx,
@@ -130,36 +246,21 @@ impl SqliteStore {
         .map_err(|e| Error::internal(format!("store task failed: {e}")))?
     }
 
-    /// Runs `f` in one IMMEDIATE transaction on the writer; stores the sequence counter back and
-    /// commits only if `f` succeeds.
+    /// Runs `f` on the writer, in the next group commit (its own savepoint of one IMMEDIATE
+    /// transaction); returns once the group is durable. A failing `f` leaves no trace.
     async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: AsyncFnOnce(&mut SqliteTxn<'_>, i64) -> Result<T> + Send + 'static,
     {
-        let writer = self.writer.clone();
-        let now = self.clock.now_ms();
-        let (out, seq) = tokio::task::spawn_blocking(move || {
-            let mut conn = writer.lock().map_err(|_| Error::internal("writer poisoned by an earlier panic"))?;
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            let start = read_seq(&tx)?;
-            let mut ops = SqliteTxn { conn: &tx, seq: start };
-            let out = futures::executor::block_on(f(&mut ops, now))?;
-            let seq = ops.seq;
-            if seq != start {
-                tx.execute("UPDATE counters SET value = ?1 WHERE name = 'seq'", [seq as i64]).map_err(db_err)?;
-            }
-            tx.commit().map_err(db_err)?;
-            Ok::<_, Error>((out, seq))
-        })
-        .await
-        .map_err(|e| Error::internal(format!("store task failed: {e}")))??;
-        self.seq_tx.send_if_modified(|cur| {
-            let changed = *cur != seq;
-            *cur = seq;
-            changed
-        });
-        Ok(out)
+        let (reply, result) = tokio::sync::oneshot::channel();
+        let job = PendingWrite { f: Some(f), now: self.clock.now_ms(), out: None, reply };
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(job));
+        let (writer, pending, seq_tx) = (self.writer.clone(), self.pending.clone(), self.seq_tx.clone());
+        tokio::task::spawn_blocking(move || commit_pending(&writer, &pending, &seq_tx))
+            .await
+            .map_err(|e| Error::internal(format!("store task failed: {e}")))?;
+        result.await.map_err(|_| Error::internal("store task failed: the mutation was dropped unfinished"))?
     }
 }
 
