@@ -11,9 +11,17 @@
 //! and marker ones whose marker is gone — deepest last, walking up as parents empty too.
 //!
 //! Every write goes through [`decide_and_write`], conditional on the local state decided on.
+//! Up to [`IN_FLIGHT`] files are decided and written at once (a store that commits in groups
+//! then shares one fsync among them), in the merge's order as far as the report goes; a path
+//! waits for any in-flight ancestor of it (a file in a directory's place decides a conflict,
+//! and the order of the two must not change the outcome), and directory markers wait for all.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::pin::Pin;
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 
 use serde::Serialize;
 
@@ -106,6 +114,11 @@ impl ReconcileReport {
     }
 }
 
+/// Files decided and written at once during pass 1.
+pub const IN_FLIGHT: usize = 16;
+
+type Write<'a> = Pin<Box<dyn std::future::Future<Output = (String, Result<Outcome>)> + Send + 'a>>;
+
 struct Run<'a> {
     filer: &'a dyn Filer,
     storage: &'a dyn RemoteStorage,
@@ -116,9 +129,13 @@ struct Run<'a> {
     tombstones: bool,
     report: ReconcileReport,
     sink: &'a mut (dyn FnMut(&Item) + Send + Sync),
+    /// Writes in flight, oldest first, and their paths. In a Mutex only so that `Run` is `Sync`
+    /// (the futures are `Send`, not `Sync`); it is only ever reached through `&mut`, never locked.
+    writes: std::sync::Mutex<FuturesOrdered<Write<'a>>>,
+    writing: VecDeque<String>,
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
     fn ctx(&self) -> DecideCtx<'_> {
         DecideCtx { storage: self.storage_name, cluster_id: self.opts.cluster_id.as_deref(), tombstone: None }
     }
@@ -146,6 +163,69 @@ impl Run<'_> {
             decide_and_write(self.filer, p, local, remote, &ctx, rules).await?
         };
         self.emit(Item::Path { path: p.to_string(), outcome });
+        Ok(())
+    }
+
+    fn writes(&mut self) -> &mut FuturesOrdered<Write<'a>> {
+        self.writes.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Decides and writes the file `p` beside up to IN_FLIGHT others (a dry run: at once).
+    async fn queue(&mut self, p: String, local: Option<Entry>, remote: Option<RemoteObject>) -> Result<()> {
+        if self.opts.dry_run {
+            let side = remote.as_ref().map(|object| RemoteSide { object, is_dir_marker: false });
+            return self.one(&p, local, side).await;
+        }
+        if self.writing.iter().any(|w| path::is_within(&p, w)) {
+            self.flush().await?;
+        }
+        while self.writes().len() >= IN_FLIGHT {
+            self.complete_one().await?;
+        }
+        let (filer, opts, storage) = (self.filer, self.opts, self.storage_name);
+        let tombstones = self.tombstones;
+        self.writing.push_back(p.clone());
+        self.writes().push_back(Box::pin(async move {
+            let ctx = DecideCtx { storage, cluster_id: opts.cluster_id.as_deref(), tombstone: None };
+            let rules = crate::write::WriteRules {
+                fence: opts.fence.as_ref(),
+                allow_delete: opts.delete,
+                check_tombstones: tombstones,
+            };
+            let side = remote.as_ref().map(|object| RemoteSide { object, is_dir_marker: false });
+            let outcome = decide_and_write(filer, &p, local, side, &ctx, rules).await;
+            (p, outcome)
+        }));
+        Ok(())
+    }
+
+    /// Waits for the oldest write in flight and reports it. After an error, the others still in
+    /// flight finish (and are reported) before the error is returned.
+    async fn complete_one(&mut self) -> Result<()> {
+        let Some((p, outcome)) = self.writes().next().await else { return Ok(()) };
+        self.writing.pop_front();
+        match outcome {
+            Ok(outcome) => {
+                self.emit(Item::Path { path: p, outcome });
+                Ok(())
+            }
+            Err(e) => {
+                while let Some((p, outcome)) = self.writes().next().await {
+                    self.writing.pop_front();
+                    if let Ok(outcome) = outcome {
+                        self.emit(Item::Path { path: p, outcome });
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for every write in flight.
+    async fn flush(&mut self) -> Result<()> {
+        while !self.writes().is_empty() {
+            self.complete_one().await?;
+        }
         Ok(())
     }
 
@@ -203,6 +283,8 @@ pub async fn reconcile(
         tombstones: mount.sync,
         report: ReconcileReport::default(),
         sink,
+        writes: std::sync::Mutex::new(FuturesOrdered::new()),
+        writing: VecDeque::new(),
     };
     let page = opts.page_size.clamp(1, 10_000);
     let prefix = run.map.prefix().to_string();
@@ -236,6 +318,7 @@ pub async fn reconcile(
                 Ok(Mapped::File(p)) => break Some(p),
                 Ok(Mapped::DirMarker(p)) => {
                     let o = remote.buf.pop_front().expect("peeked");
+                    run.flush().await?;
                     run.marker(&p, &o).await?;
                 }
                 Err(KeyRejection::MountRoot) => {
@@ -259,24 +342,25 @@ pub async fn reconcile(
                     continue; // the local side may still hold this path on its next page
                 }
                 let o = remote.buf.pop_front().expect("peeked");
-                run.one(&rp, None, Some(RemoteSide { object: &o, is_dir_marker: false })).await?;
+                run.queue(rp, None, Some(o)).await?;
             }
             (rp, Some(lp)) if rp.as_deref().is_none_or(|r| lp.as_str() < r) => {
                 if rp.is_none() && !remote.done {
                     continue;
                 }
                 let e = local.buf.pop_front().expect("peeked");
-                run.one(&lp, Some(e), None).await?;
+                run.queue(lp, Some(e), None).await?;
             }
             (Some(rp), Some(_)) => {
                 let o = remote.buf.pop_front().expect("peeked");
                 let e = local.buf.pop_front().expect("peeked");
-                run.one(&rp, Some(e), Some(RemoteSide { object: &o, is_dir_marker: false })).await?;
+                run.queue(rp, Some(e), Some(o)).await?;
             }
             _ => unreachable!("every combination of sides is matched above"),
         }
     }
 
+    run.flush().await?;
     if opts.delete {
         remove_empty_dirs(&mut run, &mount.dir, page).await?;
     }
