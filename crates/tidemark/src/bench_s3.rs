@@ -42,14 +42,17 @@ pub struct S3Bench {
     /// The S3 endpoint, which must serve SQS too (moto does).
     #[arg(long, env = "TIDEMARK_BENCH_S3_ENDPOINT")]
     endpoint: String,
+    /// The endpoint's access key (moto takes any).
     #[arg(long, default_value = "testing")]
     access_key: String,
+    /// The endpoint's secret key.
     #[arg(long, default_value = "testing", hide_default_value = true)]
     secret_key: String,
     #[arg(long, default_value = "us-east-1")]
     region: String,
-    /// Notifications per apply run (each run puts this many new objects first).
-    #[arg(long, default_value_t = 1000)]
+    /// Notifications per apply run (each run puts this many new objects first). moto's receive
+    /// scans its whole queue, so much larger backlogs measure moto rather than Tidemark.
+    #[arg(long, default_value_t = 300)]
     events: usize,
     /// The apply concurrencies to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
@@ -64,6 +67,29 @@ pub struct S3Bench {
 
 fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
+}
+
+/// An SDK call's failure in one line: an unreachable endpoint says so, anything else in full.
+fn sdk_err<E: std::error::Error + 'static, R: std::fmt::Debug>(
+    op: &str,
+    e: aws_sdk_s3::error::SdkError<E, R>,
+) -> String {
+    use aws_sdk_s3::error::SdkError;
+    match &e {
+        SdkError::DispatchFailure(d) => {
+            // The connector's own message is "io error"; the cause is at the end of the chain.
+            let mut cause: Option<&(dyn std::error::Error + 'static)> =
+                d.as_connector_error().map(|c| c as &(dyn std::error::Error + 'static));
+            let mut last = String::from("dispatch failure");
+            while let Some(c) = cause {
+                last = c.to_string();
+                cause = c.source();
+            }
+            format!("{op}: cannot reach the endpoint ({last})")
+        }
+        SdkError::TimeoutError(_) => format!("{op}: the endpoint timed out"),
+        _ => format!("{op}: {}", aws_sdk_s3::error::DisplayErrorContext(&e)),
+    }
 }
 
 /// Puts `keys` (small distinct bodies) `concurrency` at a time; returns the seconds it took.
@@ -86,7 +112,7 @@ async fn raw_heads(s3: &aws_sdk_s3::Client, bucket: &str, keys: &[String], concu
         .buffer_unordered(concurrency.max(1))
         .try_for_each(|_| async { Ok(()) })
         .await
-        .map_err(|e| format!("HEAD: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+        .map_err(|e| sdk_err("HeadObject", e))?;
     Ok(t.elapsed().as_secs_f64())
 }
 
@@ -187,11 +213,7 @@ async fn fresh_filer(dir: &std::path::Path, mount: &Mount) -> Result<Arc<LocalFi
 }
 
 async fn create_bucket(s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), String> {
-    s3.create_bucket()
-        .bucket(bucket)
-        .send()
-        .await
-        .map_err(|e| format!("CreateBucket {bucket}: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+    s3.create_bucket().bucket(bucket).send().await.map_err(|e| sdk_err(&format!("CreateBucket {bucket}"), e))?;
     Ok(())
 }
 
@@ -203,6 +225,9 @@ struct Cost {
 }
 
 pub async fn run(b: S3Bench) -> Result<(), String> {
+    if b.events == 0 || b.concurrency.is_empty() || b.concurrency.contains(&0) {
+        return Err("--events and every --concurrency must be at least 1".into());
+    }
     let conf = RemoteConf {
         name: "bench".into(),
         kind: StorageKind::S3,
@@ -442,7 +467,7 @@ async fn reconcile_run(b: &S3Bench, conf: &RemoteConf, s3: &aws_sdk_s3::Client, 
             .set_continuation_token(token.take())
             .send()
             .await
-            .map_err(|e| format!("ListObjectsV2 {bucket}: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+            .map_err(|e| sdk_err(&format!("ListObjectsV2 {bucket}"), e))?;
         pages += 1;
         listed += out.contents().len();
         match out.next_continuation_token() {
