@@ -1,0 +1,82 @@
+//! The benchmarks run and print their figures (tiny sizes: this checks that `scripts/bench.sh`
+//! keeps working, not how fast anything is). Against the run's moto and a `tidemark server`.
+
+use std::path::Path;
+use std::process::Command;
+
+use tidemark_testkit::{Moto, TidemarkProcess, run_shell, unique_name};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn bench(args: &[&str]) -> String {
+    let out = Command::new(bin()).arg("bench").args(args).output().expect("running tidemark bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "tidemark bench {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn in_process_benchmarks_print_their_figures() {
+    let apply = bench(&["apply", "--events", "50", "--concurrency", "4"]);
+    assert!(apply.contains("events/s applied (50 applied"), "{apply}");
+    let burst = bench(&["apply", "--events", "50", "--keys", "5"]);
+    assert!(burst.contains("for 5 distinct keys"), "{burst}");
+    let reconcile = bench(&["reconcile", "--objects", "300", "--page-size", "100"]);
+    assert!(reconcile.contains("created 300"), "{reconcile}");
+    assert!(reconcile.contains("in sync 300"), "{reconcile}");
+}
+
+#[test]
+fn the_moto_benchmarks_print_each_figure_beside_its_limit() {
+    let moto = Moto::get();
+    let s3 = bench(&["s3", "--endpoint", &moto.endpoint, "--events", "5", "--concurrency", "1,2", "--objects", "20"]);
+    for expected in [
+        "plain client",
+        "Tidemark ev/s | ratio",
+        "(5 applied, 5 changed, 0 failed)",
+        "baseline import",
+        "× the raw LIST",
+        "calls per applied event",
+        "LISTs/hour",
+    ] {
+        assert!(s3.contains(expected), "no {expected:?} in:\n{s3}");
+    }
+    let bad =
+        Command::new(bin()).args(["bench", "s3", "--endpoint", &moto.endpoint, "--events", "0"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("at least 1"));
+
+    // Latency through a running server, one put at a time and at a rate, with the S3 → SQS limit.
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let bucket = unique_name("bench");
+    let created = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", &format!("{}/{bucket}", moto.endpoint)])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&created.stdout), "200");
+    let setup = run_shell(
+        bin(),
+        &server.addr,
+        &format!(
+            "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing; \
+             remote.mount -dir=/mnt/s3 -remote=s3/{bucket}; remote.events.enable -dir=/mnt/s3",
+            moto.endpoint
+        ),
+        &[],
+    );
+    assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
+    let one = bench(&["latency", "--filer", &server.addr, "--dir", "/mnt/s3", "--puts", "5"]);
+    for expected in ["warm-up put visible", "put → visible: p50", "(5 of 5 within 60 s)", "ratio to the limit"] {
+        assert!(one.contains(expected), "no {expected:?} in:\n{one}");
+    }
+    let rate = bench(&["latency", "--filer", &server.addr, "--dir", "/mnt/s3", "--puts", "10", "--rate", "20"]);
+    assert!(rate.contains("(10 of 10 within 60 s)"), "{rate}");
+    assert!(rate.contains("puts a second offered"), "{rate}");
+}
