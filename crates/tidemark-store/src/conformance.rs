@@ -94,6 +94,29 @@ async fn all_below(s: &dyn MetaStore, dir: &str, page: usize) -> Vec<String> {
     }
 }
 
+/// Applies `txn_of(0..n)` from n tasks released at once; the results in task order.
+async fn all_at_once(
+    s: &Arc<dyn MetaStore>,
+    n: usize,
+    txn_of: impl Fn(usize) -> Txn,
+) -> Vec<tidemark_core::Result<tidemark_core::model::Applied>> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (s, barrier, txn) = (s.clone(), barrier.clone(), txn_of(i));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                s.apply(txn).await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for handle in handles {
+        out.push(handle.await.expect("a task of all_at_once panicked"));
+    }
+    out
+}
+
 const TRICKY: &[&str] = &["a", "a b", "a+b", "a-b", "a0", "a.b", "A", "ü", "日本", "a%2Fb", "~", "z"];
 
 pub async fn ordering_with_tricky_names(h: &Harness) {
@@ -396,21 +419,13 @@ pub async fn cas_race_one_winner_per_version(h: &Harness) {
     s.apply(Txn::put("/race", file(0), Origin::Local)).await.unwrap();
     for round in 0..ROUNDS {
         let v = s.get("/race").await.unwrap().unwrap().version;
-        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
-        let handles: Vec<_> = (0..TASKS)
-            .map(|i| {
-                let (s, barrier) = (s.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let txn =
-                        Txn::put("/race", file(i as u64), Origin::Local).with_precondition(Precondition::Version(v));
-                    s.apply(txn).await
-                })
-            })
-            .collect();
+        let results = all_at_once(&s, TASKS, |i| {
+            Txn::put("/race", file(i as u64), Origin::Local).with_precondition(Precondition::Version(v))
+        })
+        .await;
         let mut winners = Vec::new();
-        for (i, handle) in handles.into_iter().enumerate() {
-            match handle.await.unwrap() {
+        for (i, result) in results.into_iter().enumerate() {
+            match result {
                 Ok(_) => winners.push(i),
                 Err(Error::PreconditionFailed { .. }) => {}
                 Err(e) => panic!("task {i}: unexpected error {e}"),
@@ -429,30 +444,19 @@ pub async fn concurrent_mutations_stand_or_fail_alone(h: &Harness) {
     let s = h.store.clone();
     s.apply(Txn::put("/g/file", file(0), Origin::Local)).await.unwrap();
     let start = s.last_seq().await.unwrap();
-    let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
-    let handles: Vec<_> = (0..TASKS)
-        .map(|i| {
-            let (s, barrier) = (s.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                let txn = match i % 4 {
-                    // Succeeds, creating its own parent directory.
-                    0 => Txn::put(format!("/g/ok{i}/f"), file(i as u64), Origin::Local),
-                    // Fails on its precondition.
-                    1 => Txn::put(format!("/g/bad{i}/f"), file(0), Origin::Local)
-                        .with_precondition(Precondition::Version(1 << 40)),
-                    // Fails: a file cannot be a parent.
-                    2 => Txn::put(format!("/g/file/x{i}"), file(0), Origin::Local),
-                    // Fails after it wrote its new parent directory: inline content without data.
-                    _ => Txn::put(format!("/g/bad{i}/f"), NewEntry::file(3, 1_000, Content::Inline), Origin::Local),
-                };
-                (i, s.apply(txn).await)
-            })
-        })
-        .collect();
+    let results = all_at_once(&s, TASKS, |i| match i % 4 {
+        // Succeeds, creating its own parent directory.
+        0 => Txn::put(format!("/g/ok{i}/f"), file(i as u64), Origin::Local),
+        // Fails on its precondition.
+        1 => Txn::put(format!("/g/bad{i}/f"), file(0), Origin::Local).with_precondition(Precondition::Version(1 << 40)),
+        // Fails: a file cannot be a parent.
+        2 => Txn::put(format!("/g/file/x{i}"), file(0), Origin::Local),
+        // Fails after it wrote its new parent directory: inline content without data.
+        _ => Txn::put(format!("/g/bad{i}/f"), NewEntry::file(3, 1_000, Content::Inline), Origin::Local),
+    })
+    .await;
     let mut applied = Vec::new();
-    for handle in handles {
-        let (i, r) = handle.await.unwrap();
+    for (i, r) in results.into_iter().enumerate() {
         match (i % 4, r) {
             (0, Ok(a)) => applied.push(a),
             (0, Err(e)) => panic!("task {i}: {e}"),
