@@ -44,8 +44,8 @@ pub struct LatencyBench {
     #[arg(long, default_value_t = 1000)]
     puts: usize,
     /// Put this many objects a second, whether or not the earlier ones are visible yet (a
-    /// sustained load; visibility is then followed on the filer's change log). Default: one
-    /// after another, each waited for by polling the entry every 5 ms.
+    /// sustained load). Default: one after another, each waited for. Either way an entry counts
+    /// as visible when it appears in the filer's change log (followed by a long poll).
     #[arg(long, value_name = "PUTS_PER_SECOND")]
     rate: Option<f64>,
     /// Skip measuring the limit (for an S3 remote: put → notification received by a plain SQS
@@ -220,14 +220,11 @@ async fn latency_bench(b: LatencyBench) -> Result<(), String> {
     let warm = Instant::now();
     let warmup =
         [(format!("{prefix}bench-latency/{run}/warm-up.txt"), format!("{dir}/bench-latency/{run}/warm-up.txt"))];
-    match sequential_puts(&filer, &*storage, &warmup).await? {
+    match timed_puts(&filer, storage.clone(), &warmup, None).await? {
         (_, 0) => println!("  warm-up put visible after {:.0} ms (not counted)", warm.elapsed().as_secs_f64() * 1000.0),
         _ => return Err(format!("the warm-up object was not visible in {dir} within 60 s: are events enabled on it?")),
     }
-    let (lat, late) = match b.rate {
-        None => sequential_puts(&filer, &*storage, &objects).await?,
-        Some(rate) => sustained_puts(&filer, storage.clone(), &objects, rate).await?,
-    };
+    let (lat, late) = timed_puts(&filer, storage.clone(), &objects, b.rate).await?;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mut sorted: Vec<Duration> = lat.iter().map(|(_, d)| *d).collect();
     sorted.sort();
@@ -295,96 +292,100 @@ fn wall_ms() -> i64 {
 
 type Latencies = (Vec<(i64, std::time::Duration)>, usize);
 
-/// One put after another; each entry polled for every 5 ms until it appears.
-async fn sequential_puts(
-    filer: &tidemark_filer::HttpFiler,
-    storage: &dyn tidemark_core::RemoteStorage,
-    objects: &[(String, String)],
-) -> Result<Latencies, String> {
-    use std::time::Duration;
-    let mut lat = Vec::with_capacity(objects.len());
-    let mut late = 0;
-    for (i, (key, path)) in objects.iter().enumerate() {
-        let (at, t) = (wall_ms(), Instant::now());
-        storage.put(key, Bytes::from(format!("{i}")), Default::default()).await.map_err(|e| e.to_string())?;
-        loop {
-            if filer.stat(path).await.map_err(|e| e.to_string())?.is_some() {
-                lat.push((at, t.elapsed()));
-                break;
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                late += 1;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if (i + 1) % 100 == 0 {
-            eprintln!("  {} / {} puts", i + 1, objects.len());
-        }
-    }
-    Ok((lat, late))
-}
-
-/// `rate` puts a second on a timer, each in its own task; a follower of the filer's change log
-/// notes when each entry first appears.
-async fn sustained_puts(
+/// Puts `objects` and times each from its put to its entry's first appearance in the filer's
+/// change log (followed by a long poll, so nothing is polled for): one after another, each waited
+/// for (`rate` None), or `rate` puts a second on a timer whatever the state of the earlier ones.
+async fn timed_puts(
     filer: &Arc<tidemark_filer::HttpFiler>,
     storage: Arc<dyn tidemark_core::RemoteStorage>,
     objects: &[(String, String)],
-    rate: f64,
+    rate: Option<f64>,
 ) -> Result<Latencies, String> {
     use std::collections::HashMap;
     use std::time::Duration;
-    if !(rate > 0.0 && rate.is_finite()) {
-        return Err(format!("--rate {rate}: give a positive number of puts a second"));
+    if let Some(r) = rate
+        && !(r > 0.0 && r.is_finite())
+    {
+        return Err(format!("--rate {r}: give a positive number of puts a second"));
     }
     let after = filer.health().await.map_err(|e| e.to_string())?.last_seq;
     let wanted: HashMap<String, usize> = objects.iter().enumerate().map(|(i, (_, p))| (p.clone(), i)).collect();
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
     let follower = {
         let filer = filer.clone();
         tokio::spawn(async move {
             let mut after = after;
-            let mut seen: HashMap<usize, Instant> = HashMap::new();
-            let mut idle = Instant::now();
-            while seen.len() < wanted.len() && idle.elapsed() < Duration::from_secs(60) {
+            let mut left = wanted;
+            while !left.is_empty() {
                 let records = filer.changes(after, 1000, Duration::from_secs(1)).await.map_err(|e| e.to_string())?;
                 let now = Instant::now();
                 for r in records {
                     after = r.seq;
-                    if let (Some(i), Some(_)) = (wanted.get(&r.path), &r.new) {
-                        seen.entry(*i).or_insert(now);
-                        idle = now;
+                    if r.new.is_some()
+                        && let Some(i) = left.remove(&r.path)
+                        && seen_tx.send((i, now)).is_err()
+                    {
+                        return Ok(());
                     }
                 }
             }
-            Ok::<_, String>(seen)
+            Ok::<_, String>(())
         })
     };
-    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-    let mut puts = tokio::task::JoinSet::new();
-    let mut started = Vec::with_capacity(objects.len());
+    let mut started: Vec<(i64, Instant)> = Vec::with_capacity(objects.len());
+    let mut seen: HashMap<usize, Instant> = HashMap::new();
+    // Collects what the follower saw until `until` holds, or 60 s pass without anything new.
+    async fn collect(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<(usize, Instant)>,
+        seen: &mut HashMap<usize, Instant>,
+        until: impl Fn(&HashMap<usize, Instant>) -> bool,
+    ) {
+        while !until(seen) {
+            match tokio::time::timeout(Duration::from_secs(60), rx.recv()).await {
+                Ok(Some((i, t))) => {
+                    seen.insert(i, t);
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
     let began = Instant::now();
-    for (i, (key, _)) in objects.iter().enumerate() {
-        ticker.tick().await;
-        started.push((wall_ms(), Instant::now()));
-        let (storage, key) = (storage.clone(), key.clone());
-        puts.spawn(async move { storage.put(&key, Bytes::from(format!("{i}")), Default::default()).await });
-        if (i + 1) % 100 == 0 {
-            eprintln!("  {} / {} puts", i + 1, objects.len());
+    match rate {
+        None => {
+            for (i, (key, _)) in objects.iter().enumerate() {
+                started.push((wall_ms(), Instant::now()));
+                storage.put(key, Bytes::from(format!("{i}")), Default::default()).await.map_err(|e| e.to_string())?;
+                collect(&mut seen_rx, &mut seen, |s| s.contains_key(&i)).await;
+                if (i + 1) % 100 == 0 {
+                    eprintln!("  {} / {} puts", i + 1, objects.len());
+                }
+            }
+        }
+        Some(rate) => {
+            let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            let mut puts = tokio::task::JoinSet::new();
+            for (i, (key, _)) in objects.iter().enumerate() {
+                ticker.tick().await;
+                started.push((wall_ms(), Instant::now()));
+                let (storage, key) = (storage.clone(), key.clone());
+                puts.spawn(async move { storage.put(&key, Bytes::from(format!("{i}")), Default::default()).await });
+                if (i + 1) % 100 == 0 {
+                    eprintln!("  {} / {} puts", i + 1, objects.len());
+                }
+            }
+            println!("  {:.1} puts a second offered", objects.len() as f64 / began.elapsed().as_secs_f64());
+            while let Some(put) = puts.join_next().await {
+                put.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+            }
+            collect(&mut seen_rx, &mut seen, |s| s.len() == objects.len()).await;
         }
     }
-    let offered = objects.len() as f64 / began.elapsed().as_secs_f64();
-    while let Some(put) = puts.join_next().await {
-        put.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-    }
-    let seen = follower.await.map_err(|e| e.to_string())??;
-    println!("  {:.1} puts a second offered", offered);
-    let mut lat = Vec::with_capacity(objects.len());
-    for (i, (at, t)) in started.iter().enumerate() {
-        if let Some(v) = seen.get(&i) {
-            lat.push((*at, v.saturating_duration_since(*t)));
-        }
-    }
+    follower.abort();
+    let lat: Vec<(i64, Duration)> = started
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (at, t))| seen.get(&i).map(|v| (*at, v.saturating_duration_since(*t))))
+        .collect();
     let late = objects.len() - lat.len();
     Ok((lat, late))
 }
