@@ -99,11 +99,16 @@ impl OutboundSync {
             };
             tracing::info!(generation = lease.generation, cursor = pos, "outbound sync: running on this filer");
             let mut written = pos;
+            // Renews every third of the ttl. Fenced (taken over, or expired) ends the run; any
+            // other failure (the store briefly unavailable) is retried at the next tick — the
+            // lease has two more thirds to live, and if it expires meanwhile the renewal is fenced.
             let keep = async {
                 loop {
                     tokio::time::sleep(LEASE_TTL / 3).await;
-                    if let Err(e) = store.lease_renew(&fence, ttl_ms).await {
-                        return e;
+                    match store.lease_renew(&fence, ttl_ms).await {
+                        Ok(_) => {}
+                        Err(e @ Error::Fenced { .. }) => return e,
+                        Err(e) => tracing::warn!(error = %e, "outbound sync: cannot renew its lease; retrying"),
                     }
                 }
             };
