@@ -194,24 +194,41 @@ impl PgStore {
     {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_err)?;
-        let row = tx
-            .query_one(&format!("SELECT value, {NOW_MS} FROM counters WHERE name = 'seq' FOR UPDATE"), &[])
+        // Prepared once per connection: an unprepared query costs a second round trip, under the lock.
+        let lock = tx
+            .prepare_cached(&format!("SELECT value, {NOW_MS} FROM counters WHERE name = 'seq' FOR UPDATE"))
             .await
             .map_err(pg_err)?;
+        let row = tx.query_one(&lock, &[]).await.map_err(pg_err)?;
         let (start, now): (i64, i64) = (row.get(0), row.get(1));
-        let mut ops = PgTxn { tx: &tx, seq: start as u64 };
+        let mut ops = PgTxn { tx: &tx, seq: start as u64, log: Vec::new() };
         // On an error the transaction is dropped, which rolls it back.
         let out = f(&mut ops, now).await?;
         let seq = ops.seq;
-        if seq != start as u64 {
-            let stmt = tx
+        if seq != start as u64 || !ops.log.is_empty() {
+            // The change-log records and the counter go out together: tokio-postgres pipelines
+            // statements polled at once on one connection, so this is one round trip, not one per
+            // record (nothing in a transaction reads the log it writes).
+            let counter = tx
                 .prepare_cached(
                     "WITH u AS (UPDATE counters SET value = $1 WHERE name = 'seq' RETURNING value)
                      SELECT pg_notify('tidemark_changes', value::text) FROM u",
                 )
                 .await
                 .map_err(pg_err)?;
-            tx.query(&stmt, &[&(seq as i64)]).await.map_err(pg_err)?;
+            let insert = tx.prepare_cached(INSERT_CHANGE).await.map_err(pg_err)?;
+            let seq_param = seq as i64;
+            let counter_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&seq_param];
+            let record_params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 6]> = ops
+                .log
+                .iter()
+                .map(|r| [&r.seq as _, &r.ts_ms as _, &r.path as _, &r.origin as _, &r.old as _, &r.new as _])
+                .collect();
+            let records = record_params.iter().map(|p| tx.execute(&insert, p));
+            let (logged, counted) =
+                futures::join!(futures::future::try_join_all(records), tx.query(&counter, &counter_params));
+            logged.map_err(pg_err)?;
+            counted.map_err(pg_err)?;
         }
         tx.commit().await.map_err(pg_err)?;
         advance(&self.seq_tx, seq);
@@ -272,7 +289,7 @@ async fn migrate(pool: &Pool, label: &str) -> Result<()> {
         tx.batch_execute(sql).await.map_err(pg_err)?;
         if i == 0 {
             let now: i64 = tx.query_one(&format!("SELECT {NOW_MS}"), &[]).await.map_err(pg_err)?.get(0);
-            let mut ops = PgTxn { tx: &tx, seq: 0 };
+            let mut ops = PgTxn { tx: &tx, seq: 0, log: Vec::new() };
             ops.put_row(&txn::root_entry(now), None).await?;
         }
         tx.execute("INSERT INTO tidemark_schema (version) VALUES ($1)", &[&((i + 1) as i32)]).await.map_err(pg_err)?;
@@ -362,10 +379,25 @@ const SELECT_BELOW: &str =
     "SELECT path, version, meta FROM entries WHERE path > $1 AND path < $2 ORDER BY path LIMIT $3";
 const SELECT_LEASE: &str = "SELECT name, holder, generation, expires_at_ms FROM leases WHERE name = $1";
 
-/// The shared transaction logic's row operations on an open PostgreSQL transaction.
+const INSERT_CHANGE: &str =
+    "INSERT INTO changelog (seq, ts_ms, path, origin, old, new) VALUES ($1, $2, $3, $4, $5, $6)";
+
+/// A change-log record waiting for the end of its transaction.
+struct LogRow {
+    seq: i64,
+    ts_ms: i64,
+    path: String,
+    origin: &'static str,
+    old: Option<String>,
+    new: Option<String>,
+}
+
+/// The shared transaction logic's row operations on an open PostgreSQL transaction. Change-log
+/// records are held until the transaction ends and then sent in one pipelined round trip.
 struct PgTxn<'t> {
     tx: &'t deadpool_postgres::Transaction<'t>,
     seq: u64,
+    log: Vec<LogRow>,
 }
 
 impl PgTxn<'_> {
@@ -415,11 +447,14 @@ impl TxnOps for PgTxn<'_> {
 
     async fn log_change(&mut self, c: Change<'_>) -> Result<()> {
         let enc = |e: Option<&Entry>| e.map(serde_json::to_string).transpose().map_err(json_err);
-        self.rows(
-            "INSERT INTO changelog (seq, ts_ms, path, origin, old, new) VALUES ($1, $2, $3, $4, $5, $6)",
-            &[&(c.seq as i64), &c.ts_ms, &c.path, &c.origin.as_str(), &enc(c.old)?, &enc(c.new)?],
-        )
-        .await?;
+        self.log.push(LogRow {
+            seq: c.seq as i64,
+            ts_ms: c.ts_ms,
+            path: c.path.to_string(),
+            origin: c.origin.as_str(),
+            old: enc(c.old)?,
+            new: enc(c.new)?,
+        });
         Ok(())
     }
 
