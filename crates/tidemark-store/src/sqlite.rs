@@ -6,9 +6,9 @@
 //! and serialised. Mutations that arrive while the writer is busy are committed together (group
 //! commit): each runs in its own savepoint, so one that fails leaves no trace and the others are
 //! unaffected, and one commit — one fsync — makes the whole group durable before any of them
-//! returns. A lone mutation commits at once; under load, the fsync is shared. Reads use a small pool of read-only connections that WAL lets run beside the
-//! writer. Paths are `TEXT` with SQLite's default `BINARY` collation, which compares UTF-8 bytes:
-//! ordering by path is byte order.
+//! returns. A lone mutation commits at once; under load, the fsync is shared. Reads use a small
+//! pool of read-only connections that WAL lets run beside the writer. Paths are `TEXT` with
+//! SQLite's default `BINARY` collation, which compares UTF-8 bytes: ordering by path is byte order.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -71,8 +71,8 @@ pub struct SqliteStore {
 /// A mutation waiting for a group commit: run inside the group's transaction, then told whether
 /// the group committed.
 trait Job: Send {
-    /// Runs the mutation; `false` when it failed (its savepoint is rolled back).
-    fn run(&mut self, ops: &mut SqliteTxn<'_>) -> bool;
+    /// Runs the mutation; its error when it failed (its savepoint is then rolled back).
+    fn run(&mut self, ops: &mut SqliteTxn<'_>) -> Result<()>;
     /// Hands the result to the caller: the mutation's own once the group committed, else the
     /// group's error.
     fn finish(self: Box<Self>, committed: Result<()>);
@@ -90,12 +90,12 @@ where
     T: Send + 'static,
     F: AsyncFnOnce(&mut SqliteTxn<'_>, i64) -> Result<T> + Send + 'static,
 {
-    fn run(&mut self, ops: &mut SqliteTxn<'_>) -> bool {
-        let Some(f) = self.f.take() else { return false };
+    fn run(&mut self, ops: &mut SqliteTxn<'_>) -> Result<()> {
+        let Some(f) = self.f.take() else { return Err(Error::internal("a mutation ran twice")) };
         let out = futures::executor::block_on(f(ops, self.now));
-        let ok = out.is_ok();
+        let status = out.as_ref().map(|_| ()).map_err(Error::clone);
         self.out = Some(out);
-        ok
+        status
     }
 
     fn finish(self: Box<Self>, committed: Result<()>) {
@@ -160,11 +160,14 @@ fn commit_group(conn: &mut Connection, jobs: &mut [Box<dyn Job>]) -> Result<u64>
     for job in jobs.iter_mut() {
         tx.execute_batch("SAVEPOINT mutation").map_err(db_err)?;
         let mut ops = SqliteTxn { conn: &tx, seq };
-        if job.run(&mut ops) {
-            seq = ops.seq;
-            tx.execute_batch("RELEASE mutation").map_err(db_err)?;
-        } else {
-            tx.execute_batch("ROLLBACK TO mutation; RELEASE mutation").map_err(db_err)?;
+        match job.run(&mut ops) {
+            Ok(()) => {
+                seq = ops.seq;
+                tx.execute_batch("RELEASE mutation").map_err(db_err)?;
+            }
+            // Some failures (a full disk, an I/O error) roll back the whole transaction, and the
+            // savepoint with it: then the group fails with the mutation's own error.
+            Err(own) => tx.execute_batch("ROLLBACK TO mutation; RELEASE mutation").map_err(|_| own)?,
         }
     }
     if seq != start {
