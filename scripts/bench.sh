@@ -44,6 +44,9 @@ echo "== end to end against moto: apply throughput, API cost, reconcile vs the r
 # backlog (docs/BENCHMARKS.md); 300 keeps the figures about Tidemark, not about moto.
 "$bin" bench s3 --endpoint "$moto" --events 300 --concurrency 1,4,16 --objects 10000
 
+# Starts a `tidemark server` in the background and sets `filer` to its address. Not run in a
+# command substitution: a subshell would keep the pid to itself, and the server would outlive the
+# script.
 start_server() { # NAME EXTRA...
   local name=$1; shift
   local fport aport
@@ -52,11 +55,11 @@ start_server() { # NAME EXTRA...
     >"$work/$name.out" 2>"$work/$name.err" &
   pids+=($!)
   wait_line "$work/$name.out" "admin listening"
-  echo "127.0.0.1:$fport"
+  filer="127.0.0.1:$fport"
 }
 
 echo "== put → visible against moto (S3 → SQS, long polling) =="
-filer=$(start_server s3)
+start_server s3
 bucket="bench-$$"
 python3 - "$moto" "$bucket" <<'PY'
 import sys, urllib.request
@@ -74,7 +77,7 @@ for rate in 10 40; do
 done
 
 echo "== put → visible for a local bucket (filesystem notifications) =="
-filer=$(start_server local --local-bucket "$work/buckets/demo")
+start_server local --local-bucket "$work/buckets/demo"
 wait_line "$work/local.out" "mounted at"
 "$bin" bench latency --filer "$filer" --dir /buckets/demo --puts "$puts"
 "$bin" bench latency --filer "$filer" --dir /buckets/demo --puts "$puts" --rate 40
