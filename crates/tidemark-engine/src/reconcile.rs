@@ -114,6 +114,12 @@ impl ReconcileReport {
     }
 }
 
+/// How a reconcile's writes are made: with its fence, deleting only when asked to, minding
+/// tombstones where users' deletes leave them.
+fn write_rules(opts: &ReconcileOptions, tombstones: bool) -> crate::write::WriteRules<'_> {
+    crate::write::WriteRules { fence: opts.fence.as_ref(), allow_delete: opts.delete, check_tombstones: tombstones }
+}
+
 /// Files decided and written at once during pass 1.
 pub const IN_FLIGHT: usize = 16;
 
@@ -155,12 +161,7 @@ impl<'a> Run<'a> {
                 a => outcome_of(&a),
             }
         } else {
-            let rules = crate::write::WriteRules {
-                fence: self.opts.fence.as_ref(),
-                allow_delete: self.opts.delete,
-                check_tombstones: self.tombstones,
-            };
-            decide_and_write(self.filer, p, local, remote, &ctx, rules).await?
+            decide_and_write(self.filer, p, local, remote, &ctx, write_rules(self.opts, self.tombstones)).await?
         };
         self.emit(Item::Path { path: p.to_string(), outcome });
         Ok(())
@@ -187,13 +188,8 @@ impl<'a> Run<'a> {
         self.writing.push_back(p.clone());
         self.writes().push_back(Box::pin(async move {
             let ctx = DecideCtx { storage, cluster_id: opts.cluster_id.as_deref(), tombstone: None };
-            let rules = crate::write::WriteRules {
-                fence: opts.fence.as_ref(),
-                allow_delete: opts.delete,
-                check_tombstones: tombstones,
-            };
             let side = remote.as_ref().map(|object| RemoteSide { object, is_dir_marker: false });
-            let outcome = decide_and_write(filer, &p, local, side, &ctx, rules).await;
+            let outcome = decide_and_write(filer, &p, local, side, &ctx, write_rules(opts, tombstones)).await;
             (p, outcome)
         }));
         Ok(())

@@ -4,7 +4,7 @@
 //! measured side by side do not.
 //!
 //! - Apply throughput: a backlog of N notifications (N object puts into a bucket whose
-//!   notifications go to an SQS queue), drained by the real applier into a fresh SQLite
+//!   notifications go to an SQS queue), drained by a real slice into a fresh SQLite
 //!   namespace, at several concurrencies; the limit is the SDK doing the calls each event needs
 //!   (one HEAD at the same concurrency, and a tenth of a receive and of a delete batch).
 //! - API cost per applied event, counted on the calls Tidemark made.
@@ -127,7 +127,7 @@ async fn raw_receive_delete(
     body: &str,
     gather: usize,
 ) -> Result<(f64, u64, u64), String> {
-    use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, SendMessageBatchRequestEntry};
+    use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
     let sdk = |e: &dyn std::fmt::Debug| format!("SQS on the scratch queue {name}: {e:?}");
     let url = sqs.create_queue().queue_name(name).send().await.map_err(|e| sdk(&e))?;
     let url = url.queue_url().unwrap_or_default().to_string();
@@ -163,13 +163,7 @@ async fn raw_receive_delete(
             continue; // as a slice gathers: a full receive means a backlog, so receive more first
         }
         for chunk in handles.chunks(10) {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, h)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(h).build())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| sdk(&e))?;
-            sqs.delete_message_batch().queue_url(&url).set_entries(Some(entries)).send().await.map_err(|e| sdk(&e))?;
+            delete_batch(sqs, &url, &chunk.iter().map(String::as_str).collect::<Vec<_>>()).await?;
             deletes += 1;
         }
         handles.clear();
@@ -177,6 +171,24 @@ async fn raw_receive_delete(
     let secs = t.elapsed().as_secs_f64();
     let _ = sqs.delete_queue().queue_url(&url).send().await;
     Ok((secs, receives, deletes))
+}
+
+/// The plain client's delete: one `DeleteMessageBatch` of up to 10 receipt handles.
+async fn delete_batch(sqs: &aws_sdk_sqs::Client, url: &str, handles: &[&str]) -> Result<(), String> {
+    use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
+    let entries = handles
+        .iter()
+        .enumerate()
+        .map(|(i, h)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(*h).build())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    sqs.delete_message_batch()
+        .queue_url(url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .map_err(|e| format!("DeleteMessageBatch {url}: {}", aws_sdk_sqs::error::DisplayErrorContext(e)))?;
+    Ok(())
 }
 
 /// Waits until the queue holds `n` visible messages: the puts' notifications have all arrived.
@@ -553,7 +565,6 @@ async fn receive_keys(
     seen: &mut std::collections::HashMap<String, Instant>,
     want: usize,
 ) -> Result<(), String> {
-    use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
     let mut progress = Instant::now();
     while seen.len() < want {
         if progress.elapsed() > Duration::from_secs(60) {
@@ -568,26 +579,17 @@ async fn receive_keys(
             .await
             .map_err(|e| format!("ReceiveMessage {url}: {}", aws_sdk_sqs::error::DisplayErrorContext(e)))?;
         let now = Instant::now();
-        let mut entries = Vec::new();
-        for (i, m) in out.messages().iter().enumerate() {
+        for m in out.messages() {
             for key in notified_keys(m.body().unwrap_or_default()) {
                 seen.entry(key).or_insert_with(|| {
                     progress = now;
                     now
                 });
             }
-            if let Some(h) = m.receipt_handle() {
-                entries.push(DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(h).build());
-            }
         }
-        let entries = entries.into_iter().collect::<Result<Vec<_>, _>>().map_err(err)?;
-        if !entries.is_empty() {
-            sqs.delete_message_batch()
-                .queue_url(url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|e| format!("DeleteMessageBatch {url}: {}", aws_sdk_sqs::error::DisplayErrorContext(e)))?;
+        let handles: Vec<&str> = out.messages().iter().filter_map(|m| m.receipt_handle()).collect();
+        if !handles.is_empty() {
+            delete_batch(sqs, url, &handles).await?;
         }
     }
     Ok(())
