@@ -9,7 +9,8 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::cache::{CacheOutcome, CacheStats, CacheStatus};
+use crate::error::{Error, Result};
 use crate::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Precondition, Txn};
 
 /// A stream of content bytes. Content is streamed, never buffered whole.
@@ -84,4 +85,31 @@ pub trait Filer: Send + Sync + 'static {
 
     /// Change-log records after `after`; if there are none yet, waits up to `wait` for some.
     async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>>;
+
+    /// What this filer holds cached of each of `paths` (in the same order; a missing path is
+    /// reported with size 0 and nothing cached).
+    async fn cache_status(&self, _paths: &[String]) -> Result<Vec<CacheStatus>> {
+        Err(no_cache())
+    }
+
+    /// Fetches every chunk of a remote-backed file that is not cached yet (`remote.cache`).
+    /// With `wait`, returns once the bytes are durable in the cache; without, it starts the
+    /// fetch and returns at once (the event prefetch).
+    async fn cache_fetch(&self, _path: &str, _wait: bool) -> Result<CacheOutcome> {
+        Err(no_cache())
+    }
+
+    /// Drops the cached bytes of a remote-backed file (`remote.uncache`); never local content.
+    async fn cache_drop(&self, _path: &str) -> Result<CacheOutcome> {
+        Err(no_cache())
+    }
+
+    /// The cache's counters and use.
+    async fn cache_stats(&self) -> Result<CacheStats> {
+        Err(no_cache())
+    }
+}
+
+fn no_cache() -> Error {
+    Error::invalid_argument("this filer has no content cache")
 }

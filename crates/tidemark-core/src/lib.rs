@@ -3,6 +3,7 @@
 //! client). Nothing in this crate performs I/O, so everything here is testable exhaustively.
 
 pub mod backoff;
+pub mod cache;
 pub mod clock;
 pub mod decide;
 pub mod error;

@@ -9,11 +9,17 @@
 //! - Versions are change-log sequence numbers: strictly increasing across the whole store,
 //!   never reused.
 //! - Leases expire by the store's clock (the filer's, or the database's for a shared store).
+//! - Cache records ([`CachedChunk`]) say which chunks of which remote version a filer holds.
+//!   A transaction that changes an entry's content id ([`crate::cache::content_id`]) or deletes
+//!   it removes that entry's records, every node's, in the same transaction; a record is added
+//!   only while the entry still has the record's content id. Cache records are not entries: they
+//!   have no version and no change-log records.
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::watch;
 
+use crate::cache::{CacheUsage, CachedChunk};
 use crate::error::Result;
 use crate::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn};
 
@@ -59,6 +65,30 @@ pub trait MetaStore: Send + Sync + 'static {
 
     /// The sequence number of the newest change-log record (0 when empty).
     async fn last_seq(&self) -> Result<u64>;
+
+    /// The cache records `node` holds for `path`, in chunk order (any content id).
+    async fn cache_chunks(&self, node: &str, path: &str) -> Result<Vec<CachedChunk>>;
+
+    /// Records a cached chunk, atomically with a check that the entry at its path still has its
+    /// content id; `false` (and nothing written) when it does not. Re-recording a chunk replaces
+    /// the record.
+    async fn cache_record(&self, chunk: CachedChunk) -> Result<bool>;
+
+    /// Removes these records (matched on node, path, chunk and content id; missing ones are
+    /// skipped); returns the ones that were removed.
+    async fn cache_forget(&self, chunks: &[CachedChunk]) -> Result<Vec<CachedChunk>>;
+
+    /// Sets the last-read time of records of `node` (path, chunk, ms); missing ones are skipped.
+    async fn cache_touch(&self, node: &str, reads: &[(String, u64, i64)]) -> Result<()>;
+
+    /// How much `node` holds.
+    async fn cache_usage(&self, node: &str) -> Result<CacheUsage>;
+
+    /// Up to `limit` records of `node`, least recently read first.
+    async fn cache_lru(&self, node: &str, limit: usize) -> Result<Vec<CachedChunk>>;
+
+    /// Records of `node` after `(path, chunk)` in that order, at most `limit` (a paged walk).
+    async fn cache_scan(&self, node: &str, after: Option<(&str, u64)>, limit: usize) -> Result<Vec<CachedChunk>>;
 
     /// Notified with the newest sequence number after every commit made through this handle,
     /// so followers of the change log can wait instead of polling.

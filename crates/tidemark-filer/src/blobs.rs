@@ -23,6 +23,7 @@ pub enum Stored {
 
 #[derive(Debug, Clone)]
 pub struct BlobDir {
+    root: PathBuf,
     blobs: PathBuf,
     tmp: PathBuf,
 }
@@ -40,7 +41,7 @@ fn valid_id(id: &str) -> bool {
 impl BlobDir {
     /// Opens the blob directories under `root`, discarding partial writes a crash left in `tmp/`.
     pub fn open(root: &Path) -> Result<Self> {
-        let dir = BlobDir { blobs: root.join("blobs"), tmp: root.join("tmp") };
+        let dir = BlobDir { root: root.to_path_buf(), blobs: root.join("blobs"), tmp: root.join("tmp") };
         if dir.tmp.exists() {
             std::fs::remove_dir_all(&dir.tmp).map_err(|e| Error::io(format!("clearing {}", dir.tmp.display()), e))?;
         }
@@ -48,6 +49,11 @@ impl BlobDir {
             std::fs::create_dir_all(d).map_err(|e| Error::io(format!("creating {}", d.display()), e))?;
         }
         Ok(dir)
+    }
+
+    /// The directory that holds `blobs/` and `tmp/`.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     fn path_of(&self, id: &str) -> Result<PathBuf> {

@@ -9,11 +9,12 @@ use futures::{StreamExt, TryStreamExt};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
 
+use tidemark_core::cache::{CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::error::ErrorBody;
 use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Precondition, Txn};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
 
-use crate::http::{AcquireRequest, ENTRY_HEADER, ReleaseRequest, RenewRequest};
+use crate::http::{AcquireRequest, CacheStatusRequest, ENTRY_HEADER, MAX_STATUS_PATHS, ReleaseRequest, RenewRequest};
 
 #[derive(Clone, Debug)]
 pub struct HttpFiler {
@@ -210,5 +211,28 @@ impl Filer for HttpFiler {
             .query(&[("after", after), ("limit", limit as u64), ("wait_ms", wait.as_millis() as u64)])
             .timeout(wait + Duration::from_secs(30));
         self.call(rb).await
+    }
+
+    async fn cache_status(&self, paths: &[String]) -> Result<Vec<CacheStatus>> {
+        let mut out = Vec::with_capacity(paths.len());
+        for part in paths.chunks(MAX_STATUS_PATHS) {
+            let req = CacheStatusRequest { paths: part.to_vec() };
+            let got: Vec<CacheStatus> = self.call(self.request(Method::POST, "cache/status").json(&req)).await?;
+            out.extend(got);
+        }
+        Ok(out)
+    }
+
+    async fn cache_fetch(&self, path: &str, wait: bool) -> Result<CacheOutcome> {
+        let rb = self.request(Method::POST, "cache/fetch").query(&[("path", path)]).query(&[("wait", wait)]);
+        self.call(rb).await
+    }
+
+    async fn cache_drop(&self, path: &str) -> Result<CacheOutcome> {
+        self.call(self.request(Method::POST, "cache/drop").query(&[("path", path)])).await
+    }
+
+    async fn cache_stats(&self) -> Result<CacheStats> {
+        self.call(self.request(Method::GET, "cache/stats")).await
     }
 }

@@ -15,6 +15,11 @@
 //! | POST | `/api/v1/apply` | the conditional, fenced transaction (`Txn` JSON) |
 //! | POST | `/api/v1/lease/{acquire,renew,release}`, GET `/api/v1/lease?name=` | leases |
 //! | GET | `/api/v1/changes?after=&limit=&wait_ms=` | the change log, long-polling |
+//! | POST | `/api/v1/cache/status` (`{"paths": [...]}`) | what is cached of each path |
+//! | POST | `/api/v1/cache/fetch?path=&wait=` | cache a remote-backed file (`remote.cache`) |
+//! | POST | `/api/v1/cache/drop?path=` | drop its cached bytes (`remote.uncache`) |
+//! | GET | `/api/v1/cache/stats` | the cache's counters, use and budget |
+//! | GET | `/metrics` | the same as Prometheus text |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -113,6 +118,11 @@ pub fn router(filer: Arc<dyn Filer>, token: Option<String>) -> Router {
         .route("/api/v1/lease/renew", post(lease_renew))
         .route("/api/v1/lease/release", post(lease_release))
         .route("/api/v1/changes", get(changes))
+        .route("/api/v1/cache/status", post(cache_status))
+        .route("/api/v1/cache/fetch", post(cache_fetch))
+        .route("/api/v1/cache/drop", post(cache_drop))
+        .route("/api/v1/cache/stats", get(cache_stats))
+        .route("/metrics", get(metrics))
         .fallback(|| async { ApiError(Error::NotFound { path: "no such API endpoint; see /api/v1/health".into() }) })
         .method_not_allowed_fallback(|| async {
             (
@@ -385,6 +395,67 @@ async fn changes(
     let q = query(q)?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     Ok(Json(s.filer.changes(q.after, limit, Duration::from_millis(q.wait_ms)).await?))
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct CacheStatusRequest {
+    pub paths: Vec<String>,
+}
+
+/// The most paths one status request may name.
+pub const MAX_STATUS_PATHS: usize = MAX_PAGE;
+
+async fn cache_status(
+    State(s): State<AppState>,
+    j: Result<Json<CacheStatusRequest>, JsonRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let r = json(j)?;
+    if r.paths.len() > MAX_STATUS_PATHS {
+        return Err(bad_request(format!("at most {MAX_STATUS_PATHS} paths per request")));
+    }
+    Ok(Json(s.filer.cache_status(&r.paths).await?))
+}
+
+#[derive(Deserialize)]
+struct FetchQuery {
+    path: String,
+    #[serde(default = "yes")]
+    wait: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn cache_fetch(
+    State(s): State<AppState>,
+    q: Result<Query<FetchQuery>, QueryRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    Ok(Json(s.filer.cache_fetch(&q.path, q.wait).await?))
+}
+
+async fn cache_drop(
+    State(s): State<AppState>,
+    q: Result<Query<PathQuery>, QueryRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    Ok(Json(s.filer.cache_drop(&q.path).await?))
+}
+
+async fn cache_stats(State(s): State<AppState>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(s.filer.cache_stats().await?))
+}
+
+async fn metrics(State(s): State<AppState>) -> ApiResult<Response> {
+    let stats = s.filer.cache_stats().await?;
+    let body = crate::metrics::render(&stats).map_err(Error::internal)?;
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    Ok(resp)
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then finishes the requests in flight.

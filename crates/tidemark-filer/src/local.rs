@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 
+use tidemark_core::cache::{self, CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{
     Applied, ChangeRecord, Content, Entry, Fence, Lease, Mutation, NewEntry, Page, Precondition, Txn,
 };
@@ -16,6 +17,7 @@ use tidemark_core::{
 use tidemark_store::SqliteStore;
 
 use crate::blobs::{BlobDir, Stored};
+use crate::cache::{CacheConfig, ContentCache};
 use crate::datadir::DataDir;
 use crate::remotes::Remotes;
 
@@ -29,7 +31,8 @@ pub const MAX_CHANGES_WAIT: Duration = Duration::from_secs(60);
 pub struct LocalFiler {
     store: Arc<dyn MetaStore>,
     blobs: BlobDir,
-    remotes: Remotes,
+    remotes: Arc<Remotes>,
+    cache: ContentCache,
     clock: Arc<dyn Clock>,
     _data_dir: Option<DataDir>,
 }
@@ -45,26 +48,43 @@ impl LocalFiler {
     pub fn open_sqlite(data_dir: DataDir, file: &std::path::Path) -> Result<Self> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let store = SqliteStore::open(file, clock.clone())?;
-        let blobs = BlobDir::open(data_dir.root())?;
-        Ok(LocalFiler { store: Arc::new(store), blobs, remotes: Remotes::default(), clock, _data_dir: Some(data_dir) })
+        let root = data_dir.root().to_path_buf();
+        Self::assemble(Arc::new(store), &root, clock, Some(data_dir))
     }
 
     /// Opens the filer on a data directory (content, lock) with a store of its own choosing
     /// (a shared PostgreSQL store).
     pub fn open_with_store(data_dir: DataDir, store: Arc<dyn MetaStore>) -> Result<Self> {
-        let blobs = BlobDir::open(data_dir.root())?;
-        Ok(LocalFiler {
-            store,
-            blobs,
-            remotes: Remotes::default(),
-            clock: Arc::new(SystemClock),
-            _data_dir: Some(data_dir),
-        })
+        let root = data_dir.root().to_path_buf();
+        Self::assemble(store, &root, Arc::new(SystemClock), Some(data_dir))
     }
 
-    /// A filer over any store, with blobs under `blob_root` (tests, other backends).
+    /// A filer over any store, with blobs and the cache under `blob_root` (tests, other backends).
     pub fn with_store(store: Arc<dyn MetaStore>, blob_root: &std::path::Path, clock: Arc<dyn Clock>) -> Result<Self> {
-        Ok(LocalFiler { store, blobs: BlobDir::open(blob_root)?, remotes: Remotes::default(), clock, _data_dir: None })
+        Self::assemble(store, blob_root, clock, None)
+    }
+
+    fn assemble(
+        store: Arc<dyn MetaStore>,
+        root: &std::path::Path,
+        clock: Arc<dyn Clock>,
+        data_dir: Option<DataDir>,
+    ) -> Result<Self> {
+        let blobs = BlobDir::open(root)?;
+        let remotes = Arc::new(Remotes::default());
+        let cache = ContentCache::open(root, store.clone(), remotes.clone(), clock.clone(), CacheConfig::default())?;
+        Ok(LocalFiler { store, blobs, remotes, cache, clock, _data_dir: data_dir })
+    }
+
+    /// Sets the content cache up with `config` (its budget; 0 turns it off).
+    pub fn with_cache(mut self, config: CacheConfig) -> Result<Self> {
+        let root = self.blobs.root().to_path_buf();
+        self.cache = ContentCache::open(&root, self.store.clone(), self.remotes.clone(), self.clock.clone(), config)?;
+        Ok(self)
+    }
+
+    pub fn cache(&self) -> &ContentCache {
+        &self.cache
     }
 
     pub fn store(&self) -> &Arc<dyn MetaStore> {
@@ -168,10 +188,18 @@ impl LocalFiler {
     async fn commit(&self, txn: Txn) -> Result<Applied> {
         let applied = self.store.apply(txn).await?;
         let n = (applied.seq + 1 - applied.first_seq) as usize;
-        if n > 1 || blob_of(applied.old.as_ref()).is_some() {
+        let invalidated = applied.old.as_ref().is_some_and(|o| cache::invalidates(o, applied.new.as_ref()));
+        if n > 1 || blob_of(applied.old.as_ref()).is_some() || invalidated {
             let records = self.store.changes(applied.first_seq - 1, n).await?;
             for r in records {
                 self.release_blob(r.old.as_ref(), r.new.as_ref()).await;
+                // The transaction dropped the old version's cache records; its bytes go now.
+                if let Some(old) = &r.old
+                    && cache::invalidates(old, r.new.as_ref())
+                    && let Some(id) = cache::content_id(old)
+                {
+                    self.cache.reclaim(&id).await;
+                }
             }
         }
         Ok(applied)
@@ -281,7 +309,7 @@ impl Filer for LocalFiler {
                     if let Some(r) = range {
                         check_range(entry.size, r)?;
                     }
-                    self.remotes.read(self.store.as_ref(), &entry, range).await?
+                    self.cache.read(&entry, range).await?
                 }
                 Content::Blob { id } => {
                     if let Some(r) = range {
@@ -424,6 +452,31 @@ impl Filer for LocalFiler {
 
     async fn lease_get(&self, name: &str) -> Result<Option<Lease>> {
         self.store.lease_get(name).await
+    }
+
+    async fn cache_status(&self, paths: &[String]) -> Result<Vec<CacheStatus>> {
+        let mut out = Vec::with_capacity(paths.len());
+        for p in paths {
+            path::validate(p)?;
+            let entry = self.store.get(p).await?;
+            out.push(self.cache.status(p, entry.as_ref()).await?);
+        }
+        Ok(out)
+    }
+
+    async fn cache_fetch(&self, p: &str, wait: bool) -> Result<CacheOutcome> {
+        let entry = self.store.get(p).await?.ok_or_else(|| Error::not_found(p))?;
+        self.cache.fetch(&entry, wait).await
+    }
+
+    async fn cache_drop(&self, p: &str) -> Result<CacheOutcome> {
+        path::validate(p)?;
+        let entry = self.store.get(p).await?;
+        self.cache.drop_path(p, entry.as_ref()).await
+    }
+
+    async fn cache_stats(&self) -> Result<CacheStats> {
+        Ok(self.cache.stats())
     }
 
     async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>> {

@@ -41,9 +41,9 @@ impl Remotes {
         Ok(s)
     }
 
-    /// Streams the content of a remote-backed entry from its object, refusing other bytes than
-    /// the version the entry describes.
-    pub async fn read(&self, store: &dyn MetaStore, entry: &Entry, range: Option<ByteRange>) -> Result<ByteStream> {
+    /// The object behind a remote-backed entry: its storage, its key, and the mount's directory
+    /// (for messages).
+    pub async fn locate(&self, store: &dyn MetaStore, entry: &Entry) -> Result<Located> {
         let recorded = entry
             .remote
             .as_ref()
@@ -64,20 +64,55 @@ impl Remotes {
         let map = KeyMap::new(&mount.dir, &mount.location.path)?;
         let key =
             map.path_to_key(&entry.path, false).ok_or_else(|| Error::internal(format!("{} has no key", entry.path)))?;
-        match storage.get(&key, range, Some(&recorded.etag)).await {
+        Ok(Located {
+            storage,
+            key,
+            etag: recorded.etag.clone(),
+            path: entry.path.clone(),
+            mount_dir: mount.dir.clone(),
+        })
+    }
+
+    /// Streams the content of a remote-backed entry from its object, refusing other bytes than
+    /// the version the entry describes.
+    pub async fn read(&self, store: &dyn MetaStore, entry: &Entry, range: Option<ByteRange>) -> Result<ByteStream> {
+        self.locate(store, entry).await?.get(range).await
+    }
+}
+
+/// A remote-backed entry's object, found.
+pub struct Located {
+    pub storage: Arc<dyn RemoteStorage>,
+    pub key: String,
+    pub etag: String,
+    pub path: String,
+    pub mount_dir: String,
+}
+
+impl Located {
+    /// A conditional GET of the entry's version, with errors that say what to do.
+    pub async fn get(&self, range: Option<ByteRange>) -> Result<ByteStream> {
+        match self.storage.get(&self.key, range, Some(&self.etag)).await {
             Err(Error::PreconditionFailed { .. }) => Err(Error::Unavailable {
                 message: format!(
                     "{}: the object changed in the bucket since it was last synced; run remote.meta.sync -dir={} (or wait for its event) and read again",
-                    entry.path, mount.dir
+                    self.path, self.mount_dir
                 ),
             }),
             Err(Error::NotFound { .. }) => Err(Error::Unavailable {
                 message: format!(
                     "{}: the object is gone from the bucket; run remote.meta.sync -dir={} to drop the entry",
-                    entry.path, mount.dir
+                    self.path, self.mount_dir
                 ),
             }),
-            other => other,
+            Err(e) => Err(Error::Unavailable {
+                message: format!(
+                    "{}: not cached here, and its bucket {} could not be read: {e}",
+                    self.path,
+                    self.storage.describe()
+                ),
+            }),
+            Ok(s) => Ok(s),
         }
     }
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use tidemark_core::model::{Content, EntryKind, Mutation, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::cache::{CachedChunk, content_id};
+use tidemark_core::model::{Content, Entry, EntryKind, Mutation, NewEntry, Origin, Precondition, RemoteEntry, Txn};
 use tidemark_core::{Error, ManualClock, MetaStore};
 
 /// Moves the store's clock forward: a manual clock for embedded stores, a sleep for a store
@@ -46,7 +47,8 @@ macro_rules! metastore_conformance {
             implicit_parents_and_kind_conflicts, inline_content, versions_are_never_reused,
             lease_acquire_renew_expiry_takeover, stale_generation_write_is_rejected,
             change_log_order_and_contents, cas_race_one_winner_per_version, invalid_input_is_rejected,
-            concurrent_mutations_stand_or_fail_alone);
+            concurrent_mutations_stand_or_fail_alone,
+            cache_records_follow_the_entry, cache_lru_scan_and_usage);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -489,4 +491,150 @@ pub async fn invalid_input_is_rejected(h: &Harness) {
     assert!(matches!(s.apply(Txn::delete("/", true, Origin::Local)).await, Err(Error::InvalidArgument { .. })));
     assert!(matches!(s.apply(Txn::put("/", file(0), Origin::Local)).await, Err(Error::InvalidArgument { .. })));
     assert_eq!(s.last_seq().await.unwrap(), 0, "nothing was written");
+}
+
+fn remote_file(etag: &str, size: u64) -> NewEntry {
+    let mut e = NewEntry::file(size, 1_000, Content::Remote);
+    e.remote = Some(RemoteEntry {
+        storage: "r".into(),
+        etag: etag.into(),
+        remote_mtime_ms: 1_000,
+        remote_size: size,
+        version_id: None,
+        last_local_sync_ms: None,
+    });
+    e
+}
+
+fn chunk_for(node: &str, e: &Entry, chunk: u64, len: u64, last_read_ms: i64) -> CachedChunk {
+    CachedChunk {
+        node: node.into(),
+        path: e.path.clone(),
+        content_id: content_id(e).expect("a remote-backed entry has a content id"),
+        chunk,
+        len,
+        last_read_ms,
+    }
+}
+
+async fn put_entry(s: &dyn MetaStore, path: &str, e: NewEntry) -> Entry {
+    s.apply(Txn::put(path, e, Origin::Remote)).await.unwrap_or_else(|e| panic!("put {path}: {e}")).new.unwrap()
+}
+
+/// Cache records exist only for the entry's current remote version: an invalidating write or a
+/// delete removes them (every node's) in its own transaction; a metadata-only write keeps them;
+/// a record for a version the entry no longer has is refused.
+pub async fn cache_records_follow_the_entry(h: &Harness) {
+    let s = &*h.store;
+    let a = put_entry(s, "/m/a", remote_file("e1", 20)).await;
+    assert!(s.cache_record(chunk_for("n1", &a, 1, 10, 5)).await.unwrap());
+    assert!(s.cache_record(chunk_for("n1", &a, 0, 10, 5)).await.unwrap());
+    assert!(s.cache_record(chunk_for("n2", &a, 0, 10, 5)).await.unwrap());
+    let mine = s.cache_chunks("n1", "/m/a").await.unwrap();
+    assert_eq!(mine.iter().map(|c| c.chunk).collect::<Vec<_>>(), [0, 1], "in chunk order, this node's only");
+    let seq = s.last_seq().await.unwrap();
+
+    let mut stale = chunk_for("n1", &a, 2, 10, 5);
+    stale.content_id = "0".repeat(32);
+    assert!(!s.cache_record(stale).await.unwrap(), "another version's chunk is refused");
+    let mut elsewhere = chunk_for("n1", &a, 0, 10, 5);
+    elsewhere.path = "/m/missing".into();
+    assert!(!s.cache_record(elsewhere).await.unwrap(), "a missing entry's chunk is refused");
+    assert_eq!(s.last_seq().await.unwrap(), seq, "cache records write no change-log records");
+
+    // A metadata-only write (mode) keeps the version's records.
+    let mut meta = a.to_new();
+    meta.mode = 0o600;
+    let a2 = s
+        .apply(Txn::put("/m/a", meta, Origin::Local).with_precondition(Precondition::Version(a.version)))
+        .await
+        .unwrap()
+        .new
+        .unwrap();
+    assert_eq!(s.cache_chunks("n1", "/m/a").await.unwrap().len(), 2);
+
+    // A new remote version drops every node's records of the old one, in that transaction.
+    let b = put_entry(s, "/m/a", remote_file("e2", 20)).await;
+    assert!(b.version > a2.version);
+    assert!(s.cache_chunks("n1", "/m/a").await.unwrap().is_empty());
+    assert!(s.cache_chunks("n2", "/m/a").await.unwrap().is_empty());
+    assert!(!s.cache_record(chunk_for("n1", &a, 0, 10, 5)).await.unwrap(), "a late fetch of e1 is refused");
+
+    // A local write (content no longer remote) drops them too.
+    assert!(s.cache_record(chunk_for("n1", &b, 0, 10, 5)).await.unwrap());
+    let local = NewEntry::file(2, 2_000, Content::Inline);
+    s.apply(Txn::put("/m/a", local, Origin::Local).with_data(Bytes::from_static(b"hi"))).await.unwrap();
+    assert!(s.cache_chunks("n1", "/m/a").await.unwrap().is_empty());
+
+    // A delete, and the children of a recursive delete.
+    let c = put_entry(s, "/m/d/c", remote_file("e3", 5)).await;
+    let top = put_entry(s, "/m/top", remote_file("e4", 5)).await;
+    assert!(s.cache_record(chunk_for("n1", &c, 0, 5, 5)).await.unwrap());
+    assert!(s.cache_record(chunk_for("n1", &top, 0, 5, 5)).await.unwrap());
+    s.apply(Txn::delete("/m/d", true, Origin::Remote)).await.unwrap();
+    assert!(s.cache_chunks("n1", "/m/d/c").await.unwrap().is_empty());
+    s.apply(Txn::delete("/m/top", false, Origin::Remote)).await.unwrap();
+    assert!(s.cache_chunks("n1", "/m/top").await.unwrap().is_empty());
+    let again = put_entry(s, "/m/top", remote_file("e4", 5)).await;
+    assert!(s.cache_chunks("n1", "/m/top").await.unwrap().is_empty(), "a re-created entry starts uncached");
+    assert_eq!(s.cache_usage("n1").await.unwrap().chunks, 0);
+    let _ = again;
+}
+
+/// Usage per node, least-recently-read order after touches, forgetting exact records, and a
+/// paged walk in (path, chunk) order.
+pub async fn cache_lru_scan_and_usage(h: &Harness) {
+    let s = &*h.store;
+    let mut files = Vec::new();
+    for name in ["/c/x", "/c/y", "/c/z"] {
+        files.push(put_entry(s, name, remote_file("e", 30)).await);
+    }
+    for (i, f) in files.iter().enumerate() {
+        for k in 0..3 {
+            assert!(s.cache_record(chunk_for("n1", f, k, 10, 100 + i as i64)).await.unwrap());
+        }
+    }
+    assert!(s.cache_record(chunk_for("n2", &files[0], 0, 7, 1)).await.unwrap());
+    let u = s.cache_usage("n1").await.unwrap();
+    assert_eq!((u.bytes, u.chunks), (90, 9));
+    assert_eq!(s.cache_usage("n2").await.unwrap().bytes, 7);
+    assert_eq!(s.cache_usage("nobody").await.unwrap().chunks, 0);
+
+    // /c/x was read last now: /c/y's chunks are the oldest.
+    s.cache_touch(
+        "n1",
+        &[("/c/x".into(), 0, 500), ("/c/x".into(), 1, 500), ("/c/x".into(), 2, 500), ("/c/none".into(), 0, 1)],
+    )
+    .await
+    .unwrap();
+    let lru = s.cache_lru("n1", 4).await.unwrap();
+    let order: Vec<(&str, u64)> = lru.iter().map(|c| (c.path.as_str(), c.chunk)).collect();
+    assert_eq!(order, [("/c/y", 0), ("/c/y", 1), ("/c/y", 2), ("/c/z", 0)]);
+    assert!(lru.iter().all(|c| c.node == "n1"));
+
+    let gone = s.cache_forget(&lru[..2]).await.unwrap();
+    assert_eq!(gone.len(), 2);
+    assert!(s.cache_forget(&lru[..2]).await.unwrap().is_empty(), "forgetting twice is harmless");
+    let mut other_version = lru[2].clone();
+    other_version.content_id = "f".repeat(32);
+    assert!(s.cache_forget(&[other_version]).await.unwrap().is_empty(), "matched on the content id too");
+    assert_eq!(s.cache_usage("n1").await.unwrap().bytes, 70);
+
+    let mut walked = Vec::new();
+    let mut after: Option<(String, u64)> = None;
+    loop {
+        let page = s.cache_scan("n1", after.as_ref().map(|(p, k)| (p.as_str(), *k)), 2).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 2);
+        walked.extend(page.iter().map(|c| (c.path.clone(), c.chunk)));
+        after = page.last().map(|c| (c.path.clone(), c.chunk));
+    }
+    let expect: Vec<(String, u64)> =
+        [("/c/x", 0), ("/c/x", 1), ("/c/x", 2), ("/c/y", 2), ("/c/z", 0), ("/c/z", 1), ("/c/z", 2)]
+            .iter()
+            .map(|(p, k)| (p.to_string(), *k))
+            .collect();
+    assert_eq!(walked, expect);
 }

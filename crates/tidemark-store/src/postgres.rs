@@ -29,13 +29,15 @@ use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, NoTls, Row};
 
+use tidemark_core::cache::{CacheUsage, CachedChunk};
 use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Txn};
 use tidemark_core::{Error, MetaStore, Result, path};
 
 use crate::txn::{self, Change, TxnOps, json_err, parent_of, row_to_entry};
 
 /// The schema, one migration per version; `tidemark_schema` records which have run.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE entries (
     path    TEXT COLLATE "C" PRIMARY KEY,
     parent  TEXT COLLATE "C" NOT NULL,
@@ -63,7 +65,23 @@ CREATE TABLE changelog (
 -- that serialises every mutation.
 CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
 INSERT INTO counters (name, value) VALUES ('seq', 0);
-"#];
+"#,
+    r#"
+-- The content cache: which chunks of which remote version each filer holds (bytes in its data
+-- directory). Keyed by path first, so a write drops a path's records with one range delete.
+CREATE TABLE cache_chunks (
+    path         TEXT COLLATE "C" NOT NULL,
+    node         TEXT NOT NULL,
+    chunk        BIGINT NOT NULL,
+    content_id   TEXT NOT NULL,
+    len          BIGINT NOT NULL,
+    last_read_ms BIGINT NOT NULL,
+    PRIMARY KEY (path, node, chunk)
+);
+CREATE INDEX cache_chunks_lru ON cache_chunks (node, last_read_ms);
+CREATE INDEX cache_chunks_by_node ON cache_chunks (node, path, chunk);
+"#,
+];
 
 /// Any fixed number: the advisory lock migrations hold, so concurrent starts migrate once.
 const MIGRATION_LOCK: i64 = 0x7469_6465_6d61_726b;
@@ -473,8 +491,37 @@ impl TxnOps for PgTxn<'_> {
         Ok(())
     }
 
+    async fn drop_cache(&mut self, p: &str) -> Result<()> {
+        self.rows("DELETE FROM cache_chunks WHERE path = $1", &[&p]).await?;
+        Ok(())
+    }
+
+    async fn put_cache(&mut self, c: &CachedChunk) -> Result<()> {
+        self.rows(
+            "INSERT INTO cache_chunks (path, node, chunk, content_id, len, last_read_ms) VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (path, node, chunk) DO UPDATE SET content_id = excluded.content_id, len = excluded.len,
+             last_read_ms = excluded.last_read_ms",
+            &[&c.path, &c.node, &(c.chunk as i64), &c.content_id, &(c.len as i64), &c.last_read_ms],
+        )
+        .await?;
+        Ok(())
+    }
+
     fn seq_mut(&mut self) -> &mut u64 {
         &mut self.seq
+    }
+}
+
+const CACHE_COLUMNS: &str = "node, path, content_id, chunk, len, last_read_ms";
+
+fn chunk_of(r: &Row) -> CachedChunk {
+    CachedChunk {
+        node: r.get(0),
+        path: r.get(1),
+        content_id: r.get(2),
+        chunk: r.get::<_, i64>(3) as u64,
+        len: r.get::<_, i64>(4) as u64,
+        last_read_ms: r.get(5),
     }
 }
 
@@ -589,6 +636,89 @@ impl MetaStore for PgStore {
 
     async fn last_seq(&self) -> Result<u64> {
         read_seq(&**self.client().await?).await
+    }
+
+    async fn cache_chunks(&self, node: &str, p: &str) -> Result<Vec<CachedChunk>> {
+        let c = self.client().await?;
+        let stmt = c
+            .prepare_cached(&format!(
+                "SELECT {CACHE_COLUMNS} FROM cache_chunks WHERE path = $1 AND node = $2 ORDER BY chunk"
+            ))
+            .await
+            .map_err(pg_err)?;
+        Ok(c.query(&stmt, &[&p, &node]).await.map_err(pg_err)?.iter().map(chunk_of).collect())
+    }
+
+    async fn cache_record(&self, chunk: CachedChunk) -> Result<bool> {
+        // Under the write lock: the check of the entry's content id and an invalidating write
+        // cannot interleave.
+        self.write(async move |ops, _now| txn::cache_record(ops, &chunk).await).await
+    }
+
+    async fn cache_forget(&self, chunks: &[CachedChunk]) -> Result<Vec<CachedChunk>> {
+        if chunks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = self.client().await?;
+        let stmt = c
+            .prepare_cached("DELETE FROM cache_chunks WHERE path = $1 AND node = $2 AND chunk = $3 AND content_id = $4")
+            .await
+            .map_err(pg_err)?;
+        let deletes = chunks.iter().map(|k| {
+            let chunk = k.chunk as i64;
+            let stmt = &stmt;
+            let c = &c;
+            async move { c.execute(stmt, &[&k.path, &k.node, &chunk, &k.content_id]).await }
+        });
+        let counts = futures::future::try_join_all(deletes).await.map_err(pg_err)?;
+        Ok(chunks.iter().zip(counts).filter(|(_, n)| *n > 0).map(|(k, _)| k.clone()).collect())
+    }
+
+    async fn cache_touch(&self, node: &str, reads: &[(String, u64, i64)]) -> Result<()> {
+        if reads.is_empty() {
+            return Ok(());
+        }
+        let c = self.client().await?;
+        let stmt = c
+            .prepare_cached("UPDATE cache_chunks SET last_read_ms = $4 WHERE path = $1 AND node = $2 AND chunk = $3")
+            .await
+            .map_err(pg_err)?;
+        let updates = reads.iter().map(|(p, k, ms)| {
+            let chunk = *k as i64;
+            let (stmt, c) = (&stmt, &c);
+            async move { c.execute(stmt, &[p, &node, &chunk, ms]).await }
+        });
+        futures::future::try_join_all(updates).await.map_err(pg_err)?;
+        Ok(())
+    }
+
+    async fn cache_usage(&self, node: &str) -> Result<CacheUsage> {
+        let c = self.client().await?;
+        let row = c
+            .query_one("SELECT COALESCE(SUM(len), 0)::int8, COUNT(*) FROM cache_chunks WHERE node = $1", &[&node])
+            .await
+            .map_err(pg_err)?;
+        Ok(CacheUsage { bytes: row.get::<_, i64>(0) as u64, chunks: row.get::<_, i64>(1) as u64 })
+    }
+
+    async fn cache_lru(&self, node: &str, limit: usize) -> Result<Vec<CachedChunk>> {
+        let c = self.client().await?;
+        let sql = format!(
+            "SELECT {CACHE_COLUMNS} FROM cache_chunks WHERE node = $1 ORDER BY last_read_ms, path, chunk LIMIT $2"
+        );
+        let rows = c.query(&sql, &[&node, &(limit as i64)]).await.map_err(pg_err)?;
+        Ok(rows.iter().map(chunk_of).collect())
+    }
+
+    async fn cache_scan(&self, node: &str, after: Option<(&str, u64)>, limit: usize) -> Result<Vec<CachedChunk>> {
+        let c = self.client().await?;
+        let (after_path, after_chunk) = after.map_or(("", -1i64), |(p, k)| (p, k as i64));
+        let sql = format!(
+            "SELECT {CACHE_COLUMNS} FROM cache_chunks WHERE node = $1 AND (path, chunk) > ($2, $3)
+             ORDER BY path, chunk LIMIT $4"
+        );
+        let rows = c.query(&sql, &[&node, &after_path, &after_chunk, &(limit as i64)]).await.map_err(pg_err)?;
+        Ok(rows.iter().map(chunk_of).collect())
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {

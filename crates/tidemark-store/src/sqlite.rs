@@ -18,13 +18,15 @@ use bytes::Bytes;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::watch;
 
+use tidemark_core::cache::{CacheUsage, CachedChunk};
 use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Txn};
 use tidemark_core::{Clock, Error, MetaStore, Result, path};
 
 use crate::txn::{self, Change, TxnOps, json_err, parent_of, row_to_entry};
 
 /// The schema, one migration per version; `PRAGMA user_version` records how many have run.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE entries (
     path    TEXT PRIMARY KEY NOT NULL,
     parent  TEXT NOT NULL,
@@ -51,7 +53,23 @@ CREATE TABLE changelog (
 -- make a sequence number (and so an entry version) be handed out twice.
 CREATE TABLE counters (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO counters (name, value) VALUES ('seq', 0);
-"#];
+"#,
+    r#"
+-- The content cache: which chunks of which remote version each filer holds (bytes in its data
+-- directory). Keyed by path first, so a write drops a path's records with one range delete.
+CREATE TABLE cache_chunks (
+    path         TEXT NOT NULL,
+    node         TEXT NOT NULL,
+    chunk        INTEGER NOT NULL,
+    content_id   TEXT NOT NULL,
+    len          INTEGER NOT NULL,
+    last_read_ms INTEGER NOT NULL,
+    PRIMARY KEY (path, node, chunk)
+) WITHOUT ROWID;
+CREATE INDEX cache_chunks_lru ON cache_chunks (node, last_read_ms);
+CREATE INDEX cache_chunks_by_node ON cache_chunks (node, path, chunk);
+"#,
+];
 
 const READER_POOL: usize = 4;
 
@@ -416,9 +434,50 @@ impl TxnOps for SqliteTxn<'_> {
         Ok(())
     }
 
+    async fn drop_cache(&mut self, p: &str) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM cache_chunks WHERE path = ?1")
+            .map_err(db_err)?
+            .execute([p])
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn put_cache(&mut self, c: &CachedChunk) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO cache_chunks (path, node, chunk, content_id, len, last_read_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (path, node, chunk) DO UPDATE SET content_id = excluded.content_id, len = excluded.len,
+                 last_read_ms = excluded.last_read_ms",
+            )
+            .map_err(db_err)?
+            .execute(params![c.path, c.node, c.chunk as i64, c.content_id, c.len as i64, c.last_read_ms])
+            .map_err(db_err)?;
+        Ok(())
+    }
+
     fn seq_mut(&mut self) -> &mut u64 {
         &mut self.seq
     }
+}
+
+const CACHE_COLUMNS: &str = "node, path, content_id, chunk, len, last_read_ms";
+
+fn query_chunks(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<CachedChunk>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(db_err)?;
+    let rows = stmt
+        .query_map(params, |r| {
+            Ok(CachedChunk {
+                node: r.get(0)?,
+                path: r.get(1)?,
+                content_id: r.get(2)?,
+                chunk: r.get::<_, i64>(3)? as u64,
+                len: r.get::<_, i64>(4)? as u64,
+                last_read_ms: r.get(5)?,
+            })
+        })
+        .map_err(db_err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db_err)
 }
 
 fn put_row(conn: &Connection, e: &Entry, data: Option<&[u8]>) -> Result<()> {
@@ -555,6 +614,108 @@ impl MetaStore for SqliteStore {
 
     async fn last_seq(&self) -> Result<u64> {
         self.read(read_seq).await
+    }
+
+    async fn cache_chunks(&self, node: &str, p: &str) -> Result<Vec<CachedChunk>> {
+        let (node, p) = (node.to_string(), p.to_string());
+        self.read(move |c| {
+            query_chunks(
+                c,
+                &format!("SELECT {CACHE_COLUMNS} FROM cache_chunks WHERE path = ?1 AND node = ?2 ORDER BY chunk"),
+                params![p, node],
+            )
+        })
+        .await
+    }
+
+    async fn cache_record(&self, chunk: CachedChunk) -> Result<bool> {
+        self.write(async move |ops, _now| txn::cache_record(ops, &chunk).await).await
+    }
+
+    async fn cache_forget(&self, chunks: &[CachedChunk]) -> Result<Vec<CachedChunk>> {
+        if chunks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let chunks = chunks.to_vec();
+        self.write(async move |ops, _now| {
+            let mut stmt = ops
+                .conn
+                .prepare_cached(
+                    "DELETE FROM cache_chunks WHERE path = ?1 AND node = ?2 AND chunk = ?3 AND content_id = ?4",
+                )
+                .map_err(db_err)?;
+            let mut gone = Vec::new();
+            for c in chunks {
+                if stmt.execute(params![c.path, c.node, c.chunk as i64, c.content_id]).map_err(db_err)? > 0 {
+                    gone.push(c);
+                }
+            }
+            Ok(gone)
+        })
+        .await
+    }
+
+    async fn cache_touch(&self, node: &str, reads: &[(String, u64, i64)]) -> Result<()> {
+        if reads.is_empty() {
+            return Ok(());
+        }
+        let (node, reads) = (node.to_string(), reads.to_vec());
+        self.write(async move |ops, _now| {
+            let mut stmt = ops
+                .conn
+                .prepare_cached(
+                    "UPDATE cache_chunks SET last_read_ms = ?4 WHERE path = ?1 AND node = ?2 AND chunk = ?3",
+                )
+                .map_err(db_err)?;
+            for (p, chunk, ms) in reads {
+                stmt.execute(params![p, node, chunk as i64, ms]).map_err(db_err)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn cache_usage(&self, node: &str) -> Result<CacheUsage> {
+        let node = node.to_string();
+        self.read(move |c| {
+            let (bytes, chunks): (i64, i64) = c
+                .query_row("SELECT COALESCE(SUM(len), 0), COUNT(*) FROM cache_chunks WHERE node = ?1", [&node], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .map_err(db_err)?;
+            Ok(CacheUsage { bytes: bytes as u64, chunks: chunks as u64 })
+        })
+        .await
+    }
+
+    async fn cache_lru(&self, node: &str, limit: usize) -> Result<Vec<CachedChunk>> {
+        let node = node.to_string();
+        self.read(move |c| {
+            query_chunks(
+                c,
+                &format!(
+                    "SELECT {CACHE_COLUMNS} FROM cache_chunks WHERE node = ?1 ORDER BY last_read_ms, path, chunk LIMIT ?2"
+                ),
+                params![node, limit as i64],
+            )
+        })
+        .await
+    }
+
+    async fn cache_scan(&self, node: &str, after: Option<(&str, u64)>, limit: usize) -> Result<Vec<CachedChunk>> {
+        let node = node.to_string();
+        let (after_path, after_chunk) = after.map_or((None, -1), |(p, k)| (Some(p.to_string()), k as i64));
+        self.read(move |c| {
+            query_chunks(
+                c,
+                &format!(
+                    "SELECT {CACHE_COLUMNS} FROM cache_chunks WHERE node = ?1 AND (path, chunk) > (COALESCE(?2, ''), ?3)
+                     ORDER BY path, chunk LIMIT ?4"
+                ),
+                params![node, after_path, after_chunk, limit as i64],
+            )
+        })
+        .await
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {

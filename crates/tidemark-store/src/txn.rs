@@ -8,6 +8,7 @@
 //! sequence counter at its start, hands the ops to a function here, and, if it succeeds, stores
 //! the counter back and commits.
 
+use tidemark_core::cache::{self, CachedChunk};
 use tidemark_core::model::{
     Applied, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, RemoteEntry, Txn,
 };
@@ -26,6 +27,10 @@ pub(crate) trait TxnOps {
     async fn log_change(&mut self, change: Change<'_>) -> Result<()>;
     async fn lease(&mut self, name: &str) -> Result<Option<Lease>>;
     async fn put_lease(&mut self, lease: &Lease) -> Result<()>;
+    /// Removes every node's cache records of `path`.
+    async fn drop_cache(&mut self, path: &str) -> Result<()>;
+    /// Inserts or replaces one cache record.
+    async fn put_cache(&mut self, chunk: &CachedChunk) -> Result<()>;
     /// The transaction's sequence counter: read at its start, stored back at commit.
     fn seq_mut(&mut self) -> &mut u64;
 
@@ -161,6 +166,12 @@ pub(crate) async fn apply(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Resul
             let seq = ops.next_seq();
             let new = materialise(&txn.path, seq, entry.clone());
             ops.put_row(&new, data.as_deref().or(kept.as_deref())).await?;
+            // The old version's cached bytes become unreachable in this same commit.
+            if let Some(cur) = &current
+                && cache::invalidates(cur, Some(&new))
+            {
+                ops.drop_cache(&txn.path).await?;
+            }
             ops.log_change(change(seq, now_ms, origin, &txn.path, current.as_ref(), Some(&new))).await?;
             Ok(Applied { first_seq, seq, old: current, new: Some(new) })
         }
@@ -178,15 +189,33 @@ pub(crate) async fn apply(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Resul
                 for child in below.iter().rev() {
                     let seq = ops.next_seq();
                     ops.delete_row(&child.path).await?;
+                    if cache::invalidates(child, None) {
+                        ops.drop_cache(&child.path).await?;
+                    }
                     ops.log_change(change(seq, now_ms, origin, &child.path, Some(child), None)).await?;
                 }
             }
             let seq = ops.next_seq();
             ops.delete_row(&txn.path).await?;
+            if cache::invalidates(&cur, None) {
+                ops.drop_cache(&txn.path).await?;
+            }
             ops.log_change(change(seq, now_ms, origin, &txn.path, Some(&cur), None)).await?;
             Ok(Applied { first_seq, seq, old: Some(cur), new: None })
         }
     }
+}
+
+/// `MetaStore::cache_record`: only while the entry still serves the chunk's content id, so a
+/// fetch that raced an invalidating write can never make the old bytes reachable again.
+pub(crate) async fn cache_record(ops: &mut impl TxnOps, chunk: &CachedChunk) -> Result<bool> {
+    path::validate(&chunk.path)?;
+    let current = ops.entry(&chunk.path).await?;
+    if current.as_ref().and_then(cache::content_id).as_deref() != Some(chunk.content_id.as_str()) {
+        return Ok(false);
+    }
+    ops.put_cache(chunk).await?;
+    Ok(true)
 }
 
 /// `MetaStore::lease_acquire`.

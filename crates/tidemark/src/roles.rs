@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use tidemark_core::Filer;
-use tidemark_filer::{DataDir, HttpFiler, LocalFiler, http};
+use tidemark_core::cache::{Budget, human_bytes};
+use tidemark_filer::{CacheConfig, DataDir, HttpFiler, LocalFiler, http};
 
 use crate::shell;
 
@@ -98,6 +99,16 @@ pub struct StoreArgs {
     /// and migrated at start).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
+    /// The content cache's budget: bytes with a K/M/G/T suffix (`20G`), or a percentage of the
+    /// disk that holds --data-dir (`10%`). Remote-backed files read once are served from here;
+    /// past the budget the least recently read are evicted (local writes never are). `0` turns
+    /// the cache off: every read then goes to the bucket.
+    #[arg(long, value_name = "SIZE", default_value = "10%", value_parser = parse_budget)]
+    cache_size: Budget,
+    /// The unit the cache fetches and keeps: a read of a few bytes fetches one chunk of this
+    /// size; a sequential read, one request per chunk.
+    #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_chunk)]
+    cache_chunk_size: u64,
     /// Require `Authorization: Bearer TOKEN` on every request.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -129,7 +140,41 @@ fn init_logging() {
         .try_init();
 }
 
-async fn open_filer(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFiler, String> {
+fn parse_budget(s: &str) -> Result<Budget, String> {
+    Budget::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    match tidemark_core::cache::parse_size(s).map_err(|e| e.to_string())? {
+        n if (4096..=1 << 30).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: a chunk is 4K to 1G")),
+    }
+}
+
+/// The size of the disk that holds `dir`.
+fn disk_bytes(dir: &std::path::Path) -> Result<u64, String> {
+    let st =
+        rustix::fs::statvfs(dir).map_err(|e| format!("cannot read the size of the disk of {}: {e}", dir.display()))?;
+    Ok(st.f_blocks.saturating_mul(st.f_frsize))
+}
+
+async fn open_filer(data_dir: &PathBuf, common: &StoreArgs) -> Result<LocalFiler, String> {
+    let filer = open_store(data_dir, common.store.as_deref()).await?;
+    let budget = match common.cache_size {
+        Budget::Bytes(b) => b,
+        pct => pct.bytes(disk_bytes(data_dir)?),
+    };
+    let config = CacheConfig { budget_bytes: budget, chunk_bytes: common.cache_chunk_size };
+    let filer = filer.with_cache(config).map_err(|e| e.to_string())?;
+    if budget == 0 {
+        tracing::info!("content cache off (--cache-size 0): every read of a remote-backed file goes to its bucket");
+    } else {
+        tracing::info!(budget = %human_bytes(budget), node = filer.cache().node(), "content cache");
+    }
+    Ok(filer)
+}
+
+async fn open_store(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFiler, String> {
     let dir = DataDir::open(data_dir).map_err(|e| e.to_string())?;
     match store {
         None | Some("sqlite") => LocalFiler::open(dir).map_err(|e| e.to_string()),
@@ -217,7 +262,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
     if let Err(e) = http::check_bind(a.addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
-    let filer = match open_filer(&a.data_dir, a.common.store.as_deref()).await {
+    let filer = match open_filer(&a.data_dir, &a.common).await {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(1, e),
     };
@@ -260,7 +305,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok(b) => b,
         Err(e) => return fail(2, e),
     };
-    let filer = match open_filer(&a.data_dir, a.common.store.as_deref()).await {
+    let filer = match open_filer(&a.data_dir, &a.common).await {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(1, e),
     };

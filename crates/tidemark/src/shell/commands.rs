@@ -1,19 +1,20 @@
 //! The shell's commands. Each is a row of [`ALL`]: its name, synopsis, flags and body.
 
 use futures::StreamExt;
-use tidemark_core::model::Entry;
+use tidemark_core::model::{Content, Entry};
 use tidemark_core::{ByteStream, DeleteOptions, WriteOptions, format_rfc3339_ms, path};
 
 use super::flags::{Args, flag, switch};
 use super::{CmdError, Command, Context, Out};
-use super::{remote, subscriptions};
+use super::{cache, remote, subscriptions};
 
 pub static ALL: &[Command] = &[
     Command {
         name: "fs.ls",
         synopsis: "[-l] [PATH]",
         summary: "list a directory (default /), or show one file",
-        details: "With -l: mode, size in bytes, modification time (UTC) and name. Directories end in `/`.",
+        details: "With -l: mode, size in bytes, modification time (UTC), how much of a remote-backed file this filer\n\
+                  has cached (`100%`; `-` for local content and directories) and name. Directories end in `/`.",
         flags: &[switch("l", "long listing: mode, size, mtime, name")],
         positional: (0, 1),
         run: |ctx, args, out| Box::pin(fs_ls(ctx, args, out)),
@@ -22,7 +23,7 @@ pub static ALL: &[Command] = &[
         name: "fs.meta.cat",
         synopsis: "PATH",
         summary: "print an entry's metadata as JSON",
-        details: "",
+        details: "A remote-backed file also shows `cache`: the bytes and chunks of its current version cached here.",
         flags: &[],
         positional: (1, 1),
         run: |ctx, args, out| Box::pin(fs_meta_cat(ctx, args, out)),
@@ -188,6 +189,39 @@ pub static ALL: &[Command] = &[
         run: |ctx, args, out| Box::pin(subscriptions::disable(ctx, args, out)),
     },
     Command {
+        name: "remote.cache",
+        synopsis: "-dir=/mnt/data [-include=GLOB] [-exclude=GLOB] [-minSize=N] [-maxSize=N] [-concurrent=N]",
+        summary: "fetch remote-backed files into the filer's content cache, so reads are local",
+        details: "Fetches every chunk not cached yet of the files that match (a pattern matches the file's name, or with a `/`\n\
+                  its path below -dir; sizes take K/M/G suffixes). Shows bytes and ETA on a terminal, then a summary.\n\
+                  Local and locally written files are never cache and are left alone.",
+        flags: &[
+            flag("dir", "the directory (or one file)"),
+            flag("include", "only files matching this pattern, e.g. *.parquet"),
+            flag("exclude", "not files matching this pattern"),
+            flag("minSize", "only files of at least this size"),
+            flag("maxSize", "only files of at most this size"),
+            flag("concurrent", "files fetched at once (default 8)"),
+        ],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(cache::cache(ctx, args, out)),
+    },
+    Command {
+        name: "remote.uncache",
+        synopsis: "-dir=/mnt/data [-include=GLOB] [-exclude=GLOB] [-minSize=N] [-maxSize=N]",
+        summary: "drop the cached content of remote-backed files (metadata stays; the next read fetches again)",
+        details: "Never touches local-only files or local writes not yet uploaded: those are not cache.",
+        flags: &[
+            flag("dir", "the directory (or one file)"),
+            flag("include", "only files matching this pattern"),
+            flag("exclude", "not files matching this pattern"),
+            flag("minSize", "only files of at least this size"),
+            flag("maxSize", "only files of at most this size"),
+        ],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(cache::uncache(ctx, args, out)),
+    },
+    Command {
         name: "remote.meta.sync",
         synopsis: "-dir=/mnt/data [-delete=true] [-dryRun] [-quiet]",
         summary: "reconcile a mount's metadata with its bucket (a full diff)",
@@ -220,14 +254,28 @@ fn mode_string(e: &Entry) -> String {
     s
 }
 
-fn print_entry(out: Out<'_>, e: &Entry, long: bool) -> std::io::Result<()> {
+/// One line of `fs.ls`; with `long`, `cached` is the cache column.
+fn print_entry(out: Out<'_>, e: &Entry, long: Option<&str>) -> std::io::Result<()> {
     let name = if e.path == path::ROOT { "/" } else { e.name() };
     let slash = if e.is_dir() && e.path != path::ROOT { "/" } else { "" };
-    if long {
-        writeln!(out, "{} {:>12} {} {name}{slash}", mode_string(e), e.size, format_rfc3339_ms(e.mtime_ms))
-    } else {
-        writeln!(out, "{name}{slash}")
+    match long {
+        Some(cached) => writeln!(
+            out,
+            "{} {:>12} {} {cached:>4} {name}{slash}",
+            mode_string(e),
+            e.size,
+            format_rfc3339_ms(e.mtime_ms)
+        ),
+        None => writeln!(out, "{name}{slash}"),
     }
+}
+
+/// The cache column for each of `entries` (one request for the remote-backed ones; `?` if the
+/// filer cannot say).
+async fn cache_columns(ctx: &Context, entries: &[Entry]) -> Vec<String> {
+    let remote: Vec<String> = entries.iter().filter(|e| e.content == Content::Remote).map(|e| e.path.clone()).collect();
+    let status = if remote.is_empty() { Vec::new() } else { ctx.filer.cache_status(&remote).await.unwrap_or_default() };
+    entries.iter().map(|e| cache::cache_column(e, status.iter().find(|s| s.path == e.path))).collect()
 }
 
 async fn fs_ls(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
@@ -235,14 +283,16 @@ async fn fs_ls(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> 
     let long = args.is_set("l");
     let entry = ctx.filer.stat(&p).await?.ok_or_else(|| CmdError::Failed(format!("{p}: no such entry")))?;
     if !entry.is_dir() {
-        print_entry(out, &entry, long)?;
+        let columns = if long { cache_columns(ctx, std::slice::from_ref(&entry)).await } else { Vec::new() };
+        print_entry(out, &entry, columns.first().map(String::as_str))?;
         return Ok(());
     }
     let mut after: Option<String> = None;
     loop {
         let page = ctx.filer.list(&p, after.as_deref(), 1000).await?;
-        for e in &page.entries {
-            print_entry(&mut *out, e, long)?;
+        let columns = if long { cache_columns(ctx, &page.entries).await } else { Vec::new() };
+        for (i, e) in page.entries.iter().enumerate() {
+            print_entry(&mut *out, e, columns.get(i).map(String::as_str))?;
         }
         match page.next {
             Some(n) => after = Some(n),
@@ -254,7 +304,14 @@ async fn fs_ls(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> 
 async fn fs_meta_cat(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
     let p = user_path(&args.positional[0])?;
     let entry = ctx.filer.stat(&p).await?.ok_or_else(|| CmdError::Failed(format!("{p}: no such entry")))?;
-    let json = serde_json::to_string_pretty(&entry).map_err(|e| CmdError::Failed(e.to_string()))?;
+    let mut doc = serde_json::to_value(&entry).map_err(|e| CmdError::Failed(e.to_string()))?;
+    if entry.content == Content::Remote
+        && let Some(s) = ctx.filer.cache_status(std::slice::from_ref(&p)).await?.into_iter().next()
+        && let Some(obj) = doc.as_object_mut()
+    {
+        obj.insert("cache".into(), serde_json::json!({ "cached_bytes": s.cached_bytes, "chunks": s.chunks }));
+    }
+    let json = serde_json::to_string_pretty(&doc).map_err(|e| CmdError::Failed(e.to_string()))?;
     writeln!(out, "{json}")?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! `remote.mount -dir=/mnt/data ...`). One-shot (`-c "CMD; CMD"`), scripted (commands on stdin)
 //! or interactive (history, `help`, `help CMD`).
 
+mod cache;
 mod commands;
 pub mod flags;
 pub mod lex;

@@ -1,0 +1,830 @@
+//! The content cache: bytes of remote-backed files kept in the data directory, so that a file
+//! once read is served locally and makes no remote call.
+//!
+//! - **Chunks.** An object is cached in chunks (8 MiB by default): a read fetches only the
+//!   chunks its range touches, so `head -c 100` of a 10 GiB object fetches one chunk.
+//! - **Named by content id, recorded in the store.** A chunk's file is
+//!   `cache/<id[..2]>/<content id>/<chunk>`, and it becomes reachable only when its record
+//!   ([`CachedChunk`]) commits in the store — after the bytes are written, fsynced and renamed
+//!   into place. The store records a chunk only while the entry still has that content id, and a
+//!   write that changes the entry's remote version drops the records in its own transaction
+//!   (`tidemark_core::cache`): after it commits, no read finds the old bytes. Bytes no record
+//!   names are garbage: removed after the invalidating commit, and by a sweep at start.
+//! - **Single flight.** One fetch per (content id, chunk) at a time; concurrent readers of a
+//!   cold chunk wait for that fetch and share its bytes.
+//! - **Budget.** When the recorded bytes exceed the budget, the least recently read chunks are
+//!   forgotten (record first, then file), whatever file they belong to. Only remote-backed
+//!   content is cache: local writes live in `blobs/` or the store and are never evicted.
+//!
+//! A SIGKILL at any point leaves at worst a file without a record (swept at start) or a
+//! record whose file is gone (read as a miss and fetched again) — never a record of bytes that
+//! are not durable, because the record is written last.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::{Notify, OnceCell, watch};
+
+use tidemark_core::cache::{
+    CacheOutcome, CacheStats, CacheStatus, CachedChunk, DEFAULT_CHUNK_BYTES, chunk_range, chunks_of, content_id,
+};
+use tidemark_core::model::Entry;
+use tidemark_core::{ByteRange, ByteStream, Clock, Error, MetaStore, Result};
+
+use crate::remotes::{Located, Remotes};
+
+/// How many chunks one reader has in flight ahead of the one it streams.
+const READ_AHEAD: usize = 2;
+/// How often last-read times are written to the store, and the budget checked, without cause.
+const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(15);
+/// The sweep of unrecorded bytes runs at start and every this many housekeeping rounds (on a
+/// shared store another filer's writes drop this filer's records without it knowing).
+const SWEEP_EVERY_ROUNDS: u64 = 240;
+/// Records forgotten per round of eviction.
+const EVICT_BATCH: usize = 64;
+
+/// How the cache is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// The most bytes kept; 0 turns the cache off (every read goes to the bucket).
+    pub budget_bytes: u64,
+    pub chunk_bytes: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { budget_bytes: 1 << 30, chunk_bytes: DEFAULT_CHUNK_BYTES }
+    }
+}
+
+/// What a fetch of one chunk has got to; readers wait on it.
+#[derive(Clone)]
+enum Flight {
+    Fetching,
+    Fetched(Result<Bytes>),
+    /// The bytes, after an attempt to record them that failed (or a failed fetch).
+    Done(Result<Bytes>),
+    /// Recorded: the bytes are in the chunk's file. Kept for a moment after the fetch, so a
+    /// reader that looked the chunk up just before it was recorded reads the file instead of
+    /// fetching the chunk again.
+    Recorded,
+}
+
+/// How long a recorded fetch stays joinable.
+const RECORDED_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_fetched: AtomicU64,
+    bytes_served: AtomicU64,
+    evictions: AtomicU64,
+    evicted_bytes: AtomicU64,
+    resident_bytes: AtomicU64,
+    resident_chunks: AtomicU64,
+}
+
+type FlightKey = (String, u64);
+
+struct Inner {
+    store: Arc<dyn MetaStore>,
+    remotes: Arc<Remotes>,
+    clock: Arc<dyn Clock>,
+    node: String,
+    dir: PathBuf,
+    tmp: PathBuf,
+    config: CacheConfig,
+    flights: Mutex<HashMap<FlightKey, watch::Receiver<Flight>>>,
+    /// Last-read times not yet written to the store.
+    reads: Mutex<HashMap<(String, u64), i64>>,
+    counters: Counters,
+    wake: Arc<Notify>,
+    /// One round of housekeeping at a time (the timer's, a wake-up's, a caller's).
+    housekeeping: tokio::sync::Mutex<()>,
+}
+
+/// The filer's content cache (cheap to clone).
+#[derive(Clone)]
+pub struct ContentCache {
+    inner: Arc<Inner>,
+}
+
+fn io_err(what: &str, p: &Path, e: std::io::Error) -> Error {
+    Error::io(format!("{what} {}", p.display()), e)
+}
+
+fn random_hex(n: usize) -> Result<String> {
+    let mut b = vec![0u8; n];
+    getrandom::fill(&mut b).map_err(|e| Error::internal(format!("no randomness: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn valid_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::internal(format!("cache task failed: {e}")))?
+}
+
+impl ContentCache {
+    /// Opens the cache under `root` (`root/cache/`): clears partial fetches a crash left, and
+    /// reads or creates this data directory's node id. Background housekeeping (the sweep of
+    /// unrecorded bytes, last-read times, the budget) starts when a Tokio runtime is running.
+    pub fn open(
+        root: &Path,
+        store: Arc<dyn MetaStore>,
+        remotes: Arc<Remotes>,
+        clock: Arc<dyn Clock>,
+        config: CacheConfig,
+    ) -> Result<Self> {
+        if config.chunk_bytes == 0 {
+            return Err(Error::invalid_argument("the cache's chunk size must be at least 1 byte"));
+        }
+        let dir = root.join("cache");
+        let tmp = dir.join("tmp");
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| io_err("clearing", &tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| io_err("creating", &tmp, e))?;
+        let node_file = dir.join("node-id");
+        let node = match std::fs::read_to_string(&node_file) {
+            Ok(s) if valid_id(s.trim()) => s.trim().to_string(),
+            Ok(_) | Err(_) => {
+                let id = random_hex(16)?;
+                let part = tmp.join("node-id");
+                std::fs::File::create(&part)
+                    .and_then(|mut f| f.write_all(id.as_bytes()).and_then(|()| f.sync_all()))
+                    .map_err(|e| io_err("writing", &part, e))?;
+                std::fs::rename(&part, &node_file).map_err(|e| io_err("renaming", &node_file, e))?;
+                id
+            }
+        };
+        let inner = Arc::new(Inner {
+            store,
+            remotes,
+            clock,
+            node,
+            dir,
+            tmp,
+            config,
+            flights: Mutex::default(),
+            reads: Mutex::default(),
+            counters: Counters::default(),
+            wake: Arc::new(Notify::new()),
+            housekeeping: tokio::sync::Mutex::new(()),
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(housekeeping(Arc::downgrade(&inner), inner.wake.clone()));
+        }
+        Ok(ContentCache { inner })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.inner.config.budget_bytes > 0
+    }
+
+    pub fn node(&self) -> &str {
+        &self.inner.node
+    }
+
+    pub fn config(&self) -> CacheConfig {
+        self.inner.config
+    }
+
+    /// Streams `range` of a remote-backed entry's content, from the cache where it holds the
+    /// chunks and from the bucket (caching them) where it does not. An error about the first
+    /// chunk (the bucket unreachable, the object changed) is returned here, not mid-stream.
+    pub async fn read(&self, entry: &Entry, range: Option<ByteRange>) -> Result<ByteStream> {
+        let inner = &self.inner;
+        let Some(id) = content_id(entry) else {
+            return Err(Error::internal(format!("{}: not remote-backed content", entry.path)));
+        };
+        let source = Arc::new(Source::new(inner.remotes.clone(), inner.store.clone(), entry.clone()));
+        if !self.enabled() {
+            return source.located().await?.get(range).await;
+        }
+        let (offset, length) = range.map_or((0, None), |r| (r.offset, r.length));
+        let size = entry.size;
+        let end = length.map_or(size, |n| offset.saturating_add(n).min(size));
+        let span = chunks_of(size, offset, length, inner.config.chunk_bytes);
+        if span.is_empty() {
+            return Ok(futures::stream::empty().boxed());
+        }
+        let present: HashSet<u64> = inner
+            .store
+            .cache_chunks(&inner.node, &entry.path)
+            .await?
+            .into_iter()
+            .filter(|c| c.content_id == id)
+            .map(|c| c.chunk)
+            .collect();
+        let chunk_bytes = inner.config.chunk_bytes;
+        let (inner, entry, id) = (inner.clone(), Arc::new(entry.clone()), Arc::new(id));
+        let mut pieces = futures::stream::iter(span)
+            .map(move |k| {
+                let r = chunk_range(size, k, chunk_bytes);
+                let lo = offset.max(r.start) - r.start;
+                let hi = end.min(r.end) - r.start;
+                let (inner, source, entry, id) = (inner.clone(), source.clone(), entry.clone(), id.clone());
+                let cached = present.contains(&k);
+                async move { inner.piece(&source, &entry, &id, k, lo..hi, cached).await }
+            })
+            .buffered(READ_AHEAD);
+        let first = match pieces.next().await {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => return Err(e),
+            None => return Ok(futures::stream::empty().boxed()),
+        };
+        let rest = pieces.map_err(|e| std::io::Error::other(e.to_string()));
+        Ok(futures::stream::once(futures::future::ready(Ok(first))).chain(rest).boxed())
+    }
+
+    /// What the cache holds of `entry`'s current version.
+    pub async fn status(&self, path: &str, entry: Option<&Entry>) -> Result<CacheStatus> {
+        let Some(entry) = entry else {
+            return Ok(CacheStatus { path: path.into(), size: 0, cached_bytes: 0, chunks: 0, remote: false });
+        };
+        let Some(id) = content_id(entry) else {
+            return Ok(CacheStatus { path: path.into(), size: entry.size, cached_bytes: 0, chunks: 0, remote: false });
+        };
+        let mine: Vec<CachedChunk> = self
+            .inner
+            .store
+            .cache_chunks(&self.inner.node, path)
+            .await?
+            .into_iter()
+            .filter(|c| c.content_id == id)
+            .collect();
+        Ok(CacheStatus {
+            path: path.into(),
+            size: entry.size,
+            cached_bytes: mine.iter().map(|c| c.len).sum(),
+            chunks: mine.len() as u64,
+            remote: true,
+        })
+    }
+
+    /// Fetches every chunk of `entry` not cached yet; with `wait`, returns when they are
+    /// recorded, else at once (the fetch goes on in the background).
+    pub async fn fetch(&self, entry: &Entry, wait: bool) -> Result<CacheOutcome> {
+        let status = self.status(&entry.path, Some(entry)).await?;
+        let outcome = |bytes, cached_bytes, skipped: Option<&str>| CacheOutcome {
+            path: entry.path.clone(),
+            size: entry.size,
+            bytes,
+            cached_bytes,
+            skipped: skipped.map(str::to_string),
+        };
+        if !status.remote {
+            return Ok(outcome(0, 0, Some(skip_reason(entry))));
+        }
+        if !self.enabled() {
+            return Ok(outcome(0, 0, Some("the cache is off (--cache-size 0)")));
+        }
+        let id = content_id(entry).unwrap_or_default();
+        let present: HashSet<u64> = self
+            .inner
+            .store
+            .cache_chunks(&self.inner.node, &entry.path)
+            .await?
+            .into_iter()
+            .filter(|c| c.content_id == id)
+            .map(|c| c.chunk)
+            .collect();
+        let missing: Vec<u64> =
+            chunks_of(entry.size, 0, None, self.inner.config.chunk_bytes).filter(|k| !present.contains(k)).collect();
+        let source = Arc::new(Source::new(self.inner.remotes.clone(), self.inner.store.clone(), entry.clone()));
+        let (inner, entry_arc, id_arc) = (self.inner.clone(), Arc::new(entry.clone()), Arc::new(id));
+        let work = async move {
+            let mut fetched = 0u64;
+            let mut all = futures::stream::iter(missing)
+                .map(|k| {
+                    let (inner, source, entry, id) = (inner.clone(), source.clone(), entry_arc.clone(), id_arc.clone());
+                    async move { inner.flight(&source, &entry, &id, k, true).await }
+                })
+                .buffered(READ_AHEAD);
+            while let Some(r) = all.next().await {
+                fetched += r?.len() as u64;
+            }
+            Ok::<u64, Error>(fetched)
+        };
+        if !wait {
+            let path = entry.path.clone();
+            tokio::spawn(async move {
+                if let Err(e) = work.await {
+                    tracing::warn!(path = %path, error = %e, "prefetch failed");
+                }
+            });
+            return Ok(outcome(0, status.cached_bytes, None));
+        }
+        let fetched = work.await?;
+        let after = self.status(&entry.path, Some(entry)).await?;
+        Ok(outcome(fetched, after.cached_bytes, None))
+    }
+
+    /// Forgets every cached chunk of `path` (any version) and removes their bytes.
+    pub async fn drop_path(&self, path: &str, entry: Option<&Entry>) -> Result<CacheOutcome> {
+        let inner = &self.inner;
+        let rows = inner.store.cache_chunks(&inner.node, path).await?;
+        let gone = inner.store.cache_forget(&rows).await?;
+        let bytes: u64 = gone.iter().map(|c| c.len).sum();
+        inner.unrecorded(&gone).await;
+        let skipped = match entry {
+            Some(e) if content_id(e).is_none() => Some(skip_reason(e).to_string()),
+            None => Some("no such entry".to_string()),
+            _ => None,
+        };
+        Ok(CacheOutcome { path: path.into(), size: entry.map_or(0, |e| e.size), bytes, cached_bytes: 0, skipped })
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheStats {
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            bytes_fetched: get(&c.bytes_fetched),
+            bytes_served: get(&c.bytes_served),
+            evictions: get(&c.evictions),
+            evicted_bytes: get(&c.evicted_bytes),
+            resident_bytes: get(&c.resident_bytes),
+            resident_chunks: get(&c.resident_chunks),
+            budget_bytes: self.inner.config.budget_bytes,
+            chunk_bytes: self.inner.config.chunk_bytes,
+        }
+    }
+
+    /// Removes the bytes of a content id whose records an invalidating write dropped.
+    pub async fn reclaim(&self, id: &str) {
+        if !valid_id(id) {
+            return;
+        }
+        let dir = self.inner.id_dir(id);
+        let removed = blocking(move || {
+            let (mut files, mut bytes) = (0u64, 0u64);
+            for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if std::fs::remove_file(f.path()).is_ok() {
+                    files += 1;
+                    bytes += len;
+                }
+            }
+            match std::fs::remove_dir(&dir) {
+                Ok(()) => Ok((files, bytes)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((files, bytes)),
+                Err(e) => Err(io_err("removing", &dir, e)),
+            }
+        })
+        .await;
+        match removed {
+            Ok((files, bytes)) => {
+                let c = &self.inner.counters;
+                saturating_sub(&c.resident_bytes, bytes);
+                saturating_sub(&c.resident_chunks, files);
+            }
+            // Leaks space until the next sweep, serves nothing: no record names these bytes.
+            Err(e) => tracing::warn!(content_id = id, error = %e, "could not remove invalidated cache bytes"),
+        }
+        self.inner.wake.notify_one();
+    }
+
+    /// Waits until no fetch is in flight: every chunk a finished read fetched is then recorded
+    /// (or known not to be). Reads hand out a chunk's bytes before they are durable, so a read
+    /// returns without waiting for the cache's fsync.
+    pub async fn idle(&self) {
+        let busy = || {
+            let flights = self.inner.flights.lock().unwrap_or_else(|p| p.into_inner());
+            flights.values().any(|rx| matches!(&*rx.borrow(), Flight::Fetching | Flight::Fetched(_)))
+        };
+        while busy() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Writes pending last-read times, enforces the budget and refreshes the resident figures
+    /// (what housekeeping does every few seconds).
+    pub async fn housekeep(&self) -> Result<()> {
+        self.inner.housekeep().await
+    }
+
+    /// Removes cached bytes that no record names (left by a crash, or by another filer's
+    /// invalidating write on a shared store); returns how many files went.
+    pub async fn sweep(&self) -> Result<u64> {
+        self.inner.sweep().await
+    }
+}
+
+fn saturating_sub(a: &AtomicU64, n: u64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(n)));
+}
+
+fn skip_reason(e: &Entry) -> &'static str {
+    if e.is_dir() {
+        "a directory"
+    } else if e.remote.is_some() {
+        "local changes not yet in the bucket (never cache)"
+    } else {
+        "local-only content (never cache)"
+    }
+}
+
+/// The entry's object, found on the first miss only: a read served from the cache opens no
+/// storage client and makes no remote call.
+struct Source {
+    remotes: Arc<Remotes>,
+    store: Arc<dyn MetaStore>,
+    entry: Entry,
+    located: OnceCell<Located>,
+}
+
+impl Source {
+    fn new(remotes: Arc<Remotes>, store: Arc<dyn MetaStore>, entry: Entry) -> Self {
+        Source { remotes, store, entry, located: OnceCell::new() }
+    }
+
+    async fn located(&self) -> Result<&Located> {
+        self.located.get_or_try_init(|| self.remotes.locate(self.store.as_ref(), &self.entry)).await
+    }
+}
+
+impl Inner {
+    fn id_dir(&self, id: &str) -> PathBuf {
+        self.dir.join(&id[..2]).join(id)
+    }
+
+    fn chunk_file(&self, id: &str, k: u64) -> PathBuf {
+        self.id_dir(id).join(k.to_string())
+    }
+
+    /// Bytes `want` of chunk `k`: from its file when recorded (and still there), else fetched.
+    async fn piece(
+        self: &Arc<Self>,
+        source: &Arc<Source>,
+        entry: &Arc<Entry>,
+        id: &Arc<String>,
+        k: u64,
+        want: std::ops::Range<u64>,
+        cached: bool,
+    ) -> Result<Bytes> {
+        if cached {
+            match self.read_file(id, k, want.clone()).await {
+                Ok(b) => {
+                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    self.counters.bytes_served.fetch_add(b.len() as u64, Ordering::Relaxed);
+                    self.note_read(&entry.path, k);
+                    return Ok(b);
+                }
+                // Evicted or swept between the lookup and the open: a miss after all.
+                Err(e) => {
+                    tracing::debug!(path = %entry.path, chunk = k, error = %e, "cached chunk unreadable; fetching")
+                }
+            }
+        }
+        let bytes = self.flight(source, entry, id, k, false).await?;
+        let (lo, hi) = (want.start as usize, (want.end as usize).min(bytes.len()));
+        Ok(bytes.slice(lo.min(hi)..hi))
+    }
+
+    /// Joins the fetch of chunk `k` of `id`, starting it if none runs. With `recorded`, waits
+    /// until the bytes are in the cache too.
+    async fn flight(
+        self: &Arc<Self>,
+        source: &Arc<Source>,
+        entry: &Arc<Entry>,
+        id: &Arc<String>,
+        k: u64,
+        recorded: bool,
+    ) -> Result<Bytes> {
+        let key = (id.to_string(), k);
+        loop {
+            let mut rx = {
+                let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+                match flights.get(&key) {
+                    Some(rx) => rx.clone(),
+                    None => {
+                        let (tx, rx) = watch::channel(Flight::Fetching);
+                        flights.insert(key.clone(), rx.clone());
+                        tokio::spawn(self.clone().fetch_chunk(tx, source.clone(), entry.clone(), key.clone()));
+                        rx
+                    }
+                }
+            };
+            loop {
+                match &*rx.borrow_and_update() {
+                    Flight::Fetched(r) if !recorded => return r.clone(),
+                    Flight::Done(r) => return r.clone(),
+                    Flight::Recorded => break,
+                    _ => {}
+                }
+                if rx.changed().await.is_err() {
+                    return Err(Error::internal(format!(
+                        "{}: the fetch of chunk {k} ended without a result",
+                        entry.path
+                    )));
+                }
+            }
+            // Recorded: read the file; if it is gone already (evicted), fetch again.
+            let len = chunk_range(entry.size, k, self.config.chunk_bytes);
+            match self.read_file(id, k, 0..len.end - len.start).await {
+                Ok(b) => return Ok(b),
+                Err(_) => {
+                    let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+                    if flights.get(&key).is_some_and(|r| r.same_channel(&rx)) {
+                        flights.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_file(&self, id: &str, k: u64, want: std::ops::Range<u64>) -> Result<Bytes> {
+        let file = self.chunk_file(id, k);
+        let (lo, n) = (want.start, want.end - want.start);
+        blocking(move || {
+            let f = std::fs::File::open(&file).map_err(|e| io_err("opening", &file, e))?;
+            let mut buf = vec![0u8; n as usize];
+            f.read_exact_at(&mut buf, lo).map_err(|e| io_err("reading", &file, e))?;
+            Ok(Bytes::from(buf))
+        })
+        .await
+    }
+
+    /// One fetch: a conditional ranged GET of the chunk, handed to the waiting readers, then
+    /// made durable and recorded. Runs as its own task, so a reader going away does not cut it.
+    async fn fetch_chunk(
+        self: Arc<Self>,
+        tx: watch::Sender<Flight>,
+        source: Arc<Source>,
+        entry: Arc<Entry>,
+        key: FlightKey,
+    ) {
+        let (id, k) = (&key.0, key.1);
+        let r = chunk_range(entry.size, k, self.config.chunk_bytes);
+        let want = r.end - r.start;
+        let got: Result<Bytes> = async {
+            let located = source.located().await?;
+            let mut stream = located.get(Some(ByteRange { offset: r.start, length: Some(want) })).await?;
+            let mut buf = BytesMut::with_capacity(want as usize);
+            while let Some(part) = stream.next().await {
+                let part = part.map_err(|e| Error::Unavailable {
+                    message: format!("{}: reading from the bucket failed mid-object: {e}", entry.path),
+                })?;
+                buf.extend_from_slice(&part);
+                if buf.len() as u64 > want {
+                    break;
+                }
+            }
+            if buf.len() as u64 != want {
+                return Err(Error::Unavailable {
+                    message: format!(
+                        "{}: the bucket returned {} bytes for bytes {}..{} of a {}-byte object; it changed, run remote.meta.sync and read again",
+                        entry.path,
+                        buf.len(),
+                        r.start,
+                        r.end,
+                        entry.size
+                    ),
+                });
+            }
+            Ok(buf.freeze())
+        }
+        .await;
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        if let Ok(b) = &got {
+            self.counters.bytes_fetched.fetch_add(b.len() as u64, Ordering::Relaxed);
+        }
+        tx.send_replace(Flight::Fetched(got.clone()));
+        let recorded = match &got {
+            Ok(bytes) => match self.persist(&entry, id, k, bytes.clone()).await {
+                Ok(recorded) => recorded,
+                Err(e) => {
+                    tracing::warn!(path = %entry.path, chunk = k, error = %e, "could not cache a chunk; served uncached");
+                    false
+                }
+            },
+            Err(_) => false,
+        };
+        if !recorded {
+            tx.send_replace(Flight::Done(got));
+            self.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            return;
+        }
+        tx.send_replace(Flight::Recorded);
+        tokio::time::sleep(RECORDED_GRACE).await;
+        let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if flights.get(&key).is_some_and(|r| r.same_channel(&tx.subscribe())) {
+            flights.remove(&key);
+        }
+    }
+
+    /// Write, fsync, rename, fsync the directory, *then* record: a record only ever names
+    /// durable bytes. `false` when the entry moved on meanwhile (the bytes are removed again).
+    async fn persist(&self, entry: &Entry, id: &str, k: u64, bytes: Bytes) -> Result<bool> {
+        let part = self.tmp.join(random_hex(16)?);
+        let dest = self.chunk_file(id, k);
+        let (p, d) = (part.clone(), dest.clone());
+        blocking(move || {
+            let write = || -> std::io::Result<()> {
+                let mut f = std::fs::File::create(&p)?;
+                f.write_all(&bytes)?;
+                f.sync_all()
+            };
+            if let Err(e) = write() {
+                let _ = std::fs::remove_file(&p);
+                return Err(io_err("writing", &p, e));
+            }
+            let shard = d.parent().map(Path::to_path_buf).unwrap_or_default();
+            let placed = std::fs::create_dir_all(&shard)
+                .and_then(|()| std::fs::rename(&p, &d))
+                .and_then(|()| std::fs::File::open(&shard)?.sync_all());
+            if let Err(e) = placed {
+                let _ = std::fs::remove_file(&p);
+                return Err(io_err("placing", &d, e));
+            }
+            Ok(())
+        })
+        .await?;
+        let len = chunk_range(entry.size, k, self.config.chunk_bytes);
+        let record = CachedChunk {
+            node: self.node.clone(),
+            path: entry.path.clone(),
+            content_id: id.to_string(),
+            chunk: k,
+            len: len.end - len.start,
+            last_read_ms: self.clock.now_ms(),
+        };
+        let recorded = self.store.cache_record(record.clone()).await;
+        match recorded {
+            Ok(true) => {
+                let resident = self.counters.resident_bytes.fetch_add(record.len, Ordering::Relaxed) + record.len;
+                self.counters.resident_chunks.fetch_add(1, Ordering::Relaxed);
+                if resident > self.config.budget_bytes {
+                    self.wake.notify_one();
+                }
+                Ok(true)
+            }
+            Ok(false) | Err(_) => {
+                let _ = blocking(move || std::fs::remove_file(&dest).map_err(|e| io_err("removing", &dest, e))).await;
+                recorded
+            }
+        }
+    }
+
+    fn note_read(&self, path: &str, k: u64) {
+        let now = self.clock.now_ms();
+        self.reads.lock().unwrap_or_else(|p| p.into_inner()).insert((path.to_string(), k), now);
+    }
+
+    /// Removes the files of records that are gone, and counts them out of the resident figures.
+    async fn unrecorded(&self, gone: &[CachedChunk]) {
+        let files: Vec<PathBuf> =
+            gone.iter().filter(|c| valid_id(&c.content_id)).map(|c| self.chunk_file(&c.content_id, c.chunk)).collect();
+        let _ = blocking(move || {
+            for f in files {
+                let _ = std::fs::remove_file(&f);
+                if let Some(dir) = f.parent() {
+                    // Only succeeds once the directory is empty.
+                    let _ = std::fs::remove_dir(dir);
+                }
+            }
+            Ok(())
+        })
+        .await;
+        let bytes: u64 = gone.iter().map(|c| c.len).sum();
+        saturating_sub(&self.counters.resident_bytes, bytes);
+        saturating_sub(&self.counters.resident_chunks, gone.len() as u64);
+    }
+
+    async fn housekeep(&self) -> Result<()> {
+        let _one = self.housekeeping.lock().await;
+        let reads: Vec<(String, u64, i64)> = std::mem::take(&mut *self.reads.lock().unwrap_or_else(|p| p.into_inner()))
+            .into_iter()
+            .map(|((p, k), ms)| (p, k, ms))
+            .collect();
+        self.store.cache_touch(&self.node, &reads).await?;
+        let mut usage = self.store.cache_usage(&self.node).await?;
+        while usage.bytes > self.config.budget_bytes {
+            let oldest = self.store.cache_lru(&self.node, EVICT_BATCH).await?;
+            if oldest.is_empty() {
+                break;
+            }
+            // Just enough of the batch to get under the budget.
+            let mut over = usage.bytes - self.config.budget_bytes;
+            let mut victims = Vec::new();
+            for c in oldest {
+                if over == 0 {
+                    break;
+                }
+                over = over.saturating_sub(c.len);
+                victims.push(c);
+            }
+            let gone = self.store.cache_forget(&victims).await?;
+            self.unrecorded(&gone).await;
+            let bytes: u64 = gone.iter().map(|c| c.len).sum();
+            self.counters.evictions.fetch_add(gone.len() as u64, Ordering::Relaxed);
+            self.counters.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
+            usage.bytes = usage.bytes.saturating_sub(bytes);
+            usage.chunks = usage.chunks.saturating_sub(gone.len() as u64);
+            if gone.is_empty() {
+                // Raced with another forget; read the figures again.
+                usage = self.store.cache_usage(&self.node).await?;
+            }
+        }
+        self.counters.resident_bytes.store(usage.bytes, Ordering::Relaxed);
+        self.counters.resident_chunks.store(usage.chunks, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn sweep(&self) -> Result<u64> {
+        // The files first, then the records, then the fetches in flight: a file placed after the
+        // listing is not a candidate, and one whose record commits after the records were read
+        // still has its fetch in flight then (a fetch ends only after its record).
+        let dir = self.dir.clone();
+        let on_disk: Vec<(String, u64, PathBuf)> = blocking(move || {
+            let mut out = Vec::new();
+            let Ok(shards) = std::fs::read_dir(&dir) else { return Ok(out) };
+            for shard in shards.flatten() {
+                let name = shard.file_name().to_string_lossy().to_string();
+                if name.len() != 2 || !shard.path().is_dir() {
+                    continue;
+                }
+                for id_dir in std::fs::read_dir(shard.path()).into_iter().flatten().flatten() {
+                    let id = id_dir.file_name().to_string_lossy().to_string();
+                    for f in std::fs::read_dir(id_dir.path()).into_iter().flatten().flatten() {
+                        // A name that is no chunk index is no cache file of ours either way.
+                        let k = f.file_name().to_string_lossy().parse::<u64>().unwrap_or(u64::MAX);
+                        out.push((id.clone(), k, f.path()));
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await?;
+        if on_disk.is_empty() {
+            return Ok(0);
+        }
+        let mut recorded: HashSet<(String, u64)> = HashSet::new();
+        let mut after: Option<(String, u64)> = None;
+        loop {
+            let page = self.store.cache_scan(&self.node, after.as_ref().map(|(p, k)| (p.as_str(), *k)), 1000).await?;
+            let Some(last) = page.last() else { break };
+            after = Some((last.path.clone(), last.chunk));
+            recorded.extend(page.into_iter().map(|c| (c.content_id, c.chunk)));
+        }
+        let busy: HashSet<String> =
+            self.flights.lock().unwrap_or_else(|p| p.into_inner()).keys().map(|(id, _)| id.clone()).collect();
+        let strays: Vec<PathBuf> = on_disk
+            .into_iter()
+            .filter(|(id, k, _)| !busy.contains(id) && !recorded.contains(&(id.clone(), *k)))
+            .map(|(_, _, p)| p)
+            .collect();
+        blocking(move || {
+            let mut removed = 0u64;
+            for f in strays {
+                if std::fs::remove_file(&f).is_ok() {
+                    removed += 1;
+                }
+                if let Some(d) = f.parent() {
+                    let _ = std::fs::remove_dir(d);
+                }
+            }
+            Ok(removed)
+        })
+        .await
+    }
+}
+
+/// The sweep once at start, then last-read times and the budget every few seconds (or when a
+/// record takes the cache past its budget). Holds the cache only while it works, so it ends
+/// once the cache is dropped.
+async fn housekeeping(weak: Weak<Inner>, wake: Arc<Notify>) {
+    for round in 0u64.. {
+        let Some(inner) = weak.upgrade() else { return };
+        if round % SWEEP_EVERY_ROUNDS == 0 {
+            match inner.sweep().await {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(files = n, "cache: removed bytes no record names (left by a crash or another filer)")
+                }
+                Err(e) => tracing::warn!(error = %e, "cache: the sweep of unrecorded bytes failed"),
+            }
+        }
+        if let Err(e) = inner.housekeep().await {
+            tracing::warn!(error = %e, "cache: housekeeping failed");
+        }
+        drop(inner);
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(HOUSEKEEPING_EVERY) => {}
+        }
+    }
+}
