@@ -123,6 +123,23 @@ pub struct SubscriptionOptions {
     pub gap_threshold_secs: u64,
     pub visibility_timeout_secs: u64,
     pub apply_concurrency: usize,
+    /// Warm the content cache on events: after an applied create or update of a file whose name
+    /// (or path below the mount, with a `/`) matches this pattern, the filer fetches the new
+    /// version in the background (`-prefetch`). Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<String>,
+    /// Only files of at most this many bytes are prefetched (`-prefetchMaxSize`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch_max_size: Option<u64>,
+}
+
+impl SubscriptionOptions {
+    /// The files the event prefetch takes; `None` when it is off (or its pattern is not one,
+    /// which `remote.events.enable` refuses before it is ever stored).
+    pub fn prefetch_filter(&self) -> Option<crate::cache::FileFilter> {
+        let glob = self.prefetch.as_deref()?;
+        crate::cache::FileFilter::new(Some(glob), None, None, self.prefetch_max_size).ok()
+    }
 }
 
 impl Default for SubscriptionOptions {
@@ -133,6 +150,8 @@ impl Default for SubscriptionOptions {
             gap_threshold_secs: 3600,
             visibility_timeout_secs: 60,
             apply_concurrency: 8,
+            prefetch: None,
+            prefetch_max_size: None,
         }
     }
 }

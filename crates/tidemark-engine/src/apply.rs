@@ -18,6 +18,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde::Serialize;
 
+use tidemark_core::cache::FileFilter;
 use tidemark_core::decide::{DecideCtx, RemoteSide, SkipReason};
 use tidemark_core::events::{Decoded, Delivery, EventSource, Provider, decode};
 use tidemark_core::keymap::{KeyMap, Mapped};
@@ -45,6 +46,9 @@ pub struct ApplyContext<'a> {
     /// every half of it (a heartbeat), so a slow batch is not redelivered to another worker.
     pub visibility: Duration,
     pub clock: &'a dyn Clock,
+    /// Files whose new version the filer fetches into its cache once an event's write of them
+    /// is applied (`-prefetch`); `None`: off.
+    pub prefetch: Option<&'a FileFilter>,
 }
 
 /// Per-subscription counters, as the status blob and `/metrics` show them.
@@ -139,12 +143,34 @@ async fn apply_key(
     let dctx = DecideCtx { storage: &ctx.mount.location.storage, cluster_id: ctx.cluster_id, tombstone: None };
     let rules = WriteRules { fence: ctx.fence, allow_delete: true, check_tombstones: ctx.mount.sync };
     match decide_and_write(filer, &path, local, remote, &dctx, rules).await {
-        Ok(outcome) => Ok(KeyResult::Done(Some((path, outcome)))),
+        Ok(outcome) => {
+            if let (Some(filter), Some(o), Outcome::Created | Outcome::Updated) = (ctx.prefetch, &object, &outcome)
+                && matches!(mapped, Mapped::File(_))
+                && filter.matches(&ctx.mount.dir, &path, o.size)
+            {
+                prefetch(filer, &path).await;
+            }
+            Ok(KeyResult::Done(Some((path, outcome))))
+        }
         Err(e @ Error::Fenced { .. }) => Err(e),
         Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => Ok(KeyResult::Transient(format!("write: {e}"))),
         Err(e) => Err(e),
     }
 }
+
+/// Asks the filer to fetch a file's new version into its cache and returns at once: the fetch
+/// runs in the filer, so it holds neither this key's apply nor the slice's lease. A failure only
+/// costs the warm-up.
+async fn prefetch(filer: &dyn Filer, path: &str) {
+    match tokio::time::timeout(PREFETCH_ASK_TIMEOUT, filer.cache_fetch(path, false)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::debug!(path, error = %e, "prefetch not started"),
+        Err(_) => tracing::debug!(path, "prefetch not started: the filer did not answer in time"),
+    }
+}
+
+/// How long the applier waits for the filer to take a prefetch request.
+const PREFETCH_ASK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs `work` while extending the visibility of `ack_ids` every half `visibility`.
 async fn with_heartbeat<T>(

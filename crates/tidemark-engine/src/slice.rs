@@ -328,6 +328,7 @@ impl Slice<'_> {
         }
         let types = &self.doc.identity.event_types;
         let visibility = Duration::from_secs(self.doc.options.visibility_timeout_secs);
+        let prefetch = self.doc.options.prefetch_filter();
         let ctx = ApplyContext {
             mount: self.mount,
             provider: self.provider,
@@ -338,6 +339,7 @@ impl Slice<'_> {
             retry_delay: Duration::from_secs(5),
             visibility,
             clock: self.clock,
+            prefetch: prefetch.as_ref(),
         };
         status.state = SliceState::Tailing;
         match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {

@@ -487,6 +487,7 @@ impl World {
             retry_delay: Duration::from_secs(1),
             visibility: Duration::ZERO,
             clock: &self.clock,
+            prefetch: None,
         };
         let gen_ = fence.generation;
         match apply_batch(&*filer, &*self.remote, &*self.queue, &ctx, batch, &mut self.counters).await {

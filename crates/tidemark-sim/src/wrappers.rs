@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use tidemark_core::cache::CacheOutcome;
 
 use tidemark_core::events::{AckReport, Decoded, Delivery, EventSource, Provider, decode};
 use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn};
@@ -102,6 +103,9 @@ impl Filer for FencedFiler {
     }
     async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>> {
         self.inner.changes(after, limit, wait).await
+    }
+    async fn cache_fetch(&self, path: &str, wait: bool) -> Result<CacheOutcome> {
+        self.inner.cache_fetch(path, wait).await
     }
 }
 

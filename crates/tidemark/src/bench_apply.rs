@@ -281,6 +281,7 @@ pub async fn run(
         retry_delay: Duration::from_secs(1),
         visibility: Duration::ZERO,
         clock: &clock,
+        prefetch: None,
     };
     let mut counters = Counters::default();
     let heads_before = bucket.calls.stat.load(Ordering::Relaxed);

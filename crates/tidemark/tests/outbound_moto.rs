@@ -102,6 +102,7 @@ async fn uploads_echoes_deletes_and_resumes() {
         retry_delay: Duration::ZERO,
         visibility: Duration::from_secs(30),
         clock: &clock,
+        prefetch: None,
     };
     let mut counters = Counters::default();
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -336,8 +336,12 @@ async fn mount_errors_are_one_clear_line_and_nothing_is_half_mounted() {
     let err = fails(sh("remote.configure -name=s3test -delete"));
     assert!(err.contains("remote.unmount"), "{err}");
 
-    // A read of an object replaced since the last sync refuses the other bytes.
+    // An object replaced since the last sync: the read returns the version the entry describes
+    // from the cache; once that is dropped, the read refuses the other bytes.
     put(&b, "k.txt", "replaced").await;
+    assert_eq!(ok(sh("fs.cat /mnt/b/k.txt")), "k", "the entry's version, from the cache");
+    let dropped = ok(sh("remote.uncache -dir=/mnt/b/k.txt"));
+    assert!(dropped.contains("dropped the cached content of 1 files"), "{dropped}");
     let err = fails(sh("fs.cat /mnt/b/k.txt"));
     assert!(err.contains("changed in the bucket") && err.contains("remote.meta.sync"), "{err}");
 }

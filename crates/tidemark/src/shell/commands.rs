@@ -107,7 +107,7 @@ pub static ALL: &[Command] = &[
         synopsis: "[-dir=/mnt/data -remote=NAME/BUCKET[/PATH] [-nonempty]]",
         summary: "mount a bucket (or a path in it) on a directory, pulling its metadata; no flags: list mounts",
         details: "The first metadata pull runs before the mount is recorded; if it fails, what it pulled is removed.\n\
-                  Content is not copied: reads fetch it from the bucket.",
+                  Content is not copied: a read fetches what it needs from the bucket, then the filer's cache serves it.",
         flags: &[
             flag("dir", "the directory to mount on"),
             flag("remote", "NAME/BUCKET or NAME/BUCKET/PATH"),
@@ -154,7 +154,10 @@ pub static ALL: &[Command] = &[
                   Without -queue (S3): provision a queue and point the bucket's notification at it (sqs_direct), or with\n\
                   -via=sns a shared topic per bucket and this cluster's queue subscribed to it (several clusters can share\n\
                   one bucket's events). Enabling the same identity again changes nothing; a new queue, prefix or event types\n\
-                  is a new subscription (new fingerprint, baseline first), refused while provisioned resources exist.",
+                  is a new subscription (new fingerprint, baseline first), refused while provisioned resources exist.\n\
+                  -prefetch=GLOB warms the content cache: after an event's create or update of a matching file is applied,\n\
+                  the filer fetches the new version in the background, so it is local when read (off by default; `-prefetch=`\n\
+                  turns it off). It never delays the apply of other keys or the slice's lease.",
         flags: &[
             flag("dir", "the mounted directory"),
             flag("queue", "the queue to consume (bring your own)"),
@@ -166,6 +169,8 @@ pub static ALL: &[Command] = &[
             flag("gapThreshold", "a tail interrupted longer than this runs a gap reconcile (default 1h)"),
             flag("visibility", "the queue's visibility timeout for a delivery in progress (default 60s)"),
             flag("concurrency", "distinct keys applied at once (default 8)"),
+            flag("prefetch", "fetch the new version of matching files into the cache on events, e.g. *.parquet"),
+            flag("prefetchMaxSize", "only prefetch files of at most this size (e.g. 64M)"),
         ],
         positional: (0, 0),
         run: |ctx, args, out| Box::pin(subscriptions::enable(ctx, args, out)),

@@ -75,6 +75,18 @@ fn options_from(args: &Args, base: &SubscriptionOptions) -> Result<SubscriptionO
             .filter(|n| (1..=256).contains(n))
             .ok_or_else(|| CmdError::Usage(format!("-concurrency={v:?}: give 1 to 256")))?;
     }
+    if let Some(v) = args.get("prefetch") {
+        // `-prefetch=` (empty) turns it off again.
+        o.prefetch = Some(v.to_string()).filter(|v| !v.is_empty());
+        if let Some(glob) = &o.prefetch {
+            tidemark_core::cache::FileFilter::new(Some(glob), None, None, None)
+                .map_err(|e| CmdError::Usage(e.to_string().replace("-include", "-prefetch")))?;
+        }
+    }
+    if let Some(v) = args.get("prefetchMaxSize") {
+        o.prefetch_max_size =
+            Some(tidemark_core::cache::parse_size(v).map_err(|e| CmdError::Usage(format!("-prefetchMaxSize: {e}")))?);
+    }
     Ok(o)
 }
 

@@ -1,0 +1,274 @@
+//! The content cache as a user meets it: `tidemark server` against a real S3 (moto), read with
+//! the shell and the filer's HTTP API. A second read makes no remote call (the cache's counters,
+//! and a private moto that is then stopped); 32 readers of a cold object cost one GET per
+//! chunk; an overwrite in the bucket is what the next read returns once its event is applied or
+//! `remote.meta.sync` ran; `remote.cache`/`remote.uncache` with filters; eviction within a small
+//! `--cache-size`; a SIGKILL during a large fetch leaves no bytes that a read would serve.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Output;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_core::cache::CacheStats;
+use tidemark_core::{Filer, RemoteStorage};
+use tidemark_filer::HttpFiler;
+use tidemark_testkit::{Moto, TidemarkProcess, eventually, run_shell, unique_name};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(o: Output) -> String {
+    assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
+    assert!(o.status.success(), "failed: {}\n{}", text(&o.stdout), text(&o.stderr));
+    text(&o.stdout)
+}
+
+fn fails(o: Output) -> String {
+    assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "should fail: {}\n{}", text(&o.stdout), text(&o.stderr));
+    text(&o.stderr)
+}
+
+const CHUNK: usize = 64 * 1024;
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(17).wrapping_add(seed)).collect()
+}
+
+struct World {
+    server: TidemarkProcess,
+    s3: S3Storage,
+    bucket: String,
+    filer: HttpFiler,
+    _tmp: tempfile::TempDir,
+}
+
+/// A bucket on `moto`, mounted at /mnt/s3 of a fresh server started with `extra` flags.
+async fn world(moto: &Moto, extra: &[&str]) -> World {
+    let conf = moto.conf("s3");
+    let bucket = unique_name("cache");
+    let s3 = S3Storage::connect(&conf, &bucket).await.unwrap();
+    s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = vec!["--cache-chunk-size", "64K"];
+    args.extend_from_slice(extra);
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &args);
+    let filer = HttpFiler::new(&server.addr, None).unwrap();
+    let w = World { server, s3, bucket, filer, _tmp: tmp };
+    w.sh_ok(&format!(
+        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+        moto.endpoint
+    ));
+    w
+}
+
+impl World {
+    fn sh(&self, cmd: &str) -> Output {
+        run_shell(bin(), &self.server.addr, cmd, &[])
+    }
+    fn sh_ok(&self, cmd: &str) -> String {
+        ok(self.sh(cmd))
+    }
+    async fn put(&self, key: &str, body: &[u8]) {
+        self.s3.put(key, Bytes::copy_from_slice(body), BTreeMap::new()).await.unwrap();
+    }
+    async fn stats(&self) -> CacheStats {
+        self.filer.cache_stats().await.unwrap()
+    }
+    async fn read(&self, p: &str) -> Vec<u8> {
+        let (_, s) = self.filer.read(p, None).await.unwrap();
+        let parts: Vec<Bytes> = s.map(|c| c.unwrap()).collect().await;
+        parts.concat()
+    }
+    async fn cached(&self, p: &str) -> u64 {
+        self.filer.cache_status(&[p.to_string()]).await.unwrap()[0].cached_bytes
+    }
+    /// Waits until the chunks reads fetched are recorded (a read does not wait for that).
+    async fn settle(&self, p: &str, bytes: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.cached(p).await < bytes {
+            assert!(Instant::now() < deadline, "{p}: {bytes} bytes never got cached");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_local_once_cached_and_survive_the_bucket_going() {
+    // A private moto: this test stops it.
+    let moto = Moto::start();
+    let w = world(&moto, &[]).await;
+    let big = pattern(3 * CHUNK + 100, 1);
+    w.put("data/small.txt", b"hello from s3").await;
+    w.put("data/big.bin", &big).await;
+    w.put("data/notes/a.md", b"# a").await;
+    w.put("data/notes/b.md", b"# b").await;
+    w.put("data/other.txt", b"never cached").await;
+    w.sh_ok(&format!("remote.mount -dir=/mnt/s3 -remote=s3/{}/data", w.bucket));
+
+    // Read twice: the second read is a hit and fetches nothing.
+    assert_eq!(w.sh_ok("fs.cat /mnt/s3/small.txt"), "hello from s3");
+    w.settle("/mnt/s3/small.txt", 13).await;
+    let cold = w.stats().await;
+    assert_eq!((cold.misses, cold.bytes_fetched), (1, 13), "{cold:?}");
+    assert_eq!(w.sh_ok("fs.cat /mnt/s3/small.txt"), "hello from s3");
+    let warm = w.stats().await;
+    assert_eq!(warm.misses, cold.misses, "the second read made no remote call: {warm:?}");
+    assert_eq!(warm.hits, cold.hits + 1);
+
+    // 32 readers of a cold object at once: one GET per chunk.
+    let filer = Arc::new(w.filer.clone());
+    let readers: Vec<_> = (0..32)
+        .map(|_| {
+            let filer = filer.clone();
+            tokio::spawn(async move {
+                let (_, s) = filer.read("/mnt/s3/big.bin", None).await.unwrap();
+                let parts: Vec<Bytes> = s.map(|c| c.unwrap()).collect().await;
+                parts.concat()
+            })
+        })
+        .collect();
+    for r in readers {
+        assert_eq!(r.await.unwrap(), big);
+    }
+    let after = w.stats().await;
+    assert_eq!(after.misses - warm.misses, 4, "4 chunks, 4 GETs for 32 readers: {after:?}");
+    w.settle("/mnt/s3/big.bin", big.len() as u64).await;
+
+    // remote.cache with a filter; fs.ls -l and fs.meta.cat show what is cached.
+    let out = w.sh_ok("remote.cache -dir=/mnt/s3 -include=*.md");
+    assert!(out.contains("cached 2 files") && out.contains("0 failed"), "{out}");
+    let ls = w.sh_ok("fs.ls -l /mnt/s3/notes");
+    assert!(ls.lines().all(|l| l.contains(" 100% ")), "{ls}");
+    let ls = w.sh_ok("fs.ls -l /mnt/s3");
+    assert!(ls.lines().any(|l| l.ends_with("   0% other.txt")), "{ls}");
+    assert!(ls.lines().any(|l| l.ends_with("    - notes/")), "{ls}");
+    let meta: serde_json::Value = serde_json::from_str(&w.sh_ok("fs.meta.cat /mnt/s3/big.bin")).unwrap();
+    assert_eq!(meta["cache"]["cached_bytes"], big.len() as u64, "{meta}");
+    assert_eq!(meta["cache"]["chunks"], 4, "{meta}");
+    let again = w.sh_ok("remote.cache -dir=/mnt/s3 -include=*.md");
+    assert!(again.contains("cached 0 files") && again.contains("2 already cached"), "{again}");
+
+    // remote.uncache with a filter drops only what matches.
+    let out = w.sh_ok("remote.uncache -dir=/mnt/s3 -include=a.md");
+    assert!(out.contains("dropped the cached content of 1 files"), "{out}");
+    assert_eq!(w.cached("/mnt/s3/notes/a.md").await, 0);
+    assert_eq!(w.cached("/mnt/s3/notes/b.md").await, 3);
+    let err = fails(w.sh("remote.cache -dir=/mnt/s3 -include=[x"));
+    assert!(err.contains("-include"), "{err}");
+    let err = fails(w.sh("remote.cache -dir=/mnt/s3 -concurrent=0"));
+    assert!(err.contains("-concurrent"), "{err}");
+
+    // The bucket goes away: what is cached still reads, what is not fails in one clear line.
+    drop(moto);
+    assert_eq!(w.read("/mnt/s3/big.bin").await, big, "served from the cache with moto stopped");
+    assert_eq!(w.sh_ok("fs.cat /mnt/s3/notes/b.md"), "# b");
+    let err = fails(w.sh("fs.cat /mnt/s3/other.txt"));
+    assert!(err.contains("/mnt/s3/other.txt") && err.contains("not cached here"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+
+    // The filer's /metrics carries the same figures.
+    let metrics = reqwest::get(format!("http://{}/metrics", w.server.addr)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("tidemark_cache_hits_total"), "{metrics}");
+    assert!(metrics.contains("tidemark_cache_resident_bytes"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overwrite_in_the_bucket_is_what_the_next_read_returns() {
+    let moto = Moto::get();
+    let w = world(&moto, &[]).await;
+    w.put("f.txt", b"version one").await;
+    w.sh_ok(&format!("remote.mount -dir=/mnt/s3 -remote=s3/{}", w.bucket));
+    assert_eq!(w.read("/mnt/s3/f.txt").await, b"version one");
+    w.settle("/mnt/s3/f.txt", 11).await;
+
+    // Without events: the entry (and so the read) stays at v1 until remote.meta.sync.
+    w.put("f.txt", b"version two").await;
+    assert_eq!(w.read("/mnt/s3/f.txt").await, b"version one", "the entry still describes v1");
+    let out = w.sh_ok("remote.meta.sync -dir=/mnt/s3");
+    assert!(out.contains("/mnt/s3/f.txt (update)"), "{out}");
+    assert_eq!(w.read("/mnt/s3/f.txt").await, b"version two");
+    w.settle("/mnt/s3/f.txt", 11).await;
+
+    // With events: once the event is applied, no read returns the old bytes.
+    w.sh_ok("remote.events.enable -dir=/mnt/s3");
+    let v2 = w.filer.stat("/mnt/s3/f.txt").await.unwrap().unwrap();
+    w.put("f.txt", b"version three, longer").await;
+    eventually("the overwrite's event to be applied", || {
+        let now = futures::executor::block_on(w.filer.stat("/mnt/s3/f.txt")).unwrap().unwrap();
+        now.remote.as_ref().map(|r| &r.etag) != v2.remote.as_ref().map(|r| &r.etag)
+    });
+    assert_eq!(w.read("/mnt/s3/f.txt").await, b"version three, longer");
+    assert_eq!(w.sh_ok("fs.cat /mnt/s3/f.txt"), "version three, longer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_keeps_a_small_cache_size() {
+    let moto = Moto::get();
+    let w = world(&moto, &["--cache-size", "192K"]).await;
+    for i in 0..5u8 {
+        w.put(&format!("f{i}"), &pattern(CHUNK, i)).await;
+    }
+    w.sh_ok(&format!("remote.mount -dir=/mnt/s3 -remote=s3/{}", w.bucket));
+    for i in 0..5u8 {
+        assert_eq!(w.read(&format!("/mnt/s3/f{i}")).await, pattern(CHUNK, i));
+        // In order, so the least recently read are the first ones.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = w.stats().await;
+        if s.evictions >= 2 && s.resident_bytes <= 192 * 1024 {
+            assert_eq!(s.budget_bytes, 192 * 1024);
+            break;
+        }
+        assert!(Instant::now() < deadline, "never evicted down to the budget: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(w.cached("/mnt/s3/f0").await, 0, "the least recently read went first");
+    assert_eq!(w.cached("/mnt/s3/f4").await, CHUNK as u64, "the newest stays");
+    assert_eq!(w.read("/mnt/s3/f0").await, pattern(CHUNK, 0), "an evicted file is fetched again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_a_large_fetch_leaves_nothing_a_read_would_serve() {
+    let moto = Moto::get();
+    let mut w = world(&moto, &[]).await;
+    let chunks = 400;
+    let body = pattern(chunks * CHUNK, 7);
+    w.put("large.bin", &body).await;
+    w.sh_ok(&format!("remote.mount -dir=/mnt/s3 -remote=s3/{}", w.bucket));
+
+    // Read a third of it slowly, then kill the server mid-fetch.
+    let (_, mut s) = w.filer.read("/mnt/s3/large.bin", None).await.unwrap();
+    let mut got = 0usize;
+    while got < chunks / 3 * CHUNK {
+        got += s.next().await.unwrap().unwrap().len();
+    }
+    w.server.kill();
+    drop(s);
+
+    let data = w.server.data_dir.clone();
+    let server = TidemarkProcess::server(bin(), &data, &["--cache-chunk-size", "64K"]);
+    let filer = HttpFiler::new(&server.addr, None).unwrap();
+    assert!(std::fs::read_dir(data.join("cache/tmp")).unwrap().next().is_none(), "partial fetches are gone");
+    let status = filer.cache_status(&["/mnt/s3/large.bin".to_string()]).await.unwrap().remove(0);
+    assert!(status.chunks < chunks as u64, "the fetch was cut: {status:?}");
+    // Every recorded chunk's bytes are all there; a full read returns exactly the object.
+    let (_, s) = filer.read("/mnt/s3/large.bin", None).await.unwrap();
+    let parts: Vec<Bytes> = s.map(|c| c.unwrap()).collect().await;
+    assert_eq!(parts.concat(), body);
+    let stats = filer.cache_stats().await.unwrap();
+    assert_eq!(stats.hits + stats.misses, chunks as u64, "{stats:?}");
+    assert_eq!(stats.hits, status.chunks, "what survived the kill was served from the cache: {stats:?}");
+}
