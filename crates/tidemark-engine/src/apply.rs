@@ -164,7 +164,7 @@ async fn apply_key(
 async fn prefetch(filer: &dyn Filer, path: &str) {
     match tokio::time::timeout(PREFETCH_ASK_TIMEOUT, filer.cache_fetch(path, false)).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::debug!(path, error = %e, "prefetch not started"),
+        Ok(Err(e)) => tracing::warn!(path, error = %e, "prefetch not started"),
         Err(_) => tracing::debug!(path, "prefetch not started: the filer did not answer in time"),
     }
 }

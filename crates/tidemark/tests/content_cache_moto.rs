@@ -97,7 +97,11 @@ impl World {
     async fn settle(&self, p: &str, bytes: u64) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.cached(p).await < bytes {
-            assert!(Instant::now() < deadline, "{p}: {bytes} bytes never got cached");
+            assert!(
+                Instant::now() < deadline,
+                "{p}: {bytes} bytes never got cached; the server's log:\n{}",
+                self.server.stderr()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -200,16 +204,37 @@ async fn an_overwrite_in_the_bucket_is_what_the_next_read_returns() {
     assert_eq!(w.read("/mnt/s3/f.txt").await, b"version two");
     w.settle("/mnt/s3/f.txt", 11).await;
 
-    // With events: once the event is applied, no read returns the old bytes.
-    w.sh_ok("remote.events.enable -dir=/mnt/s3");
+    // With events: once the event is applied, no read returns the old bytes. With -prefetch,
+    // the new version of a matching file is fetched without anyone reading it.
+    let err = fails(w.sh("remote.events.enable -dir=/mnt/s3 -prefetch=[x"));
+    assert!(err.contains("-prefetch"), "{err}");
+    w.sh_ok("remote.events.enable -dir=/mnt/s3 -prefetch=*.txt -prefetchMaxSize=1K");
+    let listed = w.sh_ok("remote.events.list -json");
+    assert!(listed.contains("\"prefetch\": \"*.txt\"") && listed.contains("\"prefetch_max_size\": 1024"), "{listed}");
+    // The baseline reconcile first: what it brings in is metadata only, as every reconcile.
+    eventually("the subscription to tail", || {
+        w.sh_ok("remote.events.list").lines().nth(1).is_some_and(|l| l.split('\t').nth(6) == Some("tailing"))
+    });
     let v2 = w.filer.stat("/mnt/s3/f.txt").await.unwrap().unwrap();
     w.put("f.txt", b"version three, longer").await;
+    w.put("g.bin", b"not a match").await;
+    w.put("big.txt", &[b'x'; 2048]).await;
     eventually("the overwrite's event to be applied", || {
         let now = futures::executor::block_on(w.filer.stat("/mnt/s3/f.txt")).unwrap().unwrap();
         now.remote.as_ref().map(|r| &r.etag) != v2.remote.as_ref().map(|r| &r.etag)
     });
+    w.settle("/mnt/s3/f.txt", 21).await;
+    eventually("the other events to be applied", || {
+        let s = |p| futures::executor::block_on(w.filer.stat(p)).unwrap().is_some();
+        s("/mnt/s3/g.bin") && s("/mnt/s3/big.txt")
+    });
+    let before = w.stats().await;
     assert_eq!(w.read("/mnt/s3/f.txt").await, b"version three, longer");
+    assert_eq!(w.stats().await.misses, before.misses, "prefetched: the first read was local");
     assert_eq!(w.sh_ok("fs.cat /mnt/s3/f.txt"), "version three, longer");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(w.cached("/mnt/s3/g.bin").await, 0, "not matching -prefetch");
+    assert_eq!(w.cached("/mnt/s3/big.txt").await, 0, "over -prefetchMaxSize");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

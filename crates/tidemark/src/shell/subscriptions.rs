@@ -134,6 +134,8 @@ async fn provision_direct(
     out: Out<'_>,
 ) -> Result<(), CmdError> {
     let filer = &*ctx.filer;
+    // Bad flags are refused before anything is provisioned (nothing to take back).
+    let options = options_from(args, &SubscriptionOptions::default())?;
     let doc_file = doc_path(dir);
     let existing = read_json::<SubscriptionDoc>(filer, &doc_file).await?;
     if let Some((old, version)) = &existing {
@@ -182,7 +184,7 @@ async fn provision_direct(
         dir: dir.to_string(),
         fingerprint: identity.fingerprint(),
         identity,
-        options: options_from(args, &SubscriptionOptions::default())?,
+        options,
         managed,
         created_at_ms: now,
         updated_at_ms: now,
