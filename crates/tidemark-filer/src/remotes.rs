@@ -27,9 +27,17 @@ pub struct Remotes {
     /// Storage clients by (remote name, its configuration's version, bucket): a changed
     /// configuration gets a new client.
     clients: Mutex<HashMap<ClientKey, Arc<dyn RemoteStorage>>>,
+    /// Storages handed in by the embedding program, by (remote name, bucket): used instead of
+    /// opening the configured one (the simulation's in-process bucket).
+    given: Mutex<HashMap<(String, String), Arc<dyn RemoteStorage>>>,
 }
 
 impl Remotes {
+    /// Reads of entries under mounts of remote `name`, bucket `bucket`, go to `storage`.
+    pub fn provide(&self, name: &str, bucket: &str, storage: Arc<dyn RemoteStorage>) {
+        self.given.lock().unwrap_or_else(|p| p.into_inner()).insert((name.into(), bucket.into()), storage);
+    }
+
     /// The storage of `conf` for `bucket`, connecting on first use.
     pub async fn storage(&self, conf: &RemoteConf, conf_version: u64, bucket: &str) -> Result<Arc<dyn RemoteStorage>> {
         let key = (conf.name.clone(), conf_version, bucket.to_string());
@@ -52,6 +60,25 @@ impl Remotes {
         let mount = mapping.find_for(&entry.path).ok_or_else(|| Error::Unavailable {
             message: format!("{}: its content is remote, but no mount covers it any more", entry.path),
         })?;
+        let given = self
+            .given
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(mount.location.storage.clone(), mount.location.bucket.clone()))
+            .cloned();
+        let map = KeyMap::new(&mount.dir, &mount.location.path)?;
+        let key =
+            map.path_to_key(&entry.path, false).ok_or_else(|| Error::internal(format!("{} has no key", entry.path)))?;
+        let located = |storage| Located {
+            storage,
+            key: key.clone(),
+            etag: recorded.etag.clone(),
+            path: entry.path.clone(),
+            mount_dir: mount.dir.clone(),
+        };
+        if let Some(storage) = given {
+            return Ok(located(storage));
+        }
         let conf_path = system_paths::remote_conf(&mount.location.storage);
         let (conf, conf_version) =
             read_doc::<RemoteConf>(store, &conf_path).await?.ok_or_else(|| Error::Unavailable {

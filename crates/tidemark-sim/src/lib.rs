@@ -15,7 +15,10 @@
 //! 2. a local write not yet uploaded is never overwritten by remote state;
 //! 3. no write lands from a stale lease generation (checked at every write);
 //! 4. every acknowledged message's change is reflected when it is acknowledged (checked at every
-//!    acknowledgement); `applied <= received`, and `received` is what the queue delivered.
+//!    acknowledgement); `applied <= received`, and `received` is what the queue delivered;
+//! 5. a read (through the filer's content cache: tiny chunks and budget, so reads cross chunks
+//!    and evict; some files uncached at random) returns exactly the bytes of the version its
+//!    entry describes — never another version's (checked at every read).
 
 mod queue;
 mod rng;
@@ -36,7 +39,7 @@ use tidemark_core::subscription::EventTypes;
 use tidemark_core::{Clock, Error, Filer, ManualClock, RemoteStorage, WriteOptions, format_rfc3339_ms};
 use tidemark_engine::apply::{ApplyContext, Counters, apply_batch};
 use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
-use tidemark_filer::LocalFiler;
+use tidemark_filer::{CacheConfig, LocalFiler};
 use tidemark_store::SqliteStore;
 
 pub use queue::SimQueue;
@@ -90,6 +93,14 @@ const LEASE: &str = "remote_events/sim";
 const LEASE_TTL: Duration = Duration::from_secs(10);
 const VISIBILITY: Duration = Duration::from_secs(5);
 const KEYS: &[&str] = &["a.txt", "b.txt", "c/d.txt", "c/e.txt", "f g.txt", "h+i.txt"];
+const CACHE_CHUNK: u64 = 8;
+const CACHE_BUDGET: u64 = 48;
+
+/// The bytes of bucket version `version`: distinct per version, so a read of the wrong version
+/// cannot pass for the right one.
+fn version_bytes(version: u64, size: usize) -> Bytes {
+    (0..size).map(|i| (version.wrapping_mul(7).wrapping_add(i as u64) % 251) as u8).collect::<Vec<u8>>().into()
+}
 
 struct Worker {
     name: String,
@@ -106,6 +117,8 @@ struct World {
     rng: Rng,
     clock: ManualClock,
     filer: Arc<dyn Filer>,
+    /// The same filer, for its content cache.
+    local_filer: Arc<LocalFiler>,
     bucket: MemoryStorage,
     remote: Arc<SimRemote>,
     queue: Arc<CheckedQueue>,
@@ -160,8 +173,12 @@ impl World {
             tempfile::Builder::new().prefix("tidemark-sim-").tempdir_in(base).map_err(|e| Error::io("tempdir", e))?;
         let clock = ManualClock::new(1_800_000_000_000);
         let store = SqliteStore::open(tmp.path().join("meta.db"), Arc::new(clock.clone()))?;
-        let filer: Arc<dyn Filer> =
-            Arc::new(LocalFiler::with_store(Arc::new(store), &tmp.path().join("blobs"), Arc::new(clock.clone()))?);
+        // Chunks of a few bytes and a budget of a few chunks: reads cross chunks, and evict.
+        let local_filer = Arc::new(
+            LocalFiler::with_store(Arc::new(store), &tmp.path().join("blobs"), Arc::new(clock.clone()))?
+                .with_cache(CacheConfig { budget_bytes: CACHE_BUDGET, chunk_bytes: CACHE_CHUNK })?,
+        );
+        let filer: Arc<dyn Filer> = local_filer.clone();
         let bucket = MemoryStorage::new(Arc::new(clock.clone()));
         // The mount's directory, as remote.mount leaves it.
         let dir = tidemark_core::model::NewEntry::dir(clock.now_ms());
@@ -176,6 +193,8 @@ impl World {
             asked: Mutex::default(),
             trust_payload: (cfg.variant == Variant::TrustPayload).then(|| payloads.clone()),
         });
+        // Reads of remote-backed entries go to the simulated bucket (flaky HEADs and all).
+        local_filer.remotes().provide("sim", "b", remote.clone());
         let queue = Arc::new(CheckedQueue {
             queue: SimQueue::new(clock.clone(), cfg.seed, VISIBILITY),
             filer: filer.clone(),
@@ -241,6 +260,7 @@ impl World {
             rng,
             clock,
             filer,
+            local_filer,
             bucket,
             remote,
             queue,
@@ -291,10 +311,12 @@ impl World {
     fn external_put(&mut self) -> Result<(), Error> {
         let key = KEYS[self.rng.below(KEYS.len() as u64) as usize];
         let size = 1 + self.rng.below(50) as usize;
-        let o = self.bucket.insert(key, Bytes::from(vec![b'r'; size]), BTreeMap::new())?;
+        let body = version_bytes(self.version + 1, size);
+        let o = self.bucket.insert(key, body.clone(), BTreeMap::new())?;
         self.version += 1;
         {
             let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            h.content.entry(o.etag.clone()).or_insert(body);
             h.etag_version.insert(o.etag.clone(), self.version);
             h.changes.entry(key.into()).or_default().push((self.version, true));
         }
@@ -594,6 +616,72 @@ impl World {
     }
 
     /// The bucket as the reconciler lists it (no injected HEAD failures: a reconcile lists).
+    /// The bytes a read of `e` must return: its remote version's, or a local write's (`L`s —
+    /// also what the outbound sync uploads).
+    fn expected_content(&self, e: &tidemark_core::Entry) -> Option<Bytes> {
+        use tidemark_core::Content;
+        match &e.content {
+            Content::Remote => {
+                let etag = &e.remote.as_ref()?.etag;
+                let known = self.history.lock().unwrap_or_else(|p| p.into_inner()).content.get(etag).cloned();
+                known.or_else(|| self.uploaded.contains(etag).then(|| Bytes::from(vec![b'L'; e.size as usize])))
+            }
+            Content::Inline | Content::Blob { .. } => Some(Bytes::from(vec![b'L'; e.size as usize])),
+            Content::Empty => Some(Bytes::new()),
+        }
+    }
+
+    /// Property 5: a read, whole or ranged, returns exactly the bytes of its entry's version.
+    async fn read_step(&mut self) -> Result<(), Error> {
+        let key = KEYS[self.rng.below(KEYS.len() as u64) as usize];
+        let range = self.rng.chance(50).then(|| tidemark_core::ByteRange {
+            offset: self.rng.below(30),
+            length: self.rng.chance(70).then(|| 1 + self.rng.below(30)),
+        });
+        if self.rng.chance(15) {
+            self.local_filer.cache_drop(&format!("{DIR}/{key}")).await?;
+        }
+        self.read_and_check(key, range).await
+    }
+
+    async fn read_and_check(&mut self, key: &str, range: Option<tidemark_core::ByteRange>) -> Result<(), Error> {
+        let path = format!("{DIR}/{key}");
+        let read = self.filer.read(&path, range).await;
+        let mut outcome = "no bytes".to_string();
+        if let Ok((entry, mut stream)) = read {
+            let mut got = Vec::new();
+            let mut whole = true;
+            while let Some(part) = stream.next().await {
+                match part {
+                    Ok(b) => got.extend_from_slice(&b),
+                    Err(_) => {
+                        whole = false;
+                        break;
+                    }
+                }
+            }
+            if let Some(full) = self.expected_content(&entry).filter(|_| whole) {
+                let start = range.map_or(0, |r| r.offset as usize).min(full.len());
+                let end = range.and_then(|r| r.length).map_or(full.len(), |n| (start + n as usize).min(full.len()));
+                if got != full[start..end] {
+                    violate(
+                        &self.violations,
+                        format!(
+                            "a read of {path} ({range:?}) at etag {:?} returned {got:?}, not that version's {:?}",
+                            entry.remote.as_ref().map(|r| r.etag.clone()),
+                            &full[start..end]
+                        ),
+                    );
+                }
+            }
+            outcome = format!("{} bytes", got.len());
+        }
+        // Steps stay one at a time: the fetches this read started are recorded before the next.
+        self.local_filer.cache().idle().await;
+        self.trace(|| format!("read {path} {range:?}: {outcome}"));
+        Ok(())
+    }
+
     fn bucket_view(&self) -> Arc<dyn RemoteStorage> {
         Arc::new(self.bucket.clone())
     }
@@ -617,10 +705,11 @@ impl World {
                 let w = self.rng.below(2) as usize;
                 self.slice(w).await?
             }
-            80..=86 => {
+            80..=84 => {
                 let w = self.rng.below(2) as usize;
                 self.workers[w].paused = !self.workers[w].paused;
             }
+            85..=90 => self.read_step().await?,
             _ => {
                 let by = 200 + self.rng.below(12_000) as i64;
                 self.clock.advance_ms(by);
@@ -738,6 +827,13 @@ pub async fn run(cfg: Config) -> Report {
         world.reconcile_with(0, lease.fence()).await?;
         let found = world.compare("after the final reconcile").await?;
         world.report.violations.extend(found);
+        // Every file reads as its entry's version, twice (the second from the cache, where the
+        // budget kept it).
+        for _ in 0..2 {
+            for key in KEYS {
+                world.read_and_check(key, None).await?;
+            }
+        }
         Ok::<(), Error>(())
     }
     .await;

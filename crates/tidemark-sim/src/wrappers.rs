@@ -116,6 +116,8 @@ pub struct History {
     pub etag_version: BTreeMap<String, u64>,
     /// key → (version, exists) for every change.
     pub changes: BTreeMap<String, Vec<(u64, bool)>>,
+    /// etag → the bytes of that object version (what a read of an entry at that etag must return).
+    pub content: BTreeMap<String, Bytes>,
 }
 
 impl History {
