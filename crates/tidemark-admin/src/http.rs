@@ -81,6 +81,7 @@ pub fn router(admin: Arc<Admin>, token: Option<String>) -> Router {
         .route("/subscriptions", get(subscriptions_page))
         .route("/job-types", get(job_types_page).post(job_types_form))
         .route("/workers", get(workers_page))
+        .route("/cache", get(cache_page))
         .route("/metrics", get(metrics))
         .route("/api/v1/health", get(health))
         .route("/api/v1/subscriptions", get(subscriptions_api))
@@ -142,6 +143,11 @@ async fn job_types_page(State(s): State<AppState>) -> Html<String> {
 
 async fn workers_page(State(s): State<AppState>) -> Html<String> {
     Html(crate::ui::workers(&s.admin.sched(), &s.admin.config.filer_label, now_ms()))
+}
+
+async fn cache_page(State(s): State<AppState>) -> Html<String> {
+    let stats = s.admin.filer.cache_stats().await.map_err(|e| e.to_string());
+    Html(crate::ui::cache(stats.as_ref().map_err(String::clone), &s.admin.config.filer_label))
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use tidemark_core::cache::{CacheStats, human_bytes};
 use tidemark_core::format_rfc3339_ms;
 use tidemark_core::jobs::REMOTE_EVENTS;
 use tidemark_engine::slice::{ReconcileKind, SliceState};
@@ -85,6 +86,7 @@ fn page(title: &str, active: &str, body: &str, filer: &str) -> String {
         ("subscriptions", "/subscriptions", "Event Subscriptions"),
         ("job-types", "/job-types", "Job types"),
         ("workers", "/workers", "Workers"),
+        ("cache", "/cache", "Content cache"),
     ];
     let mut links = String::new();
     for (id, href, label) in nav {
@@ -284,6 +286,48 @@ pub fn workers(sched: &Scheduler, filer: &str, now_ms: i64) -> String {
     page("Workers", "workers", &b, filer)
 }
 
+/// The filer's content cache: its use against the budget and its counters since the filer
+/// started (`stats`), or why the filer could not say.
+pub fn cache(stats: Result<&CacheStats, String>, filer: &str) -> String {
+    let s = match stats {
+        Ok(s) => s,
+        Err(why) => {
+            let body =
+                format!("<p class=\"err\" id=\"cache-error\">The filer did not report its cache: {}</p>", escape(&why));
+            return page("Content cache", "cache", &body, filer);
+        }
+    };
+    let mut b = String::new();
+    if s.budget_bytes == 0 {
+        b.push_str("<p class=\"empty\" id=\"cache-off\">The content cache is off (<code>--cache-size 0</code>): every read of a \
+                    remote-backed file goes to its bucket.</p>");
+    }
+    let pct = |n: u64, d: u64| if d == 0 { "–".to_string() } else { format!("{:.1}%", n as f64 * 100.0 / d as f64) };
+    let rows: [(&str, &str, String); 10] = [
+        ("resident", "Resident", format!("{} in {} chunks", human_bytes(s.resident_bytes), s.resident_chunks)),
+        ("budget", "Budget (--cache-size)", human_bytes(s.budget_bytes)),
+        ("use", "Use of the budget", pct(s.resident_bytes, s.budget_bytes)),
+        ("hits", "Hits (chunks served from the cache)", s.hits.to_string()),
+        ("misses", "Misses (chunks fetched from buckets)", s.misses.to_string()),
+        ("hit-ratio", "Hit ratio", pct(s.hits, s.hits + s.misses)),
+        ("served", "Bytes served from the cache", human_bytes(s.bytes_served)),
+        ("fetched", "Bytes fetched from buckets", human_bytes(s.bytes_fetched)),
+        ("evictions", "Evictions", format!("{} chunks ({})", s.evictions, human_bytes(s.evicted_bytes))),
+        ("chunk", "Chunk size (--cache-chunk-size)", human_bytes(s.chunk_bytes)),
+    ];
+    b.push_str("<table id=\"cache\" style=\"width:auto\"><tbody>");
+    for (id, label, value) in rows {
+        let _ = write!(
+            b,
+            "<tr id=\"cache-{id}\"><th>{label}</th><td class=\"num\" data-field=\"value\">{}</td></tr>",
+            escape(&value)
+        );
+    }
+    b.push_str("</tbody></table><p class=\"muted\">Counters since the filer started. <code>remote.cache -dir=D</code> fills the \
+                cache, <code>remote.uncache -dir=D</code> empties it; the filer's own <code>/metrics</code> has the same figures.</p>");
+    page("Content cache", "cache", &b, filer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,5 +347,11 @@ mod tests {
         assert!(html.contains("id=\"no-subscriptions\"") && html.contains("remote.events.enable"));
         assert!(workers(&s, "f", 0).contains("tidemark worker --admin"));
         assert!(job_types(&s, 0, "f").contains("Disable"));
+        let off = CacheStats::default();
+        assert!(cache(Ok(&off), "f").contains("id=\"cache-off\""));
+        let used = CacheStats { resident_bytes: 512, budget_bytes: 1024, hits: 3, misses: 1, ..Default::default() };
+        let html = cache(Ok(&used), "f");
+        assert!(html.contains("50.0%") && html.contains("75.0%") && !html.contains("cache-off"), "{html}");
+        assert!(cache(Err("<unreachable>".into()), "f").contains("&lt;unreachable&gt;"));
     }
 }

@@ -1,6 +1,6 @@
 //! The Admin UI in a real browser (Debian's headless Chromium): a screenshot of each page, and
 //! assertions on the DOM it renders — the subscription row, its state and counters moving after
-//! files arrive in a local bucket, the Workers page, and the Job types switch.
+//! files arrive in a local bucket, the Workers page, the Content cache page, and the Job types switch.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -143,6 +143,18 @@ fn the_admin_pages_show_subscriptions_workers_and_job_types_in_a_browser() {
     assert!(dom.contains("data-field=\"state\">active<"), "{dom}");
     assert!(dom.contains("/buckets/photos"), "{dom}");
     screenshot(&profile, &format!("{admin}/workers"), "workers");
+
+    // The Content cache page: a file read twice is one miss, then one hit.
+    for _ in 0..2 {
+        let cat = tidemark_testkit::run_shell(bin(), &server.addr, "fs.cat /buckets/photos/p1.jpg", &[]);
+        assert_eq!(cat.stdout, vec![b'x'; 101], "{}", String::from_utf8_lossy(&cat.stderr));
+    }
+    let dom = dump_dom(&profile, &format!("{admin}/cache"));
+    assert_eq!(field(&dom, "cache-misses", "value").as_deref(), Some("1"), "{dom}");
+    assert_eq!(field(&dom, "cache-hits", "value").as_deref(), Some("1"), "{dom}");
+    assert_eq!(field(&dom, "cache-hit-ratio", "value").as_deref(), Some("50.0%"), "{dom}");
+    assert!(field(&dom, "cache-resident", "value").is_some_and(|v| v.starts_with("101 B in 1 chunks")), "{dom}");
+    screenshot(&profile, &format!("{admin}/cache"), "cache");
 
     // The Job types page switches remote_events off (a plain form post), and on again.
     let dom = dump_dom(&profile, &format!("{admin}/job-types"));
