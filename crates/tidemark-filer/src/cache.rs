@@ -571,7 +571,9 @@ impl Inner {
         let r = chunk_range(entry.size, k, self.config.chunk_bytes);
         let want = r.end - r.start;
         let got: Result<Bytes> = async {
-            let located = source.located().await?;
+            let located = source.located().await.map_err(|e| Error::Unavailable {
+                message: format!("{}: not cached here, and its bucket could not be opened: {e}", entry.path),
+            })?;
             let mut stream = located.get(Some(ByteRange { offset: r.start, length: Some(want) })).await?;
             let mut buf = BytesMut::with_capacity(want as usize);
             while let Some(part) = stream.next().await {

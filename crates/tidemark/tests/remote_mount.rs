@@ -11,6 +11,7 @@ use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_cloud::azure::AzureBlobStorage;
 use tidemark_cloud::gcp::GcsStorage;
 use tidemark_cloud::local::LocalStorage;
+use tidemark_core::Filer as _;
 use tidemark_core::RemoteStorage;
 use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_testkit::{Azurite, FakeGcs, Moto, TidemarkProcess, free_port, run_shell, unique_name};
@@ -45,6 +46,8 @@ struct Bucket {
     /// The store holds objects whose key ends in `/` (Azurite does not).
     markers: bool,
     remote: &'static str,
+    /// The shell command that points the remote at nothing (as if its bucket were unreachable).
+    unreachable: String,
     _guard: Box<dyn std::any::Any>,
 }
 
@@ -70,6 +73,7 @@ async fn s3_bucket() -> Bucket {
         arbitrary_keys: true,
         markers: true,
         remote: "s3test",
+        unreachable: "remote.configure -name=s3test -s3.endpoint=http://127.0.0.1:1".into(),
         _guard: Box::new(moto),
     }
 }
@@ -86,6 +90,7 @@ async fn local_bucket() -> Bucket {
         arbitrary_keys: false,
         markers: true,
         remote: "loctest",
+        unreachable: "remote.configure -name=loctest -local.root=/nonexistent/tidemark".into(),
         _guard: Box::new(root),
     }
 }
@@ -108,6 +113,7 @@ async fn gcs_bucket() -> Bucket {
         arbitrary_keys: true,
         markers: true,
         remote: "gcstest",
+        unreachable: "remote.configure -name=gcstest -gcs.endpoint=http://127.0.0.1:1".into(),
         _guard: Box::new(fake),
     }
 }
@@ -137,6 +143,7 @@ async fn azure_bucket() -> Bucket {
         arbitrary_keys: false,
         markers: false,
         remote: "aztest",
+        unreachable: "remote.configure -name=aztest -azure.blob_endpoint=http://127.0.0.1:1".into(),
         _guard: Box::new(a),
     }
 }
@@ -204,6 +211,29 @@ async fn scenario(b: Bucket) {
     let bytes: Vec<Bytes> =
         futures::StreamExt::collect::<Vec<_>>(stream).await.into_iter().map(|c| c.unwrap()).collect();
     assert_eq!(bytes.concat(), b"tent", "bytes 3..7 of the object");
+
+    // The content cache, for every provider: a second read is served locally; with the bucket
+    // unreachable, what is cached still reads and what is not fails in one line.
+    let deep = "/mnt/data/deep/1/2/3/4.txt";
+    let want = "content of photos/deep/1/2/3/4.txt";
+    for _ in 0..200 {
+        if filer.cache_status(&[deep.to_string()]).await.unwrap()[0].cached_bytes == want.len() as u64 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let before = filer.cache_stats().await.unwrap();
+    assert_eq!(ok(sh(&format!("fs.cat {deep}"))), want);
+    let after = filer.cache_stats().await.unwrap();
+    assert_eq!(after.misses, before.misses, "the second read made no remote call: {after:?}");
+    assert!(after.hits > before.hits, "{after:?}");
+    ok(sh(&b.unreachable));
+    assert_eq!(ok(sh(&format!("fs.cat {deep}"))), want, "cached: read with the bucket unreachable");
+    let err = fails(sh("fs.cat '/mnt/data/100%.txt'"));
+    assert!(err.contains("/mnt/data/100%.txt") && err.contains("not cached here"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    ok(sh(&b.configure));
+    assert_eq!(ok(sh("fs.cat '/mnt/data/100%.txt'")), "content of photos/100%.txt");
     assert!(ok(sh("fs.ls /")).contains("mnt/"));
     assert!(fails(sh("fs.cat /mnt/data/other/not-mounted.txt")).contains("no such entry"));
     if b.arbitrary_keys {
