@@ -44,6 +44,9 @@ echo "== end to end against moto: apply throughput, API cost, reconcile vs the r
 # backlog (docs/BENCHMARKS.md); 300 keeps the figures about Tidemark, not about moto.
 "$bin" bench s3 --endpoint "$moto" --events 300 --concurrency 1,4,16 --objects 10000
 
+echo "== the content cache against moto: cold read vs a plain GET, warm read vs a local file, small-file latency =="
+"$bin" bench cache --endpoint "$moto" --size 256M --small 200 --rounds 5
+
 # Starts a `tidemark server` in the background and sets `filer` to its address. Not run in a
 # command substitution: a subshell would keep the pid to itself, and the server would outlive the
 # script.

@@ -109,6 +109,9 @@ pub struct CacheStats {
     pub hits: u64,
     /// Chunks that had to be fetched from the bucket.
     pub misses: u64,
+    /// Ranged GETs sent to buckets (one fills a run of consecutive missing chunks).
+    #[serde(default)]
+    pub requests: u64,
     pub bytes_fetched: u64,
     pub bytes_served: u64,
     /// Chunks evicted for the budget.

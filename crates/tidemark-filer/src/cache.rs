@@ -22,7 +22,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -41,7 +40,7 @@ use tidemark_core::{ByteRange, ByteStream, Clock, Error, MetaStore, Result};
 use crate::remotes::{Located, Remotes};
 
 /// How many chunks one reader has in flight ahead of the one it streams.
-const READ_AHEAD: usize = 2;
+const READ_AHEAD: usize = 4;
 /// How often last-read times are written to the store, and the budget checked, without cause.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(15);
 /// The sweep of unrecorded bytes runs at start and every this many housekeeping rounds (on a
@@ -75,7 +74,43 @@ enum Flight {
     /// reader that looked the chunk up just before it was recorded reads the file instead of
     /// fetching the chunk again.
     Recorded,
+    /// The run gave up before this chunk; a reader starts another.
+    Abandoned,
 }
+
+/// A run's readers say how far they want it to go.
+struct Run {
+    wanted: watch::Sender<u64>,
+}
+
+impl Run {
+    fn new(first: u64) -> Self {
+        Run { wanted: watch::Sender::new(first) }
+    }
+
+    fn want(&self, k: u64) {
+        self.wanted.send_if_modified(|w| {
+            let more = k > *w;
+            *w = (*w).max(k);
+            more
+        });
+    }
+}
+
+/// A chunk's fetch in flight, and the run it is part of.
+struct FlightEntry {
+    rx: watch::Receiver<Flight>,
+    run: Arc<Run>,
+}
+
+/// How many chunks a run fetches ahead of the furthest one a reader asked for.
+const RUN_AHEAD: u64 = 4;
+/// How long a run waits for a reader to ask for more before it gives up the rest.
+const RUN_IDLE: Duration = Duration::from_secs(15);
+
+/// Chunk fetches in flight at once, per filer: bounds the memory cold reads hold (each holds its
+/// chunk until it is written) whatever the number of readers.
+const MAX_FETCHES: usize = 32;
 
 /// How long a recorded fetch stays joinable.
 const RECORDED_GRACE: Duration = Duration::from_secs(2);
@@ -84,6 +119,7 @@ const RECORDED_GRACE: Duration = Duration::from_secs(2);
 struct Counters {
     hits: AtomicU64,
     misses: AtomicU64,
+    requests: AtomicU64,
     bytes_fetched: AtomicU64,
     bytes_served: AtomicU64,
     evictions: AtomicU64,
@@ -102,13 +138,14 @@ struct Inner {
     dir: PathBuf,
     tmp: PathBuf,
     config: CacheConfig,
-    flights: Mutex<HashMap<FlightKey, watch::Receiver<Flight>>>,
+    flights: Mutex<HashMap<FlightKey, FlightEntry>>,
     /// Last-read times not yet written to the store.
     reads: Mutex<HashMap<(String, u64), i64>>,
     counters: Counters,
     wake: Arc<Notify>,
     /// One round of housekeeping at a time (the timer's, a wake-up's, a caller's).
     housekeeping: tokio::sync::Mutex<()>,
+    fetch_permits: Arc<tokio::sync::Semaphore>,
 }
 
 /// The filer's content cache (cheap to clone).
@@ -181,6 +218,7 @@ impl ContentCache {
             counters: Counters::default(),
             wake: Arc::new(Notify::new()),
             housekeeping: tokio::sync::Mutex::new(()),
+            fetch_permits: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHES)),
         });
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(housekeeping(Arc::downgrade(&inner), inner.wake.clone()));
@@ -228,15 +266,17 @@ impl ContentCache {
             .map(|c| c.chunk)
             .collect();
         let chunk_bytes = inner.config.chunk_bytes;
+        let ends = run_ends(span.clone(), &present);
         let (inner, entry, id) = (inner.clone(), Arc::new(entry.clone()), Arc::new(id));
-        let mut pieces = futures::stream::iter(span)
+        let mut pieces = futures::stream::iter(span.clone())
             .map(move |k| {
                 let r = chunk_range(size, k, chunk_bytes);
                 let lo = offset.max(r.start) - r.start;
                 let hi = end.min(r.end) - r.start;
                 let (inner, source, entry, id) = (inner.clone(), source.clone(), entry.clone(), id.clone());
                 let cached = present.contains(&k);
-                async move { inner.piece(&source, &entry, &id, k, lo..hi, cached).await }
+                let run_to = ends[(k - span.start) as usize];
+                async move { inner.piece(&source, &entry, &id, k, lo..hi, cached, run_to).await }
             })
             .buffered(READ_AHEAD);
         let first = match pieces.next().await {
@@ -300,16 +340,18 @@ impl ContentCache {
             .filter(|c| c.content_id == id)
             .map(|c| c.chunk)
             .collect();
-        let missing: Vec<u64> =
-            chunks_of(entry.size, 0, None, self.inner.config.chunk_bytes).filter(|k| !present.contains(k)).collect();
+        let span = chunks_of(entry.size, 0, None, self.inner.config.chunk_bytes);
+        let ends = run_ends(span.clone(), &present);
+        let missing: Vec<(u64, u64)> =
+            span.clone().filter(|k| !present.contains(k)).map(|k| (k, ends[(k - span.start) as usize])).collect();
         let source = Arc::new(Source::new(self.inner.remotes.clone(), self.inner.store.clone(), entry.clone()));
         let (inner, entry_arc, id_arc) = (self.inner.clone(), Arc::new(entry.clone()), Arc::new(id));
         let work = async move {
             let mut fetched = 0u64;
             let mut all = futures::stream::iter(missing)
-                .map(|k| {
+                .map(|(k, run_to)| {
                     let (inner, source, entry, id) = (inner.clone(), source.clone(), entry_arc.clone(), id_arc.clone());
-                    async move { inner.flight(&source, &entry, &id, k, true).await }
+                    async move { inner.flight(&source, &entry, &id, k, run_to, true).await }
                 })
                 .buffered(READ_AHEAD);
             while let Some(r) = all.next().await {
@@ -352,6 +394,7 @@ impl ContentCache {
         CacheStats {
             hits: get(&c.hits),
             misses: get(&c.misses),
+            requests: get(&c.requests),
             bytes_fetched: get(&c.bytes_fetched),
             bytes_served: get(&c.bytes_served),
             evictions: get(&c.evictions),
@@ -403,7 +446,7 @@ impl ContentCache {
     pub async fn idle(&self) {
         let busy = || {
             let flights = self.inner.flights.lock().unwrap_or_else(|p| p.into_inner());
-            flights.values().any(|rx| matches!(&*rx.borrow(), Flight::Fetching | Flight::Fetched(_)))
+            flights.values().any(|f| matches!(&*f.rx.borrow(), Flight::Fetching | Flight::Fetched(_)))
         };
         while busy() {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -421,6 +464,20 @@ impl ContentCache {
     pub async fn sweep(&self) -> Result<u64> {
         self.inner.sweep().await
     }
+}
+
+/// For each chunk of `span`, where a run that starts there must stop: the next cached chunk,
+/// or the span's end.
+fn run_ends(span: std::ops::Range<u64>, present: &HashSet<u64>) -> Vec<u64> {
+    let mut ends = vec![span.end; (span.end - span.start) as usize];
+    let mut next = span.end;
+    for k in span.clone().rev() {
+        ends[(k - span.start) as usize] = next;
+        if present.contains(&k) {
+            next = k;
+        }
+    }
+    ends
 }
 
 fn saturating_sub(a: &AtomicU64, n: u64) {
@@ -465,7 +522,9 @@ impl Inner {
         self.id_dir(id).join(k.to_string())
     }
 
-    /// Bytes `want` of chunk `k`: from its file when recorded (and still there), else fetched.
+    /// Bytes `want` of chunk `k`: from its file when recorded (and still there), else fetched
+    /// (by a run that may go on to `run_to`).
+    #[allow(clippy::too_many_arguments)]
     async fn piece(
         self: &Arc<Self>,
         source: &Arc<Source>,
@@ -474,6 +533,7 @@ impl Inner {
         k: u64,
         want: std::ops::Range<u64>,
         cached: bool,
+        run_to: u64,
     ) -> Result<Bytes> {
         if cached {
             match self.read_file(id, k, want.clone()).await {
@@ -489,60 +549,84 @@ impl Inner {
                 }
             }
         }
-        let bytes = self.flight(source, entry, id, k, false).await?;
+        let bytes = self.flight(source, entry, id, k, run_to, false).await?;
         let (lo, hi) = (want.start as usize, (want.end as usize).min(bytes.len()));
         Ok(bytes.slice(lo.min(hi)..hi))
     }
 
-    /// Joins the fetch of chunk `k` of `id`, starting it if none runs. With `recorded`, waits
-    /// until the bytes are in the cache too.
+    /// Joins the fetch of chunk `k` of `id`, starting one if none runs: a run that fills `k` and
+    /// the chunks after it up to `run_to` (exclusive) or the first one already in flight, with one
+    /// ranged GET. With `recorded`, waits until the bytes are in the cache too.
     async fn flight(
         self: &Arc<Self>,
         source: &Arc<Source>,
         entry: &Arc<Entry>,
         id: &Arc<String>,
         k: u64,
+        run_to: u64,
         recorded: bool,
     ) -> Result<Bytes> {
         let key = (id.to_string(), k);
-        loop {
-            let mut rx = {
+        'join: loop {
+            let (mut rx, run) = {
                 let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
                 match flights.get(&key) {
-                    Some(rx) => rx.clone(),
+                    Some(f) => (f.rx.clone(), f.run.clone()),
                     None => {
-                        let (tx, rx) = watch::channel(Flight::Fetching);
-                        flights.insert(key.clone(), rx.clone());
-                        tokio::spawn(self.clone().fetch_chunk(tx, source.clone(), entry.clone(), key.clone()));
-                        rx
+                        let mut end = k + 1;
+                        while end < run_to && !flights.contains_key(&(id.to_string(), end)) {
+                            end += 1;
+                        }
+                        let run = Arc::new(Run::new(k));
+                        let mut senders = Vec::new();
+                        let mut mine = None;
+                        for j in k..end {
+                            let (tx, rx) = watch::channel(Flight::Fetching);
+                            if j == k {
+                                mine = Some(rx.clone());
+                            }
+                            flights.insert((id.to_string(), j), FlightEntry { rx, run: run.clone() });
+                            senders.push(tx);
+                        }
+                        let task = self.clone().fetch_run(senders, k, run.clone(), source.clone(), entry.clone());
+                        tokio::spawn(task);
+                        match mine {
+                            Some(rx) => (rx, run),
+                            None => return Err(Error::internal("a run without its first chunk")),
+                        }
                     }
                 }
             };
+            run.want(k);
             loop {
                 match &*rx.borrow_and_update() {
                     Flight::Fetched(r) if !recorded => return r.clone(),
                     Flight::Done(r) => return r.clone(),
                     Flight::Recorded => break,
+                    // The run gave up before this chunk (nobody read that far in time, or an
+                    // earlier chunk failed): start another.
+                    Flight::Abandoned => continue 'join,
                     _ => {}
                 }
                 if rx.changed().await.is_err() {
-                    return Err(Error::internal(format!(
-                        "{}: the fetch of chunk {k} ended without a result",
-                        entry.path
-                    )));
+                    self.forget_flight(&key, &rx);
+                    continue 'join;
                 }
             }
             // Recorded: read the file; if it is gone already (evicted), fetch again.
             let len = chunk_range(entry.size, k, self.config.chunk_bytes);
             match self.read_file(id, k, 0..len.end - len.start).await {
                 Ok(b) => return Ok(b),
-                Err(_) => {
-                    let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-                    if flights.get(&key).is_some_and(|r| r.same_channel(&rx)) {
-                        flights.remove(&key);
-                    }
-                }
+                Err(_) => self.forget_flight(&key, &rx),
             }
+        }
+    }
+
+    /// Removes the flight of `key` if it is still the one `rx` follows.
+    fn forget_flight(&self, key: &FlightKey, rx: &watch::Receiver<Flight>) {
+        let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if flights.get(key).is_some_and(|f| f.rx.same_channel(rx)) {
+            flights.remove(key);
         }
     }
 
@@ -550,81 +634,147 @@ impl Inner {
         let file = self.chunk_file(id, k);
         let (lo, n) = (want.start, want.end - want.start);
         blocking(move || {
-            let f = std::fs::File::open(&file).map_err(|e| io_err("opening", &file, e))?;
-            let mut buf = vec![0u8; n as usize];
-            f.read_exact_at(&mut buf, lo).map_err(|e| io_err("reading", &file, e))?;
+            use std::io::{Read, Seek};
+            let mut f = std::fs::File::open(&file).map_err(|e| io_err("opening", &file, e))?;
+            f.seek(std::io::SeekFrom::Start(lo)).map_err(|e| io_err("seeking", &file, e))?;
+            // Into spare capacity: no zeroing of a buffer the read overwrites anyway.
+            let mut buf = Vec::with_capacity(n as usize);
+            f.take(n).read_to_end(&mut buf).map_err(|e| io_err("reading", &file, e))?;
+            if buf.len() as u64 != n {
+                return Err(Error::io(
+                    format!("reading {}", file.display()),
+                    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the cached chunk is short"),
+                ));
+            }
             Ok(Bytes::from(buf))
         })
         .await
     }
 
-    /// One fetch: a conditional ranged GET of the chunk, handed to the waiting readers, then
-    /// made durable and recorded. Runs as its own task, so a reader going away does not cut it.
-    async fn fetch_chunk(
+    /// One run: a conditional ranged GET of chunks `first..first + senders.len()`, cut into chunks
+    /// as it streams. Each chunk goes to its waiting readers as soon as it is complete, then is
+    /// made durable and recorded on its own. The run stays at most `RUN_AHEAD` chunks ahead of
+    /// the furthest chunk a reader asked for, and gives up the rest when nobody asks for
+    /// `RUN_IDLE` (a reader that stopped early does not fetch the whole object). Runs as its own
+    /// task, so a reader going away does not cut the chunks it was waiting for.
+    async fn fetch_run(
         self: Arc<Self>,
-        tx: watch::Sender<Flight>,
+        senders: Vec<watch::Sender<Flight>>,
+        first: u64,
+        run: Arc<Run>,
         source: Arc<Source>,
         entry: Arc<Entry>,
-        key: FlightKey,
     ) {
-        let (id, k) = (&key.0, key.1);
-        let r = chunk_range(entry.size, k, self.config.chunk_bytes);
-        let want = r.end - r.start;
-        let got: Result<Bytes> = async {
+        let id = content_id(&entry).unwrap_or_default();
+        let last = first + senders.len() as u64 - 1;
+        let range = chunk_range(entry.size, first, self.config.chunk_bytes).start
+            ..chunk_range(entry.size, last, self.config.chunk_bytes).end;
+        let opened: Result<ByteStream> = async {
             let located = source.located().await.map_err(|e| Error::Unavailable {
                 message: format!("{}: not cached here, and its bucket could not be opened: {e}", entry.path),
             })?;
-            let mut stream = located.get(Some(ByteRange { offset: r.start, length: Some(want) })).await?;
-            let mut buf = BytesMut::with_capacity(want as usize);
-            while let Some(part) = stream.next().await {
-                let part = part.map_err(|e| Error::Unavailable {
-                    message: format!("{}: reading from the bucket failed mid-object: {e}", entry.path),
-                })?;
-                buf.extend_from_slice(&part);
-                if buf.len() as u64 > want {
-                    break;
-                }
-            }
-            if buf.len() as u64 != want {
-                return Err(Error::Unavailable {
-                    message: format!(
-                        "{}: the bucket returned {} bytes for bytes {}..{} of a {}-byte object; it changed, run remote.meta.sync and read again",
-                        entry.path,
-                        buf.len(),
-                        r.start,
-                        r.end,
-                        entry.size
-                    ),
-                });
-            }
-            Ok(buf.freeze())
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            located.get(Some(ByteRange { offset: range.start, length: Some(range.end - range.start) })).await
         }
         .await;
-        self.counters.misses.fetch_add(1, Ordering::Relaxed);
-        if let Ok(b) = &got {
-            self.counters.bytes_fetched.fetch_add(b.len() as u64, Ordering::Relaxed);
-        }
-        tx.send_replace(Flight::Fetched(got.clone()));
-        let recorded = match &got {
-            Ok(bytes) => match self.persist(&entry, id, k, bytes.clone()).await {
-                Ok(recorded) => recorded,
-                Err(e) => {
-                    tracing::warn!(path = %entry.path, chunk = k, error = %e, "could not cache a chunk; served uncached");
-                    false
+        let mut senders = senders.into_iter().enumerate();
+        let mut stream = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some((_, tx)) = senders.next() {
+                    self.finish_failed(&id, first, tx, e);
                 }
-            },
-            Err(_) => false,
+                self.abandon(&id, first + 1, senders.map(|(_, tx)| tx));
+                return;
+            }
         };
+        let mut wanted = run.wanted.subscribe();
+        let mut carry = BytesMut::new();
+        while let Some((i, tx)) = senders.next() {
+            let k = first + i as u64;
+            let asked = tokio::time::timeout(RUN_IDLE, wanted.wait_for(|w| k <= w.saturating_add(RUN_AHEAD)))
+                .await
+                .is_ok_and(|r| r.is_ok());
+            if !asked {
+                self.abandon(&id, k, std::iter::once(tx).chain(senders.map(|(_, tx)| tx)));
+                return;
+            }
+            // Held until the chunk is written (or given up): its bytes are in memory until then.
+            let permit = self.fetch_permits.clone().acquire_owned().await.ok();
+            let r = chunk_range(entry.size, k, self.config.chunk_bytes);
+            let want = (r.end - r.start) as usize;
+            while carry.len() < want {
+                match stream.next().await {
+                    Some(Ok(part)) => carry.extend_from_slice(&part),
+                    Some(Err(e)) => {
+                        let e = Error::Unavailable {
+                            message: format!("{}: reading from the bucket failed mid-object: {e}", entry.path),
+                        };
+                        self.finish_failed(&id, k, tx, e);
+                        self.abandon(&id, k + 1, senders.map(|(_, tx)| tx));
+                        return;
+                    }
+                    None => {
+                        let e = Error::Unavailable {
+                            message: format!(
+                                "{}: the bucket returned too few bytes for bytes {}..{} of a {}-byte object; it changed, run remote.meta.sync and read again",
+                                entry.path, r.start, r.end, entry.size
+                            ),
+                        };
+                        self.finish_failed(&id, k, tx, e);
+                        self.abandon(&id, k + 1, senders.map(|(_, tx)| tx));
+                        return;
+                    }
+                }
+            }
+            let bytes = carry.split_to(want).freeze();
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            self.counters.bytes_fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            tx.send_replace(Flight::Fetched(Ok(bytes.clone())));
+            tokio::spawn(self.clone().keep(tx, entry.clone(), (id.clone(), k), bytes, permit));
+        }
+    }
+
+    /// Makes a fetched chunk durable and records it, then tells its readers.
+    async fn keep(
+        self: Arc<Self>,
+        tx: watch::Sender<Flight>,
+        entry: Arc<Entry>,
+        key: FlightKey,
+        bytes: Bytes,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        let recorded = match self.persist(&entry, &key.0, key.1, bytes.clone()).await {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                tracing::warn!(path = %entry.path, chunk = key.1, error = %e, "could not cache a chunk; served uncached");
+                false
+            }
+        };
+        drop(permit);
         if !recorded {
-            tx.send_replace(Flight::Done(got));
-            self.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            self.forget_flight(&key, &tx.subscribe());
+            tx.send_replace(Flight::Done(Ok(bytes)));
             return;
         }
         tx.send_replace(Flight::Recorded);
         tokio::time::sleep(RECORDED_GRACE).await;
-        let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        if flights.get(&key).is_some_and(|r| r.same_channel(&tx.subscribe())) {
-            flights.remove(&key);
+        self.forget_flight(&key, &tx.subscribe());
+    }
+
+    /// A chunk whose fetch failed: its readers get the error.
+    fn finish_failed(&self, id: &str, k: u64, tx: watch::Sender<Flight>, e: Error) {
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        self.forget_flight(&(id.to_string(), k), &tx.subscribe());
+        tx.send_replace(Flight::Done(Err(e)));
+    }
+
+    /// Chunks `from..` of a run that will not be fetched: their flights go first, so the readers
+    /// told start afresh instead of joining them again.
+    fn abandon(&self, id: &str, from: u64, senders: impl Iterator<Item = watch::Sender<Flight>>) {
+        for (i, tx) in senders.enumerate() {
+            self.forget_flight(&(id.to_string(), from + i as u64), &tx.subscribe());
+            tx.send_replace(Flight::Abandoned);
         }
     }
 

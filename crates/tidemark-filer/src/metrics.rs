@@ -10,9 +10,10 @@ use tidemark_core::cache::CacheStats;
 /// The cache's figures as OpenMetrics text.
 pub fn render(s: &CacheStats) -> Result<String, std::fmt::Error> {
     let mut r = Registry::default();
-    let counters: [(&str, &str, u64); 6] = [
+    let counters: [(&str, &str, u64); 7] = [
         ("tidemark_cache_hits", "Chunks of remote-backed files served from the cache.", s.hits),
         ("tidemark_cache_misses", "Chunks fetched from the bucket because they were not cached.", s.misses),
+        ("tidemark_cache_requests", "Ranged GETs the cache sent to buckets (one fills a run of chunks).", s.requests),
         ("tidemark_cache_fetched_bytes", "Bytes fetched from buckets by the cache.", s.bytes_fetched),
         ("tidemark_cache_served_bytes", "Bytes served from the cache.", s.bytes_served),
         ("tidemark_cache_evictions", "Chunks evicted to keep the cache within its budget.", s.evictions),

@@ -103,7 +103,8 @@ async fn a_second_read_makes_no_remote_call_and_survives_the_object_going() {
 
     assert_eq!(s.read("/m/a.bin", None).await.unwrap(), body);
     let cold = s.stats().await;
-    assert_eq!(cold.misses, 11, "one fetch per chunk");
+    assert_eq!(cold.misses, 11, "every chunk fetched once");
+    assert_eq!(cold.requests, 1, "by one ranged GET for the run of missing chunks");
     assert_eq!(cold.bytes_fetched, body.len() as u64);
     assert_eq!(s.cached("/m/a.bin").await, body.len() as u64);
 
@@ -132,7 +133,8 @@ async fn ranges_fetch_only_their_chunks_cold_and_warm() {
 
     let r = ByteRange { offset: 5 * CHUNK + 10, length: Some(100) };
     assert_eq!(s.read("/m/big.bin", Some(r)).await.unwrap(), &body[5 * CHUNK as usize + 10..][..100]);
-    assert_eq!(s.stats().await.misses, 1, "a small range fetches one chunk, not the object");
+    let st = s.stats().await;
+    assert_eq!((st.misses, st.requests), (1, 1), "a small range fetches one chunk, not the object");
     assert_eq!(s.cached("/m/big.bin").await, CHUNK);
 
     // Across a chunk boundary: one more chunk; the cached one is a hit.
@@ -148,7 +150,30 @@ async fn ranges_fetch_only_their_chunks_cold_and_warm() {
     assert!(s.read("/m/big.bin", Some(r)).await.unwrap().is_empty());
     assert_eq!(s.stats().await.misses, 3);
     assert_eq!(s.read("/m/big.bin", None).await.unwrap(), body);
-    assert_eq!(s.stats().await.misses, 20);
+    let st = s.stats().await;
+    assert_eq!(st.misses, 20);
+    // The runs between the cached chunks: 0..5, 7..19 (chunk 6 came with the second read).
+    assert_eq!(st.requests, 3 + 2, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_early_does_not_fetch_the_whole_object() {
+    let s = setup(1 << 30).await;
+    let body = pattern(60 * CHUNK as usize, 5);
+    s.put("huge.bin", &body);
+    s.sync().await;
+    let (_, mut stream) = s.filer.read("/m/huge.bin", None).await.unwrap();
+    let mut got = 0;
+    while got < 2 * CHUNK as usize {
+        got += stream.next().await.unwrap().unwrap().len();
+    }
+    drop(stream);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let st = s.stats().await;
+    assert!(st.misses <= 10, "a few chunks ahead of the reader at most: {st:?}");
+    // Another reader picks the run up where it waits, and gets every byte.
+    assert_eq!(s.read("/m/huge.bin", None).await.unwrap(), body);
+    assert_eq!(s.stats().await.misses, 60, "still one fetch per chunk");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -174,7 +199,7 @@ async fn concurrent_readers_of_a_cold_object_share_one_fetch_per_chunk() {
     }
     s.filer.cache().idle().await;
     let st = s.stats().await;
-    assert_eq!(st.misses, 4, "one GET per chunk for 32 readers: {st:?}");
+    assert_eq!((st.misses, st.requests), (4, 1), "one GET for 32 readers: {st:?}");
 }
 
 #[tokio::test]

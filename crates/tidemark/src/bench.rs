@@ -30,6 +30,11 @@ pub enum Bench {
     /// event, and a reconcile against the raw LIST — each beside what a plain SDK client achieves
     /// against the same server in the same run. Creates `tidemark-bench-*` buckets and queues.
     S3(crate::bench_s3::S3Bench),
+    /// The content cache against an S3-compatible endpoint (moto in `scripts/bench.sh`): cold read
+    /// of a large object beside a plain SDK GET, warm read beside a local file (in process and over
+    /// the HTTP API), and small-file warm read latency beside the SDK's GET. Creates a
+    /// `tidemark-bench-cache-*` bucket.
+    Cache(crate::bench_cache::CacheBench),
 }
 
 #[derive(Args)]
@@ -116,6 +121,7 @@ pub async fn run(bench: Bench) -> i32 {
         Bench::Apply(b) => crate::bench_apply::run(b.events, b.keys, b.concurrency, b.data_dir, b.store).await,
         Bench::Latency(b) => latency_bench(b).await,
         Bench::S3(b) => crate::bench_s3::run(b).await,
+        Bench::Cache(b) => crate::bench_cache::run(b).await,
     };
     match result {
         Ok(()) => 0,

@@ -33,7 +33,7 @@ use tidemark_core::{Clock, Filer, RemoteStorage, SystemClock};
 use tidemark_engine::apply::Counters;
 use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
 use tidemark_engine::slice::{GATHER, ReconcileMarker, Slice, SliceEnd, SliceObserver, marker_path};
-use tidemark_filer::{DataDir, LocalFiler};
+use tidemark_filer::{CacheConfig, DataDir, LocalFiler};
 
 use crate::bench_apply::{Stages, TimedFiler, TimedQueue, TimedRemote};
 
@@ -65,12 +65,12 @@ pub struct S3Bench {
     put_concurrency: usize,
 }
 
-fn err(e: impl std::fmt::Display) -> String {
+pub(crate) fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
 /// An SDK call's failure in one line: an unreachable endpoint says so, anything else in full.
-fn sdk_err<E: std::error::Error + 'static, R: std::fmt::Debug>(
+pub(crate) fn sdk_err<E: std::error::Error + 'static, R: std::fmt::Debug>(
     op: &str,
     e: aws_sdk_s3::error::SdkError<E, R>,
 ) -> String {
@@ -218,15 +218,35 @@ async fn wait_queued(sqs: &aws_sdk_sqs::Client, url: &str, n: usize) -> Result<(
     }
 }
 
-async fn fresh_filer(dir: &std::path::Path, mount: &Mount) -> Result<Arc<LocalFiler>, String> {
-    let filer = LocalFiler::open(DataDir::open(dir).map_err(err)?).map_err(err)?;
+/// A fresh filer in `dir` with the mount's directory (and, if given, that cache set-up).
+pub(crate) async fn fresh_filer(
+    dir: &std::path::Path,
+    mount: &Mount,
+    cache: Option<CacheConfig>,
+) -> Result<Arc<LocalFiler>, String> {
+    let mut filer = LocalFiler::open(DataDir::open(dir).map_err(err)?).map_err(err)?;
+    if let Some(c) = cache {
+        filer = filer.with_cache(c).map_err(err)?;
+    }
     filer.apply(Txn::put(&mount.dir, NewEntry::dir(0), Origin::System)).await.map_err(err)?;
     Ok(Arc::new(filer))
 }
 
-async fn create_bucket(s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), String> {
+pub(crate) async fn create_bucket(s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), String> {
     s3.create_bucket().bucket(bucket).send().await.map_err(|e| sdk_err(&format!("CreateBucket {bucket}"), e))?;
     Ok(())
+}
+
+/// The remote `bench` on an S3 endpoint.
+pub(crate) fn s3_conf(endpoint: &str, access_key: &str, secret_key: &str, region: &str) -> RemoteConf {
+    RemoteConf {
+        name: "bench".into(),
+        kind: StorageKind::S3,
+        settings: [("endpoint", endpoint), ("access_key", access_key), ("secret_key", secret_key), ("region", region)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
 }
 
 /// One applied event's calls: the per-event share of a run's HEAD, receive and delete calls.
@@ -240,19 +260,7 @@ pub async fn run(b: S3Bench) -> Result<(), String> {
     if b.events == 0 || b.concurrency.is_empty() || b.concurrency.contains(&0) {
         return Err("--events and every --concurrency must be at least 1".into());
     }
-    let conf = RemoteConf {
-        name: "bench".into(),
-        kind: StorageKind::S3,
-        settings: [
-            ("endpoint", b.endpoint.as_str()),
-            ("access_key", b.access_key.as_str()),
-            ("secret_key", b.secret_key.as_str()),
-            ("region", b.region.as_str()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect(),
-    };
+    let conf = s3_conf(&b.endpoint, &b.access_key, &b.secret_key, &b.region);
     let run = format!(
         "{:x}",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
@@ -333,7 +341,7 @@ async fn apply_runs(
         // concurrency and the receive/delete share (the faster way) one after another, as in a slice.
         let limit = b.events as f64 / (head_secs + rd_secs);
         let stages = Arc::new(Stages::default());
-        let filer = fresh_filer(&tmp.path().join(format!("c{c}")), &mount).await?;
+        let filer = fresh_filer(&tmp.path().join(format!("c{c}")), &mount, None).await?;
         let remote = TimedRemote(storage.clone(), stages.clone());
         let source = TimedQueue(SqsSource::new(sqs.clone(), queue_url).with_visibility(visibility), stages.clone());
         let timed_filer = TimedFiler(filer.clone(), stages.clone());
@@ -495,7 +503,7 @@ async fn reconcile_run(b: &S3Bench, conf: &RemoteConf, s3: &aws_sdk_s3::Client, 
         sync: false,
     };
     let tmp = tempfile::tempdir().map_err(err)?;
-    let filer = fresh_filer(tmp.path(), &mount).await?;
+    let filer = fresh_filer(tmp.path(), &mount, None).await?;
     let stages = Arc::new(Stages::default());
     let remote = TimedRemote(storage, stages.clone());
     let opts = ReconcileOptions { page_size: 1000, ..Default::default() };

@@ -3,6 +3,7 @@
 
 pub mod bench;
 mod bench_apply;
+mod bench_cache;
 mod bench_s3;
 pub mod events_cmd;
 pub mod quickstart;

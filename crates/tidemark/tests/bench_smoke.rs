@@ -47,6 +47,30 @@ fn the_moto_benchmarks_print_each_figure_beside_its_limit() {
     ] {
         assert!(s3.contains(expected), "no {expected:?} in:\n{s3}");
     }
+    let cache = bench(&[
+        "cache",
+        "--endpoint",
+        &moto.endpoint,
+        "--size",
+        "1M",
+        "--small",
+        "3",
+        "--rounds",
+        "1",
+        "--chunk",
+        "256K",
+    ]);
+    for expected in [
+        "cold read:",
+        "plain client GET",
+        "warm read:",
+        "local file",
+        "over the HTTP API",
+        "small-file warm read",
+        "0 during the warm rounds",
+    ] {
+        assert!(cache.contains(expected), "no {expected:?} in:\n{cache}");
+    }
     let bad =
         Command::new(bin()).args(["bench", "s3", "--endpoint", &moto.endpoint, "--events", "0"]).output().unwrap();
     assert!(!bad.status.success());

@@ -1,7 +1,7 @@
 //! The content cache as a user meets it: `tidemark server` against a real S3 (moto), read with
 //! the shell and the filer's HTTP API. A second read makes no remote call (the cache's counters,
-//! and a private moto that is then stopped); 32 readers of a cold object cost one GET per
-//! chunk; an overwrite in the bucket is what the next read returns once its event is applied or
+//! and a private moto that is then stopped); 32 readers of a cold object fetch each chunk once,
+//! with one GET; an overwrite in the bucket is what the next read returns once its event is applied or
 //! `remote.meta.sync` ran; `remote.cache`/`remote.uncache` with filters; eviction within a small
 //! `--cache-size`; a SIGKILL during a large fetch leaves no bytes that a read would serve.
 
@@ -146,7 +146,8 @@ async fn reads_are_local_once_cached_and_survive_the_bucket_going() {
         assert_eq!(r.await.unwrap(), big);
     }
     let after = w.stats().await;
-    assert_eq!(after.misses - warm.misses, 4, "4 chunks, 4 GETs for 32 readers: {after:?}");
+    assert_eq!(after.misses - warm.misses, 4, "4 chunks, each fetched once for 32 readers: {after:?}");
+    assert_eq!(after.requests - warm.requests, 1, "by one ranged GET: {after:?}");
     w.settle("/mnt/s3/big.bin", big.len() as u64).await;
 
     // remote.cache with a filter; fs.ls -l and fs.meta.cat show what is cached.

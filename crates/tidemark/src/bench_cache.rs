@@ -1,0 +1,289 @@
+//! `tidemark bench cache`: the content cache against an S3-compatible endpoint (moto in
+//! `scripts/bench.sh`), each figure beside its limit measured in the same run:
+//!
+//! - cold read of a large object through the filer ÷ a plain SDK GetObject of the same object;
+//! - warm read of it (from the cache) ÷ reading the same bytes from a local file;
+//! - the same warm read through the filer's HTTP API (what the shell and gateways use);
+//! - small-file warm reads, p50/p99, in process and over HTTP, beside the plain SDK's GET of the
+//!   same objects from the endpoint.
+//!
+//! It creates a bucket named `tidemark-bench-cache-<run>`; meant for an emulator.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use clap::Args;
+use futures::StreamExt;
+
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_core::cache::{human_bytes, parse_size};
+use tidemark_core::remote::{Mount, MountMapping, RemoteConf, RemoteLocation, system_paths};
+use tidemark_core::{ByteStream, Filer, RemoteStorage};
+use tidemark_engine::docs::write_json;
+use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
+use tidemark_filer::{CacheConfig, HttpFiler};
+
+use crate::bench_s3::{create_bucket, err, fresh_filer, s3_conf, sdk_err};
+
+#[derive(Args)]
+pub struct CacheBench {
+    /// The S3 endpoint.
+    #[arg(long, env = "TIDEMARK_BENCH_S3_ENDPOINT")]
+    endpoint: String,
+    /// The endpoint's access key (moto takes any).
+    #[arg(long, default_value = "testing")]
+    access_key: String,
+    /// The endpoint's secret key.
+    #[arg(long, default_value = "testing", hide_default_value = true)]
+    secret_key: String,
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// The large object's size (K/M/G suffixes).
+    #[arg(long, default_value = "128M")]
+    size: String,
+    /// How many 4 KiB objects the small-file latencies are measured on.
+    #[arg(long, default_value_t = 200)]
+    small: usize,
+    /// Warm reads of each small file (after the one that caches it).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// The cache's chunk size.
+    #[arg(long, default_value = "8M")]
+    chunk: String,
+}
+
+const SMALL_BYTES: usize = 4096;
+const DIR: &str = "/mnt/bench";
+
+async fn drain(mut s: ByteStream) -> Result<u64, String> {
+    let mut n = 0u64;
+    while let Some(part) = s.next().await {
+        n += part.map_err(err)?.len() as u64;
+    }
+    Ok(n)
+}
+
+/// Seconds to read `path` through `filer`, checking the length.
+async fn timed_read(filer: &dyn Filer, path: &str, want: u64) -> Result<f64, String> {
+    let t = Instant::now();
+    let (_, s) = filer.read(path, None).await.map_err(err)?;
+    let got = drain(s).await?;
+    if got != want {
+        return Err(format!("{path}: read {got} bytes, expected {want}"));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Seconds for a plain SDK GetObject of `key`, the body read to its end.
+async fn sdk_get(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<(f64, u64), String> {
+    let t = Instant::now();
+    let out = s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| sdk_err("GetObject", e))?;
+    let mut body = out.body;
+    let mut n = 0u64;
+    while let Some(part) = body.try_next().await.map_err(err)? {
+        n += part.len() as u64;
+    }
+    Ok((t.elapsed().as_secs_f64(), n))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms_p50_p99(mut samples: Vec<f64>) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    (percentile(&samples, 0.5) * 1e3, percentile(&samples, 0.99) * 1e3)
+}
+
+fn mib_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / secs
+}
+
+fn best(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+pub async fn run(b: CacheBench) -> Result<(), String> {
+    let size = parse_size(&b.size).map_err(err)?;
+    let chunk = parse_size(&b.chunk).map_err(err)?;
+    if size == 0 || chunk < 4096 || b.small == 0 || b.rounds == 0 {
+        return Err("--size, --small and --rounds must be at least 1, --chunk at least 4K".into());
+    }
+    let conf: RemoteConf = s3_conf(&b.endpoint, &b.access_key, &b.secret_key, &b.region);
+    let run = format!(
+        "{:x}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
+    );
+    let bucket = format!("tidemark-bench-cache-{run}");
+    let storage = S3Storage::connect(&conf, &bucket).await.map_err(err)?;
+    let s3 = storage.client().clone();
+    create_bucket(&s3, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint))?;
+    let large: Bytes = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>().into();
+    let t = Instant::now();
+    storage.put("large.bin", large.clone(), Default::default()).await.map_err(err)?;
+    println!(
+        "bench cache: {} ({bucket}): a {} object put in {:.1} s; {} objects of 4 KiB; chunks of {}",
+        b.endpoint,
+        human_bytes(size),
+        t.elapsed().as_secs_f64(),
+        b.small,
+        human_bytes(chunk)
+    );
+    let small_keys: Vec<String> = (0..b.small).map(|i| format!("small/{i:05}.bin")).collect();
+    futures::stream::iter(&small_keys)
+        .map(|k| storage.put(k, Bytes::from(vec![b's'; SMALL_BYTES]), Default::default()))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+
+    // A filer whose cache holds everything, with the bucket mounted and its metadata imported.
+    let tmp = tempfile::tempdir().map_err(err)?;
+    let mount = Mount {
+        dir: DIR.into(),
+        location: RemoteLocation { storage: conf.name.clone(), bucket: bucket.clone(), path: String::new() },
+        sync: false,
+    };
+    let budget = size * 2 + (b.small * SMALL_BYTES) as u64 + (64 << 20);
+    let filer = fresh_filer(tmp.path(), &mount, Some(CacheConfig { budget_bytes: budget, chunk_bytes: chunk })).await?;
+    write_json(&*filer, &system_paths::remote_conf(&conf.name), &conf, None).await.map_err(err)?;
+    write_json(&*filer, system_paths::MOUNT_MAPPING, &MountMapping { mounts: vec![mount.clone()] }, None)
+        .await
+        .map_err(err)?;
+    reconcile(&*filer, &storage, &mount, &ReconcileOptions::default(), &mut |_| {}).await.map_err(err)?;
+    let path = format!("{DIR}/large.bin");
+
+    // Cold: the filer's first read beside the plain client's GET, before and after it.
+    let (sdk1, n) = sdk_get(&s3, &bucket, "large.bin").await?;
+    if n != size {
+        return Err(format!("GetObject returned {n} bytes of {size}"));
+    }
+    let cold = timed_read(&*filer, &path, size).await?;
+    filer.cache().idle().await;
+    let (sdk2, _) = sdk_get(&s3, &bucket, "large.bin").await?;
+    let sdk = sdk1.min(sdk2);
+    println!(
+        "  cold read: {:.0} MiB/s ({cold:.2} s) | plain client GET: {:.0} MiB/s (best of {sdk1:.2} / {sdk2:.2} s) | ratio {:.2}",
+        mib_s(size, cold),
+        mib_s(size, sdk),
+        sdk / cold
+    );
+
+    // What caching costs on this disk: the same bytes written as the cache writes them (a file
+    // per chunk, fsynced), while nothing else runs.
+    let disk = write_chunks(&tmp.path().join("disk-limit"), &large, chunk as usize)?;
+    println!(
+        "  the cache's disk: {:.0} MiB/s writing the same bytes in fsynced chunk files ({disk:.2} s) | cold read ÷ the slower of GET and disk: {:.2}",
+        mib_s(size, disk),
+        sdk.max(disk) / cold
+    );
+
+    // Warm: from the cache, beside the same bytes read from a local file of the same disk.
+    let local = tmp.path().join("local-copy.bin");
+    std::fs::write(&local, &large).map_err(err)?;
+    let mut warm = Vec::new();
+    let mut plain = Vec::new();
+    for _ in 0..3 {
+        warm.push(timed_read(&*filer, &path, size).await?);
+        plain.push(read_local(&local, chunk as usize)?);
+    }
+    let (warm, plain) = (best(&warm), best(&plain));
+    println!(
+        "  warm read: {:.0} MiB/s ({warm:.3} s) | local file: {:.0} MiB/s ({plain:.3} s) | ratio {:.2}",
+        mib_s(size, warm),
+        mib_s(size, plain),
+        plain / warm
+    );
+
+    // The same through the filer's HTTP API on loopback.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    let served: Arc<dyn Filer> = filer.clone();
+    let server = tokio::spawn(tidemark_filer::http::serve(listener, served, None, std::future::pending()));
+    let http = HttpFiler::new(&addr.to_string(), None).map_err(err)?;
+    let mut over_http = Vec::new();
+    for _ in 0..3 {
+        over_http.push(timed_read(&http, &path, size).await?);
+    }
+    let over_http = best(&over_http);
+    println!(
+        "  warm read over the HTTP API: {:.0} MiB/s ({over_http:.3} s) | ratio to the local file {:.2}",
+        mib_s(size, over_http),
+        plain / over_http
+    );
+
+    // Small files: one read caches each, then warm reads are timed one at a time.
+    let paths: Vec<String> = small_keys.iter().map(|k| format!("{DIR}/{k}")).collect();
+    for p in &paths {
+        timed_read(&*filer, p, SMALL_BYTES as u64).await?;
+    }
+    filer.cache().idle().await;
+    let misses = filer.cache_stats().await.map_err(err)?.misses;
+    let (mut inproc, mut via_http, mut sdk_small) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..b.rounds {
+        for (p, k) in paths.iter().zip(&small_keys) {
+            inproc.push(timed_read(&*filer, p, SMALL_BYTES as u64).await?);
+            via_http.push(timed_read(&http, p, SMALL_BYTES as u64).await?);
+            sdk_small.push(sdk_get(&s3, &bucket, k).await?.0);
+        }
+    }
+    let after = filer.cache_stats().await.map_err(err)?;
+    let ((i50, i99), (h50, h99), (s50, s99)) = (ms_p50_p99(inproc), ms_p50_p99(via_http), ms_p50_p99(sdk_small));
+    println!(
+        "  small-file warm read ({} reads of 4 KiB): in process p50 {i50:.2} ms, p99 {i99:.2} ms | over HTTP p50 {h50:.2} ms, p99 {h99:.2} ms | plain client GET from the endpoint p50 {s50:.2} ms, p99 {s99:.2} ms | HTTP ÷ GET p50 {:.2}",
+        b.small * b.rounds,
+        h50 / s50
+    );
+    println!(
+        "  cache: {} hits, {} misses ({} during the warm rounds), {} resident",
+        after.hits,
+        after.misses,
+        after.misses - misses,
+        human_bytes(after.resident_bytes)
+    );
+    server.abort();
+    println!("  (the bucket {bucket} is left on the endpoint)");
+    Ok(())
+}
+
+/// Seconds to write `bytes` into `dir` as files of `chunk` bytes, each fsynced, and the
+/// directory after them (as the cache places a chunk).
+fn write_chunks(dir: &std::path::Path, bytes: &[u8], chunk: usize) -> Result<f64, String> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let t = Instant::now();
+    for (i, part) in bytes.chunks(chunk).enumerate() {
+        let mut f = std::fs::File::create(dir.join(i.to_string())).map_err(err)?;
+        f.write_all(part).map_err(err)?;
+        f.sync_all().map_err(err)?;
+    }
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+    let secs = t.elapsed().as_secs_f64();
+    std::fs::remove_dir_all(dir).map_err(err)?;
+    Ok(secs)
+}
+
+/// Seconds to read a local file in `buf`-sized reads.
+fn read_local(p: &std::path::Path, buf: usize) -> Result<f64, String> {
+    use std::io::Read;
+    let t = Instant::now();
+    let mut f = std::fs::File::open(p).map_err(err)?;
+    let mut b = vec![0u8; buf];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut b).map_err(err)?;
+        if k == 0 {
+            break;
+        }
+        n += k as u64;
+    }
+    std::hint::black_box(n);
+    Ok(t.elapsed().as_secs_f64())
+}
