@@ -5,4 +5,4 @@ pub mod emulators;
 pub mod process;
 
 pub use emulators::{Azurite, FakeGcs, Moto, Postgres, PubSub, unique_name};
-pub use process::{TidemarkProcess, eventually, free_port, ok, run_shell};
+pub use process::{TidemarkProcess, eventually, fails, free_port, ok, run_shell};

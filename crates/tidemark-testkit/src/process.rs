@@ -178,6 +178,14 @@ pub fn ok(o: Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// The stderr of a command that must have failed with exit status 1, and not by a panic.
+pub fn fails(o: Output) -> String {
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(o.status.code(), Some(1), "should fail: {}\n{stderr}", String::from_utf8_lossy(&o.stdout));
+    stderr
+}
+
 /// Polls `check` until it holds; fails the test naming `what` after 40 s.
 pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(40);

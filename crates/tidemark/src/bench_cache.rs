@@ -18,27 +18,18 @@ use futures::StreamExt;
 
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::cache::{human_bytes, parse_size};
-use tidemark_core::remote::{Mount, MountMapping, RemoteConf, RemoteLocation, system_paths};
+use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
 use tidemark_core::{ByteStream, Filer, RemoteStorage};
 use tidemark_engine::docs::write_json;
 use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
 use tidemark_filer::{CacheConfig, HttpFiler};
 
-use crate::bench_s3::{create_bucket, err, fresh_filer, s3_conf, sdk_err};
+use crate::bench_s3::{Endpoint, create_bucket, err, fresh_filer, sdk_err};
 
 #[derive(Args)]
 pub struct CacheBench {
-    /// The S3 endpoint.
-    #[arg(long, env = "TIDEMARK_BENCH_S3_ENDPOINT")]
-    endpoint: String,
-    /// The endpoint's access key (moto takes any).
-    #[arg(long, default_value = "testing")]
-    access_key: String,
-    /// The endpoint's secret key.
-    #[arg(long, default_value = "testing", hide_default_value = true)]
-    secret_key: String,
-    #[arg(long, default_value = "us-east-1")]
-    region: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
     /// The large object's size (K/M/G suffixes).
     #[arg(long, default_value = "128M")]
     size: String,
@@ -114,7 +105,7 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
     if size == 0 || chunk < 4096 || b.small == 0 || b.rounds == 0 {
         return Err("--size, --small and --rounds must be at least 1, --chunk at least 4K".into());
     }
-    let conf: RemoteConf = s3_conf(&b.endpoint, &b.access_key, &b.secret_key, &b.region);
+    let conf = b.endpoint.conf();
     let run = format!(
         "{:x}",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
@@ -122,13 +113,13 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
     let bucket = format!("tidemark-bench-cache-{run}");
     let storage = S3Storage::connect(&conf, &bucket).await.map_err(err)?;
     let s3 = storage.client().clone();
-    create_bucket(&s3, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint))?;
+    create_bucket(&s3, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint.endpoint))?;
     let large: Bytes = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>().into();
     let t = Instant::now();
     storage.put("large.bin", large.clone(), Default::default()).await.map_err(err)?;
     println!(
         "bench cache: {} ({bucket}): a {} object put in {:.1} s; {} objects of 4 KiB; chunks of {}",
-        b.endpoint,
+        b.endpoint.endpoint,
         human_bytes(size),
         t.elapsed().as_secs_f64(),
         b.small,

@@ -39,17 +39,8 @@ use crate::bench_apply::{Stages, TimedFiler, TimedQueue, TimedRemote};
 
 #[derive(Args)]
 pub struct S3Bench {
-    /// The S3 endpoint, which must serve SQS too (moto does).
-    #[arg(long, env = "TIDEMARK_BENCH_S3_ENDPOINT")]
-    endpoint: String,
-    /// The endpoint's access key (moto takes any).
-    #[arg(long, default_value = "testing")]
-    access_key: String,
-    /// The endpoint's secret key.
-    #[arg(long, default_value = "testing", hide_default_value = true)]
-    secret_key: String,
-    #[arg(long, default_value = "us-east-1")]
-    region: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
     /// Notifications per apply run (each run puts this many new objects first). moto's receive
     /// scans its whole queue, so much larger backlogs measure moto rather than Tidemark.
     #[arg(long, default_value_t = 300)]
@@ -63,6 +54,41 @@ pub struct S3Bench {
     /// Concurrent puts while filling the buckets.
     #[arg(long, default_value_t = 16)]
     put_concurrency: usize,
+}
+
+/// An S3-compatible endpoint and its credentials.
+#[derive(Args)]
+pub struct Endpoint {
+    /// The S3 endpoint (for `bench s3`, one that serves SQS too, as moto does).
+    #[arg(long, env = "TIDEMARK_BENCH_S3_ENDPOINT")]
+    pub endpoint: String,
+    /// The endpoint's access key (moto takes any).
+    #[arg(long, default_value = "testing")]
+    pub access_key: String,
+    /// The endpoint's secret key.
+    #[arg(long, default_value = "testing", hide_default_value = true)]
+    pub secret_key: String,
+    #[arg(long, default_value = "us-east-1")]
+    pub region: String,
+}
+
+impl Endpoint {
+    /// The remote `bench` on this endpoint.
+    pub(crate) fn conf(&self) -> RemoteConf {
+        RemoteConf {
+            name: "bench".into(),
+            kind: StorageKind::S3,
+            settings: [
+                ("endpoint", &self.endpoint),
+                ("access_key", &self.access_key),
+                ("secret_key", &self.secret_key),
+                ("region", &self.region),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        }
+    }
 }
 
 pub(crate) fn err(e: impl std::fmt::Display) -> String {
@@ -237,18 +263,6 @@ pub(crate) async fn create_bucket(s3: &aws_sdk_s3::Client, bucket: &str) -> Resu
     Ok(())
 }
 
-/// The remote `bench` on an S3 endpoint.
-pub(crate) fn s3_conf(endpoint: &str, access_key: &str, secret_key: &str, region: &str) -> RemoteConf {
-    RemoteConf {
-        name: "bench".into(),
-        kind: StorageKind::S3,
-        settings: [("endpoint", endpoint), ("access_key", access_key), ("secret_key", secret_key), ("region", region)]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    }
-}
-
 /// One applied event's calls: the per-event share of a run's HEAD, receive and delete calls.
 struct Cost {
     heads: f64,
@@ -260,7 +274,7 @@ pub async fn run(b: S3Bench) -> Result<(), String> {
     if b.events == 0 || b.concurrency.is_empty() || b.concurrency.contains(&0) {
         return Err("--events and every --concurrency must be at least 1".into());
     }
-    let conf = s3_conf(&b.endpoint, &b.access_key, &b.secret_key, &b.region);
+    let conf = b.endpoint.conf();
     let run = format!(
         "{:x}",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
@@ -269,7 +283,7 @@ pub async fn run(b: S3Bench) -> Result<(), String> {
     let storage = S3Storage::connect(&conf, &bucket).await.map_err(err)?;
     let s3 = storage.client().clone();
     let sqs = tidemark_cloud::aws::sqs::client(&conf).await.map_err(err)?;
-    create_bucket(&s3, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint))?;
+    create_bucket(&s3, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint.endpoint))?;
     let notifications = S3Notifications::connect(&conf, &bucket).await.map_err(err)?;
     let mut managed = ManagedResources::default();
     let types = EventTypes::default();
@@ -277,7 +291,7 @@ pub async fn run(b: S3Bench) -> Result<(), String> {
         notifications.provision_sqs_direct(&bucket, "", &types, &|_| run.clone(), &mut managed).await.map_err(err)?;
     println!(
         "bench s3: {} ({}), bucket {bucket} with S3 → SQS notifications; {} events per run, concurrencies {:?}",
-        b.endpoint,
+        b.endpoint.endpoint,
         storage.describe(),
         b.events,
         b.concurrency

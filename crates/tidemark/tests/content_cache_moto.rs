@@ -17,26 +17,10 @@ use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::cache::CacheStats;
 use tidemark_core::{Filer, RemoteStorage};
 use tidemark_filer::HttpFiler;
-use tidemark_testkit::{Moto, TidemarkProcess, eventually, run_shell, unique_name};
+use tidemark_testkit::{Moto, TidemarkProcess, eventually, fails, ok, run_shell, unique_name};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(o: Output) -> String {
-    assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
-    assert!(o.status.success(), "failed: {}\n{}", text(&o.stdout), text(&o.stderr));
-    text(&o.stdout)
-}
-
-fn fails(o: Output) -> String {
-    assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
-    assert_eq!(o.status.code(), Some(1), "should fail: {}\n{}", text(&o.stdout), text(&o.stderr));
-    text(&o.stderr)
 }
 
 const CHUNK: usize = 64 * 1024;
