@@ -23,7 +23,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -146,6 +146,7 @@ struct Inner {
     /// One round of housekeeping at a time (the timer's, a wake-up's, a caller's).
     housekeeping: tokio::sync::Mutex<()>,
     fetch_permits: Arc<tokio::sync::Semaphore>,
+    started: AtomicBool,
 }
 
 /// The filer's content cache (cheap to clone).
@@ -174,8 +175,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 
 impl ContentCache {
     /// Opens the cache under `root` (`root/cache/`): clears partial fetches a crash left, and
-    /// reads or creates this data directory's node id. Background housekeeping (the sweep of
-    /// unrecorded bytes, last-read times, the budget) starts when a Tokio runtime is running.
+    /// reads or creates this data directory's node id. Background housekeeping starts with
+    /// [`ContentCache::start`].
     pub fn open(
         root: &Path,
         store: Arc<dyn MetaStore>,
@@ -219,11 +220,19 @@ impl ContentCache {
             wake: Arc::new(Notify::new()),
             housekeeping: tokio::sync::Mutex::new(()),
             fetch_permits: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHES)),
+            started: AtomicBool::new(false),
         });
-        if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(housekeeping(Arc::downgrade(&inner), inner.wake.clone()));
-        }
         Ok(ContentCache { inner })
+    }
+
+    /// Starts background housekeeping (the sweep of unrecorded bytes, then last-read times and
+    /// the budget every few seconds), once; every use of the cache calls it. Not at `open`: a
+    /// cache replaced before its first use (`LocalFiler::with_cache`) must not sweep beside its
+    /// successor, whose fetches in flight it cannot see.
+    pub fn start(&self) {
+        if !self.inner.started.swap(true, Ordering::AcqRel) && tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(housekeeping(Arc::downgrade(&self.inner), self.inner.wake.clone()));
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -234,14 +243,11 @@ impl ContentCache {
         &self.inner.node
     }
 
-    pub fn config(&self) -> CacheConfig {
-        self.inner.config
-    }
-
     /// Streams `range` of a remote-backed entry's content, from the cache where it holds the
     /// chunks and from the bucket (caching them) where it does not. An error about the first
     /// chunk (the bucket unreachable, the object changed) is returned here, not mid-stream.
     pub async fn read(&self, entry: &Entry, range: Option<ByteRange>) -> Result<ByteStream> {
+        self.start();
         let inner = &self.inner;
         let Some(id) = content_id(entry) else {
             return Err(Error::internal(format!("{}: not remote-backed content", entry.path)));
@@ -257,14 +263,7 @@ impl ContentCache {
         if span.is_empty() {
             return Ok(futures::stream::empty().boxed());
         }
-        let present: HashSet<u64> = inner
-            .store
-            .cache_chunks(&inner.node, &entry.path)
-            .await?
-            .into_iter()
-            .filter(|c| c.content_id == id)
-            .map(|c| c.chunk)
-            .collect();
+        let present: HashSet<u64> = inner.held(&entry.path, &id).await?.iter().map(|c| c.chunk).collect();
         let chunk_bytes = inner.config.chunk_bytes;
         let ends = run_ends(span.clone(), &present);
         let (inner, entry, id) = (inner.clone(), Arc::new(entry.clone()), Arc::new(id));
@@ -296,14 +295,7 @@ impl ContentCache {
         let Some(id) = content_id(entry) else {
             return Ok(CacheStatus { path: path.into(), size: entry.size, cached_bytes: 0, chunks: 0, remote: false });
         };
-        let mine: Vec<CachedChunk> = self
-            .inner
-            .store
-            .cache_chunks(&self.inner.node, path)
-            .await?
-            .into_iter()
-            .filter(|c| c.content_id == id)
-            .collect();
+        let mine = self.inner.held(path, &id).await?;
         Ok(CacheStatus {
             path: path.into(),
             size: entry.size,
@@ -316,7 +308,7 @@ impl ContentCache {
     /// Fetches every chunk of `entry` not cached yet; with `wait`, returns when they are
     /// recorded, else at once (the fetch goes on in the background).
     pub async fn fetch(&self, entry: &Entry, wait: bool) -> Result<CacheOutcome> {
-        let status = self.status(&entry.path, Some(entry)).await?;
+        self.start();
         let outcome = |bytes, cached_bytes, skipped: Option<&str>| CacheOutcome {
             path: entry.path.clone(),
             size: entry.size,
@@ -324,22 +316,15 @@ impl ContentCache {
             cached_bytes,
             skipped: skipped.map(str::to_string),
         };
-        if !status.remote {
+        let Some(id) = content_id(entry) else {
             return Ok(outcome(0, 0, Some(skip_reason(entry))));
-        }
+        };
         if !self.enabled() {
             return Ok(outcome(0, 0, Some("the cache is off (--cache-size 0)")));
         }
-        let id = content_id(entry).unwrap_or_default();
-        let present: HashSet<u64> = self
-            .inner
-            .store
-            .cache_chunks(&self.inner.node, &entry.path)
-            .await?
-            .into_iter()
-            .filter(|c| c.content_id == id)
-            .map(|c| c.chunk)
-            .collect();
+        let held = self.inner.held(&entry.path, &id).await?;
+        let cached_before: u64 = held.iter().map(|c| c.len).sum();
+        let present: HashSet<u64> = held.iter().map(|c| c.chunk).collect();
         let span = chunks_of(entry.size, 0, None, self.inner.config.chunk_bytes);
         let ends = run_ends(span.clone(), &present);
         let missing: Vec<(u64, u64)> =
@@ -366,7 +351,7 @@ impl ContentCache {
                     tracing::warn!(path = %path, error = %e, "prefetch failed");
                 }
             });
-            return Ok(outcome(0, status.cached_bytes, None));
+            return Ok(outcome(0, cached_before, None));
         }
         let fetched = work.await?;
         let after = self.status(&entry.path, Some(entry)).await?;
@@ -375,6 +360,7 @@ impl ContentCache {
 
     /// Forgets every cached chunk of `path` (any version) and removes their bytes.
     pub async fn drop_path(&self, path: &str, entry: Option<&Entry>) -> Result<CacheOutcome> {
+        self.start();
         let inner = &self.inner;
         let rows = inner.store.cache_chunks(&inner.node, path).await?;
         let gone = inner.store.cache_forget(&rows).await?;
@@ -456,12 +442,14 @@ impl ContentCache {
     /// Writes pending last-read times, enforces the budget and refreshes the resident figures
     /// (what housekeeping does every few seconds).
     pub async fn housekeep(&self) -> Result<()> {
+        self.start();
         self.inner.housekeep().await
     }
 
     /// Removes cached bytes that no record names (left by a crash, or by another filer's
     /// invalidating write on a shared store); returns how many files went.
     pub async fn sweep(&self) -> Result<u64> {
+        self.start();
         self.inner.sweep().await
     }
 }
@@ -514,6 +502,13 @@ impl Source {
 }
 
 impl Inner {
+    /// This node's records of content id `id` of `path`, in chunk order.
+    async fn held(&self, path: &str, id: &str) -> Result<Vec<CachedChunk>> {
+        let mut rows = self.store.cache_chunks(&self.node, path).await?;
+        rows.retain(|c| c.content_id == id);
+        Ok(rows)
+    }
+
     fn id_dir(&self, id: &str) -> PathBuf {
         self.dir.join(&id[..2]).join(id)
     }
@@ -840,17 +835,7 @@ impl Inner {
     async fn unrecorded(&self, gone: &[CachedChunk]) {
         let files: Vec<PathBuf> =
             gone.iter().filter(|c| valid_id(&c.content_id)).map(|c| self.chunk_file(&c.content_id, c.chunk)).collect();
-        let _ = blocking(move || {
-            for f in files {
-                let _ = std::fs::remove_file(&f);
-                if let Some(dir) = f.parent() {
-                    // Only succeeds once the directory is empty.
-                    let _ = std::fs::remove_dir(dir);
-                }
-            }
-            Ok(())
-        })
-        .await;
+        let _ = remove_files(files).await;
         let bytes: u64 = gone.iter().map(|c| c.len).sum();
         saturating_sub(&self.counters.resident_bytes, bytes);
         saturating_sub(&self.counters.resident_chunks, gone.len() as u64);
@@ -939,20 +924,26 @@ impl Inner {
             .filter(|(id, k, _)| !busy.contains(id) && !recorded.contains(&(id.clone(), *k)))
             .map(|(_, _, p)| p)
             .collect();
-        blocking(move || {
-            let mut removed = 0u64;
-            for f in strays {
-                if std::fs::remove_file(&f).is_ok() {
-                    removed += 1;
-                }
-                if let Some(d) = f.parent() {
-                    let _ = std::fs::remove_dir(d);
-                }
-            }
-            Ok(removed)
-        })
-        .await
+        remove_files(strays).await
     }
+}
+
+/// Removes chunk files, and each one's content-id directory once it is empty; how many went.
+async fn remove_files(files: Vec<PathBuf>) -> Result<u64> {
+    blocking(move || {
+        let mut removed = 0u64;
+        for f in files {
+            if std::fs::remove_file(&f).is_ok() {
+                removed += 1;
+            }
+            if let Some(dir) = f.parent() {
+                // Only succeeds once the directory is empty.
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+        Ok(removed)
+    })
+    .await
 }
 
 /// The sweep once at start, then last-read times and the budget every few seconds (or when a

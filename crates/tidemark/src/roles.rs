@@ -166,6 +166,8 @@ async fn open_filer(data_dir: &PathBuf, common: &StoreArgs) -> Result<LocalFiler
     };
     let config = CacheConfig { budget_bytes: budget, chunk_bytes: common.cache_chunk_size };
     let filer = filer.with_cache(config).map_err(|e| e.to_string())?;
+    // Sweep what a crash left now, not at the first read.
+    filer.cache().start();
     if budget == 0 {
         tracing::info!("content cache off (--cache-size 0): every read of a remote-backed file goes to its bucket");
     } else {

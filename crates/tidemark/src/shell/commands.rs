@@ -280,7 +280,15 @@ fn print_entry(out: Out<'_>, e: &Entry, long: Option<&str>) -> std::io::Result<(
 async fn cache_columns(ctx: &Context, entries: &[Entry]) -> Vec<String> {
     let remote: Vec<String> = entries.iter().filter(|e| e.content == Content::Remote).map(|e| e.path.clone()).collect();
     let status = if remote.is_empty() { Vec::new() } else { ctx.filer.cache_status(&remote).await.unwrap_or_default() };
-    entries.iter().map(|e| cache::cache_column(e, status.iter().find(|s| s.path == e.path))).collect()
+    // The answers come in the order asked: the remote-backed entries' order.
+    let mut answers = status.iter();
+    entries
+        .iter()
+        .map(|e| {
+            let s = if e.content == Content::Remote { answers.next() } else { None };
+            cache::cache_column(e, s)
+        })
+        .collect()
 }
 
 async fn fs_ls(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
