@@ -54,7 +54,7 @@ start_server() { # NAME EXTRA...
   local name=$1; shift
   local fport aport
   fport=$(free_port); aport=$(free_port)
-  "$bin" server --data-dir "$work/$name" --filer-addr "127.0.0.1:$fport" --admin-addr "127.0.0.1:$aport" "$@" \
+  "$bin" server --data-dir "$work/$name" --filer-addr "127.0.0.1:$fport" --admin-addr "127.0.0.1:$aport" --s3-addr off "$@" \
     >"$work/$name.out" 2>"$work/$name.err" &
   pids+=($!)
   wait_line "$work/$name.out" "admin listening"

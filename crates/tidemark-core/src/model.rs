@@ -224,6 +224,11 @@ pub struct Txn {
 /// Upper bound on inline content; larger content belongs in a blob.
 pub const MAX_INLINE_BYTES: usize = 64 * 1024;
 
+/// The extended attribute in which the filer records the MD5 (hex) of the bytes a write stored:
+/// the S3 gateway's ETag of a local file. Set by every content write, so it is never stale for
+/// local content; a remote-backed entry's ETag is its remote object's.
+pub const MD5_ATTR: &str = "md5";
+
 impl Txn {
     pub fn put(path: impl Into<String>, entry: NewEntry, origin: Origin) -> Self {
         Txn {

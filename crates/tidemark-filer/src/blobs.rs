@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
+use md5::{Digest, Md5};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use tidemark_core::model::MAX_INLINE_BYTES;
@@ -19,6 +20,17 @@ use tidemark_core::{ByteRange, ByteStream, Error, Result};
 pub enum Stored {
     Inline(Bytes),
     Blob { id: String, size: u64 },
+}
+
+/// The stored bytes and their MD5 (hex), hashed as they streamed in.
+#[derive(Debug)]
+pub struct StoredContent {
+    pub stored: Stored,
+    pub md5: String,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[derive(Debug, Clone)]
@@ -64,19 +76,21 @@ impl BlobDir {
     }
 
     /// Consumes `body`; returns its bytes inline if small, else as a durable blob.
-    pub async fn store(&self, mut body: ByteStream) -> Result<Stored> {
+    pub async fn store(&self, mut body: ByteStream) -> Result<StoredContent> {
         let mut head = BytesMut::new();
+        let mut md5 = Md5::new();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| Error::io("reading the request body", e))?;
+            md5.update(&chunk);
             head.extend_from_slice(&chunk);
             if head.len() > MAX_INLINE_BYTES {
-                return self.spill(head.freeze(), body).await;
+                return self.spill(head.freeze(), body, md5).await;
             }
         }
-        Ok(Stored::Inline(head.freeze()))
+        Ok(StoredContent { stored: Stored::Inline(head.freeze()), md5: hex(&md5.finalize()) })
     }
 
-    async fn spill(&self, head: Bytes, mut body: ByteStream) -> Result<Stored> {
+    async fn spill(&self, head: Bytes, mut body: ByteStream, mut md5: Md5) -> Result<StoredContent> {
         let id = new_id()?;
         let tmp = self.tmp.join(&id);
         let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}", tmp.display()), e);
@@ -86,6 +100,7 @@ impl BlobDir {
             let mut size = head.len() as u64;
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| Error::io("reading the request body", e))?;
+                md5.update(&chunk);
                 f.write_all(&chunk).await.map_err(|e| io("writing", e))?;
                 size += chunk.len() as u64;
             }
@@ -106,7 +121,7 @@ impl BlobDir {
         tokio::fs::rename(&tmp, &dest).await.map_err(|e| io("renaming", e))?;
         // The rename must be durable before an entry may name the blob.
         sync_dir(&shard).await?;
-        Ok(Stored::Blob { id, size })
+        Ok(StoredContent { stored: Stored::Blob { id, size }, md5: hex(&md5.finalize()) })
     }
 
     /// Streams `range` of a blob. `NotFound` if the blob is gone (a concurrent overwrite).
@@ -165,13 +180,18 @@ mod tests {
     async fn small_content_stays_inline_and_large_spills_to_a_blob() {
         let root = tempfile::tempdir().unwrap();
         let dir = BlobDir::open(root.path()).unwrap();
-        match dir.store(body(vec![b"hello".to_vec()])).await.unwrap() {
+        let small = dir.store(body(vec![b"hello".to_vec()])).await.unwrap();
+        assert_eq!(small.md5, "5d41402abc4b2a76b9719d911017c592");
+        match small.stored {
             Stored::Inline(b) => assert_eq!(&b[..], b"hello"),
             other => panic!("{other:?}"),
         }
         let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let chunks = big.chunks(7_000).map(|c| c.to_vec()).collect();
-        let Stored::Blob { id, size } = dir.store(body(chunks)).await.unwrap() else { panic!("expected a blob") };
+        let big_md5 = hex(&Md5::digest(&big));
+        let stored = dir.store(body(chunks)).await.unwrap();
+        assert_eq!(stored.md5, big_md5, "hashed across the spill");
+        let Stored::Blob { id, size } = stored.stored else { panic!("expected a blob") };
         assert_eq!(size, big.len() as u64);
         assert_eq!(collect(dir.open_range(&id, None).await.unwrap()).await, big);
         let part = dir.open_range(&id, Some(ByteRange { offset: 1000, length: Some(10) })).await.unwrap();

@@ -14,7 +14,10 @@ use tidemark_core::error::ErrorBody;
 use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Precondition, Txn};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
 
-use crate::http::{AcquireRequest, CacheStatusRequest, ENTRY_HEADER, MAX_STATUS_PATHS, ReleaseRequest, RenewRequest};
+use crate::http::{
+    AcquireRequest, CacheStatusRequest, ENTRY_HEADER, EXTENDED_HEADER, MAX_EXTENDED_BYTES, MAX_STATUS_PATHS,
+    ReleaseRequest, RenewRequest,
+};
 
 #[derive(Clone, Debug)]
 pub struct HttpFiler {
@@ -165,6 +168,16 @@ impl Filer for HttpFiler {
         }
         if let Some(t) = opts.mtime_ms {
             rb = rb.query(&[("mtime_ms", t)]);
+        }
+        if let Some(ext) = &opts.extended {
+            let json = serde_json::to_vec(ext).map_err(Error::internal)?;
+            if json.len() > MAX_EXTENDED_BYTES {
+                return Err(Error::invalid_argument(format!(
+                    "{} bytes of extended attributes; at most {MAX_EXTENDED_BYTES}",
+                    json.len()
+                )));
+            }
+            rb = rb.header(EXTENDED_HEADER, base64::engine::general_purpose::STANDARD.encode(json));
         }
         self.call(rb.body(reqwest::Body::wrap_stream(body))).await
     }

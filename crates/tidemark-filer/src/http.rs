@@ -11,7 +11,7 @@
 //! | GET | `/api/v1/scan?dir=&start_after=&limit=` | descendants, byte order |
 //! | GET | `/api/v1/count?dir=` | how many entries lie below `dir` |
 //! | GET | `/api/v1/content?path=` (+ `Range: bytes=a-b`) | stream content; the entry in `x-tidemark-entry` |
-//! | PUT | `/api/v1/content?path=&if_version=&if_absent=&mode=&mtime_ms=&origin=` | stream a file in |
+//! | PUT | `/api/v1/content?path=&if_version=&if_absent=&mode=&mtime_ms=&origin=` (+ `x-tidemark-extended`) | stream a file in |
 //! | POST | `/api/v1/apply` | the conditional, fenced transaction (`Txn` JSON) |
 //! | POST | `/api/v1/lease/{acquire,renew,release}`, GET `/api/v1/lease?name=` | leases |
 //! | GET | `/api/v1/changes?after=&limit=&wait_ms=` | the change log, long-polling |
@@ -40,6 +40,23 @@ use serde::{Deserialize, Serialize};
 use tidemark_core::error::ErrorBody;
 use tidemark_core::model::{Fence, Origin, Precondition, Txn};
 use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions};
+
+/// On a content PUT: the extended attributes that replace the entry's (base64 of a JSON object).
+pub const EXTENDED_HEADER: &str = "x-tidemark-extended";
+
+/// The most bytes of extended attributes a write may carry.
+pub const MAX_EXTENDED_BYTES: usize = 8 * 1024;
+
+/// Decodes an [`EXTENDED_HEADER`] value; the error says what was wrong.
+pub fn decode_extended(raw: &[u8]) -> Result<std::collections::BTreeMap<String, String>, String> {
+    if raw.len() > MAX_EXTENDED_BYTES * 4 / 3 + 4 {
+        return Err(format!("{EXTENDED_HEADER} is larger than {MAX_EXTENDED_BYTES} bytes"));
+    }
+    let json = base64::engine::general_purpose::STANDARD
+        .decode(raw)
+        .map_err(|e| format!("{EXTENDED_HEADER} is not base64: {e}"))?;
+    serde_json::from_slice(&json).map_err(|e| format!("{EXTENDED_HEADER} is not a JSON object of strings: {e}"))
+}
 
 pub const ENTRY_HEADER: &str = "x-tidemark-entry";
 pub const DEFAULT_PAGE: usize = 1000;
@@ -304,6 +321,7 @@ struct WriteQuery {
 async fn write(
     State(s): State<AppState>,
     q: Result<Query<WriteQuery>, QueryRejection>,
+    headers: HeaderMap,
     body: Body,
 ) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
@@ -313,8 +331,17 @@ async fn write(
         (None, true) => Precondition::Absent,
         (None, false) => Precondition::Any,
     };
-    let opts =
-        WriteOptions { precondition, mode: q.mode, mtime_ms: q.mtime_ms, origin: q.origin.unwrap_or(Origin::Local) };
+    let extended = match headers.get(EXTENDED_HEADER) {
+        None => None,
+        Some(h) => Some(decode_extended(h.as_bytes()).map_err(bad_request)?),
+    };
+    let opts = WriteOptions {
+        precondition,
+        mode: q.mode,
+        mtime_ms: q.mtime_ms,
+        origin: q.origin.unwrap_or(Origin::Local),
+        extended,
+    };
     let stream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
     Ok(Json(s.filer.write(&q.path, stream, opts).await?))
 }

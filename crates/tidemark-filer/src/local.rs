@@ -8,7 +8,7 @@ use futures::StreamExt;
 
 use tidemark_core::cache::{self, CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{
-    Applied, ChangeRecord, Content, Entry, Fence, Lease, Mutation, NewEntry, Page, Precondition, Txn,
+    Applied, ChangeRecord, Content, Entry, Fence, Lease, MD5_ATTR, Mutation, NewEntry, Page, Precondition, Txn,
 };
 use tidemark_core::{
     ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions,
@@ -16,7 +16,7 @@ use tidemark_core::{
 };
 use tidemark_store::SqliteStore;
 
-use crate::blobs::{BlobDir, Stored};
+use crate::blobs::{BlobDir, Stored, StoredContent};
 use crate::cache::{CacheConfig, ContentCache};
 use crate::datadir::DataDir;
 use crate::remotes::Remotes;
@@ -344,6 +344,15 @@ impl Filer for LocalFiler {
             return Err(Error::IsADirectory { path: p.into() });
         }
         // Cheap refusals before consuming a possibly large body.
+        if let Some(ext) = &opts.extended {
+            let bytes: usize = ext.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
+            if bytes > crate::http::MAX_EXTENDED_BYTES {
+                return Err(Error::invalid_argument(format!(
+                    "{p}: {bytes} bytes of extended attributes; at most {}",
+                    crate::http::MAX_EXTENDED_BYTES
+                )));
+            }
+        }
         let before = self.store.get(p).await?;
         if before.as_ref().is_some_and(Entry::is_dir) {
             return Err(Error::IsADirectory { path: p.into() });
@@ -351,7 +360,7 @@ impl Filer for LocalFiler {
         if !opts.precondition.holds(before.as_ref().map(|e| e.version)) {
             return Err(Error::PreconditionFailed { path: p.into(), current: before.map(|e| e.version) });
         }
-        let stored = self.blobs.store(body).await?;
+        let StoredContent { stored, md5 } = self.blobs.store(body).await?;
         let (size, content, data) = match &stored {
             Stored::Inline(b) if b.is_empty() => (0, Content::Empty, None),
             Stored::Inline(b) => (b.len() as u64, Content::Inline, Some(b.clone())),
@@ -374,6 +383,10 @@ impl Filer for LocalFiler {
             if let Some(mode) = opts.mode {
                 entry.mode = mode;
             }
+            if let Some(ext) = &opts.extended {
+                entry.extended = ext.clone();
+            }
+            entry.extended.insert(MD5_ATTR.into(), md5.clone());
             let precondition = match (&opts.precondition, &current) {
                 (Precondition::Any, Some(e)) => Precondition::Version(e.version),
                 (Precondition::Any, None) => Precondition::Absent,

@@ -22,13 +22,17 @@ pub struct TidemarkProcess {
     pub addr: String,
     /// The admin's address, for `tidemark server` (which prints it second).
     pub admin_addr: String,
+    /// The S3 gateway's address, for `tidemark server` (which prints it third), unless it was
+    /// started with `--s3-addr off`.
+    pub s3_addr: String,
     pub data_dir: PathBuf,
     stderr_log: PathBuf,
 }
 
 impl TidemarkProcess {
-    /// Starts `tidemark server --data-dir DIR --filer-addr 127.0.0.1:0 EXTRA...` and waits until
-    /// it prints the address it listens on.
+    /// Starts `tidemark server --data-dir DIR --filer-addr 127.0.0.1:0 EXTRA...` (the admin and
+    /// the S3 gateway on free ports too, unless EXTRA says otherwise) and waits until it prints
+    /// the addresses it listens on.
     pub fn server(bin: &Path, data_dir: &Path, extra: &[&str]) -> Self {
         let mut args = vec![
             "server",
@@ -39,8 +43,13 @@ impl TidemarkProcess {
             "--admin-addr",
             "127.0.0.1:0",
         ];
+        let s3_set = extra.iter().position(|a| *a == "--s3-addr");
+        if s3_set.is_none() {
+            args.extend_from_slice(&["--s3-addr", "127.0.0.1:0"]);
+        }
+        let s3_off = s3_set.and_then(|i| extra.get(i + 1)).is_some_and(|v| v.eq_ignore_ascii_case("off"));
         args.extend_from_slice(extra);
-        Self::start_with(bin, data_dir, &args, 2)
+        Self::start_with(bin, data_dir, &args, if s3_off { 2 } else { 3 })
     }
 
     /// Starts `tidemark ARGS...`, which must print `... listening on http://ADDR ...` on stdout.
@@ -73,13 +82,15 @@ impl TidemarkProcess {
             child: Some(child),
             addr: String::new(),
             admin_addr: String::new(),
+            s3_addr: String::new(),
             data_dir: data_dir.to_path_buf(),
             stderr_log,
         };
         for i in 0..listeners {
             match rx.recv_timeout(Duration::from_secs(30)) {
                 Ok(addr) if i == 0 => p.addr = addr,
-                Ok(addr) => p.admin_addr = addr,
+                Ok(addr) if i == 1 => p.admin_addr = addr,
+                Ok(addr) => p.s3_addr = addr,
                 Err(_) => panic!("tidemark {args:?} did not start within 30 s; stderr:\n{}", p.stderr()),
             }
         }
@@ -108,6 +119,7 @@ impl TidemarkProcess {
             child: Some(child),
             addr: String::new(),
             admin_addr: String::new(),
+            s3_addr: String::new(),
             data_dir: log_path.to_path_buf(),
             stderr_log: log_path.to_path_buf(),
         };

@@ -23,6 +23,8 @@ enum Role {
     Filer(roles::FilerArgs),
     /// Run everything in one process on the embedded store: the default way to run Tidemark.
     Server(roles::ServerArgs),
+    /// Run the S3 gateway in front of a filer: the directories under /buckets as S3 buckets.
+    S3(roles::S3Args),
     /// Run the admin: detection, scheduling slices onto workers, the Admin UI and /metrics.
     Admin(roles::AdminArgs),
     /// Run a worker: takes slices from the admin and runs them against the filer.
@@ -50,6 +52,7 @@ fn main() {
         match cli.role {
             Role::Filer(a) => roles::run_filer(a).await,
             Role::Server(a) => roles::run_server(a).await,
+            Role::S3(a) => roles::run_s3(a).await,
             Role::Admin(a) => roles::run_admin(a).await,
             Role::Worker(a) => roles::run_worker(a).await,
             Role::Shell(a) => roles::run_shell(a).await,

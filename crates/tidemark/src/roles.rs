@@ -36,6 +36,10 @@ pub struct ServerArgs {
     /// Address the admin (Admin UI, /metrics, the worker API) listens on.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
     admin_addr: SocketAddr,
+    /// Address the S3 gateway listens on (`off`: no gateway). Its buckets are the directories
+    /// under /buckets. Beyond loopback it needs an access key (s3.configure) first.
+    #[arg(long, value_name = "HOST:PORT|off", default_value = "127.0.0.1:8333", value_parser = parse_s3_addr)]
+    s3_addr: S3Addr,
     /// Mount this local directory as a bucket at /buckets/NAME (NAME: the directory's name) with
     /// events enabled: files copied into it appear in the namespace within a second. Idempotent
     /// across restarts. The quick way to see Tidemark work without a cloud account.
@@ -45,6 +49,34 @@ pub struct ServerArgs {
     slices: SliceArgs,
     #[command(flatten)]
     common: StoreArgs,
+}
+
+#[derive(Args)]
+pub struct S3Args {
+    /// The filer whose namespace the gateway serves.
+    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
+    filer: String,
+    /// Address to listen on. Beyond loopback an access key must be configured first
+    /// (`s3.configure ... -apply`); on loopback, while none is, the development key
+    /// tidemark/tidemark is accepted.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8333")]
+    addr: SocketAddr,
+    /// The filer's token, if it has one.
+    #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+#[derive(Clone, Copy)]
+pub enum S3Addr {
+    Off,
+    On(SocketAddr),
+}
+
+fn parse_s3_addr(s: &str) -> Result<S3Addr, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(S3Addr::Off);
+    }
+    s.parse().map(S3Addr::On).map_err(|e| format!("{s:?}: {e} (HOST:PORT, or off)"))
 }
 
 #[derive(Args)]
@@ -319,8 +351,23 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok(l) => l,
         Err(e) => return fail(1, e),
     };
+    let s3_listener = match a.s3_addr {
+        S3Addr::Off => None,
+        S3Addr::On(addr) => {
+            if let Err(e) = tidemark_s3::check_bind(addr, &*filer).await {
+                return fail(2, e);
+            }
+            match bind(addr, "S3 gateway").await {
+                Ok(l) => Some((l, addr.ip().is_loopback())),
+                Err(e) => return fail(1, e),
+            }
+        }
+    };
     println!("tidemark filer listening on http://{filer_bound} (data dir {})", a.data_dir.display());
     println!("tidemark admin listening on http://{admin_bound} (Admin UI: http://{admin_bound}/subscriptions)");
+    if let Some(((_, bound), _)) = &s3_listener {
+        println!("tidemark s3 listening on http://{bound} (buckets: the directories under /buckets)");
+    }
     tracing::info!(filer = %filer_bound, admin = %admin_bound, store = filer.store().backend(), "server started");
     let api: Arc<dyn Filer> = filer.clone();
     // Servers stop after the worker drained (its last status writes and reports need them).
@@ -337,6 +384,10 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
     let admin_http =
         tokio::spawn(tidemark_admin::serve(admin_listener, admin, a.common.token.clone(), stopped(stop_rx.clone())));
+    let s3_http = s3_listener.map(|((listener, _), loopback)| {
+        let service = tidemark_s3::service(api.clone(), loopback);
+        tokio::spawn(tidemark_s3::serve(listener, service, stopped(stop_rx.clone())))
+    });
     let filer_http = tokio::spawn(http::serve(filer_listener, api.clone(), a.common.token.clone(), stopped(stop_rx)));
     let client = match tidemark_worker::AdminClient::new(&admin_bound, a.common.token.clone()) {
         Ok(c) => c,
@@ -358,10 +409,39 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     let _ = detection.await;
     let _ = outbound.await;
     let _ = admin_http.await;
+    if let Some(s3) = s3_http {
+        let _ = s3.await;
+    }
     match filer_http.await {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => fail(1, format!("the filer stopped: {e}")),
         Err(e) => fail(1, format!("the filer stopped: {e}")),
+    }
+}
+
+/// The S3 gateway alone, in front of a filer (`tidemark s3`).
+pub async fn run_s3(a: S3Args) -> i32 {
+    init_logging();
+    let shutdown = shutdown_signal();
+    let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
+        Ok(f) => Arc::new(f),
+        Err(e) => return fail(2, e),
+    };
+    if let Err(e) = filer.health().await {
+        return fail(1, format!("cannot reach the filer at {}: {e}", a.filer));
+    }
+    if let Err(e) = tidemark_s3::check_bind(a.addr, &*filer).await {
+        return fail(2, e);
+    }
+    let (listener, bound) = match bind(a.addr, "S3 gateway").await {
+        Ok(l) => l,
+        Err(e) => return fail(1, e),
+    };
+    println!("tidemark s3 listening on http://{bound} (filer {}; buckets: the directories under /buckets)", a.filer);
+    let service = tidemark_s3::service(filer, a.addr.ip().is_loopback());
+    match tidemark_s3::serve(listener, service, shutdown).await {
+        Ok(()) => 0,
+        Err(e) => fail(1, format!("the S3 gateway stopped: {e}")),
     }
 }
 

@@ -169,7 +169,7 @@ fn a_data_directory_serves_one_process_and_bad_store_urls_are_named() {
     let out = Command::new(bin())
         .args(["server", "--data-dir"])
         .arg(&data)
-        .args(["--filer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .args(["--filer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--s3-addr", "127.0.0.1:0"])
         .output()
         .unwrap();
     no_panic(&out);

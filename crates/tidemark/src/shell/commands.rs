@@ -6,7 +6,7 @@ use tidemark_core::{ByteStream, DeleteOptions, WriteOptions, format_rfc3339_ms, 
 
 use super::flags::{Args, flag, switch};
 use super::{CmdError, Command, Context, Out};
-use super::{cache, remote, subscriptions};
+use super::{cache, remote, s3, subscriptions};
 
 pub static ALL: &[Command] = &[
     Command {
@@ -192,6 +192,27 @@ pub static ALL: &[Command] = &[
         flags: &[flag("dir", "the mounted directory"), switch("teardown", "deprovision the managed resources too")],
         positional: (0, 0),
         run: |ctx, args, out| Box::pin(subscriptions::disable(ctx, args, out)),
+    },
+    Command {
+        name: "s3.configure",
+        synopsis: "[-user=NAME [-access_key=AK -secret_key=SK] [-actions=Read,Write,List,Admin] [-buckets=B1,B2] [-delete] [-apply]]",
+        summary: "manage the S3 gateway's access keys and what each identity may do",
+        details: "Without flags: show the identities (secrets masked). With -user: add keys, actions or buckets to that\n\
+                  identity (created if new); with -delete: remove the named key, actions or buckets, or the whole identity.\n\
+                  -buckets limits the actions to those buckets. The identity `anonymous` (no keys) is what unsigned\n\
+                  requests may do. Changes are shown and saved only with -apply; gateways pick them up within 2 s.\n\
+                  While no key exists, a gateway on loopback accepts the development key tidemark/tidemark.",
+        flags: &[
+            flag("user", "the identity's name"),
+            flag("access_key", "an access key id to add (or, with -delete, to remove)"),
+            flag("secret_key", "its secret (8 to 128 characters)"),
+            flag("actions", "Read, Write, List, Admin (comma-separated)"),
+            flag("buckets", "limit the identity's actions to these buckets (comma-separated)"),
+            switch("delete", "remove instead of add"),
+            switch("apply", "save the change (otherwise it is only shown)"),
+        ],
+        positional: (0, 0),
+        run: |ctx, args, out| Box::pin(s3::configure(ctx, args, out)),
     },
     Command {
         name: "remote.cache",

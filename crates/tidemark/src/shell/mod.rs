@@ -7,6 +7,7 @@ mod commands;
 pub mod flags;
 pub mod lex;
 mod remote;
+mod s3;
 mod subscriptions;
 
 use std::future::Future;

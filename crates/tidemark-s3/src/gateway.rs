@@ -1,0 +1,1135 @@
+//! The S3 operations, each a few calls on the filer's API (`Filer`), never a state of its own:
+//! a PutObject is a local write (conditional, in the change log, dirty under a mount), a GET of
+//! a remote-backed file reads through the filer's content cache.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use s3s::dto::*;
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
+
+use tidemark_core::model::{Content, Entry, MD5_ATTR, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::remote::MountMapping;
+use tidemark_core::remote::system_paths::MOUNT_MAPPING;
+use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions, path};
+use tidemark_engine::docs;
+
+use crate::auth::Shared;
+use crate::body;
+use crate::list::{self, Item};
+use crate::multipart::{self, Upload};
+use crate::names::{self, BUCKETS_DIR, NameError};
+
+/// S3's limit on user metadata (names and values).
+const MAX_METADATA_BYTES: usize = 2048;
+const MAX_KEYS: i32 = 1000;
+/// Extended attributes the gateway keeps for an object, by header.
+const ATTR_CONTENT_TYPE: &str = "s3.content-type";
+const ATTR_CACHE_CONTROL: &str = "s3.cache-control";
+const ATTR_CONTENT_DISPOSITION: &str = "s3.content-disposition";
+const ATTR_CONTENT_ENCODING: &str = "s3.content-encoding";
+const ATTR_CONTENT_LANGUAGE: &str = "s3.content-language";
+const ATTR_META: &str = "s3.meta.";
+const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
+
+pub struct Gateway {
+    filer: Arc<dyn Filer>,
+    shared: Arc<Shared>,
+}
+
+impl Gateway {
+    pub fn new(filer: Arc<dyn Filer>, shared: Arc<Shared>) -> Self {
+        Gateway { filer, shared }
+    }
+}
+
+/// The ETag of an entry: its remote object's for remote-backed content, else the MD5 the filer
+/// recorded when it stored the bytes.
+pub fn etag_of(e: &Entry) -> String {
+    if let (Content::Remote, Some(r)) = (&e.content, &e.remote) {
+        return r.etag.clone();
+    }
+    match e.extended.get(MD5_ATTR) {
+        Some(m) => m.clone(),
+        None if e.size == 0 => EMPTY_MD5.into(),
+        // Written before the filer recorded MD5s: opaque, but stable while the entry is.
+        None => format!("{:032x}", e.version),
+    }
+}
+
+fn timestamp(ms: i64) -> Timestamp {
+    let t = if ms >= 0 { UNIX_EPOCH + Duration::from_millis(ms as u64) } else { UNIX_EPOCH };
+    Timestamp::from(t)
+}
+
+fn whole_seconds(ms: i64) -> i64 {
+    ms.div_euclid(1000)
+}
+
+fn ts_seconds(t: &Timestamp) -> i64 {
+    let st: SystemTime = time::OffsetDateTime::from(t.clone()).into();
+    match st.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64),
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// A filer error as the S3 error a client should see.
+fn s3_err(e: Error) -> S3Error {
+    let (code, msg) = match &e {
+        Error::NotFound { .. } => (S3ErrorCode::NoSuchKey, e.to_string()),
+        Error::PreconditionFailed { .. } => (S3ErrorCode::PreconditionFailed, e.to_string()),
+        Error::NotADirectory { path } => (
+            S3ErrorCode::InvalidRequest,
+            format!("{path} is an object, so no key can continue it with '/' (the namespace is a tree)"),
+        ),
+        Error::IsADirectory { path } => (
+            S3ErrorCode::InvalidRequest,
+            format!("{path} is a directory (other keys continue it with '/'), so it cannot also be an object"),
+        ),
+        Error::InvalidPath { .. } => (S3ErrorCode::InvalidArgument, e.to_string()),
+        Error::InvalidArgument { .. } => (S3ErrorCode::InvalidArgument, e.to_string()),
+        Error::Unavailable { .. } => (S3ErrorCode::ServiceUnavailable, e.to_string()),
+        Error::Unauthorized { .. } => {
+            (S3ErrorCode::InternalError, format!("the gateway's filer refused it: {e} (check the gateway's --token)"))
+        }
+        _ => (S3ErrorCode::InternalError, e.to_string()),
+    };
+    if code == S3ErrorCode::InternalError {
+        tracing::warn!(error = %e, "s3 request failed");
+    }
+    S3Error::with_message(code, msg)
+}
+
+fn name_err(e: NameError) -> S3Error {
+    match e {
+        NameError::Bucket(m) => S3Error::with_message(S3ErrorCode::InvalidBucketName, m),
+        NameError::Key { too_long: true, .. } => S3Error::with_message(S3ErrorCode::KeyTooLongError, e.to_string()),
+        NameError::Key { .. } => S3Error::with_message(S3ErrorCode::InvalidArgument, e.to_string()),
+    }
+}
+
+fn no_such_key(key: &str) -> S3Error {
+    S3Error::with_message(S3ErrorCode::NoSuchKey, format!("no object {key:?}"))
+}
+
+fn no_such_upload(id: &str) -> S3Error {
+    S3Error::with_message(S3ErrorCode::NoSuchUpload, format!("no multipart upload {id:?} (completed or aborted?)"))
+}
+
+struct Attrs<'a> {
+    content_type: Option<&'a str>,
+    cache_control: Option<&'a str>,
+    content_disposition: Option<&'a str>,
+    content_encoding: Option<&'a str>,
+    content_language: Option<&'a str>,
+    metadata: Option<&'a Metadata>,
+}
+
+/// The extended attributes of a new object from its request headers.
+fn attrs_of(a: Attrs<'_>) -> S3Result<BTreeMap<String, String>> {
+    let mut ext = BTreeMap::new();
+    for (k, v) in [
+        (ATTR_CONTENT_TYPE, a.content_type),
+        (ATTR_CACHE_CONTROL, a.cache_control),
+        (ATTR_CONTENT_DISPOSITION, a.content_disposition),
+        (ATTR_CONTENT_ENCODING, a.content_encoding),
+        (ATTR_CONTENT_LANGUAGE, a.content_language),
+    ] {
+        if let Some(v) = v {
+            ext.insert(k.to_string(), v.to_string());
+        }
+    }
+    if let Some(meta) = a.metadata {
+        let bytes: usize = meta.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if bytes > MAX_METADATA_BYTES {
+            return Err(S3Error::with_message(
+                S3ErrorCode::MetadataTooLarge,
+                format!("{bytes} bytes of user metadata; at most {MAX_METADATA_BYTES}"),
+            ));
+        }
+        for (k, v) in meta {
+            ext.insert(format!("{ATTR_META}{}", k.to_ascii_lowercase()), v.clone());
+        }
+    }
+    Ok(ext)
+}
+
+/// The attributes a copy keeps from its source (the MD5 is the filer's to set).
+fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
+    e.extended.iter().filter(|(k, _)| k.starts_with("s3.")).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn user_metadata(e: &Entry) -> Option<Metadata> {
+    let m: Metadata =
+        e.extended.iter().filter_map(|(k, v)| k.strip_prefix(ATTR_META).map(|n| (n.to_string(), v.clone()))).collect();
+    (!m.is_empty()).then_some(m)
+}
+
+fn attr(e: &Entry, k: &str) -> Option<String> {
+    e.extended.get(k).cloned()
+}
+
+fn content_type(e: &Entry) -> Option<ContentType> {
+    let t = attr(e, ATTR_CONTENT_TYPE).unwrap_or_else(|| "binary/octet-stream".into());
+    t.parse().ok()
+}
+
+/// Evaluates If-Match, If-None-Match, If-Modified-Since and If-Unmodified-Since (RFC 9110's
+/// order) against an entry.
+fn check_conditions(
+    e: &Entry,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+    if_modified_since: Option<&Timestamp>,
+    if_unmodified_since: Option<&Timestamp>,
+) -> S3Result<()> {
+    let etag = etag_of(e);
+    let matches = |c: &ETagCondition| match c {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(t) => t.value() == etag,
+    };
+    let modified = whole_seconds(e.mtime_ms);
+    if let Some(c) = if_match {
+        if !matches(c) {
+            return Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {etag}"));
+        }
+    } else if let Some(t) = if_unmodified_since
+        && modified > ts_seconds(t)
+    {
+        return Err(s3_error!(PreconditionFailed, "If-Unmodified-Since: the object was modified since"));
+    }
+    if let Some(c) = if_none_match {
+        if matches(c) {
+            return Err(S3Error::new(S3ErrorCode::NotModified));
+        }
+    } else if let Some(t) = if_modified_since
+        && modified <= ts_seconds(t)
+    {
+        return Err(S3Error::new(S3ErrorCode::NotModified));
+    }
+    Ok(())
+}
+
+fn encode_key(k: &str, url: bool) -> String {
+    if !url {
+        return k.to_string();
+    }
+    let mut out = String::with_capacity(k.len());
+    for b in k.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn object_of(key: &str, e: &Entry, url: bool) -> Object {
+    Object {
+        key: Some(encode_key(key, url)),
+        size: Some(e.size as i64),
+        e_tag: Some(ETag::Strong(etag_of(e))),
+        last_modified: Some(timestamp(e.mtime_ms)),
+        storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+        ..Default::default()
+    }
+}
+
+fn wants_url(e: &Option<EncodingType>) -> S3Result<bool> {
+    match e {
+        None => Ok(false),
+        Some(t) if t.as_str() == EncodingType::URL => Ok(true),
+        Some(t) => Err(s3_error!(InvalidArgument, "encoding-type {:?}: only \"url\" is defined", t.as_str())),
+    }
+}
+
+fn max_keys(m: Option<i32>) -> S3Result<usize> {
+    match m {
+        None => Ok(MAX_KEYS as usize),
+        Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
+        Some(n) => Ok(n.min(MAX_KEYS) as usize),
+    }
+}
+
+fn token_encode(k: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(k)
+}
+
+fn token_decode(t: &str) -> S3Result<String> {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(t)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| s3_error!(InvalidArgument, "the continuation token is not one this gateway gave out"))
+}
+
+fn copy_source(cs: &CopySource) -> S3Result<(String, String)> {
+    match cs {
+        CopySource::Bucket { bucket, key, version_id: None } => Ok((bucket.to_string(), key.to_string())),
+        CopySource::Bucket { .. } => {
+            Err(s3_error!(NotImplemented, "copying a version: the namespace keeps one version per key"))
+        }
+        _ => Err(s3_error!(NotImplemented, "copying from an access point or outpost")),
+    }
+}
+
+/// `bytes=a-b` of x-amz-copy-source-range.
+fn copy_range(spec: &str, size: u64) -> S3Result<ByteRange> {
+    let r = Range::parse(spec)
+        .map_err(|_| s3_error!(InvalidArgument, "x-amz-copy-source-range {spec:?}: use bytes=first-last"))?;
+    let r = r
+        .check(size)
+        .map_err(|_| s3_error!(InvalidRange, "x-amz-copy-source-range {spec:?} lies outside the {size}-byte source"))?;
+    Ok(ByteRange { offset: r.start, length: Some(r.end - r.start) })
+}
+
+impl Gateway {
+    async fn bucket_entry(&self, bucket: &str) -> S3Result<(String, Entry)> {
+        let dir = names::bucket_dir(bucket).map_err(name_err)?;
+        match self.filer.stat(&dir).await.map_err(s3_err)? {
+            Some(e) if e.is_dir() => Ok((dir, e)),
+            _ => Err(S3Error::with_message(
+                S3ErrorCode::NoSuchBucket,
+                format!("no bucket {bucket:?} (no directory {dir})"),
+            )),
+        }
+    }
+
+    /// The file entry of `key`; `NoSuchKey` for a directory or nothing, `NoSuchBucket` when the
+    /// bucket itself is missing.
+    async fn object_entry(&self, bucket: &str, key: &str) -> S3Result<(String, Entry)> {
+        let (p, marker) = names::object_path(bucket, key).map_err(name_err)?;
+        match self.filer.stat(&p).await.map_err(s3_err)? {
+            Some(e) if !e.is_dir() && !marker => Ok((p, e)),
+            Some(e) if e.is_dir() && marker => Ok((p, e)),
+            _ => {
+                self.bucket_entry(bucket).await?;
+                Err(no_such_key(key))
+            }
+        }
+    }
+
+    /// Writes `stream` as `p`, mapping a broken or mismatched body to its own S3 error.
+    async fn write(
+        &self,
+        p: &str,
+        stream: tidemark_core::ByteStream,
+        verdict: &body::Verdict,
+        opts: WriteOptions,
+    ) -> S3Result<Entry> {
+        match self.filer.write(p, stream, opts).await {
+            Ok(e) => Ok(e),
+            Err(e) => Err(verdict.take().unwrap_or_else(|| s3_err(e))),
+        }
+    }
+
+    async fn precondition_for_put(
+        &self,
+        p: &str,
+        if_match: Option<&ETagCondition>,
+        if_none_match: Option<&ETagCondition>,
+    ) -> S3Result<Precondition> {
+        match (if_match, if_none_match) {
+            (None, None) => Ok(Precondition::Any),
+            (None, Some(ETagCondition::Any)) => Ok(Precondition::Absent),
+            (None, Some(_)) => Err(s3_error!(NotImplemented, "If-None-Match on a write takes only *")),
+            (Some(c), None) => {
+                let current = self.filer.stat(p).await.map_err(s3_err)?.filter(|e| !e.is_dir());
+                match (c, current) {
+                    (_, None) => Err(s3_error!(NoSuchKey, "If-Match: there is no object to match")),
+                    (ETagCondition::Any, Some(e)) => Ok(Precondition::Version(e.version)),
+                    (ETagCondition::ETag(t), Some(e)) if t.value() == etag_of(&e) => {
+                        Ok(Precondition::Version(e.version))
+                    }
+                    (_, Some(e)) => {
+                        Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {}", etag_of(&e)))
+                    }
+                }
+            }
+            (Some(_), Some(_)) => Err(s3_error!(InvalidArgument, "If-Match and If-None-Match exclude each other")),
+        }
+    }
+
+    /// Removes the directories a delete left empty, up to (not including) the bucket's. A
+    /// directory someone writes into meanwhile is kept (the delete is conditional and refuses a
+    /// non-empty directory), and so is a mount's directory.
+    async fn prune(&self, bucket_dir: &str, p: &str) {
+        let mounts: MountMapping = match docs::read_json(&*self.filer, MOUNT_MAPPING).await {
+            Ok(m) => m.map(|(m, _)| m).unwrap_or_default(),
+            Err(_) => return,
+        };
+        let mut cur = path::parent(p).map(str::to_string);
+        while let Some(dir) = cur {
+            if !path::is_within(&dir, bucket_dir) || dir == bucket_dir || mounts.find_dir(&dir).is_some() {
+                break;
+            }
+            let Ok(Some(e)) = self.filer.stat(&dir).await else { break };
+            let Ok(page) = self.filer.list(&dir, None, 1).await else { break };
+            if !page.entries.is_empty() {
+                break;
+            }
+            let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+            if self.filer.delete(&dir, opts).await.is_err() {
+                break;
+            }
+            cur = path::parent(&dir).map(str::to_string);
+        }
+    }
+
+    async fn delete_one(&self, bucket: &str, key: &str) -> S3Result<()> {
+        let (bucket_dir, _) = self.bucket_entry(bucket).await?;
+        let (p, marker) = names::object_path(bucket, key).map_err(name_err)?;
+        let Some(e) = self.filer.stat(&p).await.map_err(s3_err)? else { return Ok(()) };
+        if e.is_dir() != marker {
+            // `a` when a/ is a directory, or `a/` when a is an object: no such key; S3 says done.
+            return Ok(());
+        }
+        let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+        match self.filer.delete(&p, opts).await {
+            Ok(_) | Err(Error::NotFound { .. }) => {}
+            Err(Error::DirectoryNotEmpty { .. }) => {
+                return Err(s3_error!(InvalidRequest, "{key:?} is a directory with objects below it; delete those"));
+            }
+            Err(Error::PreconditionFailed { .. }) => {
+                return Err(s3_error!(ServiceUnavailable, "{key:?} changed while it was being deleted; retry"));
+            }
+            Err(e) => return Err(s3_err(e)),
+        }
+        self.prune(&bucket_dir, &p).await;
+        Ok(())
+    }
+
+    async fn upload(&self, bucket: &str, key: &str, id: &str) -> S3Result<Upload> {
+        if !multipart::valid_upload_id(id) {
+            return Err(no_such_upload(id));
+        }
+        match docs::read_json::<Upload>(&*self.filer, &multipart::upload_doc(id)).await.map_err(s3_err)? {
+            Some((u, _)) if u.bucket == bucket && u.key == key => Ok(u),
+            _ => Err(no_such_upload(id)),
+        }
+    }
+
+    async fn staged_parts(&self, id: &str) -> S3Result<Vec<(i32, Entry)>> {
+        let dir = multipart::upload_dir(id);
+        let mut parts = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.filer.list(&dir, after.as_deref(), 1000).await.map_err(s3_err)?;
+            for e in &page.entries {
+                if let Some(n) = multipart::part_number(e.name()) {
+                    parts.push((n, e.clone()));
+                }
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        parts.sort_by_key(|(n, _)| *n);
+        Ok(parts)
+    }
+
+    fn caller_sees(&self, ids: &crate::identity::Identities, access_key: Option<&str>, bucket: &str) -> bool {
+        ids.caller(access_key, self.shared.dev_key_allowed()).is_some_and(|c| c.sees_bucket(bucket))
+    }
+
+    async fn read_source(
+        &self,
+        cs: &CopySource,
+        range: Option<&str>,
+        if_match: Option<&ETagCondition>,
+        if_none_match: Option<&ETagCondition>,
+    ) -> S3Result<(Entry, tidemark_core::ByteStream)> {
+        let (sb, sk) = copy_source(cs)?;
+        let (sp, se) = self.object_entry(&sb, &sk).await?;
+        if se.is_dir() {
+            return Err(no_such_key(&sk));
+        }
+        check_conditions(&se, if_match, if_none_match, None, None).map_err(|mut e| {
+            if *e.code() == S3ErrorCode::NotModified {
+                e = s3_error!(PreconditionFailed, "x-amz-copy-source-if-none-match matched");
+            }
+            e
+        })?;
+        let r = match range {
+            Some(spec) => Some(copy_range(spec, se.size)?),
+            None => None,
+        };
+        let (entry, stream) = self.filer.read(&sp, r).await.map_err(s3_err)?;
+        if entry.version != se.version {
+            return Err(s3_error!(ServiceUnavailable, "the copy source changed while it was read; retry"));
+        }
+        Ok((entry, stream))
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for Gateway {
+    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        let ids = self.shared.identities().await;
+        let ak = req.credentials.as_ref().map(|c| c.access_key.clone());
+        let mut buckets = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.filer.list(BUCKETS_DIR, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. }) => break,
+                Err(e) => return Err(s3_err(e)),
+            };
+            for e in page.entries.iter().filter(|e| e.is_dir()) {
+                if self.caller_sees(&ids, ak.as_deref(), e.name()) {
+                    buckets.push(Bucket {
+                        name: Some(e.name().to_string()),
+                        creation_date: Some(timestamp(e.mtime_ms)),
+                        ..Default::default()
+                    });
+                }
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        let owner = Owner { display_name: Some("tidemark".into()), id: Some("tidemark".into()) };
+        Ok(S3Response::new(ListBucketsOutput { buckets: Some(buckets), owner: Some(owner), ..Default::default() }))
+    }
+
+    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.bucket_entry(&req.input.bucket).await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.bucket_entry(&req.input.bucket).await?;
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
+    }
+
+    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        let b = &req.input.bucket;
+        names::valid_new_bucket(b).map_err(name_err)?;
+        let dir = names::bucket_dir(b).map_err(name_err)?;
+        let txn = Txn {
+            path: dir.clone(),
+            precondition: Precondition::Absent,
+            fence: None,
+            mutation: tidemark_core::model::Mutation::Put { entry: NewEntry::dir(now_ms()), data: None },
+            origin: Origin::Local,
+        };
+        match self.filer.apply(txn).await {
+            Ok(_) => Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{b}")) })),
+            Err(Error::PreconditionFailed { .. }) => {
+                Err(s3_error!(BucketAlreadyOwnedByYou, "bucket {b:?} exists ({dir})"))
+            }
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
+    async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let b = &req.input.bucket;
+        let (dir, e) = self.bucket_entry(b).await?;
+        let mounts: MountMapping =
+            docs::read_json(&*self.filer, MOUNT_MAPPING).await.map_err(s3_err)?.map(|(m, _)| m).unwrap_or_default();
+        if let Some(m) = mounts.mounts.iter().find(|m| path::is_within(&m.dir, &dir)) {
+            return Err(s3_error!(
+                BucketNotEmpty,
+                "bucket {b:?} holds the remote mount {} of {}: unmount it first (remote.unmount -dir={})",
+                m.dir,
+                m.location,
+                m.dir
+            ));
+        }
+        let page = self.filer.list(&dir, None, 1).await.map_err(s3_err)?;
+        if !page.entries.is_empty() {
+            return Err(s3_error!(BucketNotEmpty, "bucket {b:?} is not empty"));
+        }
+        let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+        match self.filer.delete(&dir, opts).await {
+            Ok(_) => Ok(S3Response::new(DeleteBucketOutput::default())),
+            Err(Error::DirectoryNotEmpty { .. } | Error::PreconditionFailed { .. }) => {
+                Err(s3_error!(BucketNotEmpty, "bucket {b:?} is not empty"))
+            }
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let i = req.input;
+        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let url = wants_url(&i.encoding_type)?;
+        let max = max_keys(i.max_keys)?;
+        let token = i.continuation_token.as_deref().map(token_decode).transpose()?;
+        let after = match (&token, &i.start_after) {
+            (Some(t), Some(s)) => Some(t.clone().max(s.clone())),
+            (Some(t), None) => Some(t.clone()),
+            (None, s) => s.clone(),
+        };
+        let prefix = i.prefix.clone().unwrap_or_default();
+        let q = list::Query { prefix: &prefix, delimiter: i.delimiter.as_deref(), after: after.as_deref(), max };
+        let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
+        let next = listing.truncated.then(|| listing.items.last().map(|it| token_encode(it.key()))).flatten();
+        let (mut contents, mut prefixes) = (Vec::new(), Vec::new());
+        for it in &listing.items {
+            match it {
+                Item::Object { key, entry } => contents.push(object_of(key, entry, url)),
+                Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
+            }
+        }
+        let out = ListObjectsV2Output {
+            name: Some(i.bucket),
+            prefix: Some(encode_key(&prefix, url)),
+            delimiter: i.delimiter.map(|d| encode_key(&d, url)),
+            max_keys: Some(max as i32),
+            key_count: Some(listing.items.len() as i32),
+            continuation_token: i.continuation_token,
+            next_continuation_token: next,
+            is_truncated: Some(listing.truncated),
+            start_after: i.start_after.map(|s| encode_key(&s, url)),
+            encoding_type: i.encoding_type,
+            contents: Some(contents),
+            common_prefixes: (!prefixes.is_empty()).then_some(prefixes),
+            ..Default::default()
+        };
+        Ok(S3Response::new(out))
+    }
+
+    async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        let i = req.input;
+        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let url = wants_url(&i.encoding_type)?;
+        let max = max_keys(i.max_keys)?;
+        let prefix = i.prefix.clone().unwrap_or_default();
+        let q = list::Query { prefix: &prefix, delimiter: i.delimiter.as_deref(), after: i.marker.as_deref(), max };
+        let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
+        let next_marker = (listing.truncated && i.delimiter.is_some())
+            .then(|| listing.items.last().map(|it| encode_key(it.key(), url)))
+            .flatten();
+        let (mut contents, mut prefixes) = (Vec::new(), Vec::new());
+        for it in &listing.items {
+            match it {
+                Item::Object { key, entry } => contents.push(object_of(key, entry, url)),
+                Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
+            }
+        }
+        let out = ListObjectsOutput {
+            name: Some(i.bucket),
+            prefix: Some(encode_key(&prefix, url)),
+            delimiter: i.delimiter.map(|d| encode_key(&d, url)),
+            marker: Some(i.marker.map(|m| encode_key(&m, url)).unwrap_or_default()),
+            max_keys: Some(max as i32),
+            is_truncated: Some(listing.truncated),
+            next_marker,
+            encoding_type: i.encoding_type,
+            contents: Some(contents),
+            common_prefixes: (!prefixes.is_empty()).then_some(prefixes),
+            ..Default::default()
+        };
+        Ok(S3Response::new(out))
+    }
+
+    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        let i = req.input;
+        let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
+        check_conditions(
+            &e,
+            i.if_match.as_ref(),
+            i.if_none_match.as_ref(),
+            i.if_modified_since.as_ref(),
+            i.if_unmodified_since.as_ref(),
+        )?;
+        let (len, content_range) = match &i.range {
+            Some(r) => {
+                let r = r
+                    .check(e.size)
+                    .map_err(|_| s3_error!(InvalidRange, "the range lies outside the {}-byte object", e.size))?;
+                (r.end - r.start, Some(format!("bytes {}-{}/{}", r.start, r.end - 1, e.size)))
+            }
+            None => (e.size, None),
+        };
+        let out = HeadObjectOutput {
+            accept_ranges: Some("bytes".into()),
+            content_length: Some(len as i64),
+            content_range,
+            content_type: i.response_content_type.and_then(|t| t.parse().ok()).or_else(|| content_type(&e)),
+            cache_control: i.response_cache_control.or_else(|| attr(&e, ATTR_CACHE_CONTROL)),
+            content_disposition: i.response_content_disposition.or_else(|| attr(&e, ATTR_CONTENT_DISPOSITION)),
+            content_encoding: i.response_content_encoding.or_else(|| attr(&e, ATTR_CONTENT_ENCODING)),
+            content_language: i.response_content_language.or_else(|| attr(&e, ATTR_CONTENT_LANGUAGE)),
+            e_tag: Some(ETag::Strong(etag_of(&e))),
+            last_modified: Some(timestamp(e.mtime_ms)),
+            metadata: user_metadata(&e),
+            ..Default::default()
+        };
+        Ok(S3Response::new(out))
+    }
+
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let i = req.input;
+        if i.part_number.is_some() {
+            return Err(s3_error!(NotImplemented, "GetObject by partNumber"));
+        }
+        let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
+        if marker {
+            // A directory marker reads as an empty object.
+            let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
+            let out = GetObjectOutput {
+                content_length: Some(0),
+                e_tag: Some(ETag::Strong(EMPTY_MD5.into())),
+                last_modified: Some(timestamp(e.mtime_ms)),
+                body: Some(StreamingBlob::wrap(futures::stream::empty::<Result<bytes::Bytes, std::io::Error>>())),
+                ..Default::default()
+            };
+            return Ok(S3Response::new(out));
+        }
+        // A ranged read needs the size first; a whole read opens at once and checks after.
+        let (entry, stream, range) = match &i.range {
+            Some(r) => {
+                let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
+                check_conditions(
+                    &e,
+                    i.if_match.as_ref(),
+                    i.if_none_match.as_ref(),
+                    i.if_modified_since.as_ref(),
+                    i.if_unmodified_since.as_ref(),
+                )?;
+                let r = r
+                    .check(e.size)
+                    .map_err(|_| s3_error!(InvalidRange, "the range lies outside the {}-byte object", e.size))?;
+                let br = ByteRange { offset: r.start, length: Some(r.end - r.start) };
+                let (entry, stream) = self.filer.read(&p, Some(br)).await.map_err(s3_err)?;
+                if entry.version != e.version {
+                    return Err(s3_error!(ServiceUnavailable, "the object changed while it was opened; retry"));
+                }
+                (entry, stream, Some(r))
+            }
+            None => {
+                let (entry, stream) = match self.filer.read(&p, None).await {
+                    Ok(r) => r,
+                    Err(Error::NotFound { .. } | Error::IsADirectory { .. } | Error::NotADirectory { .. }) => {
+                        self.bucket_entry(&i.bucket).await?;
+                        return Err(no_such_key(&i.key));
+                    }
+                    Err(e) => return Err(s3_err(e)),
+                };
+                check_conditions(
+                    &entry,
+                    i.if_match.as_ref(),
+                    i.if_none_match.as_ref(),
+                    i.if_modified_since.as_ref(),
+                    i.if_unmodified_since.as_ref(),
+                )?;
+                (entry, stream, None)
+            }
+        };
+        let (len, content_range) = match &range {
+            Some(r) => (r.end - r.start, Some(format!("bytes {}-{}/{}", r.start, r.end - 1, entry.size))),
+            None => (entry.size, None),
+        };
+        let out = GetObjectOutput {
+            accept_ranges: Some("bytes".into()),
+            content_length: Some(len as i64),
+            content_range,
+            content_type: i.response_content_type.and_then(|t| t.parse().ok()).or_else(|| content_type(&entry)),
+            cache_control: i.response_cache_control.or_else(|| attr(&entry, ATTR_CACHE_CONTROL)),
+            content_disposition: i.response_content_disposition.or_else(|| attr(&entry, ATTR_CONTENT_DISPOSITION)),
+            content_encoding: i.response_content_encoding.or_else(|| attr(&entry, ATTR_CONTENT_ENCODING)),
+            content_language: i.response_content_language.or_else(|| attr(&entry, ATTR_CONTENT_LANGUAGE)),
+            e_tag: Some(ETag::Strong(etag_of(&entry))),
+            last_modified: Some(timestamp(entry.mtime_ms)),
+            metadata: user_metadata(&entry),
+            body: Some(body::to_response(stream)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(out))
+    }
+
+    async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let i = req.input;
+        self.bucket_entry(&i.bucket).await?;
+        let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
+        if marker {
+            if i.content_length.unwrap_or(0) != 0 {
+                return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: it holds no bytes"));
+            }
+            let txn = Txn {
+                path: p,
+                precondition: Precondition::Any,
+                fence: None,
+                mutation: tidemark_core::model::Mutation::Put { entry: NewEntry::dir(now_ms()), data: None },
+                origin: Origin::Local,
+            };
+            self.filer.apply(txn).await.map_err(s3_err)?;
+            return Ok(S3Response::new(PutObjectOutput {
+                e_tag: Some(ETag::Strong(EMPTY_MD5.into())),
+                ..Default::default()
+            }));
+        }
+        let extended = attrs_of(Attrs {
+            content_type: i.content_type.as_ref().map(|t| t.as_ref()),
+            cache_control: i.cache_control.as_deref(),
+            content_disposition: i.content_disposition.as_deref(),
+            content_encoding: i.content_encoding.as_deref(),
+            content_language: i.content_language.as_deref(),
+            metadata: i.metadata.as_ref(),
+        })?;
+        let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
+        let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
+        let len = i.content_length.map(|n| n.max(0) as u64);
+        let (stream, verdict) = body::checked(body::from_request(i.body), md5, len);
+        let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
+        let e = self.write(&p, stream, &verdict, opts).await?;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(ETag::Strong(etag_of(&e))),
+            size: Some(e.size as i64),
+            ..Default::default()
+        }))
+    }
+
+    async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        let i = req.input;
+        self.bucket_entry(&i.bucket).await?;
+        let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
+        if marker {
+            return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: nothing can be copied onto it"));
+        }
+        let replace = i.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        let (sb, sk) = copy_source(&i.copy_source)?;
+        if sb == i.bucket && sk == i.key && !replace {
+            return Err(s3_error!(
+                InvalidRequest,
+                "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata"
+            ));
+        }
+        let (src, stream) = self
+            .read_source(&i.copy_source, None, i.copy_source_if_match.as_ref(), i.copy_source_if_none_match.as_ref())
+            .await?;
+        let extended = if replace {
+            attrs_of(Attrs {
+                content_type: i.content_type.as_ref().map(|t| t.as_ref()),
+                cache_control: i.cache_control.as_deref(),
+                content_disposition: i.content_disposition.as_deref(),
+                content_encoding: i.content_encoding.as_deref(),
+                content_language: i.content_language.as_deref(),
+                metadata: i.metadata.as_ref(),
+            })?
+        } else {
+            copied_attrs(&src)
+        };
+        let (stream, verdict) = body::checked(stream, None, Some(src.size));
+        let opts = WriteOptions { extended: Some(extended), ..Default::default() };
+        let e = self.write(&p, stream, &verdict, opts).await?;
+        let result = CopyObjectResult {
+            e_tag: Some(ETag::Strong(etag_of(&e))),
+            last_modified: Some(timestamp(e.mtime_ms)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(CopyObjectOutput { copy_object_result: Some(result), ..Default::default() }))
+    }
+
+    async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let i = req.input;
+        if i.version_id.is_some() {
+            return Err(s3_error!(NotImplemented, "deleting a version: the namespace keeps one version per key"));
+        }
+        self.delete_one(&i.bucket, &i.key).await?;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let i = req.input;
+        self.bucket_entry(&i.bucket).await?;
+        if i.delete.objects.len() > 1000 {
+            return Err(s3_error!(MalformedXML, "at most 1000 keys per DeleteObjects"));
+        }
+        let quiet = i.delete.quiet.unwrap_or(false);
+        let (mut deleted, mut errors) = (Vec::new(), Vec::new());
+        for o in &i.delete.objects {
+            let r = if o.version_id.is_some() {
+                Err(s3_error!(NotImplemented, "deleting a version"))
+            } else {
+                self.delete_one(&i.bucket, &o.key).await
+            };
+            match r {
+                Ok(()) if !quiet => deleted.push(DeletedObject { key: Some(o.key.clone()), ..Default::default() }),
+                Ok(()) => {}
+                Err(e) => errors.push(s3s::dto::Error {
+                    key: Some(o.key.clone()),
+                    code: Some(e.code().as_str().to_string()),
+                    message: e.message().map(str::to_string),
+                    ..Default::default()
+                }),
+            }
+        }
+        Ok(S3Response::new(DeleteObjectsOutput {
+            deleted: (!deleted.is_empty()).then_some(deleted),
+            errors: (!errors.is_empty()).then_some(errors),
+            ..Default::default()
+        }))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let i = req.input;
+        self.bucket_entry(&i.bucket).await?;
+        let (_, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
+        if marker {
+            return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: it holds no bytes"));
+        }
+        let extended = attrs_of(Attrs {
+            content_type: i.content_type.as_ref().map(|t| t.as_ref()),
+            cache_control: i.cache_control.as_deref(),
+            content_disposition: i.content_disposition.as_deref(),
+            content_encoding: i.content_encoding.as_deref(),
+            content_language: i.content_language.as_deref(),
+            metadata: i.metadata.as_ref(),
+        })?;
+        let id = multipart::new_upload_id().map_err(|e| s3_error!(InternalError, "{e}"))?;
+        let upload = Upload { bucket: i.bucket.clone(), key: i.key.clone(), initiated_ms: now_ms(), extended };
+        docs::write_json(&*self.filer, &multipart::upload_doc(&id), &upload, None).await.map_err(s3_err)?;
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(i.bucket),
+            key: Some(i.key),
+            upload_id: Some(id),
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        let i = req.input;
+        if !(1..=multipart::MAX_PART_NUMBER).contains(&i.part_number) {
+            return Err(s3_error!(InvalidArgument, "part numbers are 1 to {}", multipart::MAX_PART_NUMBER));
+        }
+        self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
+        let len = i.content_length.map(|n| n.max(0) as u64);
+        let (stream, verdict) = body::checked(body::from_request(i.body), md5, len);
+        let opts = WriteOptions { origin: Origin::System, ..Default::default() };
+        let e = self.write(&multipart::part_path(&i.upload_id, i.part_number), stream, &verdict, opts).await?;
+        Ok(S3Response::new(UploadPartOutput { e_tag: Some(ETag::Strong(etag_of(&e))), ..Default::default() }))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let i = req.input;
+        if !(1..=multipart::MAX_PART_NUMBER).contains(&i.part_number) {
+            return Err(s3_error!(InvalidArgument, "part numbers are 1 to {}", multipart::MAX_PART_NUMBER));
+        }
+        self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let (_, stream) = self
+            .read_source(
+                &i.copy_source,
+                i.copy_source_range.as_deref(),
+                i.copy_source_if_match.as_ref(),
+                i.copy_source_if_none_match.as_ref(),
+            )
+            .await?;
+        let (stream, verdict) = body::checked(stream, None, None);
+        let opts = WriteOptions { origin: Origin::System, ..Default::default() };
+        let e = self.write(&multipart::part_path(&i.upload_id, i.part_number), stream, &verdict, opts).await?;
+        let result = CopyPartResult {
+            e_tag: Some(ETag::Strong(etag_of(&e))),
+            last_modified: Some(timestamp(e.mtime_ms)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(UploadPartCopyOutput { copy_part_result: Some(result), ..Default::default() }))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let i = req.input;
+        let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let (p, _) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
+        let wanted = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
+        if wanted.is_empty() {
+            return Err(s3_error!(MalformedXML, "CompleteMultipartUpload names no parts"));
+        }
+        let staged: BTreeMap<i32, Entry> = self.staged_parts(&i.upload_id).await?.into_iter().collect();
+        let mut chosen = Vec::with_capacity(wanted.len());
+        let mut last = 0;
+        for w in &wanted {
+            let n = w.part_number.ok_or_else(|| s3_error!(MalformedXML, "a part without a PartNumber"))?;
+            if n <= last {
+                return Err(s3_error!(InvalidPartOrder, "parts must be listed in ascending order of PartNumber"));
+            }
+            last = n;
+            let e = staged.get(&n).ok_or_else(|| s3_error!(InvalidPart, "part {n} was not uploaded"))?;
+            if let Some(t) = &w.e_tag
+                && t.value() != etag_of(e)
+            {
+                return Err(s3_error!(InvalidPart, "part {n}: ETag {} is not the uploaded part's", t.value()));
+            }
+            chosen.push((e.path.clone(), e.version, e.size));
+        }
+        // Sizes after order and identity, as S3 reports them.
+        if let Some((p, _, size)) = chosen[..chosen.len() - 1].iter().find(|c| c.2 < multipart::MIN_PART_BYTES) {
+            return Err(s3_error!(
+                EntityTooSmall,
+                "{} has {size} bytes; every part but the last needs 5 MiB",
+                path::name(p)
+            ));
+        }
+        let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
+        let total: u64 = chosen.iter().map(|c| c.2).sum();
+        let filer = self.filer.clone();
+        // The parts, in order, as one stream: each opened when the previous one ends.
+        let stream = futures::stream::iter(chosen)
+            .then(move |(part, version, _)| {
+                let filer = filer.clone();
+                async move {
+                    match filer.read(&part, None).await {
+                        Ok((e, s)) if e.version == version => s,
+                        Ok(_) => futures::stream::once(async { Err(std::io::Error::other("a part changed")) }).boxed(),
+                        Err(e) => {
+                            futures::stream::once(async move { Err(std::io::Error::other(e.to_string())) }).boxed()
+                        }
+                    }
+                }
+            })
+            .flatten()
+            .boxed();
+        let (stream, verdict) = body::checked(stream, None, Some(total));
+        let opts = WriteOptions { precondition, extended: Some(upload.extended.clone()), ..Default::default() };
+        let e = self.write(&p, stream, &verdict, opts).await?;
+        let opts = DeleteOptions { recursive: true, precondition: Precondition::Any };
+        if let Err(err) = self.filer.delete(&multipart::upload_dir(&i.upload_id), opts).await {
+            tracing::warn!(upload = %i.upload_id, error = %err, "completed, but its staged parts stay behind");
+        }
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(i.bucket.clone()),
+            key: Some(i.key.clone()),
+            e_tag: Some(ETag::Strong(etag_of(&e))),
+            location: Some(format!("/{}/{}", i.bucket, i.key)),
+            ..Default::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let i = req.input;
+        self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let opts = DeleteOptions { recursive: true, precondition: Precondition::Any };
+        match self.filer.delete(&multipart::upload_dir(&i.upload_id), opts).await {
+            Ok(_) | Err(Error::NotFound { .. }) => Ok(S3Response::new(AbortMultipartUploadOutput::default())),
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
+    async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
+        let i = req.input;
+        self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let max = i.max_parts.unwrap_or(1000).clamp(0, 1000) as usize;
+        let marker: i32 = i.part_number_marker.unwrap_or(0);
+        let staged: Vec<(i32, Entry)> =
+            self.staged_parts(&i.upload_id).await?.into_iter().filter(|(n, _)| *n > marker).collect();
+        let truncated = staged.len() > max;
+        let parts: Vec<Part> = staged
+            .iter()
+            .take(max)
+            .map(|(n, e)| Part {
+                part_number: Some(*n),
+                size: Some(e.size as i64),
+                e_tag: Some(ETag::Strong(etag_of(e))),
+                last_modified: Some(timestamp(e.mtime_ms)),
+                ..Default::default()
+            })
+            .collect();
+        let next = truncated.then(|| parts.last().and_then(|p| p.part_number)).flatten();
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(i.bucket),
+            key: Some(i.key),
+            upload_id: Some(i.upload_id),
+            max_parts: Some(max as i32),
+            part_number_marker: i.part_number_marker,
+            next_part_number_marker: next,
+            is_truncated: Some(truncated),
+            parts: Some(parts),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let i = req.input;
+        self.bucket_entry(&i.bucket).await?;
+        let max = i.max_uploads.unwrap_or(1000).clamp(0, 1000) as usize;
+        let prefix = i.prefix.clone().unwrap_or_default();
+        let mut uploads: Vec<(String, String, i64)> = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.filer.list(multipart::UPLOADS, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. }) => break,
+                Err(e) => return Err(s3_err(e)),
+            };
+            for e in page.entries.iter().filter(|e| e.is_dir()) {
+                let id = e.name();
+                if let Ok(Some((u, _))) = docs::read_json::<Upload>(&*self.filer, &multipart::upload_doc(id)).await
+                    && u.bucket == i.bucket
+                    && u.key.starts_with(&prefix)
+                {
+                    uploads.push((u.key, id.to_string(), u.initiated_ms));
+                }
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        uploads.sort();
+        let key_marker = i.key_marker.clone().unwrap_or_default();
+        let id_marker = i.upload_id_marker.clone().unwrap_or_default();
+        let rest: Vec<_> = uploads
+            .into_iter()
+            .filter(|(k, id, _)| key_marker.is_empty() || *k > key_marker || (*k == key_marker && *id > id_marker))
+            .collect();
+        let truncated = rest.len() > max;
+        let shown: Vec<_> = rest.into_iter().take(max).collect();
+        let (next_key, next_id) = match (truncated, shown.last()) {
+            (true, Some((k, id, _))) => (Some(k.clone()), Some(id.clone())),
+            _ => (None, None),
+        };
+        let list = shown
+            .into_iter()
+            .map(|(key, id, ms)| MultipartUpload {
+                key: Some(key),
+                upload_id: Some(id),
+                initiated: Some(timestamp(ms)),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(i.bucket),
+            prefix: i.prefix,
+            key_marker: i.key_marker,
+            upload_id_marker: i.upload_id_marker,
+            max_uploads: Some(max as i32),
+            is_truncated: Some(truncated),
+            next_key_marker: next_key,
+            next_upload_id_marker: next_id,
+            uploads: Some(list),
+            ..Default::default()
+        }))
+    }
+}

@@ -1,0 +1,111 @@
+//! The S3 gateway: the directories under `/buckets` served as S3 buckets, for boto3, the AWS CLI,
+//! rclone and every other S3 client. Built on the `s3s` crate (request parsing, routing, SigV4
+//! and presigned URLs, S3's XML and errors); this crate supplies the operations
+//! ([`gateway::Gateway`], each a few calls on the filer's API), the key <-> path rules
+//! ([`names`]), the listing walk ([`list`]), multipart staging ([`multipart`]) and who may do
+//! what ([`identity`], [`auth`]).
+
+pub mod auth;
+mod body;
+pub mod gateway;
+pub mod identity;
+pub mod list;
+pub mod multipart;
+pub mod names;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3s::service::{S3Service, S3ServiceBuilder};
+
+use tidemark_core::Filer;
+
+/// Connections served at once; more wait in the listen queue.
+const MAX_CONNECTIONS: usize = 1024;
+/// A client that has not sent a request head within this long is disconnected.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most bytes a request head may have (S3 allows 8 KiB of headers; clients stay well below
+/// this). A larger one is answered 431 and the connection closed.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// The gateway's S3 service over `filer`. `loopback`: it listens on loopback only, so the
+/// development key works while no key is configured.
+pub fn service(filer: Arc<dyn Filer>, loopback: bool) -> S3Service {
+    let shared = Arc::new(auth::Shared::new(filer.clone(), loopback));
+    let mut b = S3ServiceBuilder::new(gateway::Gateway::new(filer, shared.clone()));
+    b.set_auth(auth::Auth(shared.clone()));
+    b.set_access(auth::Access(shared));
+    b.build()
+}
+
+/// Refuses an address beyond loopback unless keys are configured (checked at start; keys can
+/// only be added later, and the development key never works beyond loopback).
+pub async fn check_bind(addr: SocketAddr, filer: &dyn Filer) -> Result<(), String> {
+    if addr.ip().is_loopback() {
+        return Ok(());
+    }
+    let ids = tidemark_engine::docs::read_json::<identity::Identities>(filer, identity::IDENTITIES)
+        .await
+        .map_err(|e| format!("cannot read the S3 identities ({}): {e}", identity::IDENTITIES))?
+        .map(|(d, _)| d)
+        .unwrap_or_default();
+    if ids.has_keys() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the S3 gateway would listen on {addr}, beyond loopback, with no access keys configured: \
+             create one first (`tidemark shell -c 's3.configure -user=NAME -access_key=... -secret_key=... -actions=Read,Write,List,Admin -apply'`) \
+             or listen on 127.0.0.1"
+        ))
+    }
+}
+
+/// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
+/// (at most 10 s).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    service: S3Service,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let mut http = ConnBuilder::new(TokioExecutor::new());
+    http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(MAX_HEAD_BYTES);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.map_err(std::io::Error::other)?,
+            () = shutdown.as_mut() => break,
+        };
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "s3 gateway: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.as_mut() => break,
+        };
+        let conn = http.serve_connection(TokioIo::new(stream), service.clone()).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "s3 connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(Duration::from_secs(10)) => {
+            tracing::warn!("s3 gateway: requests still running after 10 s; stopping anyway");
+        }
+    }
+    Ok(())
+}

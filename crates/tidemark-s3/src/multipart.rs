@@ -1,0 +1,72 @@
+//! Multipart uploads staged in the namespace, so any gateway of a cluster can take any part and
+//! a crash loses nothing acknowledged: `UPLOADS/<id>/upload.json` says what the upload will
+//! become; `UPLOADS/<id>/part-NNNNN` holds each part's bytes (with its MD5, the part's ETag) as
+//! an ordinary durable file. CompleteMultipartUpload streams the parts, in order, into one
+//! write of the target: the object appears whole or not at all, then the staging is removed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use tidemark_core::path;
+
+/// Where uploads in progress are staged.
+pub const UPLOADS: &str = "/etc/tidemark/s3/uploads";
+
+/// S3's limits.
+pub const MAX_PART_NUMBER: i32 = 10_000;
+pub const MIN_PART_BYTES: u64 = 5 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upload {
+    pub bucket: String,
+    pub key: String,
+    pub initiated_ms: i64,
+    /// The attributes the object gets (content type, user metadata).
+    #[serde(default)]
+    pub extended: BTreeMap<String, String>,
+}
+
+pub fn valid_upload_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+pub fn upload_dir(id: &str) -> String {
+    path::join(UPLOADS, id)
+}
+
+pub fn upload_doc(id: &str) -> String {
+    path::join(&upload_dir(id), "upload.json")
+}
+
+pub fn part_path(id: &str, n: i32) -> String {
+    path::join(&upload_dir(id), &format!("part-{n:05}"))
+}
+
+/// The part number of a staged part's file name.
+pub fn part_number(name: &str) -> Option<i32> {
+    name.strip_prefix("part-").and_then(|n| n.parse().ok()).filter(|n| (1..=MAX_PART_NUMBER).contains(n))
+}
+
+pub fn new_upload_id() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| std::io::Error::other(format!("no randomness for an upload id: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_are_named_in_order_and_ids_are_checked() {
+        assert_eq!(part_path("ab", 7), "/etc/tidemark/s3/uploads/ab/part-00007");
+        assert_eq!(part_number("part-00007"), Some(7));
+        assert_eq!(part_number("part-0"), None);
+        assert_eq!(part_number("upload.json"), None);
+        let id = new_upload_id().unwrap();
+        assert!(valid_upload_id(&id));
+        assert!(!valid_upload_id("../../x") && !valid_upload_id(""));
+        assert!(part_path("a", 2) > part_path("a", 1) && part_path("a", 10_000) > part_path("a", 9_999));
+    }
+}

@@ -1,0 +1,471 @@
+"""Real S3 clients against Tidemark's gateway, driven by crates/tidemark/tests/s3_gateway.rs.
+
+    python3 clients.py boto3  ENDPOINT ACCESS_KEY SECRET_KEY
+    python3 clients.py access ENDPOINT ADMIN_AK ADMIN_SK READER_AK READER_SK
+    python3 clients.py errors ENDPOINT ACCESS_KEY SECRET_KEY
+    python3 clients.py tools  ENDPOINT ACCESS_KEY SECRET_KEY WORKDIR
+
+Each mode exits non-zero with the failed check on stderr.
+"""
+
+import base64
+import hashlib
+import http.client
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import boto3
+import botocore
+import botocore.auth
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
+
+
+def client(endpoint, ak, sk, **cfg):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=ak,
+        aws_secret_access_key=sk,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **cfg),
+    )
+
+
+def code_of(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return e.response["Error"]["Code"]
+    return None
+
+
+def expect_code(want, fn, what):
+    got = code_of(fn)
+    assert got == want, f"{what}: expected {want}, got {got}"
+
+
+TRICKY = [
+    "with space.txt",
+    "plus+sign.txt",
+    "percent%20literal.txt",
+    "unicodé/日本語.txt",
+    "equals=and&amp.txt",
+    "deep/a/b/c/d/e/f/g/h.txt",
+    "tilde~and'quote.txt",
+]
+
+
+def boto3_mode(endpoint, ak, sk):
+    s3 = client(endpoint, ak, sk)
+    b = "gw-boto3"
+    s3.create_bucket(Bucket=b)
+    expect_code("BucketAlreadyOwnedByYou", lambda: s3.create_bucket(Bucket=b), "create twice")
+    expect_code("InvalidBucketName", lambda: s3.create_bucket(Bucket="Bad_Name"), "bad bucket name")
+    assert b in [x["Name"] for x in s3.list_buckets()["Buckets"]]
+    s3.head_bucket(Bucket=b)
+    expect_code("404", lambda: s3.head_bucket(Bucket="no-such-bucket"), "head a missing bucket")
+    expect_code("NoSuchBucket", lambda: s3.put_object(Bucket="no-such-bucket", Key="k", Body=b"x"), "put into nothing")
+
+    # Put / get / head with metadata, content type, and the MD5 ETag.
+    body = b"hello, gateway\n"
+    r = s3.put_object(Bucket=b, Key="hello.txt", Body=body, ContentType="text/plain",
+                      Metadata={"Owner": "me", "x": "1"})
+    md5 = hashlib.md5(body).hexdigest()
+    assert r["ETag"] == f'"{md5}"', r["ETag"]
+    h = s3.head_object(Bucket=b, Key="hello.txt")
+    assert h["ContentLength"] == len(body) and h["ContentType"] == "text/plain", h
+    assert h["Metadata"] == {"owner": "me", "x": "1"}, h["Metadata"]
+    g = s3.get_object(Bucket=b, Key="hello.txt")
+    assert g["Body"].read() == body and g["ETag"] == f'"{md5}"'
+    expect_code("NoSuchKey", lambda: s3.get_object(Bucket=b, Key="missing"), "get a missing key")
+    expect_code("404", lambda: s3.head_object(Bucket=b, Key="missing"), "head a missing key")
+
+    # Ranges and conditionals.
+    assert s3.get_object(Bucket=b, Key="hello.txt", Range="bytes=0-4")["Body"].read() == b"hello"
+    assert s3.get_object(Bucket=b, Key="hello.txt", Range="bytes=-6")["Body"].read() == b"teway\n"
+    r = s3.get_object(Bucket=b, Key="hello.txt", Range="bytes=7-")
+    assert r["Body"].read() == body[7:] and r["ContentRange"] == f"bytes 7-{len(body)-1}/{len(body)}", r["ContentRange"]
+    expect_code("InvalidRange", lambda: s3.get_object(Bucket=b, Key="hello.txt", Range=f"bytes={len(body)}-"), "range past the end")
+    expect_code("304", lambda: s3.get_object(Bucket=b, Key="hello.txt", IfNoneMatch=f'"{md5}"'), "if-none-match")
+    expect_code("PreconditionFailed", lambda: s3.get_object(Bucket=b, Key="hello.txt", IfMatch='"nope"'), "if-match")
+    s3.get_object(Bucket=b, Key="hello.txt", IfMatch=f'"{md5}"')
+    past = h["LastModified"].replace(year=2000)
+    future = h["LastModified"].replace(year=2100)
+    expect_code("304", lambda: s3.get_object(Bucket=b, Key="hello.txt", IfModifiedSince=future), "if-modified-since")
+    s3.get_object(Bucket=b, Key="hello.txt", IfModifiedSince=past)
+    expect_code("PreconditionFailed", lambda: s3.get_object(Bucket=b, Key="hello.txt", IfUnmodifiedSince=past), "if-unmodified-since")
+    r = s3.get_object(Bucket=b, Key="hello.txt", ResponseContentType="application/x-test",
+                      ResponseContentDisposition="attachment")
+    assert r["ContentType"] == "application/x-test" and r["ContentDisposition"] == "attachment", r
+
+    # Create-only puts.
+    expect_code("PreconditionFailed", lambda: s3.put_object(Bucket=b, Key="hello.txt", Body=b"x", IfNoneMatch="*"), "create-only over an object")
+    s3.put_object(Bucket=b, Key="fresh.txt", Body=b"new", IfNoneMatch="*")
+
+    # Content-MD5: the right one is accepted, a wrong one refused and nothing written.
+    good = base64.b64encode(hashlib.md5(b"checked").digest()).decode()
+    s3.put_object(Bucket=b, Key="md5.txt", Body=b"checked", ContentMD5=good)
+    bad = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+    expect_code("BadDigest", lambda: s3.put_object(Bucket=b, Key="md5.txt", Body=b"tampered", ContentMD5=bad), "bad Content-MD5")
+    assert s3.get_object(Bucket=b, Key="md5.txt")["Body"].read() == b"checked", "a refused put changed nothing"
+
+    # Tricky keys round-trip, and list in byte order (also url-encoded).
+    for k in TRICKY:
+        s3.put_object(Bucket=b, Key=k, Body=k.encode())
+    for k in TRICKY:
+        assert s3.get_object(Bucket=b, Key=k)["Body"].read() == k.encode(), k
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=b)["Contents"]]
+    assert keys == sorted(keys, key=lambda k: k.encode()), keys
+    assert set(TRICKY) <= set(keys), keys
+    enc = s3.list_objects_v2(Bucket=b, EncodingType="url", Prefix="unicod")
+    # Asked for explicitly, botocore leaves the encoding in place (it decodes only what it asked for).
+    assert [o["Key"] for o in enc["Contents"]] == [urllib.parse.quote("unicodé/日本語.txt")], enc["Contents"]
+    expect_code("InvalidArgument", lambda: s3.put_object(Bucket=b, Key="a/../b", Body=b"x"), "a dot-dot key")
+    expect_code("InvalidArgument", lambda: s3.put_object(Bucket=b, Key="a//b", Body=b"x"), "an empty segment")
+    expect_code("KeyTooLongError", lambda: s3.put_object(Bucket=b, Key="x" * 300, Body=b"x"), "a too-long name")
+
+    # Listing: prefixes, delimiters, pagination, start-after; ListObjects v1 with markers.
+    lb = "gw-list"
+    s3.create_bucket(Bucket=lb)
+    names = ["a.txt", "b-c.txt", "b/1", "b/2", "b/x/3", "b0", "c/d/e", "d"]
+    for k in names:
+        s3.put_object(Bucket=lb, Key=k, Body=b".")
+    r = s3.list_objects_v2(Bucket=lb, Delimiter="/")
+    assert [o["Key"] for o in r["Contents"]] == ["a.txt", "b-c.txt", "b0", "d"], r
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["b/", "c/"], r
+    r = s3.list_objects_v2(Bucket=lb, Prefix="b/", Delimiter="/")
+    assert [o["Key"] for o in r["Contents"]] == ["b/1", "b/2"] and [p["Prefix"] for p in r["CommonPrefixes"]] == ["b/x/"], r
+    r = s3.list_objects_v2(Bucket=lb, Prefix="b")
+    assert [o["Key"] for o in r["Contents"]] == ["b-c.txt", "b/1", "b/2", "b/x/3", "b0"], r
+    r = s3.list_objects_v2(Bucket=lb, Delimiter="-")
+    assert [p["Prefix"] for p in r.get("CommonPrefixes", [])] == ["b-"], r
+    seen, token = [], None
+    while True:
+        kw = {"ContinuationToken": token} if token else {}
+        r = s3.list_objects_v2(Bucket=lb, MaxKeys=3, **kw)
+        seen += [o["Key"] for o in r.get("Contents", [])]
+        if not r["IsTruncated"]:
+            break
+        token = r["NextContinuationToken"]
+    assert seen == sorted(names, key=str.encode), seen
+    seen, token = [], None
+    while True:
+        kw = {"ContinuationToken": token} if token else {}
+        r = s3.list_objects_v2(Bucket=lb, MaxKeys=2, Delimiter="/", **kw)
+        seen += [o["Key"] for o in r.get("Contents", [])] + [p["Prefix"] for p in r.get("CommonPrefixes", [])]
+        if not r["IsTruncated"]:
+            break
+        token = r["NextContinuationToken"]
+    assert sorted(seen) == ["a.txt", "b-c.txt", "b/", "b0", "c/", "d"], seen
+    r = s3.list_objects_v2(Bucket=lb, StartAfter="b/2")
+    assert [o["Key"] for o in r["Contents"]] == ["b/x/3", "b0", "c/d/e", "d"], r
+    pages = list(s3.get_paginator("list_objects").paginate(Bucket=lb, PaginationConfig={"PageSize": 3}))
+    assert [o["Key"] for p in pages for o in p.get("Contents", [])] == sorted(names, key=str.encode), pages
+
+    # Copy, with metadata kept or replaced; a copy onto itself without REPLACE is refused.
+    s3.copy_object(Bucket=lb, Key="copied", CopySource={"Bucket": b, "Key": "hello.txt"})
+    c = s3.head_object(Bucket=lb, Key="copied")
+    assert c["Metadata"] == {"owner": "me", "x": "1"} and c["ContentType"] == "text/plain", c
+    s3.copy_object(Bucket=lb, Key="copied", CopySource={"Bucket": lb, "Key": "copied"},
+                   MetadataDirective="REPLACE", Metadata={"new": "yes"}, ContentType="text/x-new")
+    c = s3.head_object(Bucket=lb, Key="copied")
+    assert c["Metadata"] == {"new": "yes"} and c["ContentType"] == "text/x-new", c
+    assert s3.get_object(Bucket=lb, Key="copied")["Body"].read() == body
+    expect_code("InvalidRequest", lambda: s3.copy_object(Bucket=lb, Key="copied", CopySource={"Bucket": lb, "Key": "copied"}), "copy onto itself")
+    expect_code("NoSuchKey", lambda: s3.copy_object(Bucket=lb, Key="x", CopySource={"Bucket": lb, "Key": "missing"}), "copy a missing source")
+
+    # Delete one, delete many; deleting the last key below a prefix removes the prefix too.
+    s3.delete_object(Bucket=lb, Key="c/d/e")
+    s3.delete_object(Bucket=lb, Key="never-existed")
+    r = s3.list_objects_v2(Bucket=lb, Delimiter="/")
+    assert "c/" not in [p["Prefix"] for p in r.get("CommonPrefixes", [])], r
+    r = s3.delete_objects(Bucket=lb, Delete={"Objects": [{"Key": "b/1"}, {"Key": "b/2"}, {"Key": "b/x/3"}, {"Key": "nope"}]})
+    assert sorted(d["Key"] for d in r["Deleted"]) == ["b/1", "b/2", "b/x/3", "nope"] and not r.get("Errors"), r
+    expect_code("BucketNotEmpty", lambda: s3.delete_bucket(Bucket=lb), "delete a non-empty bucket")
+    for o in s3.list_objects_v2(Bucket=lb)["Contents"]:
+        s3.delete_object(Bucket=lb, Key=o["Key"])
+    s3.delete_bucket(Bucket=lb)
+    expect_code("404", lambda: s3.head_bucket(Bucket=lb), "a deleted bucket")
+
+    # Multipart: parts staged, listed, completed atomically; aborted leaves nothing.
+    mb = "gw-multipart"
+    s3.create_bucket(Bucket=mb)
+    part1 = os.urandom(5 * 1024 * 1024)
+    part2 = os.urandom(1234)
+    up = s3.create_multipart_upload(Bucket=mb, Key="big/file.bin", ContentType="application/x-big", Metadata={"m": "v"})
+    uid = up["UploadId"]
+    e2 = s3.upload_part(Bucket=mb, Key="big/file.bin", UploadId=uid, PartNumber=2, Body=part2)["ETag"]
+    e1 = s3.upload_part(Bucket=mb, Key="big/file.bin", UploadId=uid, PartNumber=1, Body=part1)["ETag"]
+    assert e1 == f'"{hashlib.md5(part1).hexdigest()}"', e1
+    parts = s3.list_parts(Bucket=mb, Key="big/file.bin", UploadId=uid)["Parts"]
+    assert [(p["PartNumber"], p["Size"]) for p in parts] == [(1, len(part1)), (2, len(part2))], parts
+    ups = s3.list_multipart_uploads(Bucket=mb)["Uploads"]
+    assert [(u["Key"], u["UploadId"]) for u in ups] == [("big/file.bin", uid)], ups
+    expect_code("404", lambda: s3.head_object(Bucket=mb, Key="big/file.bin"), "nothing visible before Complete")
+    expect_code("InvalidPart", lambda: s3.complete_multipart_upload(Bucket=mb, Key="big/file.bin", UploadId=uid,
+                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e2}, {"PartNumber": 2, "ETag": e2}]}), "a wrong part ETag")
+    expect_code("InvalidPartOrder", lambda: s3.complete_multipart_upload(Bucket=mb, Key="big/file.bin", UploadId=uid,
+                MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": e2}, {"PartNumber": 1, "ETag": e1}]}), "parts out of order")
+    su = small_upload(s3, mb)
+    expect_code("EntityTooSmall", lambda: s3.complete_multipart_upload(Bucket=mb, Key="small", UploadId=su,
+                MultipartUpload={"Parts": small_upload.parts}), "a small first part")
+    r = s3.complete_multipart_upload(Bucket=mb, Key="big/file.bin", UploadId=uid,
+                                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    whole = part1 + part2
+    got = s3.get_object(Bucket=mb, Key="big/file.bin")
+    assert got["Body"].read() == whole and got["ContentType"] == "application/x-big" and got["Metadata"] == {"m": "v"}
+    assert r["ETag"] == f'"{hashlib.md5(whole).hexdigest()}"', r["ETag"]
+    expect_code("NoSuchUpload", lambda: s3.list_parts(Bucket=mb, Key="big/file.bin", UploadId=uid), "a completed upload")
+    # UploadPartCopy: a range of an object as a part.
+    up2 = s3.create_multipart_upload(Bucket=mb, Key="copy.bin")["UploadId"]
+    pc = s3.upload_part_copy(Bucket=mb, Key="copy.bin", UploadId=up2, PartNumber=1,
+                             CopySource={"Bucket": mb, "Key": "big/file.bin"}, CopySourceRange="bytes=0-5242879")
+    tail = s3.upload_part(Bucket=mb, Key="copy.bin", UploadId=up2, PartNumber=2, Body=b"tail")["ETag"]
+    s3.complete_multipart_upload(Bucket=mb, Key="copy.bin", UploadId=up2, MultipartUpload={"Parts": [
+        {"PartNumber": 1, "ETag": pc["CopyPartResult"]["ETag"]}, {"PartNumber": 2, "ETag": tail}]})
+    assert s3.get_object(Bucket=mb, Key="copy.bin")["Body"].read() == whole[:5242880] + b"tail"
+    up3 = s3.create_multipart_upload(Bucket=mb, Key="aborted.bin")["UploadId"]
+    s3.upload_part(Bucket=mb, Key="aborted.bin", UploadId=up3, PartNumber=1, Body=b"x")
+    s3.abort_multipart_upload(Bucket=mb, Key="aborted.bin", UploadId=up3)
+    expect_code("NoSuchUpload", lambda: s3.upload_part(Bucket=mb, Key="aborted.bin", UploadId=up3, PartNumber=2, Body=b"y"), "an aborted upload")
+    expect_code("NoSuchUpload", lambda: s3.abort_multipart_upload(Bucket=mb, Key="x", UploadId="../../etc"), "a hostile upload id")
+    uploads = [u["Key"] for u in s3.list_multipart_uploads(Bucket=mb).get("Uploads", [])]
+    assert uploads == ["small"], uploads
+    # boto3's managed transfer (multipart above its threshold) round-trips.
+    from boto3.s3.transfer import TransferConfig
+    import io
+    data = os.urandom(12 * 1024 * 1024 + 7)
+    s3.upload_fileobj(io.BytesIO(data), mb, "managed.bin", Config=TransferConfig(multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024))
+    out = io.BytesIO()
+    s3.download_fileobj(mb, "managed.bin", out)
+    assert out.getvalue() == data
+
+    # Presigned URLs (SigV4, and boto3's default SigV2 for GET): a GET and a PUT that work, and
+    # a GET that has expired.
+    v4 = client(endpoint, ak, sk, signature_version="s3v4")
+    for signer in (s3, v4):
+        url = signer.generate_presigned_url("get_object", Params={"Bucket": b, "Key": "hello.txt"}, ExpiresIn=60)
+        assert urllib.request.urlopen(url).read() == body
+    url = v4.generate_presigned_url("get_object", Params={"Bucket": b, "Key": "hello.txt"}, ExpiresIn=1)
+    time.sleep(2.5)
+    try:
+        urllib.request.urlopen(url)
+        raise AssertionError("an expired presigned URL worked")
+    except urllib.error.HTTPError as e:
+        text = e.read().decode()
+        assert e.code == 403 and "AccessDenied" in text, (e.code, text)
+    put_url = v4.generate_presigned_url("put_object", Params={"Bucket": b, "Key": "presigned-put"}, ExpiresIn=60)
+    req = urllib.request.Request(put_url, data=b"via url", method="PUT")
+    urllib.request.urlopen(req).read()
+    assert s3.get_object(Bucket=b, Key="presigned-put")["Body"].read() == b"via url"
+    print("boto3: every operation checked")
+
+
+def small_upload(s3, bucket):
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="small")["UploadId"]
+    e1 = s3.upload_part(Bucket=bucket, Key="small", UploadId=uid, PartNumber=1, Body=b"tiny")["ETag"]
+    e2 = s3.upload_part(Bucket=bucket, Key="small", UploadId=uid, PartNumber=2, Body=b"tail")["ETag"]
+    small_upload.parts = [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]
+    return uid
+
+
+def access_mode(endpoint, admin_ak, admin_sk, reader_ak, reader_sk):
+    admin = client(endpoint, admin_ak, admin_sk)
+    admin.create_bucket(Bucket="gw-private")
+    admin.create_bucket(Bucket="gw-public")
+    admin.put_object(Bucket="gw-private", Key="secret.txt", Body=b"for admins")
+    admin.put_object(Bucket="gw-public", Key="open.txt", Body=b"for readers")
+    reader = client(endpoint, reader_ak, reader_sk)
+    assert reader.get_object(Bucket="gw-public", Key="open.txt")["Body"].read() == b"for readers"
+    assert [b["Name"] for b in reader.list_buckets()["Buckets"]] == ["gw-public"], "a reader sees only its buckets"
+    expect_code("AccessDenied", lambda: reader.put_object(Bucket="gw-public", Key="x", Body=b"x"), "a reader writing")
+    expect_code("AccessDenied", lambda: reader.get_object(Bucket="gw-private", Key="secret.txt"), "a reader outside its buckets")
+    expect_code("AccessDenied", lambda: reader.create_bucket(Bucket="gw-new"), "a reader creating a bucket")
+    expect_code("AccessDenied", lambda: reader.delete_object(Bucket="gw-public", Key="open.txt"), "a reader deleting")
+    wrong = client(endpoint, reader_ak, "not-the-secret")
+    expect_code("SignatureDoesNotMatch", lambda: wrong.list_buckets(), "a wrong secret")
+    unknown = client(endpoint, "AKUNKNOWN", "whatever-secret")
+    expect_code("InvalidAccessKeyId", lambda: unknown.list_buckets(), "an unknown key")
+    dev = client(endpoint, "tidemark", "tidemark")
+    expect_code("InvalidAccessKeyId", lambda: dev.list_buckets(), "the dev key once keys exist")
+    # Unsigned: refused, as no anonymous identity is configured.
+    try:
+        urllib.request.urlopen(f"{endpoint}/gw-public/open.txt")
+        raise AssertionError("an unsigned GET worked")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e.code
+    # A copy needs Read on its source: the admin may, into a bucket it writes.
+    admin.copy_object(Bucket="gw-public", Key="copied.txt", CopySource={"Bucket": "gw-private", "Key": "secret.txt"})
+    print("access: every refusal checked")
+
+
+def anonymous_mode(endpoint):
+    assert urllib.request.urlopen(f"{endpoint}/gw-public/open.txt").read() == b"for readers"
+    try:
+        urllib.request.urlopen(f"{endpoint}/gw-private/secret.txt")
+        raise AssertionError("anonymous read outside its bucket")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e.code
+    print("anonymous: reads what it was granted, nothing else")
+
+
+def signed(endpoint, ak, sk, method, path, body, headers=None):
+    url = endpoint + path
+    headers = dict(headers or {})
+    headers["host"] = urllib.parse.urlparse(endpoint).netloc
+    req = AWSRequest(method=method, url=url, data=body, headers=headers)
+    req.headers["x-amz-content-sha256"] = hashlib.sha256(body).hexdigest()
+    SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    return req
+
+
+def raw(endpoint, req, body_override=None, close_early=False):
+    u = urllib.parse.urlparse(endpoint)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    path = urllib.parse.urlparse(req.url).path
+    q = urllib.parse.urlparse(req.url).query
+    conn.putrequest(req.method, path + (f"?{q}" if q else ""), skip_accept_encoding=True, skip_host=True)
+    payload = body_override if body_override is not None else (req.body or b"")
+    for k, v in req.headers.items():
+        conn.putheader(k, v)
+    if "Content-Length" not in req.headers:
+        conn.putheader("Content-Length", str(len(req.body or b"")))
+    conn.endheaders()
+    conn.send(payload)
+    if close_early:
+        conn.sock.shutdown(1)
+    resp = conn.getresponse()
+    return resp.status, resp.read().decode(errors="replace")
+
+
+def errors_mode(endpoint, ak, sk):
+    s3 = client(endpoint, ak, sk)
+    b = "gw-errors"
+    s3.create_bucket(Bucket=b)
+    s3.put_object(Bucket=b, Key="keep.txt", Body=b"original")
+    # Malformed XML in DeleteObjects.
+    bad_xml = b"<Delete><Object><Key>keep.txt</Key></Obj"
+    req = signed(endpoint, ak, sk, "POST", f"/{b}?delete", bad_xml,
+                 {"Content-MD5": base64.b64encode(hashlib.md5(bad_xml).digest()).decode()})
+    status, text = raw(endpoint, req)
+    assert status == 400 and "MalformedXML" in text, (status, text)
+    # A body shorter than its Content-Length: the client gives up; nothing is written.
+    body = b"x" * 1000
+    req = signed(endpoint, ak, sk, "PUT", f"/{b}/keep.txt", body)
+    req.headers["Content-Length"] = str(len(body))
+    try:
+        status, text = raw(endpoint, req, body_override=body[:400], close_early=True)
+        assert status >= 400, (status, text)
+    except (ConnectionError, http.client.HTTPException):
+        pass
+    time.sleep(0.5)
+    assert s3.get_object(Bucket=b, Key="keep.txt")["Body"].read() == b"original", "a short body changed nothing"
+    # Clock skew: a request signed an hour in the past (botocore's clock, set back while it signs).
+    import datetime as dt
+    real = botocore.auth.datetime.datetime
+
+    class AnHourAgo(real):
+        @classmethod
+        def utcnow(cls):
+            return real.utcnow() - dt.timedelta(hours=1)
+
+        @classmethod
+        def now(cls, tz=None):
+            return real.now(tz) - dt.timedelta(hours=1)
+
+    botocore.auth.datetime.datetime = AnHourAgo
+    try:
+        req = signed(endpoint, ak, sk, "GET", f"/{b}/keep.txt", b"")
+    finally:
+        botocore.auth.datetime.datetime = real
+    status, text = raw(endpoint, req)
+    assert status == 403 and ("RequestTimeTooSkewed" in text or "AccessDenied" in text), (status, text)
+    # Oversize headers: refused, and the gateway still serves.
+    req = signed(endpoint, ak, sk, "GET", f"/{b}/keep.txt", b"", {"x-amz-meta-huge": "y" * 200_000})
+    try:
+        status, text = raw(endpoint, req)
+        assert status >= 400, status
+    except (ConnectionError, http.client.HTTPException):
+        pass
+    expect_code("MetadataTooLarge", lambda: s3.put_object(Bucket=b, Key="meta", Body=b"x", Metadata={"big": "z" * 3000}), "too much metadata")
+    # An unsupported operation says so.
+    expect_code("NotImplemented", lambda: s3.put_bucket_policy(Bucket=b, Policy="{}"), "an unsupported operation")
+    assert s3.get_object(Bucket=b, Key="keep.txt")["Body"].read() == b"original"
+    print("errors: every bad input refused")
+
+
+def run(cmd, env, **kw):
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, **kw)
+    assert r.returncode == 0, f"{cmd}: exit {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+    return r.stdout
+
+
+def tools_mode(endpoint, ak, sk, work):
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, AWS_DEFAULT_REGION="us-east-1",
+               AWS_EC2_METADATA_DISABLED="true")
+    aws = ["aws", "--endpoint-url", endpoint]
+    src = os.path.join(work, "src")
+    os.makedirs(os.path.join(src, "sub", "deeper"), exist_ok=True)
+    files = {"a.txt": b"alpha\n", "sub/b c.txt": b"bravo\n", "sub/deeper/c+d.bin": os.urandom(9 * 1024 * 1024),
+             "unicodé.txt": "ünï".encode()}
+    for rel, data in files.items():
+        with open(os.path.join(src, rel), "wb") as f:
+            f.write(data)
+    run(aws + ["s3", "mb", "s3://gw-tools"], env)
+    run(aws + ["s3", "cp", os.path.join(src, "a.txt"), "s3://gw-tools/single/a.txt"], env)
+    out = run(aws + ["s3", "ls", "s3://gw-tools/single/"], env)
+    assert "a.txt" in out, out
+    run(aws + ["s3", "sync", src, "s3://gw-tools/synced"], env)
+    listed = run(aws + ["s3", "ls", "--recursive", "s3://gw-tools/synced/"], env)
+    for rel in files:
+        assert f"synced/{rel}" in listed, (rel, listed)
+    dst = os.path.join(work, "dst")
+    run(aws + ["s3", "sync", "s3://gw-tools/synced", dst], env)
+    for rel, data in files.items():
+        with open(os.path.join(dst, rel), "rb") as f:
+            assert f.read() == data, rel
+    again = run(aws + ["s3", "sync", src, "s3://gw-tools/synced"], env)
+    assert again.strip() == "", f"a second sync uploads nothing: {again}"
+    head = run(aws + ["s3api", "head-object", "--bucket", "gw-tools", "--key", "synced/a.txt"], env)
+    assert hashlib.md5(b"alpha\n").hexdigest() in head, head
+    run(aws + ["s3", "rm", "--recursive", "s3://gw-tools/single"], env)
+    out = run(aws + ["s3", "ls", "s3://gw-tools/"], env)
+    assert "single/" not in out and "synced/" in out, out
+
+    # rclone, configured from the environment as its users do.
+    renv = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    renv.update(RCLONE_CONFIG_TM_TYPE="s3", RCLONE_CONFIG_TM_PROVIDER="Other",
+                RCLONE_CONFIG_TM_ACCESS_KEY_ID=ak, RCLONE_CONFIG_TM_SECRET_ACCESS_KEY=sk,
+                RCLONE_CONFIG_TM_ENDPOINT=endpoint, RCLONE_CONFIG_TM_REGION="us-east-1",
+                RCLONE_CONFIG_TM_FORCE_PATH_STYLE="true", RCLONE_CONFIG=os.path.join(work, "rclone.conf"))
+    rc = ["rclone", "--retries", "1", "--low-level-retries", "1", "--s3-upload-cutoff", "5M", "--s3-chunk-size", "5M"]
+    run(rc + ["mkdir", "tm:gw-rclone"], renv)
+    run(rc + ["copy", src, "tm:gw-rclone/copy"], renv)
+    run(rc + ["check", src, "tm:gw-rclone/copy"], renv)
+    lsf = set(run(rc + ["lsf", "-R", "--files-only", "tm:gw-rclone/copy"], renv).splitlines())
+    assert lsf == set(files), lsf
+    os.remove(os.path.join(src, "a.txt"))
+    with open(os.path.join(src, "new.txt"), "wb") as f:
+        f.write(b"new file\n")
+    run(rc + ["sync", src, "tm:gw-rclone/copy"], renv)
+    run(rc + ["check", src, "tm:gw-rclone/copy"], renv)
+    names = run(rc + ["lsf", "tm:gw-rclone/copy"], renv).splitlines()
+    assert "a.txt" not in names and "new.txt" in names, names
+    back = os.path.join(work, "back")
+    run(rc + ["copy", "tm:gw-rclone/copy", back], renv)
+    run(rc + ["check", src, back], renv)
+    print("tools: aws s3 and rclone round-trips checked")
+
+
+if __name__ == "__main__":
+    mode, rest = sys.argv[1], sys.argv[2:]
+    {"boto3": boto3_mode, "access": access_mode, "anonymous": anonymous_mode, "errors": errors_mode,
+     "tools": tools_mode}[mode](*rest)

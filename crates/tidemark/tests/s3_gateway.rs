@@ -1,0 +1,282 @@
+//! The S3 gateway as its users meet it: `tidemark server` (or `tidemark s3` beside a filer) and
+//! the clients people use — boto3 for every operation, the AWS CLI and rclone for whole trees
+//! (tests/s3/clients.py) — plus a bucket mounted from moto whose objects, put and overwritten
+//! in moto, appear through the gateway within seconds through events and read through the
+//! content cache.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use bytes::Bytes;
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_core::RemoteStorage;
+use tidemark_testkit::{Moto, TidemarkProcess, eventually, ok, run_shell, unique_name};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn clients_py() -> String {
+    format!("{}/tests/s3/clients.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs one mode of tests/s3/clients.py; its output on failure.
+fn python(args: &[&str], server: &TidemarkProcess) -> String {
+    let out = Command::new("python3").arg(clients_py()).args(args).output().expect("running python3");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    assert!(
+        out.status.success(),
+        "clients.py {args:?} failed:\n{}\n{}\nthe server's log:\n{}",
+        text(&out.stdout),
+        text(&out.stderr),
+        server.stderr()
+    );
+    text(&out.stdout)
+}
+
+fn endpoint(server: &TidemarkProcess) -> String {
+    format!("http://{}", server.s3_addr)
+}
+
+fn sh(server: &TidemarkProcess, cmd: &str) -> Output {
+    run_shell(bin(), &server.addr, cmd, &[])
+}
+
+#[test]
+fn boto3_drives_every_operation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let out = python(&["boto3", &endpoint(&server), "tidemark", "tidemark"], &server);
+    assert!(out.contains("every operation checked"), "{out}");
+    // What boto3 wrote is the namespace's: the shell sees the same files.
+    let listed = ok(sh(&server, "fs.ls -l /buckets/gw-boto3"));
+    assert!(listed.contains("hello.txt") && listed.contains("with space.txt"), "{listed}");
+    assert_eq!(ok(sh(&server, "fs.cat /buckets/gw-boto3/hello.txt")), "hello, gateway\n");
+    // Nothing of the finished or aborted uploads stays staged but the one left open.
+    let staged = ok(sh(&server, "fs.ls /etc/tidemark/s3/uploads"));
+    assert_eq!(staged.lines().count(), 1, "{staged}");
+}
+
+#[test]
+fn access_keys_decide_who_may_do_what() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    // A dry run shows the change and saves nothing.
+    let dry = ok(sh(&server, "s3.configure -user=admin -access_key=AKADMIN -secret_key=admin-secret-1 -actions=Admin"));
+    assert!(dry.contains("not saved") && !dry.contains("admin-secret-1"), "{dry}");
+    ok(sh(&server, "s3.configure -user=admin -access_key=AKADMIN -secret_key=admin-secret-1 -actions=Admin -apply"));
+    ok(sh(
+        &server,
+        "s3.configure -user=reader -access_key=AKREADER -secret_key=reader-secret-1 -actions=Read,List -buckets=gw-public -apply",
+    ));
+    let shown = ok(sh(&server, "s3.configure"));
+    assert!(
+        shown.contains("AKREADER") && !shown.contains("reader-secret-1") && shown.contains("re***********-1"),
+        "{shown}"
+    );
+    let bad = sh(&server, "s3.configure -user=x -access_key=AKX -secret_key=s3cretkey -actions=Fly -apply");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("-actions"), "{bad:?}");
+    // Gateways re-read the identities within 2 s.
+    std::thread::sleep(Duration::from_millis(2500));
+    let e = endpoint(&server);
+    let out = python(&["access", &e, "AKADMIN", "admin-secret-1", "AKREADER", "reader-secret-1"], &server);
+    assert!(out.contains("every refusal checked"), "{out}");
+    ok(sh(&server, "s3.configure -user=anonymous -actions=Read -buckets=gw-public -apply"));
+    std::thread::sleep(Duration::from_millis(2500));
+    let out = python(&["anonymous", &e], &server);
+    assert!(out.contains("nothing else"), "{out}");
+    // Revoking a key takes effect without a restart.
+    ok(sh(&server, "s3.configure -user=reader -delete -apply"));
+    std::thread::sleep(Duration::from_millis(2500));
+    let out = Command::new("python3")
+        .args(["-c", &format!(
+            "import sys; sys.path.insert(0, {dir:?}); from clients import *; \
+             expect_code('InvalidAccessKeyId', lambda: client({e:?}, 'AKREADER', 'reader-secret-1').list_buckets(), 'a revoked key')",
+            dir = format!("{}/tests/s3", env!("CARGO_MANIFEST_DIR"))
+        )])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn bad_input_gets_the_s3_error_it_should_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let out = python(&["errors", &endpoint(&server), "tidemark", "tidemark"], &server);
+    assert!(out.contains("every bad input refused"), "{out}");
+    assert!(!server.stderr().contains("panicked"), "{}", server.stderr());
+}
+
+#[test]
+fn the_aws_cli_and_rclone_copy_sync_and_check_trees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let out = python(&["tools", &endpoint(&server), "tidemark", "tidemark", work.to_str().unwrap()], &server);
+    assert!(out.contains("round-trips checked"), "{out}");
+}
+
+#[test]
+fn the_s3_role_serves_a_filer_and_refuses_to_listen_openly_without_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let filer = TidemarkProcess::start(
+        bin(),
+        &tmp.path().join("data"),
+        &["filer", "--data-dir", tmp.path().join("data").to_str().unwrap(), "--addr", "127.0.0.1:0", "--token", "t0k"],
+    );
+    // Beyond loopback with no key configured: refused at start, with what to do.
+    let out = Command::new(bin())
+        .args(["s3", "--filer", &filer.addr, "--token", "t0k", "--addr", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("beyond loopback") && err.contains("s3.configure"), "{err}");
+    // A wrong filer token: a clear error at start, not a gateway that fails every request.
+    let out = Command::new(bin()).args(["s3", "--filer", &filer.addr, "--addr", "127.0.0.1:0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let gw = TidemarkProcess::start(
+        bin(),
+        &tmp.path().join("gw"),
+        &["s3", "--filer", &filer.addr, "--token", "t0k", "--addr", "127.0.0.1:0"],
+    );
+    let code = format!(
+        "import sys; sys.path.insert(0, {dir:?}); from clients import client; \
+         s3 = client('http://{addr}', 'tidemark', 'tidemark'); s3.create_bucket(Bucket='via-role'); \
+         s3.put_object(Bucket='via-role', Key='k', Body=b'v'); \
+         assert s3.get_object(Bucket='via-role', Key='k')['Body'].read() == b'v'",
+        dir = format!("{}/tests/s3", env!("CARGO_MANIFEST_DIR")),
+        addr = gw.addr
+    );
+    let out = Command::new("python3").args(["-c", &code]).output().unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), gw.stderr());
+    let shown = ok(run_shell(bin(), &filer.addr, "fs.cat /buckets/via-role/k", &[("TIDEMARK_TOKEN", "t0k")]));
+    assert_eq!(shown, "v");
+}
+
+fn gateway_client(server: &TidemarkProcess) -> aws_sdk_s3::Client {
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint(server))
+        .credentials_provider(Credentials::new("tidemark", "tidemark", None, None, "test"))
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+async fn gateway_get(c: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Option<(Vec<u8>, String)> {
+    let r = c.get_object().bucket(bucket).key(key).send().await.ok()?;
+    let etag = r.e_tag().unwrap_or_default().trim_matches('"').to_string();
+    Some((r.body.collect().await.ok()?.into_bytes().to_vec(), etag))
+}
+
+async fn gateway_keys(c: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
+    match c.list_objects_v2().bucket(bucket).send().await {
+        Ok(r) => r.contents().iter().filter_map(|o| o.key().map(str::to_string)).collect(),
+        Err(_) => vec![],
+    }
+}
+
+/// Waits (at most 20 s) until `check` holds; returns how long it took.
+async fn within<F, Fut>(what: &str, server: &TidemarkProcess, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what} did not happen within 20 s; the server's log:\n{}",
+            server.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mounted_bucket_follows_its_remote_through_events_and_reads_through_the_cache() {
+    let moto = Moto::get();
+    let conf = moto.conf("s3");
+    let remote_bucket = unique_name("gw-remote");
+    let s3 = S3Storage::connect(&conf, &remote_bucket).await.unwrap();
+    s3.client().create_bucket().bucket(&remote_bucket).send().await.unwrap();
+    s3.put("seed.txt", Bytes::from_static(b"there before"), BTreeMap::new()).await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    ok(sh(
+        &server,
+        &format!(
+            "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+            moto.endpoint
+        ),
+    ));
+    ok(sh(&server, &format!("remote.mount -dir=/buckets/mirror -remote=s3/{remote_bucket}")));
+    ok(sh(&server, "remote.events.enable -dir=/buckets/mirror"));
+    eventually("the subscription to tail", || {
+        ok(sh(&server, "remote.events.list")).lines().nth(1).is_some_and(|l| l.split('\t').nth(6) == Some("tailing"))
+    });
+    let gw = gateway_client(&server);
+    assert_eq!(gateway_get(&gw, "mirror", "seed.txt").await.unwrap().0, b"there before");
+
+    // Put in the bucket: listed and readable through the gateway within seconds, with the
+    // bucket's ETag.
+    let put = s3.put("new/object.txt", Bytes::from_static(b"put in the bucket"), BTreeMap::new()).await.unwrap();
+    let seen = within("the new object in the gateway's listing", &server, || async {
+        gateway_keys(&gw, "mirror").await.contains(&"new/object.txt".to_string())
+    })
+    .await;
+    let (bytes, etag) = gateway_get(&gw, "mirror", "new/object.txt").await.unwrap();
+    assert_eq!(bytes, b"put in the bucket");
+    assert_eq!(etag, put.etag);
+
+    // An overwrite in the bucket is what the next GET returns once its event is applied.
+    s3.put("new/object.txt", Bytes::from_static(b"overwritten in the bucket"), BTreeMap::new()).await.unwrap();
+    let replaced = within("the overwrite through the gateway", &server, || async {
+        gateway_get(&gw, "mirror", "new/object.txt").await.is_some_and(|(b, _)| b == b"overwritten in the bucket")
+    })
+    .await;
+    // A delete in the bucket: gone from the gateway too.
+    s3.delete("seed.txt").await.unwrap();
+    within("the delete through the gateway", &server, || async {
+        !gateway_keys(&gw, "mirror").await.contains(&"seed.txt".to_string())
+    })
+    .await;
+    eprintln!("put visible through the gateway after {seen:?}; overwrite after {replaced:?}");
+
+    // Reads go through the content cache: a second GET is a hit.
+    let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+    use tidemark_core::Filer;
+    let before = filer.cache_stats().await.unwrap();
+    assert_eq!(gateway_get(&gw, "mirror", "new/object.txt").await.unwrap().0, b"overwritten in the bucket");
+    let after = filer.cache_stats().await.unwrap();
+    assert!(after.hits > before.hits, "a cached read: {before:?} -> {after:?}");
+
+    // A PUT through the gateway is a local write: dirty until the outbound sync uploads it
+    // (with remote.sync.enable), and then in the bucket.
+    ok(sh(&server, "remote.sync.enable -dir=/buckets/mirror"));
+    gw.put_object()
+        .bucket("mirror")
+        .key("from-gateway.txt")
+        .body(aws_sdk_s3::primitives::ByteStream::from_static(b"written through s3"))
+        .send()
+        .await
+        .unwrap();
+    within("the gateway's write in the remote bucket", &server, || async {
+        s3.stat("from-gateway.txt").await.ok().flatten().is_some()
+    })
+    .await;
+    let (bytes, _) = gateway_get(&gw, "mirror", "from-gateway.txt").await.unwrap();
+    assert_eq!(bytes, b"written through s3");
+    // A mounted bucket is never deleted through S3, not even empty.
+    let err = gw.delete_bucket().bucket("mirror").send().await.unwrap_err();
+    let msg = format!("{:?}", err.into_service_error());
+    assert!(msg.contains("BucketNotEmpty") && msg.contains("remote.unmount"), "{msg}");
+}
