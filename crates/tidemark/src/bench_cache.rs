@@ -67,7 +67,7 @@ async fn timed_read(filer: &dyn Filer, path: &str, want: u64) -> Result<f64, Str
 }
 
 /// Seconds for a plain SDK GetObject of `key`, the body read to its end.
-async fn sdk_get(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<(f64, u64), String> {
+pub(crate) async fn sdk_get(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<(f64, u64), String> {
     let t = Instant::now();
     let out = s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| sdk_err("GetObject", e))?;
     let mut body = out.body;
@@ -86,16 +86,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn ms_p50_p99(mut samples: Vec<f64>) -> (f64, f64) {
+pub(crate) fn ms_p50_p99(mut samples: Vec<f64>) -> (f64, f64) {
     samples.sort_by(f64::total_cmp);
     (percentile(&samples, 0.5) * 1e3, percentile(&samples, 0.99) * 1e3)
 }
 
-fn mib_s(bytes: u64, secs: f64) -> f64 {
+pub(crate) fn mib_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / (1 << 20) as f64 / secs
 }
 
-fn best(xs: &[f64]) -> f64 {
+pub(crate) fn best(xs: &[f64]) -> f64 {
     xs.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
@@ -262,7 +262,7 @@ fn write_chunks(dir: &std::path::Path, bytes: &[u8], chunk: usize) -> Result<f64
 }
 
 /// Seconds to read a local file in `buf`-sized reads.
-fn read_local(p: &std::path::Path, buf: usize) -> Result<f64, String> {
+pub(crate) fn read_local(p: &std::path::Path, buf: usize) -> Result<f64, String> {
     use std::io::Read;
     let t = Instant::now();
     let mut f = std::fs::File::open(p).map_err(err)?;

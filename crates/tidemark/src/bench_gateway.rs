@@ -1,0 +1,188 @@
+//! `tidemark bench gateway`: the S3 gateway (in process, as `tidemark server` runs it) beside
+//! an S3-compatible endpoint (moto in `scripts/bench.sh`), the same SDK client against both in
+//! the same run:
+//!
+//! - GET of a cached 4 KiB object: p50/p99 one at a time, and requests/s at concurrency 1 and 16;
+//! - GET of a large cached object ÷ reading the same bytes from a local file;
+//! - PUT throughput of 1 MiB objects into a local bucket, beside PUTs to the endpoint.
+//!
+//! It creates a bucket named `tidemark-bench-gw-<run>` on the endpoint; meant for an emulator.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use bytes::Bytes;
+use clap::Args;
+use futures::StreamExt;
+
+use tidemark_cloud::aws::s3::S3Storage;
+use tidemark_core::cache::{human_bytes, parse_size};
+use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
+use tidemark_core::{Filer, RemoteStorage};
+use tidemark_engine::docs::write_json;
+use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
+use tidemark_filer::CacheConfig;
+
+use crate::bench_cache::{best, mib_s, ms_p50_p99, read_local, sdk_get};
+use crate::bench_s3::{Endpoint, create_bucket, err, fresh_filer, sdk_err};
+
+#[derive(Args)]
+pub struct GatewayBench {
+    #[command(flatten)]
+    endpoint: Endpoint,
+    /// The large object's size (K/M/G suffixes).
+    #[arg(long, default_value = "128M")]
+    size: String,
+    /// GETs of the small object per measurement.
+    #[arg(long, default_value_t = 500)]
+    requests: usize,
+    /// PUTs of 1 MiB per side.
+    #[arg(long, default_value_t = 64)]
+    puts: usize,
+}
+
+const BUCKET_DIR: &str = "/buckets/bench";
+const SMALL: &str = "small.bin";
+const LARGE: &str = "large.bin";
+const PUT_BYTES: usize = 1 << 20;
+
+fn client_for(endpoint: &str, ak: &str, sk: &str) -> aws_sdk_s3::Client {
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new(ak, sk, None, None, "bench"))
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+/// Requests/s of `n` GETs of `key`, `concurrency` at a time, and each one's seconds.
+async fn gets(c: &aws_sdk_s3::Client, bucket: &str, key: &str, n: usize, concurrency: usize) -> Result<(f64, Vec<f64>), String> {
+    let t = Instant::now();
+    let times: Vec<Result<(f64, u64), String>> =
+        futures::stream::iter(0..n).map(|_| sdk_get(c, bucket, key)).buffer_unordered(concurrency).collect().await;
+    let rate = n as f64 / t.elapsed().as_secs_f64();
+    Ok((rate, times.into_iter().map(|r| r.map(|x| x.0)).collect::<Result<_, _>>()?))
+}
+
+/// MiB/s of `n` PUTs of `body`, 4 at a time.
+async fn puts(c: &aws_sdk_s3::Client, bucket: &str, body: &Bytes, n: usize) -> Result<f64, String> {
+    let t = Instant::now();
+    let results: Vec<Result<(), String>> = futures::stream::iter(0..n)
+        .map(|i| async move {
+            c.put_object()
+                .bucket(bucket)
+                .key(format!("put/{i:05}.bin"))
+                .body(aws_sdk_s3::primitives::ByteStream::from(body.clone()))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| sdk_err("PutObject", e))
+        })
+        .buffer_unordered(4)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    Ok(mib_s((n * body.len()) as u64, t.elapsed().as_secs_f64()))
+}
+
+pub async fn run(b: GatewayBench) -> Result<(), String> {
+    let size = parse_size(&b.size).map_err(err)?;
+    if size == 0 || b.requests == 0 || b.puts == 0 {
+        return Err("--size, --requests and --puts must be at least 1".into());
+    }
+    let conf = b.endpoint.conf();
+    let run = format!(
+        "{:x}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
+    );
+    let bucket = format!("tidemark-bench-gw-{run}");
+    let storage = S3Storage::connect(&conf, &bucket).await.map_err(err)?;
+    let remote = storage.client().clone();
+    create_bucket(&remote, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint.endpoint))?;
+    let large: Bytes = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>().into();
+    storage.put(LARGE, large.clone(), Default::default()).await.map_err(err)?;
+    storage.put(SMALL, Bytes::from(vec![b's'; 4096]), Default::default()).await.map_err(err)?;
+
+    // A filer with the bucket mounted at /buckets/bench, its metadata imported, and a gateway.
+    let tmp = tempfile::tempdir().map_err(err)?;
+    let mount = Mount {
+        dir: BUCKET_DIR.into(),
+        location: RemoteLocation { storage: conf.name.clone(), bucket: bucket.clone(), path: String::new() },
+        sync: false,
+    };
+    let cache = CacheConfig { budget_bytes: size * 2 + (64 << 20), chunk_bytes: 8 << 20 };
+    let filer = fresh_filer(tmp.path(), &mount, Some(cache)).await?;
+    write_json(&*filer, &system_paths::remote_conf(&conf.name), &conf, None).await.map_err(err)?;
+    write_json(&*filer, system_paths::MOUNT_MAPPING, &MountMapping { mounts: vec![mount.clone()] }, None)
+        .await
+        .map_err(err)?;
+    reconcile(&*filer, &storage, &mount, &ReconcileOptions::default(), &mut |_| {}).await.map_err(err)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    let api: Arc<dyn Filer> = filer.clone();
+    let server = tokio::spawn(tidemark_s3::serve(listener, tidemark_s3::service(api, true), std::future::pending()));
+    let gw = client_for(&format!("http://{addr}"), tidemark_s3::identity::DEV_ACCESS_KEY, tidemark_s3::identity::DEV_SECRET_KEY);
+    println!(
+        "bench gateway: gateway on {addr} beside {} ({bucket}, mounted at {BUCKET_DIR}); a {} object and one of 4 KiB",
+        b.endpoint.endpoint,
+        human_bytes(size)
+    );
+
+    // Warm the cache: one read of each.
+    for key in [SMALL, LARGE] {
+        sdk_get(&gw, "bench", key).await?;
+    }
+    filer.cache().idle().await;
+
+    // Small GETs: latency one at a time, then throughput at 1 and 16.
+    let (gw1, gw_times) = gets(&gw, "bench", SMALL, b.requests, 1).await?;
+    let (ep1, ep_times) = gets(&remote, &bucket, SMALL, b.requests, 1).await?;
+    let ((g50, g99), (e50, e99)) = (ms_p50_p99(gw_times), ms_p50_p99(ep_times));
+    println!(
+        "  GET 4 KiB, one at a time: gateway p50 {g50:.2} ms, p99 {g99:.2} ms, {gw1:.0}/s | endpoint p50 {e50:.2} ms, p99 {e99:.2} ms, {ep1:.0}/s | gateway ÷ endpoint (rate) {:.2}",
+        gw1 / ep1
+    );
+    let (gw16, _) = gets(&gw, "bench", SMALL, b.requests, 16).await?;
+    let (ep16, _) = gets(&remote, &bucket, SMALL, b.requests, 16).await?;
+    println!("  GET 4 KiB, 16 at a time: gateway {gw16:.0}/s | endpoint {ep16:.0}/s | ratio {:.2}", gw16 / ep16);
+
+    // Large GET from the cache beside a local file of the same bytes.
+    let local = tmp.path().join("local-copy.bin");
+    std::fs::write(&local, &large).map_err(err)?;
+    let (mut via_gw, mut plain, mut via_ep) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (secs, n) = sdk_get(&gw, "bench", LARGE).await?;
+        if n != size {
+            return Err(format!("the gateway returned {n} bytes of {size}"));
+        }
+        via_gw.push(secs);
+        plain.push(read_local(&local, 8 << 20)?);
+        via_ep.push(sdk_get(&remote, &bucket, LARGE).await?.0);
+    }
+    let (g, p, e) = (best(&via_gw), best(&plain), best(&via_ep));
+    println!(
+        "  GET {} (cached): gateway {:.0} MiB/s | local file {:.0} MiB/s | ratio {:.2} | (endpoint {:.0} MiB/s)",
+        human_bytes(size),
+        mib_s(size, g),
+        mib_s(size, p),
+        p / g,
+        mib_s(size, e)
+    );
+
+    // PUTs of 1 MiB: into a local bucket through the gateway, beside the endpoint.
+    gw.create_bucket().bucket("bench-local").send().await.map_err(|e| sdk_err("CreateBucket", e))?;
+    let body = Bytes::from(vec![b'p'; PUT_BYTES]);
+    let gw_put = puts(&gw, "bench-local", &body, b.puts).await?;
+    let ep_put = puts(&remote, &bucket, &body, b.puts).await?;
+    println!(
+        "  PUT 1 MiB x {} (4 at a time): gateway {gw_put:.0} MiB/s (fsynced) | endpoint {ep_put:.0} MiB/s | ratio {:.2}",
+        b.puts,
+        gw_put / ep_put
+    );
+    server.abort();
+    println!("  (the bucket {bucket} is left on the endpoint)");
+    Ok(())
+}
