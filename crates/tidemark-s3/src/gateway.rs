@@ -956,6 +956,8 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let i = req.input;
         let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        // The bucket may have been deleted since the upload began: never recreate it implicitly.
+        self.bucket_entry(&i.bucket).await?;
         let (p, _) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         let wanted = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
         if wanted.is_empty() {

@@ -59,7 +59,13 @@ fn client_for(endpoint: &str, ak: &str, sk: &str) -> aws_sdk_s3::Client {
 }
 
 /// Requests/s of `n` GETs of `key`, `concurrency` at a time, and each one's seconds.
-async fn gets(c: &aws_sdk_s3::Client, bucket: &str, key: &str, n: usize, concurrency: usize) -> Result<(f64, Vec<f64>), String> {
+async fn gets(
+    c: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    n: usize,
+    concurrency: usize,
+) -> Result<(f64, Vec<f64>), String> {
     let t = Instant::now();
     let times: Vec<Result<(f64, u64), String>> =
         futures::stream::iter(0..n).map(|_| sdk_get(c, bucket, key)).buffer_unordered(concurrency).collect().await;
@@ -124,7 +130,11 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
     let addr = listener.local_addr().map_err(err)?;
     let api: Arc<dyn Filer> = filer.clone();
     let server = tokio::spawn(tidemark_s3::serve(listener, tidemark_s3::service(api, true), std::future::pending()));
-    let gw = client_for(&format!("http://{addr}"), tidemark_s3::identity::DEV_ACCESS_KEY, tidemark_s3::identity::DEV_SECRET_KEY);
+    let gw = client_for(
+        &format!("http://{addr}"),
+        tidemark_s3::identity::DEV_ACCESS_KEY,
+        tidemark_s3::identity::DEV_SECRET_KEY,
+    );
     println!(
         "bench gateway: gateway on {addr} beside {} ({bucket}, mounted at {BUCKET_DIR}); a {} object and one of 4 KiB",
         b.endpoint.endpoint,
