@@ -132,6 +132,20 @@ struct Attrs<'a> {
     metadata: Option<&'a Metadata>,
 }
 
+/// The [`Attrs`] of a PutObject, CopyObject or CreateMultipartUpload input (same field names).
+macro_rules! attrs {
+    ($i:expr) => {
+        Attrs {
+            content_type: $i.content_type.as_ref().map(|t| t.as_ref()),
+            cache_control: $i.cache_control.as_deref(),
+            content_disposition: $i.content_disposition.as_deref(),
+            content_encoding: $i.content_encoding.as_deref(),
+            content_language: $i.content_language.as_deref(),
+            metadata: $i.metadata.as_ref(),
+        }
+    };
+}
+
 /// The extended attributes of a new object from its request headers.
 fn attrs_of(a: Attrs<'_>) -> S3Result<BTreeMap<String, String>> {
     let mut ext = BTreeMap::new();
@@ -215,6 +229,108 @@ fn check_conditions(
         return Err(S3Error::new(S3ErrorCode::NotModified));
     }
     Ok(())
+}
+
+/// What a GET or HEAD asks besides the bytes: its conditions and the response headers it
+/// overrides. Both inputs have the same fields; the macro reads them from either.
+struct ReadAsk {
+    if_match: Option<ETagCondition>,
+    if_none_match: Option<ETagCondition>,
+    if_modified_since: Option<Timestamp>,
+    if_unmodified_since: Option<Timestamp>,
+    content_type: Option<String>,
+    cache_control: Option<String>,
+    content_disposition: Option<String>,
+    content_encoding: Option<String>,
+    content_language: Option<String>,
+}
+
+macro_rules! read_ask {
+    ($i:expr) => {
+        ReadAsk {
+            if_match: $i.if_match.take(),
+            if_none_match: $i.if_none_match.take(),
+            if_modified_since: $i.if_modified_since.take(),
+            if_unmodified_since: $i.if_unmodified_since.take(),
+            content_type: $i.response_content_type.take(),
+            cache_control: $i.response_cache_control.take(),
+            content_disposition: $i.response_content_disposition.take(),
+            content_encoding: $i.response_content_encoding.take(),
+            content_language: $i.response_content_language.take(),
+        }
+    };
+}
+
+/// The headers a GET or HEAD answers with for an entry.
+struct Shown {
+    content_type: Option<ContentType>,
+    cache_control: Option<String>,
+    content_disposition: Option<String>,
+    content_encoding: Option<String>,
+    content_language: Option<String>,
+    e_tag: Option<ETag>,
+    last_modified: Option<Timestamp>,
+    metadata: Option<Metadata>,
+    content_length: Option<i64>,
+    content_range: Option<String>,
+}
+
+impl ReadAsk {
+    fn check(&self, e: &Entry) -> S3Result<()> {
+        check_conditions(
+            e,
+            self.if_match.as_ref(),
+            self.if_none_match.as_ref(),
+            self.if_modified_since.as_ref(),
+            self.if_unmodified_since.as_ref(),
+        )
+    }
+
+    fn shown(self, e: &Entry, range: Option<&std::ops::Range<u64>>) -> Shown {
+        let (len, content_range) = match range {
+            Some(r) => (r.end - r.start, Some(format!("bytes {}-{}/{}", r.start, r.end - 1, e.size))),
+            None => (e.size, None),
+        };
+        Shown {
+            content_type: self.content_type.and_then(|t| t.parse().ok()).or_else(|| content_type(e)),
+            cache_control: self.cache_control.or_else(|| attr(e, ATTR_CACHE_CONTROL)),
+            content_disposition: self.content_disposition.or_else(|| attr(e, ATTR_CONTENT_DISPOSITION)),
+            content_encoding: self.content_encoding.or_else(|| attr(e, ATTR_CONTENT_ENCODING)),
+            content_language: self.content_language.or_else(|| attr(e, ATTR_CONTENT_LANGUAGE)),
+            e_tag: Some(ETag::Strong(etag_of(e))),
+            last_modified: Some(timestamp(e.mtime_ms)),
+            metadata: user_metadata(e),
+            content_length: Some(len as i64),
+            content_range,
+        }
+    }
+}
+
+/// A HEAD or GET output (same field names) with the headers of a [`Shown`].
+macro_rules! shown_as {
+    ($ty:ident, $s:expr $(, $field:ident: $value:expr)* $(,)?) => {{
+        let s = $s;
+        $ty {
+            accept_ranges: Some("bytes".into()),
+            content_length: s.content_length,
+            content_range: s.content_range,
+            content_type: s.content_type,
+            cache_control: s.cache_control,
+            content_disposition: s.content_disposition,
+            content_encoding: s.content_encoding,
+            content_language: s.content_language,
+            e_tag: s.e_tag,
+            last_modified: s.last_modified,
+            metadata: s.metadata,
+            $($field: $value,)*
+            ..Default::default()
+        }
+    }};
+}
+
+/// The byte range a `Range` header asks of an object of `size` bytes.
+fn satisfiable(r: &Range, size: u64) -> S3Result<std::ops::Range<u64>> {
+    r.check(size).map_err(|_| s3_error!(InvalidRange, "the range lies outside the {size}-byte object"))
 }
 
 fn encode_key(k: &str, url: bool) -> String {
@@ -640,46 +756,21 @@ impl S3 for Gateway {
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
-        let i = req.input;
+        let mut i = req.input;
+        let ask = read_ask!(i);
         let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
-        check_conditions(
-            &e,
-            i.if_match.as_ref(),
-            i.if_none_match.as_ref(),
-            i.if_modified_since.as_ref(),
-            i.if_unmodified_since.as_ref(),
-        )?;
-        let (len, content_range) = match &i.range {
-            Some(r) => {
-                let r = r
-                    .check(e.size)
-                    .map_err(|_| s3_error!(InvalidRange, "the range lies outside the {}-byte object", e.size))?;
-                (r.end - r.start, Some(format!("bytes {}-{}/{}", r.start, r.end - 1, e.size)))
-            }
-            None => (e.size, None),
-        };
-        let out = HeadObjectOutput {
-            accept_ranges: Some("bytes".into()),
-            content_length: Some(len as i64),
-            content_range,
-            content_type: i.response_content_type.and_then(|t| t.parse().ok()).or_else(|| content_type(&e)),
-            cache_control: i.response_cache_control.or_else(|| attr(&e, ATTR_CACHE_CONTROL)),
-            content_disposition: i.response_content_disposition.or_else(|| attr(&e, ATTR_CONTENT_DISPOSITION)),
-            content_encoding: i.response_content_encoding.or_else(|| attr(&e, ATTR_CONTENT_ENCODING)),
-            content_language: i.response_content_language.or_else(|| attr(&e, ATTR_CONTENT_LANGUAGE)),
-            e_tag: Some(ETag::Strong(etag_of(&e))),
-            last_modified: Some(timestamp(e.mtime_ms)),
-            metadata: user_metadata(&e),
-            ..Default::default()
-        };
-        Ok(S3Response::new(out))
+        ask.check(&e)?;
+        let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
+        let s = ask.shown(&e, range.as_ref());
+        Ok(S3Response::new(shown_as!(HeadObjectOutput, s)))
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
-        let i = req.input;
+        let mut i = req.input;
         if i.part_number.is_some() {
             return Err(s3_error!(NotImplemented, "GetObject by partNumber"));
         }
+        let ask = read_ask!(i);
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
             // A directory marker reads as an empty object.
@@ -697,16 +788,8 @@ impl S3 for Gateway {
         let (entry, stream, range) = match &i.range {
             Some(r) => {
                 let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
-                check_conditions(
-                    &e,
-                    i.if_match.as_ref(),
-                    i.if_none_match.as_ref(),
-                    i.if_modified_since.as_ref(),
-                    i.if_unmodified_since.as_ref(),
-                )?;
-                let r = r
-                    .check(e.size)
-                    .map_err(|_| s3_error!(InvalidRange, "the range lies outside the {}-byte object", e.size))?;
+                ask.check(&e)?;
+                let r = satisfiable(r, e.size)?;
                 let br = ByteRange { offset: r.start, length: Some(r.end - r.start) };
                 let (entry, stream) = self.filer.read(&p, Some(br)).await.map_err(s3_err)?;
                 if entry.version != e.version {
@@ -723,36 +806,12 @@ impl S3 for Gateway {
                     }
                     Err(e) => return Err(s3_err(e)),
                 };
-                check_conditions(
-                    &entry,
-                    i.if_match.as_ref(),
-                    i.if_none_match.as_ref(),
-                    i.if_modified_since.as_ref(),
-                    i.if_unmodified_since.as_ref(),
-                )?;
+                ask.check(&entry)?;
                 (entry, stream, None)
             }
         };
-        let (len, content_range) = match &range {
-            Some(r) => (r.end - r.start, Some(format!("bytes {}-{}/{}", r.start, r.end - 1, entry.size))),
-            None => (entry.size, None),
-        };
-        let out = GetObjectOutput {
-            accept_ranges: Some("bytes".into()),
-            content_length: Some(len as i64),
-            content_range,
-            content_type: i.response_content_type.and_then(|t| t.parse().ok()).or_else(|| content_type(&entry)),
-            cache_control: i.response_cache_control.or_else(|| attr(&entry, ATTR_CACHE_CONTROL)),
-            content_disposition: i.response_content_disposition.or_else(|| attr(&entry, ATTR_CONTENT_DISPOSITION)),
-            content_encoding: i.response_content_encoding.or_else(|| attr(&entry, ATTR_CONTENT_ENCODING)),
-            content_language: i.response_content_language.or_else(|| attr(&entry, ATTR_CONTENT_LANGUAGE)),
-            e_tag: Some(ETag::Strong(etag_of(&entry))),
-            last_modified: Some(timestamp(entry.mtime_ms)),
-            metadata: user_metadata(&entry),
-            body: Some(body::to_response(stream)),
-            ..Default::default()
-        };
-        Ok(S3Response::new(out))
+        let s = ask.shown(&entry, range.as_ref());
+        Ok(S3Response::new(shown_as!(GetObjectOutput, s, body: Some(body::to_response(stream)),)))
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
@@ -776,14 +835,7 @@ impl S3 for Gateway {
                 ..Default::default()
             }));
         }
-        let extended = attrs_of(Attrs {
-            content_type: i.content_type.as_ref().map(|t| t.as_ref()),
-            cache_control: i.cache_control.as_deref(),
-            content_disposition: i.content_disposition.as_deref(),
-            content_encoding: i.content_encoding.as_deref(),
-            content_language: i.content_language.as_deref(),
-            metadata: i.metadata.as_ref(),
-        })?;
+        let extended = attrs_of(attrs!(i))?;
         let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
@@ -815,18 +867,7 @@ impl S3 for Gateway {
         let (src, stream) = self
             .read_source(&i.copy_source, None, i.copy_source_if_match.as_ref(), i.copy_source_if_none_match.as_ref())
             .await?;
-        let extended = if replace {
-            attrs_of(Attrs {
-                content_type: i.content_type.as_ref().map(|t| t.as_ref()),
-                cache_control: i.cache_control.as_deref(),
-                content_disposition: i.content_disposition.as_deref(),
-                content_encoding: i.content_encoding.as_deref(),
-                content_language: i.content_language.as_deref(),
-                metadata: i.metadata.as_ref(),
-            })?
-        } else {
-            copied_attrs(&src)
-        };
+        let extended = if replace { attrs_of(attrs!(i))? } else { copied_attrs(&src) };
         let (stream, verdict) = body::checked(stream, None, Some(src.size));
         let opts = WriteOptions { extended: Some(extended), ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
@@ -889,14 +930,7 @@ impl S3 for Gateway {
         if marker {
             return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: it holds no bytes"));
         }
-        let extended = attrs_of(Attrs {
-            content_type: i.content_type.as_ref().map(|t| t.as_ref()),
-            cache_control: i.cache_control.as_deref(),
-            content_disposition: i.content_disposition.as_deref(),
-            content_encoding: i.content_encoding.as_deref(),
-            content_language: i.content_language.as_deref(),
-            metadata: i.metadata.as_ref(),
-        })?;
+        let extended = attrs_of(attrs!(i))?;
         let id = multipart::new_upload_id().map_err(|e| s3_error!(InternalError, "{e}"))?;
         let upload = Upload { bucket: i.bucket.clone(), key: i.key.clone(), initiated_ms: now_ms(), extended };
         docs::write_json(&*self.filer, &multipart::upload_doc(&id), &upload, None).await.map_err(s3_err)?;

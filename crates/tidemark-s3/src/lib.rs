@@ -92,7 +92,23 @@ pub async fn serve(
             },
             () = shutdown.as_mut() => break,
         };
-        let conn = http.serve_connection(TokioIo::new(stream), service.clone()).into_owned();
+        let svc = service.clone();
+        let guarded = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let svc = svc.clone();
+            async move {
+                let has_body = req.headers().get(hyper::header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
+                    || req.headers().contains_key(hyper::header::TRANSFER_ENCODING);
+                let mut resp = hyper::service::Service::call(&svc, req).await?;
+                // An error may answer before the body was read; this connection cannot be
+                // trusted to hold the next request where the client thinks it starts.
+                if has_body && !resp.status().is_success() {
+                    resp.headers_mut()
+                        .insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+                }
+                Ok::<_, s3s::HttpError>(resp)
+            }
+        });
+        let conn = http.serve_connection(TokioIo::new(stream), guarded).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
