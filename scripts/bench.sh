@@ -50,6 +50,9 @@ echo "== the content cache against moto: cold read vs a plain GET, warm read vs 
 echo "== the S3 gateway beside moto: cached 4 KiB GETs, a large cached GET vs a local file, 1 MiB PUTs =="
 "$bin" bench gateway --endpoint "$moto" --size 256M --requests 1000 --puts 64
 
+echo "== the FUSE mount beside the local disk: a 1 GiB sequential read, ls -lR of 10,000 files, small-file reads =="
+"$bin" bench mount --size 1G --files 10000 --small 200
+
 # Starts a `tidemark server` in the background and sets `filer` to its address. Not run in a
 # command substitution: a subshell would keep the pid to itself, and the server would outlive the
 # script.

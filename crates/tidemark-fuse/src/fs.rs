@@ -59,18 +59,17 @@ pub struct Options {
     pub timeout: Duration,
 }
 
-struct Reader {
-    pos: u64,
-    stream: ByteStream,
-    pending: Bytes,
-}
+/// The unit a read fetches from the filer, and how many of them an open file keeps.
+const BLOCK: u64 = 4 << 20;
+const BLOCKS_KEPT: usize = 4;
 
 struct Handle {
     path: String,
     /// Bytes written through this handle, uploaded at flush/fsync/close.
     spool: Option<std::fs::File>,
     dirty: bool,
-    reader: Option<Reader>,
+    /// Blocks read through this handle, oldest first.
+    blocks: Vec<(u64, Bytes)>,
 }
 
 pub struct TidemarkFs {
@@ -288,7 +287,9 @@ impl TidemarkFs {
         Ok(e)
     }
 
-    /// Reads `size` bytes at `offset` through a handle's sequential stream.
+    /// Reads `size` bytes at `offset`: from the handle's spool if it writes, else from the blocks
+    /// it holds, fetching a missing block (`BLOCK` bytes, one ranged read) when needed. The
+    /// kernel's read-ahead sends reads out of order on several threads; blocks make that cheap.
     fn read_at(&self, h: &mut Handle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         if let Some(spool) = &h.spool {
             let mut buf = vec![0u8; size as usize];
@@ -296,43 +297,57 @@ impl TidemarkFs {
             buf.truncate(n);
             return Ok(buf);
         }
-        if h.reader.as_ref().is_none_or(|r| r.pos != offset) {
-            self.counters.reads.fetch_add(1, Ordering::Relaxed);
-            let range = ByteRange { offset, length: None };
-            let e = self.stat(&h.path)?;
-            if offset >= e.size {
-                return Ok(Vec::new());
+        let e = self.stat(&h.path)?;
+        let end = (offset + size as u64).min(e.size);
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut pos = offset;
+        while pos < end {
+            let k = pos / BLOCK;
+            let block = match h.blocks.iter().find(|(i, _)| *i == k) {
+                Some((_, b)) => b.clone(),
+                None => {
+                    let b = self.fetch_block(&h.path, k, e.size)?;
+                    if h.blocks.len() >= BLOCKS_KEPT {
+                        h.blocks.remove(0);
+                    }
+                    h.blocks.push((k, b.clone()));
+                    b
+                }
+            };
+            let from = (pos - k * BLOCK) as usize;
+            let to = ((end - k * BLOCK) as usize).min(block.len());
+            if from >= to {
+                break;
             }
-            let (_, stream) = self.call("read", self.filer.read(&h.path, Some(range)))?;
-            h.reader = Some(Reader { pos: offset, stream, pending: Bytes::new() });
+            out.extend_from_slice(&block[from..to]);
+            pos = k * BLOCK + to as u64;
         }
-        let r = h.reader.as_mut().ok_or(Errno::EIO)?;
-        let mut out = BytesMut::with_capacity(size as usize);
+        Ok(out)
+    }
+
+    fn fetch_block(&self, p: &str, k: u64, size: u64) -> Result<Bytes, Errno> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let offset = k * BLOCK;
+        let range = ByteRange { offset, length: Some(BLOCK.min(size - offset)) };
+        let (_, mut stream) = self.call("read", self.filer.read(p, Some(range)))?;
         let timeout = self.opts.timeout;
-        let res: Result<(), Errno> = self.rt.block_on(async {
-            while out.len() < size as usize {
-                if r.pending.is_empty() {
-                    match tokio::time::timeout(timeout, r.stream.next()).await {
-                        Ok(Some(Ok(b))) => r.pending = b,
-                        Ok(None) => break,
-                        Ok(Some(Err(e))) => {
-                            tracing::warn!(error = %e, "read failed");
-                            return Err(Errno::EIO);
-                        }
-                        Err(_) => return Err(Errno::EIO),
+        self.rt.block_on(async {
+            let mut buf = BytesMut::with_capacity(range.length.unwrap_or(BLOCK) as usize);
+            loop {
+                match tokio::time::timeout(timeout, stream.next()).await {
+                    Ok(Some(Ok(b))) => buf.extend_from_slice(&b),
+                    Ok(None) => return Ok(buf.freeze()),
+                    Ok(Some(Err(e))) => {
+                        tracing::warn!(error = %e, path = p, "read failed");
+                        return Err(Errno::EIO);
+                    }
+                    Err(_) => {
+                        tracing::warn!(path = p, "read: the filer did not answer within {timeout:?}");
+                        return Err(Errno::EIO);
                     }
                 }
-                let take = (size as usize - out.len()).min(r.pending.len());
-                out.extend_from_slice(&r.pending.split_to(take));
             }
-            Ok(())
-        });
-        if res.is_err() {
-            h.reader = None;
-            return Err(Errno::EIO);
-        }
-        r.pos += out.len() as u64;
-        Ok(out.to_vec())
+        })
     }
 }
 
@@ -432,7 +447,7 @@ impl Filesystem for TidemarkFs {
                                 self.download(&p)?
                             }),
                             dirty: true,
-                            reader: None,
+                            blocks: Vec::new(),
                         };
                         h.spool.as_ref().ok_or(Errno::EIO)?.set_len(size).map_err(|_| Errno::EIO)?;
                         self.upload(&mut h)?;
@@ -505,6 +520,11 @@ impl Filesystem for TidemarkFs {
             let to = self.inodes().child(newparent.0, name_of(newname)?).ok_or(Errno::ENOENT)?;
             let src = self.stat(&from)?;
             if src.is_dir() {
+                match self.stat(&to) {
+                    Ok(dst) if !dst.is_dir() => return Err(Errno::ENOTDIR),
+                    Ok(_) if !self.listing(&to)?.is_empty() => return Err(Errno::ENOTEMPTY),
+                    _ => {}
+                }
                 // The namespace has no rename: mv copies a directory and removes the original
                 // when told EXDEV.
                 return Err(Errno::EXDEV);
@@ -546,7 +566,7 @@ impl Filesystem for TidemarkFs {
             }
             let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
             let trunc = flags.0 & libc::O_TRUNC != 0;
-            let mut h = Handle { path: p.clone(), spool: None, dirty: false, reader: None };
+            let mut h = Handle { path: p.clone(), spool: None, dirty: false, blocks: Vec::new() };
             if write {
                 self.writable()?;
                 h.spool = Some(if trunc || e.size == 0 {
@@ -588,7 +608,7 @@ impl Filesystem for TidemarkFs {
             self.forget(&p);
             self.inodes().remember(e.clone());
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
-            let fh = self.add_handle(Handle { path: p, spool: Some(spool), dirty: false, reader: None });
+            let fh = self.add_handle(Handle { path: p, spool: Some(spool), dirty: false, blocks: Vec::new() });
             Ok((self.attr(&e), fh))
         })();
         match r {

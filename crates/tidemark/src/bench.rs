@@ -40,6 +40,10 @@ pub enum Bench {
     /// requests/s at concurrency 1 and 16), a large cached GET beside a local file, 1 MiB PUTs.
     /// Creates a `tidemark-bench-gw-*` bucket.
     Gateway(crate::bench_gateway::GatewayBench),
+    /// The FUSE mount (in this process, over a fresh filer's HTTP API on loopback) beside the
+    /// local disk: a large file's sequential read, `ls -lR` of a tree of small files, and the
+    /// first read of a small file. Needs /dev/fuse and fusermount3.
+    Mount(crate::bench_mount::MountBench),
 }
 
 #[derive(Args)]
@@ -128,6 +132,7 @@ pub async fn run(bench: Bench) -> i32 {
         Bench::S3(b) => crate::bench_s3::run(b).await,
         Bench::Cache(b) => crate::bench_cache::run(b).await,
         Bench::Gateway(b) => crate::bench_gateway::run(b).await,
+        Bench::Mount(b) => crate::bench_mount::run(b).await,
     };
     match result {
         Ok(()) => 0,

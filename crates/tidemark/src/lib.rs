@@ -5,6 +5,7 @@ pub mod bench;
 mod bench_apply;
 mod bench_cache;
 mod bench_gateway;
+mod bench_mount;
 mod bench_s3;
 pub mod events_cmd;
 pub mod quickstart;

@@ -75,6 +75,12 @@ fn the_moto_benchmarks_print_each_figure_beside_its_limit() {
     for expected in ["GET 4 KiB, one at a time: gateway p50", "16 at a time", "(cached): gateway", "PUT 1 MiB x 2"] {
         assert!(gateway.contains(expected), "no {expected:?} in:\n{gateway}");
     }
+    let mount = bench(&["mount", "--size", "4M", "--files", "200", "--small", "10"]);
+    for expected in
+        ["sequential read, 4.0 MiB: through the filer", "ls -lR of 202 entries", "first read of a 4 KiB file"]
+    {
+        assert!(mount.contains(expected), "no {expected:?} in:\n{mount}");
+    }
     let bad =
         Command::new(bin()).args(["bench", "s3", "--endpoint", &moto.endpoint, "--events", "0"]).output().unwrap();
     assert!(!bad.status.success());

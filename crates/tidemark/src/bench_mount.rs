@@ -1,0 +1,215 @@
+//! `tidemark bench mount`: the FUSE mount beside the local disk, in one run. A fresh filer (over
+//! its HTTP API on loopback, as `tidemark mount` talks to it) holds a large file and a tree of
+//! small ones; the mount runs in this process:
+//!
+//! - sequential read of the large file through the mount (first read: through the filer; second:
+//!   the kernel's page cache, which the mount keeps until the file changes) ÷ reading the same
+//!   bytes from a local file;
+//! - `ls -lR` (a walk with a stat of every entry) of the tree: first and repeated;
+//! - small-file reads (open, read, close) of files not read before, p50/p99, beside local files.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Args;
+use futures::StreamExt;
+
+use tidemark_core::cache::{human_bytes, parse_size};
+use tidemark_core::{Filer, WriteOptions};
+use tidemark_filer::{DataDir, HttpFiler, LocalFiler};
+
+use crate::bench_cache::{best, mib_s, ms_p50_p99, read_local};
+use crate::bench_s3::err;
+
+#[derive(Args)]
+pub struct MountBench {
+    /// The large file's size (K/M/G suffixes).
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Files in the tree `ls -lR` walks (in directories of 100).
+    #[arg(long, default_value_t = 10_000)]
+    files: usize,
+    /// Small files read once each for the latency figures.
+    #[arg(long, default_value_t = 200)]
+    small: usize,
+}
+
+fn walk(dir: &Path) -> std::io::Result<usize> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let m = std::fs::symlink_metadata(e.path())?;
+        n += 1;
+        if m.is_dir() {
+            n += walk(&e.path())?;
+        }
+    }
+    Ok(n)
+}
+
+fn timed<T>(f: impl FnOnce() -> std::io::Result<T>) -> Result<(f64, T), String> {
+    let t = Instant::now();
+    let v = f().map_err(err)?;
+    Ok((t.elapsed().as_secs_f64(), v))
+}
+
+fn read_small(paths: &[PathBuf]) -> Result<Vec<f64>, String> {
+    let mut times = Vec::with_capacity(paths.len());
+    for p in paths {
+        let t = Instant::now();
+        let mut f = std::fs::File::open(p).map_err(err)?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf).map_err(err)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(times)
+}
+
+async fn put(filer: &dyn Filer, p: String, bytes: Bytes) -> Result<(), String> {
+    let body = futures::stream::once(async move { Ok(bytes) }).boxed();
+    filer.write(&p, body, WriteOptions::default()).await.map_err(err)?;
+    Ok(())
+}
+
+pub async fn run(b: MountBench) -> Result<(), String> {
+    let size = parse_size(&b.size).map_err(err)?;
+    if size == 0 || b.files == 0 || b.small == 0 || b.small > b.files {
+        return Err("--size and --files must be at least 1, --small between 1 and --files".into());
+    }
+    let tmp = tempfile::tempdir().map_err(err)?;
+    let filer = Arc::new(LocalFiler::open(DataDir::open(tmp.path().join("data")).map_err(err)?).map_err(err)?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    let served: Arc<dyn Filer> = filer.clone();
+    let server = tokio::spawn(tidemark_filer::http::serve(listener, served, None, std::future::pending()));
+
+    // The large file, written in 8 MiB pieces, and the same bytes in a local file.
+    let piece: Bytes = (0..8u64 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>().into();
+    let pieces = size.div_ceil(piece.len() as u64);
+    let last = size - (pieces - 1) * piece.len() as u64;
+    let body = futures::stream::iter((0..pieces).map({
+        let piece = piece.clone();
+        move |i| Ok(if i + 1 == pieces { piece.slice(..last as usize) } else { piece.clone() })
+    }))
+    .boxed();
+    filer.write("/bench/large.bin", body, WriteOptions::default()).await.map_err(err)?;
+    let local = tmp.path().join("local.bin");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&local).map_err(err)?;
+        for i in 0..pieces {
+            f.write_all(if i + 1 == pieces { &piece[..last as usize] } else { &piece[..] }).map_err(err)?;
+        }
+    }
+    // The tree: 4 KiB files in directories of 100, and the same locally.
+    let small = Bytes::from(vec![b's'; 4096]);
+    let names: Vec<String> = (0..b.files).map(|i| format!("d{:03}/f{:05}", i / 100, i)).collect();
+    futures::stream::iter(&names)
+        .map(|n| put(&*filer, format!("/bench/tree/{n}"), small.clone()))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let local_tree = tmp.path().join("local-tree");
+    for n in &names {
+        let p = local_tree.join(n);
+        std::fs::create_dir_all(p.parent().unwrap_or(&local_tree)).map_err(err)?;
+        std::fs::write(p, &small).map_err(err)?;
+    }
+
+    // The mount, in this process, over the HTTP API.
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir_all(&mnt).map_err(err)?;
+    let client: Arc<dyn Filer> = Arc::new(HttpFiler::new(&addr.to_string(), None).map_err(err)?);
+    let args = tidemark_fuse::MountArgs {
+        mountpoint: mnt.clone(),
+        root: "/bench".into(),
+        read_only: false,
+        allow_other: false,
+        ttl: Duration::from_secs(60),
+        timeout: Duration::from_secs(30),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (_report_tx, report_rx) = tokio::sync::mpsc::channel(1);
+    let mounted = tokio::spawn(tidemark_fuse::mount(
+        client,
+        args,
+        async {
+            let _ = stop_rx.await;
+        },
+        report_rx,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !mnt.join("large.bin").exists() {
+        if Instant::now() > deadline || mounted.is_finished() {
+            return Err(format!(
+                "the mount at {} did not come up (is /dev/fuse there, fusermount3 installed?)",
+                mnt.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "bench mount: {} file and {} files of 4 KiB through a FUSE mount of a filer on {addr} (loopback HTTP)",
+        human_bytes(size),
+        b.files
+    );
+
+    let (mnt2, local2, local_tree2) = (mnt.clone(), local.clone(), local_tree.clone());
+    let (small_n, files) = (b.small, b.files);
+    let report = tokio::task::spawn_blocking(move || -> Result<(), String> {
+        // Large file: the first read through the filer, the second from the kernel's pages.
+        let large = mnt2.join("large.bin");
+        let first = read_local(&large, 1 << 20)?;
+        let again = read_local(&large, 1 << 20)?;
+        let plain = best(&[read_local(&local2, 1 << 20)?, read_local(&local2, 1 << 20)?]);
+        println!(
+            "  sequential read, {}: through the filer {:.0} MiB/s, again (kernel page cache) {:.0} MiB/s | local file {:.0} MiB/s | ratios {:.2} / {:.2}",
+            human_bytes(size),
+            mib_s(size, first),
+            mib_s(size, again),
+            mib_s(size, plain),
+            plain / first,
+            plain / again
+        );
+        // ls -lR: a walk with a stat of every entry.
+        let tree = mnt2.join("tree");
+        let (cold, n) = timed(|| walk(&tree))?;
+        let (warm, _) = timed(|| walk(&tree))?;
+        let (local_walk, ln) = timed(|| walk(&local_tree2))?;
+        if n != ln {
+            return Err(format!("the mount shows {n} entries, the local tree {ln}"));
+        }
+        println!(
+            "  ls -lR of {n} entries: first {:.2} s, again {:.3} s | local {:.3} s | again ÷ local {:.2}",
+            cold,
+            warm,
+            local_walk,
+            warm / local_walk
+        );
+        // Small files not read before (the walk read only their attributes).
+        let pick: Vec<String> = (0..small_n)
+            .map(|i| (i * 97) % files)
+            .map(|j| format!("d{:03}/f{:05}", j / 100, j))
+            .collect();
+        let on_mount: Vec<PathBuf> = pick.iter().map(|n| tree.join(n)).collect();
+        let on_disk: Vec<PathBuf> = pick.iter().map(|n| local_tree2.join(n)).collect();
+        let (m50, m99) = ms_p50_p99(read_small(&on_mount)?);
+        let (l50, l99) = ms_p50_p99(read_small(&on_disk)?);
+        println!(
+            "  first read of a 4 KiB file ({small_n} files): p50 {m50:.2} ms, p99 {m99:.2} ms | local p50 {l50:.3} ms, p99 {l99:.3} ms"
+        );
+        Ok(())
+    })
+    .await
+    .map_err(err)?;
+    let _ = stop_tx.send(());
+    let unmounted = mounted.await.map_err(err)?;
+    server.abort();
+    report?;
+    unmounted
+}
