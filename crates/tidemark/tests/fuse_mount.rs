@@ -237,9 +237,20 @@ fn the_mount_follows_the_bucket_through_events() {
         f.write_all(b"local write").unwrap();
         rt.block_on(s3.put("raced.txt", Bytes::from_static(b"remote v2, applied meanwhile"), Default::default()))
             .unwrap();
-        eventually("the remote v2 to be applied", || {
-            ok(run_shell(bin(), &server.addr, "fs.meta.cat /mnt/s3/raced.txt", &[])).contains("\"remote_size\": 28")
-        });
+        // Polled in process: a child process would inherit the open descriptor, and its
+        // close-on-exec is a close, which uploads (close-to-open).
+        let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+        let t = Instant::now();
+        loop {
+            use tidemark_core::Filer;
+            let e = rt.block_on(filer.stat("/mnt/s3/raced.txt")).unwrap().unwrap();
+            if e.remote.as_ref().is_some_and(|r| r.remote_size == 28) {
+                assert_eq!(e.size, 28, "the entry is the applied remote version, not yet the local write: {e:?}");
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "the remote v2 was not applied: {e:?}\n{}", server.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     assert_eq!(std::fs::read(mnt.join("raced.txt")).unwrap(), b"local write");
     shell("remote.meta.sync -dir=/mnt/s3");
