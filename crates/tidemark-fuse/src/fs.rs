@@ -70,6 +70,8 @@ struct Handle {
     dirty: bool,
     /// Blocks read through this handle, oldest first.
     blocks: Vec<(u64, Bytes)>,
+    /// The block after the last one fetched, being fetched in the background.
+    ahead: Option<(u64, tokio::task::JoinHandle<Result<Bytes, Errno>>)>,
 }
 
 pub struct TidemarkFs {
@@ -306,11 +308,28 @@ impl TidemarkFs {
             let block = match h.blocks.iter().find(|(i, _)| *i == k) {
                 Some((_, b)) => b.clone(),
                 None => {
-                    let b = self.fetch_block(&h.path, k, e.size)?;
+                    let b = match h.ahead.take() {
+                        Some((i, task)) if i == k => self.rt.block_on(task).map_err(|_| Errno::EIO).and_then(|r| r)?,
+                        other => {
+                            if let Some((_, task)) = other {
+                                task.abort();
+                            }
+                            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+                            let fetch = fetch_block(self.filer.clone(), h.path.clone(), k, e.size, self.opts.timeout);
+                            self.rt.block_on(fetch)?
+                        }
+                    };
                     if h.blocks.len() >= BLOCKS_KEPT {
                         h.blocks.remove(0);
                     }
                     h.blocks.push((k, b.clone()));
+                    // Read one block ahead, while the kernel consumes this one.
+                    let next = k + 1;
+                    if next * BLOCK < e.size && h.ahead.is_none() && !h.blocks.iter().any(|(i, _)| *i == next) {
+                        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+                        let fetch = fetch_block(self.filer.clone(), h.path.clone(), next, e.size, self.opts.timeout);
+                        h.ahead = Some((next, self.rt.spawn(fetch)));
+                    }
                     b
                 }
             };
@@ -324,30 +343,37 @@ impl TidemarkFs {
         }
         Ok(out)
     }
+}
 
-    fn fetch_block(&self, p: &str, k: u64, size: u64) -> Result<Bytes, Errno> {
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        let offset = k * BLOCK;
-        let range = ByteRange { offset, length: Some(BLOCK.min(size - offset)) };
-        let (_, mut stream) = self.call("read", self.filer.read(p, Some(range)))?;
-        let timeout = self.opts.timeout;
-        self.rt.block_on(async {
-            let mut buf = BytesMut::with_capacity(range.length.unwrap_or(BLOCK) as usize);
-            loop {
-                match tokio::time::timeout(timeout, stream.next()).await {
-                    Ok(Some(Ok(b))) => buf.extend_from_slice(&b),
-                    Ok(None) => return Ok(buf.freeze()),
-                    Ok(Some(Err(e))) => {
-                        tracing::warn!(error = %e, path = p, "read failed");
-                        return Err(Errno::EIO);
-                    }
-                    Err(_) => {
-                        tracing::warn!(path = p, "read: the filer did not answer within {timeout:?}");
-                        return Err(Errno::EIO);
-                    }
-                }
+/// Block `k` of the file at `p` (of `size` bytes): one ranged read.
+async fn fetch_block(filer: Arc<dyn Filer>, p: String, k: u64, size: u64, timeout: Duration) -> Result<Bytes, Errno> {
+    let offset = k * BLOCK;
+    let range = ByteRange { offset, length: Some(BLOCK.min(size - offset)) };
+    let mut stream = match tokio::time::timeout(timeout, filer.read(&p, Some(range))).await {
+        Ok(Ok((_, s))) => s,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, path = p, "read failed");
+            return Err(errno(&e));
+        }
+        Err(_) => {
+            tracing::warn!(path = p, "read: the filer did not answer within {timeout:?}");
+            return Err(Errno::EIO);
+        }
+    };
+    let mut buf = BytesMut::with_capacity(range.length.unwrap_or(BLOCK) as usize);
+    loop {
+        match tokio::time::timeout(timeout, stream.next()).await {
+            Ok(Some(Ok(b))) => buf.extend_from_slice(&b),
+            Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(Err(e))) => {
+                tracing::warn!(error = %e, path = p, "read failed");
+                return Err(Errno::EIO);
             }
-        })
+            Err(_) => {
+                tracing::warn!(path = p, "read: the filer did not answer within {timeout:?}");
+                return Err(Errno::EIO);
+            }
+        }
     }
 }
 
@@ -448,6 +474,7 @@ impl Filesystem for TidemarkFs {
                             }),
                             dirty: true,
                             blocks: Vec::new(),
+                            ahead: None,
                         };
                         h.spool.as_ref().ok_or(Errno::EIO)?.set_len(size).map_err(|_| Errno::EIO)?;
                         self.upload(&mut h)?;
@@ -566,7 +593,7 @@ impl Filesystem for TidemarkFs {
             }
             let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
             let trunc = flags.0 & libc::O_TRUNC != 0;
-            let mut h = Handle { path: p.clone(), spool: None, dirty: false, blocks: Vec::new() };
+            let mut h = Handle { path: p.clone(), spool: None, dirty: false, blocks: Vec::new(), ahead: None };
             if write {
                 self.writable()?;
                 h.spool = Some(if trunc || e.size == 0 {
@@ -608,7 +635,8 @@ impl Filesystem for TidemarkFs {
             self.forget(&p);
             self.inodes().remember(e.clone());
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
-            let fh = self.add_handle(Handle { path: p, spool: Some(spool), dirty: false, blocks: Vec::new() });
+            let fh =
+                self.add_handle(Handle { path: p, spool: Some(spool), dirty: false, blocks: Vec::new(), ahead: None });
             Ok((self.attr(&e), fh))
         })();
         match r {
@@ -691,7 +719,13 @@ impl Filesystem for TidemarkFs {
     ) {
         let h = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
         let r = match h {
-            Some(h) => self.upload(&mut h.lock().unwrap_or_else(|p| p.into_inner())),
+            Some(h) => {
+                let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some((_, task)) = h.ahead.take() {
+                    task.abort();
+                }
+                self.upload(&mut h)
+            }
             None => Ok(()),
         };
         match r {
