@@ -572,10 +572,16 @@ impl Filesystem for TidemarkFs {
             let opts =
                 WriteOptions { precondition, mode: Some(src.mode), mtime_ms: Some(src.mtime_ms), ..Default::default() };
             self.call_or("write", self.filer.write(&to, stream, opts), Errno::EEXIST)?;
-            self.forget(&to);
             let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version) };
-            self.call("delete", self.filer.delete(&from, del))?;
-            self.forget(&from);
+            match self.call("delete", self.filer.delete(&from, del)) {
+                // The kernel moves the source's inode to the new name: so must the inode table.
+                Ok(_) => self.inodes().renamed(&from, &to),
+                Err(e) => {
+                    self.forget(&from);
+                    self.forget(&to);
+                    return Err(e);
+                }
+            }
             Ok(())
         })();
         match r {

@@ -92,6 +92,20 @@ impl Inodes {
         (entry, self.known_ino(p))
     }
 
+    /// After `from` was renamed to `to` (files only): the kernel now knows `from`'s inode by the
+    /// new name, so that inode must name `to`; an inode that named `to` before names nothing.
+    pub fn renamed(&mut self, from: &str, to: &str) {
+        if let Some(old) = self.by_path.remove(to) {
+            self.by_ino.remove(&old);
+        }
+        if let Some(ino) = self.by_path.remove(from) {
+            self.by_ino.insert(ino, to.to_string());
+            self.by_path.insert(to.to_string(), ino);
+        }
+        self.changed(from);
+        self.changed(to);
+    }
+
     /// Forgets every entry and listing (after the change log could not be followed).
     pub fn forget_all(&mut self) {
         self.entries.clear();
@@ -139,5 +153,13 @@ mod tests {
         assert_eq!(own, None, "never looked up: no inode to forget");
         assert!(i.listing("/m").is_none() && i.entry("/m/b").is_none() && i.entry("/m/a").is_some());
         assert!(i.shows("/m/x/y") && !i.shows("/mm/x"));
+        // A rename moves the inode to the new name; the replaced name's inode names nothing.
+        let lock = i.ino("/m/config.lock");
+        let config = i.ino("/m/config");
+        i.renamed("/m/config.lock", "/m/config");
+        assert_eq!(i.path(lock), Some("/m/config"));
+        assert_eq!(i.path(config), None);
+        assert_eq!(i.known_ino("/m/config.lock"), None);
+        assert_eq!(i.ino("/m/config"), lock);
     }
 }

@@ -136,6 +136,7 @@ fn ordinary_tools_work_on_the_mount_byte_for_byte() {
         "cd '{mnt_s}' && echo first > f && echo second > f && test \"$(cat f)\" = second && truncate -s 3 f && test \"$(cat f)\" = sec \
          && chmod 600 f && test \"$(stat -c %a f)\" = 600 && touch -d '2020-01-02 03:04:05' f && test \"$(stat -c %Y f)\" = 1577934245 \
          && mv f g && test ! -e f && test \"$(cat g)\" = sec && rm g && test ! -e g && mkdir -p d/e && rmdir d/e && rmdir d \
+         && echo old > cfg && test \"$(cat cfg)\" = old && echo new > cfg.lock && mv cfg.lock cfg && test \"$(cat cfg)\" = new && test ! -e cfg.lock \
          && ! rmdir synced 2>/dev/null && mv copied moved && test -d moved && test ! -e copied && diff -r '{src_s}' moved"
     ));
     let shell = ok(run_shell(bin(), &server.addr, "fs.ls /moved; fs.cat \"/synced/ünï/cödé.txt\"", &[]));
