@@ -39,7 +39,7 @@ pub fn content_id(entry: &Entry) -> Option<String> {
         h.update(field);
     }
     let d = h.finalize();
-    Some(d[..16].iter().map(|b| format!("{b:02x}")).collect())
+    Some(crate::ids::hex(&d[..16]))
 }
 
 /// Whether a write from `old` to `new` leaves cached bytes of `old` unreachable, so their records

@@ -9,6 +9,7 @@ pub mod decide;
 pub mod error;
 pub mod events;
 pub mod filer;
+pub mod ids;
 pub mod jobs;
 pub mod keymap;
 pub mod model;

@@ -111,7 +111,7 @@ impl Identity {
 
     pub fn fingerprint(&self) -> String {
         let digest = Sha256::digest(self.canonical().as_bytes());
-        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+        crate::ids::hex(&digest[..8])
     }
 }
 

@@ -46,9 +46,7 @@ pub async fn cluster_id(filer: &dyn Filer) -> Result<String> {
     if let Some((c, _)) = read_json::<Cluster>(filer, CLUSTER).await? {
         return Ok(c.id);
     }
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).map_err(|e| Error::internal(format!("no randomness for a cluster id: {e}")))?;
-    let id: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let id = tidemark_core::ids::random_hex(8, "a cluster id")?;
     match write_json(filer, CLUSTER, &Cluster { id: id.clone() }, None).await {
         Ok(_) => Ok(id),
         // Someone created it first: theirs is the cluster's.

@@ -12,6 +12,7 @@ use futures::StreamExt;
 use md5::{Digest, Md5};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
+use tidemark_core::ids::{hex, random_hex};
 use tidemark_core::model::MAX_INLINE_BYTES;
 use tidemark_core::{ByteRange, ByteStream, Error, Result};
 
@@ -33,10 +34,6 @@ pub struct StoredContent {
     pub md5: String,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 #[derive(Debug, Clone)]
 pub struct BlobDir {
     root: PathBuf,
@@ -45,9 +42,7 @@ pub struct BlobDir {
 }
 
 fn new_id() -> Result<String> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| Error::internal(format!("no randomness for a blob id: {e}")))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    random_hex(16, "a blob id")
 }
 
 fn valid_id(id: &str) -> bool {

@@ -160,9 +160,7 @@ fn io_err(what: &str, p: &Path, e: std::io::Error) -> Error {
 }
 
 fn random_hex(n: usize) -> Result<String> {
-    let mut b = vec![0u8; n];
-    getrandom::fill(&mut b).map_err(|e| Error::internal(format!("no randomness: {e}")))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    tidemark_core::ids::random_hex(n, "a cache file")
 }
 
 fn valid_id(id: &str) -> bool {

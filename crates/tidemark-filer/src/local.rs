@@ -109,9 +109,7 @@ impl LocalFiler {
         if let Some((c, _)) = crate::remotes::read_doc::<Cluster>(self.store.as_ref(), CLUSTER).await? {
             return Ok(c.id);
         }
-        let mut b = [0u8; 8];
-        getrandom::fill(&mut b).map_err(|e| Error::internal(format!("no randomness for a cluster id: {e}")))?;
-        let id: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        let id = tidemark_core::ids::random_hex(8, "a cluster id")?;
         let data = bytes::Bytes::from(serde_json::to_vec(&Cluster { id: id.clone() }).map_err(Error::internal)?);
         let txn = Txn::put(
             CLUSTER,

@@ -29,10 +29,6 @@ impl Inodes {
         i
     }
 
-    pub fn root(&self) -> &str {
-        &self.root
-    }
-
     /// The inode of `p`, assigned on first sight. Numbers are never reused while mounted.
     pub fn ino(&mut self, p: &str) -> u64 {
         if let Some(i) = self.by_path.get(p) {
@@ -104,12 +100,6 @@ impl Inodes {
         }
         self.changed(from);
         self.changed(to);
-    }
-
-    /// Forgets every entry and listing (after the change log could not be followed).
-    pub fn forget_all(&mut self) {
-        self.entries.clear();
-        self.dirs.clear();
     }
 
     /// Whether `p` is shown by this mount (the root or below it).

@@ -476,29 +476,29 @@ impl Gateway {
         }
     }
 
-    /// Removes the directories a delete left empty, up to (not including) the bucket's. A
-    /// directory someone writes into meanwhile is kept (the delete is conditional and refuses a
-    /// non-empty directory), and so is a mount's directory.
+    /// Removes the directories a delete left empty, up to (not including) the bucket's. The
+    /// store refuses a non-recursive delete of a directory that is not empty, so one written into
+    /// meanwhile is kept; so is a mount's directory.
     async fn prune(&self, bucket_dir: &str, p: &str) {
+        let below = |d: &str| path::is_within(d, bucket_dir) && d != bucket_dir;
+        let mut cur = path::parent(p).filter(|d| below(d)).map(str::to_string);
+        if cur.is_none() {
+            // A key at the top of its bucket: nothing to prune, no mapping to read.
+            return;
+        }
         let mounts: MountMapping = match docs::read_json(&*self.filer, MOUNT_MAPPING).await {
             Ok(m) => m.map(|(m, _)| m).unwrap_or_default(),
             Err(_) => return,
         };
-        let mut cur = path::parent(p).map(str::to_string);
         while let Some(dir) = cur {
-            if !path::is_within(&dir, bucket_dir) || dir == bucket_dir || mounts.find_dir(&dir).is_some() {
+            if mounts.find_dir(&dir).is_some() {
                 break;
             }
-            let Ok(Some(e)) = self.filer.stat(&dir).await else { break };
-            let Ok(page) = self.filer.list(&dir, None, 1).await else { break };
-            if !page.entries.is_empty() {
-                break;
-            }
-            let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+            let opts = DeleteOptions { recursive: false, precondition: Precondition::Any };
             if self.filer.delete(&dir, opts).await.is_err() {
                 break;
             }
-            cur = path::parent(&dir).map(str::to_string);
+            cur = path::parent(&dir).filter(|d| below(d)).map(str::to_string);
         }
     }
 
@@ -555,10 +555,6 @@ impl Gateway {
         Ok(parts)
     }
 
-    fn caller_sees(&self, ids: &crate::identity::Identities, access_key: Option<&str>, bucket: &str) -> bool {
-        ids.caller(access_key, self.shared.dev_key_allowed()).is_some_and(|c| c.sees_bucket(bucket))
-    }
-
     async fn read_source(
         &self,
         cs: &CopySource,
@@ -593,7 +589,8 @@ impl Gateway {
 impl S3 for Gateway {
     async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
         let ids = self.shared.identities().await;
-        let ak = req.credentials.as_ref().map(|c| c.access_key.clone());
+        let ak = req.credentials.as_ref().map(|c| c.access_key.as_str());
+        let caller = ids.caller(ak, self.shared.dev_key_allowed());
         let mut buckets = Vec::new();
         let mut after: Option<String> = None;
         loop {
@@ -603,7 +600,7 @@ impl S3 for Gateway {
                 Err(e) => return Err(s3_err(e)),
             };
             for e in page.entries.iter().filter(|e| e.is_dir()) {
-                if self.caller_sees(&ids, ak.as_deref(), e.name()) {
+                if caller.as_ref().is_some_and(|c| c.sees_bucket(e.name())) {
                     buckets.push(Bucket {
                         name: Some(e.name().to_string()),
                         creation_date: Some(timestamp(e.mtime_ms)),
@@ -931,7 +928,7 @@ impl S3 for Gateway {
             return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: it holds no bytes"));
         }
         let extended = attrs_of(attrs!(i))?;
-        let id = multipart::new_upload_id().map_err(|e| s3_error!(InternalError, "{e}"))?;
+        let id = multipart::new_upload_id().map_err(s3_err)?;
         let upload = Upload { bucket: i.bucket.clone(), key: i.key.clone(), initiated_ms: now_ms(), extended };
         docs::write_json(&*self.filer, &multipart::upload_doc(&id), &upload, None).await.map_err(s3_err)?;
         Ok(S3Response::new(CreateMultipartUploadOutput {

@@ -48,10 +48,8 @@ pub fn part_number(name: &str) -> Option<i32> {
     name.strip_prefix("part-").and_then(|n| n.parse().ok()).filter(|n| (1..=MAX_PART_NUMBER).contains(n))
 }
 
-pub fn new_upload_id() -> std::io::Result<String> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| std::io::Error::other(format!("no randomness for an upload id: {e}")))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+pub fn new_upload_id() -> tidemark_core::Result<String> {
+    tidemark_core::ids::random_hex(16, "an upload id")
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
 
-use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::cache::{human_bytes, parse_size};
 use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
 use tidemark_core::{ByteStream, Filer, RemoteStorage};
@@ -24,7 +23,7 @@ use tidemark_engine::docs::write_json;
 use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
 use tidemark_filer::{CacheConfig, HttpFiler};
 
-use crate::bench_s3::{Endpoint, create_bucket, err, fresh_filer, sdk_err};
+use crate::bench_s3::{Endpoint, err, fresh_filer, sdk_err};
 
 #[derive(Args)]
 pub struct CacheBench {
@@ -67,6 +66,11 @@ async fn timed_read(filer: &dyn Filer, path: &str, want: u64) -> Result<f64, Str
 }
 
 /// Seconds for a plain SDK GetObject of `key`, the body read to its end.
+/// `size` bytes of a fixed pseudo-random pattern (not compressible, the same every run).
+pub(crate) fn pattern(size: u64) -> Bytes {
+    (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>().into()
+}
+
 pub(crate) async fn sdk_get(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<(f64, u64), String> {
     let t = Instant::now();
     let out = s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| sdk_err("GetObject", e))?;
@@ -106,15 +110,9 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
         return Err("--size, --small and --rounds must be at least 1, --chunk at least 4K".into());
     }
     let conf = b.endpoint.conf();
-    let run = format!(
-        "{:x}",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
-    );
-    let bucket = format!("tidemark-bench-cache-{run}");
-    let storage = S3Storage::connect(&conf, &bucket).await.map_err(err)?;
+    let (_, bucket, storage) = b.endpoint.fresh_bucket("tidemark-bench-cache").await?;
     let s3 = storage.client().clone();
-    create_bucket(&s3, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint.endpoint))?;
-    let large: Bytes = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>().into();
+    let large = pattern(size);
     let t = Instant::now();
     storage.put("large.bin", large.clone(), Default::default()).await.map_err(err)?;
     println!(

@@ -16,7 +16,6 @@ use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
 
-use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::cache::{human_bytes, parse_size};
 use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
 use tidemark_core::{Filer, RemoteStorage};
@@ -24,8 +23,8 @@ use tidemark_engine::docs::write_json;
 use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
 use tidemark_filer::CacheConfig;
 
-use crate::bench_cache::{best, mib_s, ms_p50_p99, read_local, sdk_get};
-use crate::bench_s3::{Endpoint, create_bucket, err, fresh_filer, sdk_err};
+use crate::bench_cache::{best, mib_s, ms_p50_p99, pattern, read_local, sdk_get};
+use crate::bench_s3::{Endpoint, err, fresh_filer, sdk_err};
 
 #[derive(Args)]
 pub struct GatewayBench {
@@ -100,15 +99,9 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
         return Err("--size, --requests and --puts must be at least 1".into());
     }
     let conf = b.endpoint.conf();
-    let run = format!(
-        "{:x}",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
-    );
-    let bucket = format!("tidemark-bench-gw-{run}");
-    let storage = S3Storage::connect(&conf, &bucket).await.map_err(err)?;
+    let (_, bucket, storage) = b.endpoint.fresh_bucket("tidemark-bench-gw").await?;
     let remote = storage.client().clone();
-    create_bucket(&remote, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint.endpoint))?;
-    let large: Bytes = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>().into();
+    let large = pattern(size);
     storage.put(LARGE, large.clone(), Default::default()).await.map_err(err)?;
     storage.put(SMALL, Bytes::from(vec![b's'; 4096]), Default::default()).await.map_err(err)?;
 

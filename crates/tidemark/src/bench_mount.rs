@@ -21,7 +21,7 @@ use tidemark_core::cache::{human_bytes, parse_size};
 use tidemark_core::{Filer, WriteOptions};
 use tidemark_filer::{DataDir, HttpFiler, LocalFiler};
 
-use crate::bench_cache::{best, mib_s, ms_p50_p99, read_local};
+use crate::bench_cache::{best, mib_s, ms_p50_p99, pattern, read_local};
 use crate::bench_s3::err;
 
 #[derive(Args)]
@@ -87,7 +87,7 @@ pub async fn run(b: MountBench) -> Result<(), String> {
     let server = tokio::spawn(tidemark_filer::http::serve(listener, served, None, std::future::pending()));
 
     // The large file, written in 8 MiB pieces, and the same bytes in a local file.
-    let piece: Bytes = (0..8u64 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>().into();
+    let piece = pattern(8 << 20);
     let pieces = size.div_ceil(piece.len() as u64);
     let last = size - (pieces - 1) * piece.len() as u64;
     let body = futures::stream::iter((0..pieces).map({

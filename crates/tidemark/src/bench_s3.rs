@@ -72,7 +72,23 @@ pub struct Endpoint {
     pub region: String,
 }
 
+/// A name unique to this run (milliseconds since the epoch, in hex).
+pub(crate) fn run_id() -> String {
+    format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis())
+}
+
 impl Endpoint {
+    /// A new bucket `PREFIX-RUN` on this endpoint, with the run id and a storage client for it.
+    pub(crate) async fn fresh_bucket(&self, prefix: &str) -> Result<(String, String, S3Storage), String> {
+        let run = run_id();
+        let bucket = format!("{prefix}-{run}");
+        let storage = S3Storage::connect(&self.conf(), &bucket).await.map_err(err)?;
+        create_bucket(storage.client(), &bucket)
+            .await
+            .map_err(|e| format!("{e} (is {} an S3 endpoint?)", self.endpoint))?;
+        Ok((run, bucket, storage))
+    }
+
     /// The remote `bench` on this endpoint.
     pub(crate) fn conf(&self) -> RemoteConf {
         RemoteConf {
@@ -275,15 +291,9 @@ pub async fn run(b: S3Bench) -> Result<(), String> {
         return Err("--events and every --concurrency must be at least 1".into());
     }
     let conf = b.endpoint.conf();
-    let run = format!(
-        "{:x}",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
-    );
-    let bucket = format!("tidemark-bench-{run}");
-    let storage = S3Storage::connect(&conf, &bucket).await.map_err(err)?;
+    let (run, bucket, storage) = b.endpoint.fresh_bucket("tidemark-bench").await?;
     let s3 = storage.client().clone();
     let sqs = tidemark_cloud::aws::sqs::client(&conf).await.map_err(err)?;
-    create_bucket(&s3, &bucket).await.map_err(|e| format!("{e} (is {} an S3 endpoint?)", b.endpoint.endpoint))?;
     let notifications = S3Notifications::connect(&conf, &bucket).await.map_err(err)?;
     let mut managed = ManagedResources::default();
     let types = EventTypes::default();
