@@ -315,5 +315,11 @@ pub async fn serve(
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(admin, token)).with_graceful_shutdown(shutdown).await
+    tidemark_http::serve(
+        listener,
+        tidemark_http::tower(router(admin, token)),
+        tidemark_http::Limits::default(),
+        shutdown,
+    )
+    .await
 }

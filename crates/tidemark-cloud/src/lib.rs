@@ -52,6 +52,7 @@ pub async fn open_event_source(
     conf: &RemoteConf,
     identity: &tidemark_core::subscription::Identity,
     visibility: std::time::Duration,
+    roots: &local::LocalRoots,
 ) -> Result<(Box<dyn tidemark_core::events::EventSource>, tidemark_core::events::Provider)> {
     use tidemark_core::events::Provider;
     let queue = identity.queue.as_str();
@@ -65,6 +66,7 @@ pub async fn open_event_source(
             let root = conf.setting("root").ok_or_else(|| {
                 tidemark_core::Error::invalid_argument(format!("remote {:?} has no -local.root", conf.name))
             })?;
+            roots.check(&std::path::Path::new(root).join(&identity.bucket))?;
             let source =
                 local_events::LocalWatchSource::open(std::path::Path::new(root), &identity.bucket, visibility)?;
             Ok((Box::new(source), Provider::S3))
@@ -77,11 +79,15 @@ pub async fn open_event_source(
     }
 }
 
-/// Opens `bucket` of the configured remote.
-pub async fn open_storage(conf: &RemoteConf, bucket: &str) -> Result<Arc<dyn RemoteStorage>> {
+/// Opens `bucket` of the configured remote; a local directory only if `roots` allow it.
+pub async fn open_storage(
+    conf: &RemoteConf,
+    bucket: &str,
+    roots: &local::LocalRoots,
+) -> Result<Arc<dyn RemoteStorage>> {
     match conf.kind {
         StorageKind::S3 => Ok(Arc::new(aws::s3::S3Storage::connect(conf, bucket).await?)),
-        StorageKind::Local => Ok(Arc::new(local::LocalStorage::open(conf, bucket)?)),
+        StorageKind::Local => Ok(Arc::new(local::LocalStorage::open(conf, bucket, roots)?)),
         StorageKind::Azure => Ok(Arc::new(azure::AzureBlobStorage::open(conf, bucket)?)),
         StorageKind::Gcs => Ok(Arc::new(gcp::GcsStorage::open(conf, bucket)?)),
     }

@@ -219,11 +219,16 @@ impl LocalWatchSource {
             watcher: Mutex::new(None),
         });
         let weak = Arc::downgrade(&watch);
-        let mut watcher = notify::recommended_watcher(move |ev| {
-            if let Some(w) = weak.upgrade() {
-                w.on_event(ev)
-            }
-        })
+        // Links are not followed: what lies behind one is outside the bucket.
+        let config = notify::Config::default().with_follow_symlinks(false);
+        let mut watcher = notify::RecommendedWatcher::new(
+            move |ev| {
+                if let Some(w) = weak.upgrade() {
+                    w.on_event(ev)
+                }
+            },
+            config,
+        )
         .map_err(|e| Error::Unavailable { message: format!("cannot watch {}: {e}", dir.display()) })?;
         watcher.watch(&dir, RecursiveMode::Recursive).map_err(|e| Error::Unavailable {
             message: format!(

@@ -45,6 +45,10 @@ pub enum Error {
     #[error("invalid argument: {message}")]
     InvalidArgument { message: String },
 
+    /// A read asked for a range that starts past the end of the file (`size` bytes long).
+    #[error("{path}: range starts at {offset}, beyond the end of the {size}-byte file")]
+    RangeNotSatisfiable { path: String, offset: u64, size: u64 },
+
     #[error("unauthorized: {message}")]
     Unauthorized { message: String },
 
@@ -79,6 +83,7 @@ impl Error {
             Error::DirectoryNotEmpty { .. } => "directory_not_empty",
             Error::InvalidPath { .. } => "invalid_path",
             Error::InvalidArgument { .. } => "invalid_argument",
+            Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Error::Unauthorized { .. } => "unauthorized",
             Error::Unavailable { .. } => "unavailable",
             Error::Io { .. } => "io",

@@ -81,6 +81,7 @@ pub fn status_of(e: &Error) -> StatusCode {
         | Error::IsADirectory { .. }
         | Error::DirectoryNotEmpty { .. } => StatusCode::CONFLICT,
         Error::InvalidPath { .. } | Error::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+        Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
         Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
         Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -93,7 +94,15 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self.0, "request failed");
         }
-        (status, Json(ErrorBody::from(self.0))).into_response()
+        let unsatisfiable = match &self.0 {
+            Error::RangeNotSatisfiable { size, .. } => Some(format!("bytes */{size}")),
+            _ => None,
+        };
+        let mut resp = (status, Json(ErrorBody::from(self.0))).into_response();
+        if let Some(v) = unsatisfiable.and_then(|v| HeaderValue::from_str(&v).ok()) {
+            resp.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+        resp
     }
 }
 
@@ -266,7 +275,8 @@ pub fn parse_range(v: &str) -> Result<ByteRange, Error> {
             if end < start {
                 return Err(bad());
             }
-            Some(end - start + 1)
+            // bytes=0-18446744073709551615 asks for everything: saturate rather than overflow.
+            Some((end - start).saturating_add(1))
         }
     };
     Ok(ByteRange { offset: start, length })
@@ -283,6 +293,18 @@ async fn read(
         None => None,
     };
     let (entry, stream) = s.filer.read(&q.path, range).await?;
+    if let Some(r) = range
+        && r.offset >= entry.size
+    {
+        // A range starting at the end selects no byte: 416 (RFC 9110 §14.1.1), with the entry, so
+        // the filer's own client can still answer a read at end of file with nothing.
+        let entry_json = serde_json::to_vec(&entry).map_err(Error::internal)?;
+        let mut resp = ApiError(Error::RangeNotSatisfiable { path: q.path, offset: r.offset, size: entry.size })
+            .into_response();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(entry_json);
+        resp.headers_mut().insert(ENTRY_HEADER, HeaderValue::from_str(&encoded).map_err(Error::internal)?);
+        return Ok(resp);
+    }
     let entry_json = serde_json::to_vec(&entry).map_err(Error::internal)?;
     let encoded = base64::engine::general_purpose::STANDARD.encode(entry_json);
     let mut resp = Response::new(Body::from_stream(stream));
@@ -492,7 +514,13 @@ pub async fn serve(
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(filer, token)).with_graceful_shutdown(shutdown).await
+    tidemark_http::serve(
+        listener,
+        tidemark_http::tower(router(filer, token)),
+        tidemark_http::Limits::default(),
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]

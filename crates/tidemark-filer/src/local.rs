@@ -240,20 +240,19 @@ fn blob_of(e: Option<&Entry>) -> Option<&str> {
     }
 }
 
-fn slice_range(len: usize, range: Option<ByteRange>) -> Result<std::ops::Range<usize>> {
+fn slice_range(p: &str, len: usize, range: Option<ByteRange>) -> Result<std::ops::Range<usize>> {
     let Some(r) = range else { return Ok(0..len) };
-    check_range(len as u64, r)?;
+    check_range(p, len as u64, r)?;
     let start = r.offset as usize;
     let end = r.length.map_or(len, |n| (start.saturating_add(n as usize)).min(len));
     Ok(start..end)
 }
 
-fn check_range(size: u64, r: ByteRange) -> Result<()> {
+/// A range may start at the end of the file (reading nothing, as a read at end of file does),
+/// not past it.
+fn check_range(p: &str, size: u64, r: ByteRange) -> Result<()> {
     if r.offset > size {
-        return Err(Error::invalid_argument(format!(
-            "range starts at {} beyond the end of a {size}-byte file",
-            r.offset
-        )));
+        return Err(Error::RangeNotSatisfiable { path: p.into(), offset: r.offset, size });
     }
     Ok(())
 }
@@ -295,23 +294,23 @@ impl Filer for LocalFiler {
             }
             let stream = match &entry.content {
                 Content::Empty => {
-                    slice_range(0, range)?;
+                    slice_range(p, 0, range)?;
                     futures::stream::empty().boxed()
                 }
                 Content::Inline => {
                     let Some(bytes) = self.store.read_inline(p).await? else { continue };
-                    let r = slice_range(bytes.len(), range)?;
+                    let r = slice_range(p, bytes.len(), range)?;
                     futures::stream::once(futures::future::ready(Ok(bytes.slice(r)))).boxed()
                 }
                 Content::Remote => {
                     if let Some(r) = range {
-                        check_range(entry.size, r)?;
+                        check_range(p, entry.size, r)?;
                     }
                     self.cache.read(&entry, range).await?
                 }
                 Content::Blob { id } => {
                     if let Some(r) = range {
-                        check_range(entry.size, r)?;
+                        check_range(p, entry.size, r)?;
                     }
                     match self.blobs.open_range(id, range).await {
                         Ok(s) => s,

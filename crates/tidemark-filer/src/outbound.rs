@@ -183,7 +183,18 @@ impl OutboundSync {
                 tracing::warn!(mount = %mount.dir, "outbound sync: the mount's remote is not configured; skipping");
                 continue;
             };
-            let storage = self.filer.remotes().storage(&conf, conf_version, &mount.location.bucket).await?;
+            let storage = match self.filer.remotes().storage(&conf, conf_version, &mount.location.bucket).await {
+                Ok(s) => s,
+                // Opening is local (no remote call): a refusal is this process's configuration (a
+                // local root not allowed with --local-root), not a passing failure, and retrying it
+                // would hold up every other mount's sync. The entry stays local, as a key the
+                // bucket cannot hold does.
+                Err(e @ Error::Unauthorized { .. }) => {
+                    tracing::error!(path = %r.path, mount = %mount.dir, error = %e, "outbound sync: the mount's remote is refused; the entry stays local");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             match sync_record(&*self.filer, &*storage, mount, &id, self.filer.clock().as_ref(), r).await {
                 Ok(o) => {
                     if o != OutboundOutcome::Nothing {

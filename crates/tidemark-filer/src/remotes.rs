@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::de::DeserializeOwned;
 
+use tidemark_cloud::local::LocalRoots;
+
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::Entry;
 use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
@@ -30,9 +32,16 @@ pub struct Remotes {
     /// Storages handed in by the embedding program, by (remote name, bucket): used instead of
     /// opening the configured one (the simulation's in-process bucket).
     given: Mutex<HashMap<(String, String), Arc<dyn RemoteStorage>>>,
+    /// The local directories a local remote may serve (`--local-root`); none unless told.
+    local_roots: Mutex<LocalRoots>,
 }
 
 impl Remotes {
+    /// Local remotes may serve these directories (and what lies below them) from now on.
+    pub fn allow_local(&self, roots: LocalRoots) {
+        *self.local_roots.lock().unwrap_or_else(|p| p.into_inner()) = roots;
+    }
+
     /// Reads of entries under mounts of remote `name`, bucket `bucket`, go to `storage`.
     pub fn provide(&self, name: &str, bucket: &str, storage: Arc<dyn RemoteStorage>) {
         self.given.lock().unwrap_or_else(|p| p.into_inner()).insert((name.into(), bucket.into()), storage);
@@ -44,7 +53,8 @@ impl Remotes {
         if let Some(s) = self.clients.lock().map_err(|_| Error::internal("remote clients poisoned"))?.get(&key) {
             return Ok(s.clone());
         }
-        let s = tidemark_cloud::open_storage(conf, bucket).await?;
+        let roots = self.local_roots.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let s = tidemark_cloud::open_storage(conf, bucket, &roots).await?;
         self.clients.lock().map_err(|_| Error::internal("remote clients poisoned"))?.insert(key, s.clone());
         Ok(s)
     }

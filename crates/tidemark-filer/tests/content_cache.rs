@@ -34,6 +34,8 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 async fn open(data: &Path, budget: u64) -> Arc<LocalFiler> {
     let filer = LocalFiler::open(DataDir::open(data).unwrap()).unwrap();
+    // The tests' buckets are temporary directories: any local root may be served.
+    filer.remotes().allow_local(tidemark_cloud::local::LocalRoots::any());
     Arc::new(filer.with_cache(CacheConfig { budget_bytes: budget, chunk_bytes: CHUNK }).unwrap())
 }
 

@@ -89,8 +89,15 @@ async fn write_and_read_small_and_large_files(s: &Setup) {
     );
     assert!(matches!(
         f.read("/docs/big.bin", Some(ByteRange { offset: 4_000_000, length: None })).await,
-        Err(Error::InvalidArgument { .. })
+        Err(Error::RangeNotSatisfiable { offset: 4_000_000, size: 3_000_000, .. })
     ));
+    // A read at the very end reads nothing (as read(2) at end of file does), inline or blob.
+    assert!(read_all(f, "/docs/big.bin", Some(ByteRange { offset: 3_000_000, length: None })).await.is_empty());
+    assert!(read_all(f, "/docs/readme.md", Some(ByteRange { offset: 14, length: Some(1) })).await.is_empty());
+    assert_eq!(
+        read_all(f, "/docs/readme.md", Some(ByteRange { offset: 6, length: Some(u64::MAX) })).await,
+        b"tidemark"
+    );
 
     // Overwrite a blob with small content, then with nothing.
     f.write("/docs/big.bin", body(b"tiny"), WriteOptions::default()).await.unwrap();
@@ -305,6 +312,34 @@ async fn malformed_requests_get_a_4xx_json_error_naming_the_problem() {
         assert_eq!(json["error"]["code"], code, "{method} {pq}: {json}");
         let message = json["message"].as_str().unwrap();
         assert!(message.contains(mentions), "{method} {pq}: {message:?} should mention {mentions:?}");
+    }
+}
+
+#[tokio::test]
+async fn ranges_are_parsed_with_checked_arithmetic_and_416_where_nothing_is_selected() {
+    let (s, addr) = over_http(None).await;
+    s.filer.write("/six", body(b"abcdef"), WriteOptions::default()).await.unwrap();
+    let get = |range: &'static str| {
+        let url = format!("http://{addr}/api/v1/content?path=/six");
+        async move { reqwest::Client::new().get(url).header("range", range).send().await.unwrap() }
+    };
+    // The largest end there is: everything, not an overflow (a debug build used to panic).
+    let r = get("bytes=0-18446744073709551615").await;
+    assert_eq!(r.status(), 206);
+    assert_eq!(r.headers()["content-range"], "bytes 0-5/6");
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"abcdef");
+    let r = get("bytes=4-").await;
+    assert_eq!((r.status().as_u16(), r.headers()["content-range"].to_str().unwrap()), (206, "bytes 4-5/6"));
+    // Starting at or past the end selects no byte: 416 with the length, never `bytes 6-5/6`.
+    for range in ["bytes=6-", "bytes=6-9", "bytes=7-", "bytes=18446744073709551615-"] {
+        let r = get(range).await;
+        assert_eq!(r.status(), 416, "{range}");
+        assert_eq!(r.headers()["content-range"], "bytes */6", "{range}");
+        let json: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(json["error"]["code"], "range_not_satisfiable", "{range}");
+    }
+    for range in ["bytes=5-4", "bytes=-3", "bytes=0-99999999999999999999", "items=0-1"] {
+        assert_eq!(get(range).await.status(), 400, "{range}");
     }
 }
 

@@ -95,6 +95,7 @@ fn s3_err(e: Error) -> S3Error {
         ),
         Error::InvalidPath { .. } => (S3ErrorCode::InvalidArgument, e.to_string()),
         Error::InvalidArgument { .. } => (S3ErrorCode::InvalidArgument, e.to_string()),
+        Error::RangeNotSatisfiable { .. } => (S3ErrorCode::InvalidRange, e.to_string()),
         Error::Unavailable { .. } => (S3ErrorCode::ServiceUnavailable, e.to_string()),
         Error::Unauthorized { .. } => {
             (S3ErrorCode::InternalError, format!("the gateway's filer refused it: {e} (check the gateway's --token)"))

@@ -15,21 +15,10 @@ pub mod names;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use s3s::service::{S3Service, S3ServiceBuilder};
 
 use tidemark_core::Filer;
-
-/// Connections served at once; more wait in the listen queue.
-const MAX_CONNECTIONS: usize = 1024;
-/// A client that has not sent a request head within this long is disconnected.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-/// The most bytes a request head may have (S3 allows 8 KiB of headers; clients stay well below
-/// this). A larger one is answered 431 and the connection closed.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// The gateway's S3 service over `filer`. `loopback`: it listens on loopback only, so the
 /// development key works while no key is configured.
@@ -70,58 +59,19 @@ pub async fn serve(
     service: S3Service,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    let mut http = ConnBuilder::new(TokioExecutor::new());
-    http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(MAX_HEAD_BYTES);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.map_err(std::io::Error::other)?,
-            () = shutdown.as_mut() => break,
-        };
-        let (stream, _) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "s3 gateway: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = shutdown.as_mut() => break,
-        };
+    let guarded = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let svc = service.clone();
-        let guarded = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let svc = svc.clone();
-            async move {
-                let has_body = req.headers().get(hyper::header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
-                    || req.headers().contains_key(hyper::header::TRANSFER_ENCODING);
-                let mut resp = hyper::service::Service::call(&svc, req).await?;
-                // An error may answer before the body was read; this connection cannot be
-                // trusted to hold the next request where the client thinks it starts.
-                if has_body && !resp.status().is_success() {
-                    resp.headers_mut()
-                        .insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
-                }
-                Ok::<_, s3s::HttpError>(resp)
+        async move {
+            let has_body = req.headers().get(hyper::header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
+                || req.headers().contains_key(hyper::header::TRANSFER_ENCODING);
+            let mut resp = hyper::service::Service::call(&svc, req).await?;
+            // An error may answer before the body was read; this connection cannot be
+            // trusted to hold the next request where the client thinks it starts.
+            if has_body && !resp.status().is_success() {
+                resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
             }
-        });
-        let conn = http.serve_connection(TokioIo::new(stream), guarded).into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "s3 connection ended with an error");
-            }
-            drop(permit);
-        });
-    }
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(Duration::from_secs(10)) => {
-            tracing::warn!("s3 gateway: requests still running after 10 s; stopping anyway");
+            Ok::<_, s3s::HttpError>(resp)
         }
-    }
-    Ok(())
+    });
+    tidemark_http::serve(listener, guarded, tidemark_http::Limits::default(), shutdown).await
 }

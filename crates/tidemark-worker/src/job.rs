@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use tidemark_cloud::local::LocalRoots;
+
 use tidemark_core::jobs::{Job, JobOutcome, JobReport};
 use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
 use tidemark_core::subscription::{SubscriptionDoc, doc_path};
@@ -18,11 +20,13 @@ pub struct SliceSettings {
     /// How long a slice holds its subscription's lease without renewing it. A worker that stops
     /// (paused, partitioned) loses its subscriptions to another worker this long after.
     pub lease_ttl: Duration,
+    /// The local directories a local remote may serve (`--local-root`); none by default.
+    pub local_roots: LocalRoots,
 }
 
 impl Default for SliceSettings {
     fn default() -> Self {
-        SliceSettings { lease_ttl: Duration::from_secs(30) }
+        SliceSettings { lease_ttl: Duration::from_secs(30), local_roots: LocalRoots::default() }
     }
 }
 
@@ -52,9 +56,10 @@ async fn run_slice(
         .ok_or_else(|| {
             Error::invalid_argument(format!("the remote {:?} of {} is not configured", mount.location.storage, doc.dir))
         })?;
-    let storage = tidemark_cloud::open_storage(&conf, &mount.location.bucket).await?;
+    let storage = tidemark_cloud::open_storage(&conf, &mount.location.bucket, &settings.local_roots).await?;
     let visibility = Duration::from_secs(doc.options.visibility_timeout_secs);
-    let (source, provider) = tidemark_cloud::open_event_source(&conf, &doc.identity, visibility).await?;
+    let (source, provider) =
+        tidemark_cloud::open_event_source(&conf, &doc.identity, visibility, &settings.local_roots).await?;
     let cluster = cluster_id(filer).await?;
     let slice = Slice {
         filer,

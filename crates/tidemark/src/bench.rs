@@ -212,7 +212,10 @@ async fn latency_bench(b: LatencyBench) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?
         .ok_or("the mount's remote is not configured")?;
-    let storage = tidemark_cloud::open_storage(&conf, &mount.location.bucket).await.map_err(|e| e.to_string())?;
+    let storage =
+        tidemark_cloud::open_storage(&conf, &mount.location.bucket, &tidemark_cloud::local::LocalRoots::any())
+            .await
+            .map_err(|e| e.to_string())?;
     let run = format!(
         "{:x}",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()

@@ -36,6 +36,11 @@ impl LocalBucket {
         Ok(LocalBucket { root, name })
     }
 
+    /// The bucket's directory on this machine.
+    pub fn dir(&self) -> PathBuf {
+        self.root.join(&self.name)
+    }
+
     /// The mount's directory in the namespace.
     pub fn mount_dir(&self) -> String {
         format!("/buckets/{}", self.name)

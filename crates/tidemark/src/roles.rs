@@ -137,6 +137,8 @@ pub struct WorkerArgs {
     id: Option<String>,
     #[command(flatten)]
     slices: SliceArgs,
+    #[command(flatten)]
+    local: LocalRootArgs,
     /// The token of the filer and the admin.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -173,6 +175,24 @@ pub struct StoreArgs {
     /// Require `Authorization: Bearer TOKEN` on every request.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
+    #[command(flatten)]
+    local: LocalRootArgs,
+}
+
+#[derive(Args)]
+pub struct LocalRootArgs {
+    /// A directory that local remotes (`remote.configure -type=local`) may serve: buckets at or
+    /// below it. Repeat for several. Without one no local directory is served, whatever a remote
+    /// configuration says (whoever can configure remotes could otherwise read and write any file
+    /// this process can).
+    #[arg(long = "local-root", value_name = "DIR")]
+    local_roots: Vec<PathBuf>,
+}
+
+impl LocalRootArgs {
+    fn roots(&self) -> Result<tidemark_cloud::local::LocalRoots, String> {
+        tidemark_cloud::local::LocalRoots::only(&self.local_roots).map_err(|e| e.to_string())
+    }
 }
 
 #[derive(Args)]
@@ -311,11 +331,15 @@ async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
-fn worker_config(id: Option<String>, s: &SliceArgs) -> tidemark_worker::WorkerConfig {
+fn worker_config(
+    id: Option<String>,
+    s: &SliceArgs,
+    local_roots: tidemark_cloud::local::LocalRoots,
+) -> tidemark_worker::WorkerConfig {
     tidemark_worker::WorkerConfig {
         worker_id: id.unwrap_or_else(tidemark_worker::default_worker_id),
         max_execute: s.max_execute as usize,
-        slice: tidemark_worker::SliceSettings { lease_ttl: std::time::Duration::from_secs(s.lease_ttl) },
+        slice: tidemark_worker::SliceSettings { lease_ttl: std::time::Duration::from_secs(s.lease_ttl), local_roots },
     }
 }
 
@@ -325,10 +349,15 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
     if let Err(e) = http::check_bind(a.addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
+    let local_roots = match a.common.local.roots() {
+        Ok(r) => r,
+        Err(e) => return fail(2, e),
+    };
     let filer = match open_filer(&a.data_dir, &a.common).await {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(1, e),
     };
+    filer.remotes().allow_local(local_roots);
     let (listener, bound) = match bind(a.addr, "filer").await {
         Ok(l) => l,
         Err(e) => return fail(1, e),
@@ -368,10 +397,19 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok(b) => b,
         Err(e) => return fail(2, e),
     };
+    // --local-bucket DIR allows DIR itself.
+    let local_roots = match a.common.local.roots().and_then(|r| match &local_bucket {
+        Some(b) => r.with(&b.dir()).map_err(|e| e.to_string()),
+        None => Ok(r),
+    }) {
+        Ok(r) => r,
+        Err(e) => return fail(2, e),
+    };
     let filer = match open_filer(&a.data_dir, &a.common).await {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(1, e),
     };
+    filer.remotes().allow_local(local_roots.clone());
     let (filer_listener, filer_bound) = match bind(a.filer_addr, "filer").await {
         Ok(l) => l,
         Err(e) => return fail(1, e),
@@ -422,7 +460,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(1, e),
     };
-    let worker = tidemark_worker::Worker::new(client, api.clone(), worker_config(None, &a.slices));
+    let worker = tidemark_worker::Worker::new(client, api.clone(), worker_config(None, &a.slices, local_roots));
     let worker = tokio::spawn(worker.run(signal_rx));
     if let Some(bucket) = local_bucket {
         // The servers already run (spawned above); the set-up talks to the filer in-process.
@@ -562,7 +600,11 @@ pub async fn run_worker(a: WorkerArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(2, e),
     };
-    let config = worker_config(a.id, &a.slices);
+    let local_roots = match a.local.roots() {
+        Ok(r) => r,
+        Err(e) => return fail(2, e),
+    };
+    let config = worker_config(a.id, &a.slices, local_roots);
     tracing::info!(worker = %config.worker_id, admin = %a.admin, filer = %a.filer, max_execute = config.max_execute, "worker starting");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

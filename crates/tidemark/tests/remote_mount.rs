@@ -48,6 +48,8 @@ struct Bucket {
     remote: &'static str,
     /// The shell command that points the remote at nothing (as if its bucket were unreachable).
     unreachable: String,
+    /// What the server must be told to serve this bucket (`--local-root` for a directory).
+    server_args: Vec<String>,
     _guard: Box<dyn std::any::Any>,
 }
 
@@ -74,6 +76,7 @@ async fn s3_bucket() -> Bucket {
         markers: true,
         remote: "s3test",
         unreachable: "remote.configure -name=s3test -s3.endpoint=http://127.0.0.1:1".into(),
+        server_args: vec![],
         _guard: Box::new(moto),
     }
 }
@@ -91,6 +94,7 @@ async fn local_bucket() -> Bucket {
         markers: true,
         remote: "loctest",
         unreachable: "remote.configure -name=loctest -local.root=/nonexistent/tidemark".into(),
+        server_args: vec!["--local-root".into(), root.path().display().to_string()],
         _guard: Box::new(root),
     }
 }
@@ -114,6 +118,7 @@ async fn gcs_bucket() -> Bucket {
         markers: true,
         remote: "gcstest",
         unreachable: "remote.configure -name=gcstest -gcs.endpoint=http://127.0.0.1:1".into(),
+        server_args: vec![],
         _guard: Box::new(fake),
     }
 }
@@ -144,6 +149,7 @@ async fn azure_bucket() -> Bucket {
         markers: false,
         remote: "aztest",
         unreachable: "remote.configure -name=aztest -azure.blob_endpoint=http://127.0.0.1:1".into(),
+        server_args: vec![],
         _guard: Box::new(a),
     }
 }
@@ -168,7 +174,8 @@ const KEYS: &[&str] = &[
 
 async fn scenario(b: Bucket) {
     let tmp = tempfile::tempdir().unwrap();
-    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let args: Vec<&str> = b.server_args.iter().map(String::as_str).collect();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &args);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
     for k in KEYS.iter().filter(|k| b.markers || !k.ends_with('/')) {
         put(&b, k, &format!("content of {k}")).await;
@@ -374,4 +381,51 @@ async fn mount_errors_are_one_clear_line_and_nothing_is_half_mounted() {
     assert!(dropped.contains("dropped the cached content of 1 files"), "{dropped}");
     let err = fails(sh("fs.cat /mnt/b/k.txt"));
     assert!(err.contains("changed in the bucket") && err.contains("remote.meta.sync"), "{err}");
+}
+
+/// The attack of a user who may configure remotes: a local remote rooted at `/`, mounted, then
+/// read (`fs.cat` of a host file) and written (`remote.sync.enable` + `fs.put`). The server
+/// serves only what `--local-root` allows, and a symbolic link inside an allowed bucket leads
+/// nowhere either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_remote_reaches_only_what_the_operator_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let allowed = tmp.path().join("allowed");
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(allowed.join("bkt")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "host file").unwrap();
+    std::fs::write(allowed.join("bkt/plain.txt"), "bucket file").unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.txt"), allowed.join("bkt/link.txt")).unwrap();
+    std::os::unix::fs::symlink(&outside, allowed.join("bkt/dirlink")).unwrap();
+    let root = allowed.display().to_string();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &["--local-root", &root]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+
+    // A remote over the whole machine: the shell (its own user's rights) can mount it, but the
+    // server refuses to read or write a byte of it.
+    ok(sh(&format!("remote.configure -name=host -type=local -local.root={}", tmp.path().display())));
+    ok(sh("remote.mount -dir=/x -remote=host/outside"));
+    assert!(ok(sh("fs.ls /x")).contains("secret.txt"), "the listing is the shell's own");
+    let err = fails(sh("fs.cat /x/secret.txt"));
+    assert!(err.contains("not one this process may serve") && err.contains("--local-root"), "{err}");
+    ok(sh("remote.sync.enable -dir=/x"));
+    let local = tmp.path().join("payload");
+    std::fs::write(&local, "planted").unwrap();
+    ok(sh(&format!("fs.put {} /x/planted.txt", local.display())));
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(!outside.join("planted.txt").exists(), "the outbound sync wrote nothing outside --local-root");
+    assert_eq!(std::fs::read_to_string(outside.join("secret.txt")).unwrap(), "host file");
+
+    // The allowed bucket: its files serve, its links do not.
+    ok(sh(&format!("remote.configure -name=ok -type=local -local.root={root}")));
+    ok(sh("remote.mount -dir=/ok -remote=ok/bkt"));
+    let ls = ok(sh("fs.ls /ok"));
+    assert!(ls.contains("plain.txt") && !ls.contains("link"), "links are not mirrored: {ls}");
+    assert_eq!(ok(sh("fs.cat /ok/plain.txt")), "bucket file");
+    ok(sh("remote.sync.enable -dir=/ok"));
+    ok(sh(&format!("fs.put {} /ok/dirlink/planted.txt", local.display())));
+    ok(sh(&format!("fs.put {} /ok/mine.txt", local.display())));
+    tidemark_testkit::eventually("the upload of /ok/mine.txt", || allowed.join("bkt/mine.txt").exists());
+    assert!(!outside.join("planted.txt").exists(), "nothing written through a link");
 }

@@ -22,7 +22,8 @@ fn err(o: &Output) -> String {
 fn byo_queue_subscriptions_follow_the_identity_rules() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(tmp.path().join("buckets/b")).unwrap();
-    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let root = tmp.path().join("buckets").display().to_string();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &["--local-root", &root]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
     let ok = |cmd: &str| {
         let o = sh(cmd);

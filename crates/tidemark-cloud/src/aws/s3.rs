@@ -215,7 +215,7 @@ impl RemoteStorage for S3Storage {
         if let Some(r) = range {
             req = req.range(match r.length {
                 Some(0) => return Ok(futures::stream::empty().boxed()),
-                Some(n) => format!("bytes={}-{}", r.offset, r.offset + n - 1),
+                Some(n) => format!("bytes={}-{}", r.offset, r.offset.saturating_add(n - 1)),
                 None => format!("bytes={}-", r.offset),
             });
         }

@@ -215,7 +215,8 @@ async fn open(
             loc.storage, loc.storage
         ))
     })?;
-    Ok(tidemark_cloud::open_storage(&conf, &loc.bucket).await?)
+    // The shell reads a local directory with its own user's rights: nothing to guard.
+    Ok(tidemark_cloud::open_storage(&conf, &loc.bucket, &tidemark_cloud::local::LocalRoots::any()).await?)
 }
 
 pub async fn mount(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdError> {
