@@ -299,8 +299,8 @@ async fn read(
         // A range starting at the end selects no byte: 416 (RFC 9110 §14.1.1), with the entry, so
         // the filer's own client can still answer a read at end of file with nothing.
         let entry_json = serde_json::to_vec(&entry).map_err(Error::internal)?;
-        let mut resp = ApiError(Error::RangeNotSatisfiable { path: q.path, offset: r.offset, size: entry.size })
-            .into_response();
+        let mut resp =
+            ApiError(Error::RangeNotSatisfiable { path: q.path, offset: r.offset, size: entry.size }).into_response();
         let encoded = base64::engine::general_purpose::STANDARD.encode(entry_json);
         resp.headers_mut().insert(ENTRY_HEADER, HeaderValue::from_str(&encoded).map_err(Error::internal)?);
         return Ok(resp);

@@ -4,11 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::StreamExt;
 
 use tidemark_core::cache::{self, CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{
-    Applied, ChangeRecord, Content, Entry, Fence, Lease, MD5_ATTR, Mutation, NewEntry, Page, Precondition, Txn,
+    Applied, ChangeRecord, Content, Entry, Fence, Lease, MAX_INLINE_BYTES, MD5_ATTR, Mutation, NewEntry, Page,
+    Precondition, Txn,
 };
 use tidemark_core::{
     ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions,
@@ -248,6 +250,38 @@ fn slice_range(p: &str, len: usize, range: Option<ByteRange>) -> Result<std::ops
     Ok(start..end)
 }
 
+/// What an `apply` may put, whoever sends it: the size agrees with the content the entry will
+/// have (a GET must not promise bytes that are not there) and the extended attributes are
+/// bounded as a write's are (they travel in a response header).
+fn check_put(p: &str, entry: &NewEntry, data: Option<&Bytes>) -> Result<()> {
+    let bad = |why: String| Err(Error::invalid_argument(format!("{p}: {why}")));
+    let ext: usize = entry.extended.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
+    if ext > crate::http::MAX_EXTENDED_BYTES {
+        return bad(format!("{ext} bytes of extended attributes; at most {}", crate::http::MAX_EXTENDED_BYTES));
+    }
+    match (&entry.content, data) {
+        (_, Some(_)) if entry.content != Content::Inline => bad("data goes with inline content only".into()),
+        (Content::Empty, _) if entry.size != 0 => {
+            bad(format!("size {} with no content; an empty entry is 0 bytes", entry.size))
+        }
+        (Content::Inline, Some(d)) if d.len() as u64 != entry.size => {
+            bad(format!("size {} but {} bytes of inline data", entry.size, d.len()))
+        }
+        (Content::Inline, Some(d)) if d.len() > MAX_INLINE_BYTES => {
+            bad(format!("{} bytes of inline data; at most {MAX_INLINE_BYTES} (write larger content)", d.len()))
+        }
+        (Content::Remote, _) if entry.remote.is_none() => bad("remote content needs the remote object it names".into()),
+        _ => Ok(()),
+    }
+}
+
+fn entry_size(txn: &Txn) -> u64 {
+    match &txn.mutation {
+        Mutation::Put { entry, .. } => entry.size,
+        Mutation::Delete { .. } => 0,
+    }
+}
+
 /// A range may start at the end of the file (reading nothing, as a read at end of file does),
 /// not past it.
 fn check_range(p: &str, size: u64, r: ByteRange) -> Result<()> {
@@ -424,6 +458,21 @@ impl Filer for LocalFiler {
     }
 
     async fn apply(&self, txn: Txn) -> Result<Applied> {
+        if let Mutation::Put { entry, data } = &txn.mutation {
+            check_put(&txn.path, entry, data.as_ref())?;
+            // Keeping the inline bytes it has: the size must stay theirs.
+            if entry.content == Content::Inline && data.is_none() {
+                match self.store.get(&txn.path).await? {
+                    Some(e) if e.content == Content::Inline && e.size == entry.size => {}
+                    _ => {
+                        return Err(Error::invalid_argument(format!(
+                            "{}: an inline put without data keeps the entry's inline bytes, so its size must be theirs",
+                            txn.path
+                        )));
+                    }
+                }
+            }
+        }
         // Blob content is created only by `write`. A transaction may keep an entry's existing
         // blob (a metadata update), but never point an entry at a blob another entry owns:
         // removing that one would then take the bytes from under this one.
@@ -435,6 +484,12 @@ impl Filer for LocalFiler {
             };
             let current = self.store.get(&txn.path).await?;
             match &current {
+                Some(e) if e.version == v && blob_of(Some(e)) == Some(id.as_str()) && e.size != entry_size(&txn) => {
+                    return Err(Error::invalid_argument(format!(
+                        "{}: a put that keeps blob content keeps its size ({} bytes)",
+                        txn.path, e.size
+                    )));
+                }
                 Some(e) if e.version == v && blob_of(Some(e)) == Some(id.as_str()) => {}
                 Some(e) if e.version != v => {
                     return Err(Error::PreconditionFailed { path: txn.path, current: Some(e.version) });

@@ -58,6 +58,7 @@ macro_rules! both {
 
 both!(
     write_and_read_small_and_large_files,
+    apply_refuses_entries_that_promise_what_they_do_not_hold,
     listing_with_names_that_need_escaping,
     write_preconditions_and_kind_errors,
     deletes,
@@ -185,10 +186,11 @@ async fn fenced_apply_and_leases(s: &Setup) {
     let lease = f.lease_acquire("fp-1", "worker-a", ttl).await.unwrap();
     assert_eq!(lease.generation, 1);
     assert!(matches!(f.lease_acquire("fp-1", "worker-b", ttl).await, Err(Error::LeaseHeld { .. })));
-    let entry = NewEntry::file(5, 1, Content::Empty);
+    let entry = NewEntry::file(5, 1, Content::Inline);
     let a = f
         .apply(
             Txn::put("/m/k", entry.clone(), Origin::Remote)
+                .with_data(Bytes::from_static(b"fence"))
                 .with_fence(lease.fence())
                 .with_precondition(Precondition::Absent),
         )
@@ -206,6 +208,50 @@ async fn fenced_apply_and_leases(s: &Setup) {
     assert!(matches!(f.lease_release(&lease.fence()).await, Err(Error::Fenced { .. })));
     f.lease_release(&b.fence()).await.unwrap();
     assert!(f.lease_get("nope").await.unwrap().is_none());
+}
+
+async fn apply_refuses_entries_that_promise_what_they_do_not_hold(s: &Setup) {
+    let f = &*s.filer;
+    let refused = |txn: Txn, mentions: &'static str| async move {
+        match f.apply(txn).await {
+            Err(Error::InvalidArgument { message }) => assert!(message.contains(mentions), "{message}"),
+            other => panic!("expected a refusal mentioning {mentions:?}: {other:?}"),
+        }
+    };
+    // A size with nothing behind it: a GET would promise u64::MAX bytes.
+    refused(Txn::put("/v/a", NewEntry::file(u64::MAX, 1, Content::Empty), Origin::Local), "size").await;
+    refused(
+        Txn::put("/v/a", NewEntry::file(u64::MAX, 1, Content::Inline), Origin::Local)
+            .with_data(Bytes::from_static(b"x")),
+        "1 bytes of inline data",
+    )
+    .await;
+    refused(
+        Txn::put("/v/a", NewEntry::file(3, 1, Content::Inline), Origin::Local).with_data(Bytes::from(vec![0; 70_000])),
+        "inline",
+    )
+    .await;
+    refused(Txn::put("/v/a", NewEntry::file(9, 1, Content::Remote), Origin::Local), "remote").await;
+    // Unbounded extended attributes would travel in every response header for the entry.
+    let mut big = NewEntry::file(0, 1, Content::Empty);
+    big.extended.insert("k".into(), "v".repeat(9 * 1024));
+    refused(Txn::put("/v/a", big, Origin::Local), "extended").await;
+    // Keeping inline bytes (no data) keeps their size.
+    f.apply(
+        Txn::put("/v/b", NewEntry::file(2, 1, Content::Inline), Origin::Local).with_data(Bytes::from_static(b"ok")),
+    )
+    .await
+    .unwrap();
+    refused(Txn::put("/v/b", NewEntry::file(1_000, 2, Content::Inline), Origin::Local), "size").await;
+    let kept = f.apply(Txn::put("/v/b", NewEntry::file(2, 3, Content::Inline), Origin::Local)).await.unwrap();
+    assert_eq!(kept.new.unwrap().mtime_ms, 3);
+    // A blob kept by a metadata update keeps its size.
+    let e = f.write("/v/c", body(&vec![7u8; 100_000]), WriteOptions::default()).await.unwrap();
+    let mut grown = NewEntry::file(u64::MAX, 4, e.content.clone());
+    grown.mode = e.mode;
+    refused(Txn::put("/v/c", grown, Origin::Local).with_precondition(Precondition::Version(e.version)), "size").await;
+    assert_eq!(read_all(f, "/v/c", None).await.len(), 100_000);
+    assert!(f.stat("/v/a").await.unwrap().is_none(), "nothing refused was written");
 }
 
 async fn change_log_long_poll(s: &Setup) {

@@ -92,9 +92,7 @@ fn errno(e: &Error) -> Errno {
         Error::NotADirectory { .. } => Errno::ENOTDIR,
         Error::IsADirectory { .. } => Errno::EISDIR,
         Error::DirectoryNotEmpty { .. } => Errno::ENOTEMPTY,
-        Error::InvalidPath { .. } | Error::InvalidArgument { .. } | Error::RangeNotSatisfiable { .. } => {
-            Errno::EINVAL
-        }
+        Error::InvalidPath { .. } | Error::InvalidArgument { .. } | Error::RangeNotSatisfiable { .. } => Errno::EINVAL,
         Error::Unauthorized { .. } => Errno::EACCES,
         _ => Errno::EIO,
     }
