@@ -133,7 +133,47 @@ pub struct SubscriptionOptions {
     pub prefetch_max_size: Option<u64>,
 }
 
+/// The longest any of a subscription's durations may be: far beyond any useful setting, and far
+/// below what would overflow a deadline (`Instant + Duration`) or a millisecond count.
+pub const MAX_DURATION_SECS: u64 = 10 * 365 * 86_400;
+/// SQS's longest visibility timeout, and so every provider's here.
+pub const MAX_VISIBILITY_SECS: u64 = 12 * 3600;
+/// The most event applies a slice runs at once.
+pub const MAX_APPLY_CONCURRENCY: usize = 256;
+
 impl SubscriptionOptions {
+    /// Whether the options are ones a slice can run with. `remote.events.enable` refuses others;
+    /// a document written some other way is checked again when a slice reads it, and a bad one
+    /// makes its subscription *errored* with this reason rather than a slice misbehave.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, flag, v) in [
+            ("slice_secs", "-slice", self.slice_secs),
+            ("reconcile_interval_secs", "-reconcileInterval", self.reconcile_interval_secs),
+            ("gap_threshold_secs", "-gapThreshold", self.gap_threshold_secs),
+        ] {
+            if v == 0 || v > MAX_DURATION_SECS {
+                return Err(format!("{name} ({flag}) is {v}; give 1 to {MAX_DURATION_SECS} seconds"));
+            }
+        }
+        if self.visibility_timeout_secs == 0 || self.visibility_timeout_secs > MAX_VISIBILITY_SECS {
+            return Err(format!(
+                "visibility_timeout_secs (-visibility) is {}; give 1 to {MAX_VISIBILITY_SECS} seconds (12h, SQS's limit)",
+                self.visibility_timeout_secs
+            ));
+        }
+        if !(1..=MAX_APPLY_CONCURRENCY).contains(&self.apply_concurrency) {
+            return Err(format!(
+                "apply_concurrency (-concurrency) is {}; give 1 to {MAX_APPLY_CONCURRENCY}",
+                self.apply_concurrency
+            ));
+        }
+        if let Some(glob) = &self.prefetch {
+            crate::cache::FileFilter::new(Some(glob), None, None, None)
+                .map_err(|e| format!("prefetch (-prefetch): {e}"))?;
+        }
+        Ok(())
+    }
+
     /// The files the event prefetch takes; `None` when it is off (or its pattern is not one,
     /// which `remote.events.enable` refuses before it is ever stored).
     pub fn prefetch_filter(&self) -> Option<crate::cache::FileFilter> {
@@ -235,6 +275,24 @@ mod tests {
             prefix: "photos/".into(),
             event_types: EventTypes::default(),
         }
+    }
+
+    #[test]
+    fn options_out_of_bounds_are_named_not_run() {
+        assert_eq!(SubscriptionOptions::default().validate(), Ok(()));
+        let bad = [
+            SubscriptionOptions { slice_secs: u64::MAX, ..Default::default() },
+            SubscriptionOptions { reconcile_interval_secs: 0, ..Default::default() },
+            SubscriptionOptions { gap_threshold_secs: u64::MAX / 1000, ..Default::default() },
+            SubscriptionOptions { visibility_timeout_secs: 12 * 3600 + 1, ..Default::default() },
+            SubscriptionOptions { apply_concurrency: 0, ..Default::default() },
+            SubscriptionOptions { apply_concurrency: 1 << 20, ..Default::default() },
+        ];
+        for o in bad {
+            assert!(o.validate().is_err(), "{o:?}");
+        }
+        let e = SubscriptionOptions { slice_secs: u64::MAX, ..Default::default() }.validate().unwrap_err();
+        assert!(e.contains("slice_secs") && e.contains("-slice"), "{e}");
     }
 
     #[test]

@@ -289,6 +289,14 @@ impl Slice<'_> {
         cancel: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     ) -> Result<SliceEnd> {
         let fp = &self.doc.fingerprint;
+        // The document may have been written past the shell's checks (through the API): a bad one
+        // errs here, with its reason on the status, before any duration is used.
+        self.doc.options.validate().map_err(|e| {
+            Error::invalid_argument(format!(
+                "the event subscription of {} has bad options: {e}; set them again with remote.events.enable",
+                self.doc.dir
+            ))
+        })?;
         let mut marker = read_json::<ReconcileMarker>(self.filer, &marker_path(fp)).await?.map(|(m, _)| m);
         // A source that may have missed notifications (a watcher that just started) is covered by
         // the same gap reconcile as a tail interrupted too long.

@@ -79,3 +79,45 @@ fn byo_queue_subscriptions_follow_the_identity_rules() {
     assert!(ok("remote.events.disable -dir=/mnt/data -teardown").contains("nothing in the cloud was changed"));
     assert!(ok("remote.events.list").contains("no event subscriptions"));
 }
+
+/// A subscription document written past the shell's checks (a raw write through the API) with
+/// durations that would overflow a deadline: its slices end *errored* with the reason, over and
+/// over if need be, and the server goes on (it used to panic in a loop).
+#[test]
+fn a_subscription_document_with_absurd_durations_errs_with_a_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("demo");
+    let data = tmp.path().join("data");
+    let args = ["--local-bucket", bucket.to_str().unwrap()];
+    let mut server = TidemarkProcess::server(bin(), &data, &args);
+    let sh = |addr: &str, cmd: &str| {
+        let o = run_shell(bin(), addr, cmd, &[]);
+        assert!(o.status.success(), "{cmd}: {}", err(&o));
+        out(&o)
+    };
+    let doc_file = tidemark_core::subscription::doc_path("/buckets/demo");
+    tidemark_testkit::eventually("the quick start's subscription", || {
+        run_shell(bin(), &server.addr, &format!("fs.cat {doc_file}"), &[]).status.success()
+    });
+    let doc = sh(&server.addr, &format!("fs.cat {doc_file}"));
+    let mut doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    doc["options"]["slice_secs"] = u64::MAX.into();
+    doc["options"]["gap_threshold_secs"] = (u64::MAX / 10).into();
+    let raw = tmp.path().join("doc.json");
+    std::fs::write(&raw, serde_json::to_vec(&doc).unwrap()).unwrap();
+    sh(&server.addr, &format!("fs.put {} {doc_file}", raw.display()));
+    // The slice running now read the old document; the next ones read this one.
+    server.signal("TERM");
+    assert!(server.wait_exit(std::time::Duration::from_secs(20)).is_some(), "{}", server.stderr());
+    let server = TidemarkProcess::server(bin(), &data, &args);
+    tidemark_testkit::eventually("the subscription errs with the reason", || {
+        let list = sh(&server.addr, "remote.events.list -json");
+        let docs: serde_json::Value = serde_json::from_str(&list).unwrap();
+        docs[0]["status"]["state"] == "errored"
+            && docs[0]["status"]["last_error"].as_str().is_some_and(|e| e.contains("slice_secs"))
+    });
+    assert!(!server.stderr().contains("panicked"), "{}", server.stderr());
+    // The shell refuses the same values before they are ever stored.
+    let o = run_shell(bin(), &server.addr, "remote.events.enable -dir=/buckets/demo -slice=100000000000d", &[]);
+    assert!(!o.status.success() && err(&o).contains("-slice"), "{}", err(&o));
+}

@@ -87,6 +87,8 @@ fn options_from(args: &Args, base: &SubscriptionOptions) -> Result<SubscriptionO
         o.prefetch_max_size =
             Some(tidemark_core::cache::parse_size(v).map_err(|e| CmdError::Usage(format!("-prefetchMaxSize: {e}")))?);
     }
+    // The bounds a slice checks again when it reads the document.
+    o.validate().map_err(CmdError::Usage)?;
     Ok(o)
 }
 
