@@ -46,6 +46,22 @@ struct Live {
     scheduler: Arc<Mutex<Scheduler>>,
 }
 
+/// A label value as the text format must carry it: prometheus-client writes values verbatim, and
+/// a directory name may hold `"`, `\\` or a newline, which would end the value early and forge
+/// series (or break the scrape).
+fn label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// A per-subscription counter: its name, help, and where it is in the status blob's counters.
 type CounterDef = (&'static str, &'static str, fn(&Counters) -> u64);
 
@@ -68,7 +84,7 @@ impl Collector for Live {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snap = self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone();
         let labels =
-            |dir: &str, fp: &str| -> Labels { vec![("dir".into(), dir.into()), ("fingerprint".into(), fp.into())] };
+            |dir: &str, fp: &str| -> Labels { vec![("dir".into(), label(dir)), ("fingerprint".into(), label(fp))] };
         for (name, help, get) in COUNTERS {
             let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
             for v in &snap.subscriptions {
@@ -156,13 +172,13 @@ impl Metrics {
     }
 
     pub fn slice_ended(&self, outcome: &str, secs: f64) {
-        self.slice_duration.get_or_create(&vec![("outcome".to_string(), outcome.to_string())]).observe(secs);
+        self.slice_duration.get_or_create(&vec![("outcome".to_string(), label(outcome))]).observe(secs);
     }
 
     pub fn samples(&self, dir_of: impl Fn(&str) -> Option<String>, samples: &[Samples]) {
         for s in samples {
             let dir = dir_of(&s.fingerprint).unwrap_or_default();
-            let l: Labels = vec![("dir".into(), dir), ("fingerprint".into(), s.fingerprint.clone())];
+            let l: Labels = vec![("dir".into(), label(&dir)), ("fingerprint".into(), label(&s.fingerprint))];
             let batch = self.apply_batch.get_or_create(&l);
             for x in &s.apply_batch_secs {
                 batch.observe(*x);
@@ -180,5 +196,24 @@ impl Metrics {
             tracing::error!(error = %e, "encoding /metrics failed");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_cannot_end_early_or_forge_a_series() {
+        let m = Metrics::new(Default::default(), Arc::new(Mutex::new(Scheduler::new(Default::default()))));
+        let hostile = "/mnt/a\"} 1\ntidemark_forged{x=\"\\";
+        m.samples(
+            |_| Some(hostile.to_string()),
+            &[Samples { fingerprint: "fp\"\n".into(), lag_secs: vec![0.5], ..Default::default() }],
+        );
+        let text = m.render();
+        assert!(!text.lines().any(|l| l.starts_with("tidemark_forged")), "{text}");
+        assert!(text.contains(r#"dir="/mnt/a\"} 1\ntidemark_forged{x=\"\\""#), "{text}");
+        assert!(text.contains(r#"fingerprint="fp\"\n""#), "{text}");
     }
 }
