@@ -95,7 +95,66 @@ pub fn router(admin: Arc<Admin>, token: Option<String>) -> Router {
             ApiError(Error::NotFound { path: "no such page; try /subscriptions or /api/v1/health".into() })
         })
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn(same_origin))
         .with_state(state)
+}
+
+/// What the pages may do once in a browser: style themselves, post their forms here, and
+/// nothing else — no scripts, no other origins, and never inside another site's frame.
+const CSP: &str =
+    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Refuses a state-changing request a browser sent on behalf of another site (a browser resends
+/// Basic credentials to this origin whoever's page posts the form), and sends the frame and
+/// content-security headers with every answer. Clients that are not browsers (workers, scripts,
+/// the shell) send neither `Origin` nor `Referer` and are not affected.
+async fn same_origin(req: Request, next: Next) -> Response {
+    let safe = matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+    if !safe && let Some(why) = cross_site(req.headers()) {
+        let mut resp = (
+            StatusCode::FORBIDDEN,
+            Json(ErrorBody::from(Error::Unauthorized {
+                message: format!("{why}: the admin accepts changes only from its own pages"),
+            })),
+        )
+            .into_response();
+        secure_headers(&mut resp);
+        return resp;
+    }
+    let mut resp = next.run(req).await;
+    secure_headers(&mut resp);
+    resp
+}
+
+fn secure_headers(resp: &mut Response) {
+    let h = resp.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
+    h.insert(header::CONTENT_SECURITY_POLICY, header::HeaderValue::from_static(CSP));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
+    h.insert(header::REFERRER_POLICY, header::HeaderValue::from_static("same-origin"));
+}
+
+/// Why the request comes from another site, if it does: its `Origin` (or, without one, its
+/// `Referer`) names a host other than the one it was sent to, or the browser says so itself.
+fn cross_site(h: &header::HeaderMap) -> Option<String> {
+    let text = |name: header::HeaderName| h.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}").to_string());
+    if let Some(site) = h.get("sec-fetch-site").and_then(|v| v.to_str().ok())
+        && site == "cross-site"
+    {
+        return Some("a cross-site request (Sec-Fetch-Site)".into());
+    }
+    let host = text(header::HOST).unwrap_or_default();
+    let (what, from) = match (text(header::ORIGIN), text(header::REFERER)) {
+        (Some(o), _) => ("Origin", o),
+        (None, Some(r)) => ("Referer", r),
+        (None, None) => return None,
+    };
+    // scheme://host[:port][/...]: compare the authority with the Host the request was sent to.
+    let authority = from.split_once("://").map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""));
+    match authority {
+        Some(a) if !a.is_empty() && a.eq_ignore_ascii_case(&host) => None,
+        _ => Some(format!("{what} {from:?} is not this admin ({host})")),
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -160,15 +160,33 @@ fn the_admin_pages_show_subscriptions_workers_and_job_types_in_a_browser() {
     let dom = dump_dom(&profile, &format!("{admin}/job-types"));
     assert_eq!(field(&dom, "job-type-remote_events", "state").as_deref(), Some("enabled"), "{dom}");
     screenshot(&profile, &format!("{admin}/job-types"), "job-types");
-    let post = |enabled: &str| {
+    let post_from = |enabled: &str, origin: &str| {
         let out = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-d"])
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            // An empty origin: curl sends no Origin header at all.
+            .arg(if origin.is_empty() { "Origin:".to_string() } else { format!("Origin: {origin}") })
+            .arg("-d")
             .arg(format!("job_type=remote_events&enabled={enabled}"))
             .arg(format!("{admin}/job-types"))
             .output()
             .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "303");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    // Another site's page posting the form (a browser would resend Basic credentials) is refused.
+    assert_eq!(post_from("false", "http://evil.example"), "403");
+    assert_eq!(post_from("false", "null"), "403");
+    let dom = dump_dom(&profile, &format!("{admin}/job-types"));
+    assert_eq!(field(&dom, "job-type-remote_events", "state").as_deref(), Some("enabled"), "{dom}");
+    // No other site may frame the pages (clickjacking), and they run no script.
+    let head = Command::new("curl")
+        .args(["-s", "-D", "-", "-o", "/dev/null"])
+        .arg(format!("{admin}/job-types"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).to_ascii_lowercase();
+    assert!(head.contains("x-frame-options: deny") && head.contains("frame-ancestors 'none'"), "{head}");
+    // The page's own form (its origin) and clients that send no Origin (scripts) are served.
+    let post = |enabled: &str| assert_eq!(post_from(enabled, &admin), "303");
     post("false");
     let dom = dump_dom(&profile, &format!("{admin}/job-types"));
     assert_eq!(field(&dom, "job-type-remote_events", "state").as_deref(), Some("disabled"), "{dom}");
@@ -179,7 +197,7 @@ fn the_admin_pages_show_subscriptions_workers_and_job_types_in_a_browser() {
             && field(&dom, &row, "slice").as_deref() != Some("running")
     });
     screenshot(&profile, &format!("{admin}/subscriptions"), "subscriptions-job-type-off");
-    post("true");
+    assert_eq!(post_from("true", ""), "303", "a client that sends no Origin");
     eventually("tailing again", || {
         let dom = dump_dom(&profile, &format!("{admin}/subscriptions"));
         !dom.contains("id=\"job-type-off\"") && field(&dom, &row, "state").as_deref() == Some("tailing")
