@@ -117,7 +117,7 @@ pub struct RemoteConf {
 
 /// Settings whose values are never printed, logged or returned unmasked.
 pub const SECRET_SETTINGS: &[&str] =
-    &["secret_key", "session_token", "account_key", "sas_token", "service_account_json"];
+    &["secret_key", "session_token", "account_key", "sas_token", "service_account_json", "access_token"];
 
 impl RemoteConf {
     pub fn setting(&self, name: &str) -> Option<&str> {
@@ -296,6 +296,11 @@ mod tests {
         };
         assert_eq!(unicode.masked().settings["secret_key"], "****éééé");
         assert!(!serde_json::to_string(&m).unwrap().contains("wJalr"));
+        // Every credential-bearing setting of every provider, the GCS bearer token among them.
+        for k in ["session_token", "account_key", "sas_token", "service_account_json", "access_token"] {
+            let c = RemoteConf { settings: [(k.to_string(), "ya29.a0-very-secret".to_string())].into(), ..c.clone() };
+            assert_eq!(c.masked().settings[k], "****cret", "{k}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tidemark_core::{Error, Result};
@@ -16,10 +17,18 @@ pub struct DataDir {
 impl DataDir {
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        std::fs::create_dir_all(&root)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)
             .map_err(|e| Error::io(format!("creating the data directory {}", root.display()), e))?;
+        // The store holds remote credentials and every file's content: this user's alone, even
+        // when the directory was made beforehand with a laxer mode.
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::io(format!("restricting the data directory {} to its owner", root.display()), e))?;
         let lock_path = root.join("LOCK");
         let mut lock = OpenOptions::new()
+            .mode(0o600)
             .create(true)
             .truncate(false)
             .read(true)
@@ -43,6 +52,16 @@ impl DataDir {
         lock.set_len(0)
             .and_then(|_| write!(lock, "pid {}", std::process::id()))
             .map_err(|e| Error::io("writing LOCK", e))?;
+        // The SQLite store creates its file 0600; an older one is brought to 0600 here.
+        for name in ["meta.db", "meta.db-wal", "meta.db-shm"] {
+            let f = root.join(name);
+            match std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(format!("restricting {} to its owner", f.display()), e));
+                }
+                _ => {}
+            }
+        }
         Ok(DataDir { root, _lock: lock })
     }
 
@@ -67,5 +86,30 @@ mod tests {
         assert!(err.contains("in use by another tidemark process"), "{err}");
         drop(first);
         DataDir::open(root.path()).unwrap();
+    }
+
+    #[test]
+    fn the_data_directory_and_its_database_are_the_owners_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let fresh = tmp.path().join("fresh");
+        let d = DataDir::open(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        let store =
+            tidemark_store::SqliteStore::open(d.store_file(), std::sync::Arc::new(tidemark_core::SystemClock)).unwrap();
+        for f in ["meta.db", "meta.db-wal", "meta.db-shm"] {
+            assert_eq!(mode(&fresh.join(f)), 0o600, "{f}");
+        }
+        drop((store, d));
+        // Made beforehand, world-readable, with an old database and WAL: tightened.
+        let old = tmp.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for f in ["meta.db", "meta.db-wal"] {
+            std::fs::write(old.join(f), b"").unwrap();
+            std::fs::set_permissions(old.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let _d = DataDir::open(&old).unwrap();
+        assert_eq!((mode(&old), mode(&old.join("meta.db")), mode(&old.join("meta.db-wal"))), (0o700, 0o600, 0o600));
     }
 }

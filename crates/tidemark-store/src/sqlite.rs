@@ -211,6 +211,18 @@ impl SqliteStore {
         if let Some(dir) = file.parent() {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         }
+        // The file holds remote credentials: its owner's alone. SQLite gives the -wal and -shm
+        // files the database file's mode, so creating it 0600 (empty is an empty database) covers
+        // them too.
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .mode(0o600)
+                .create(true)
+                .append(true)
+                .open(&file)
+                .map_err(|e| Error::io(format!("creating {}", file.display()), e))?;
+        }
         let mut writer = Connection::open(&file).map_err(db_err)?;
         writer
             .execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
