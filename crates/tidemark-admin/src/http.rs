@@ -318,8 +318,20 @@ async fn register(
     body: Result<Json<Register>, JsonRejection>,
 ) -> ApiResult<Json<RegisterReply>> {
     let r = json(body)?;
-    if r.worker_id.is_empty() || r.worker_id.len() > 200 || r.worker_id.contains('/') {
-        return Err(ApiError(Error::invalid_argument("a worker id is 1 to 200 characters without '/'")));
+    // Ids and host names go into log lines and pages: no control character may forge a line.
+    if r.worker_id.is_empty()
+        || r.worker_id.len() > 200
+        || r.worker_id.contains('/')
+        || r.worker_id.chars().any(char::is_control)
+    {
+        return Err(ApiError(Error::invalid_argument(
+            "a worker id is 1 to 200 characters without '/' or control characters",
+        )));
+    }
+    if r.host.len() > 255 || r.host.chars().any(char::is_control) {
+        return Err(ApiError(Error::invalid_argument(
+            "a worker's host name has at most 255 characters, none a control character",
+        )));
     }
     tracing::info!(worker = %r.worker_id, host = %r.host, max_execute = r.max_execute, "worker registered");
     s.admin.sched().register(r, now_ms());

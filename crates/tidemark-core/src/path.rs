@@ -9,6 +9,26 @@ pub const ROOT: &str = "/";
 pub const MAX_NAME_BYTES: usize = 255;
 pub const MAX_PATH_BYTES: usize = 4096;
 
+/// `s` as it may be printed to a terminal or a log line: control characters (a name may hold
+/// any but `/` and NUL; escape sequences would drive the terminal, a newline would forge a line)
+/// become `\xHH` / `\u{HHHH}`, and a backslash becomes `\\` only when something was escaped,
+/// so ordinary names print as they are.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x100 && c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Why a path (or a segment of a key) is not acceptable. Also used by the key mapping.
 pub fn segment_problem(segment: &str) -> Option<&'static str> {
     if segment.is_empty() {
@@ -116,6 +136,15 @@ pub fn scan_bounds(dir: &str, start_after: &str) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_print_without_driving_the_terminal() {
+        assert_eq!(printable("plain name.txt"), "plain name.txt");
+        assert_eq!(printable("a\\b"), "a\\b", "nothing to escape: as is");
+        assert_eq!(printable("evil\x1b]0;pwned\x07\n.txt"), "evil\\x1b]0;pwned\\x07\\x0a.txt");
+        assert_eq!(printable("c1\u{9b}31m\\"), "c1\\x9b31m\\\\");
+        assert!(!printable("\x7f\r").chars().any(char::is_control));
+    }
 
     #[test]
     fn validate_accepts_canonical_and_names_the_problem_otherwise() {

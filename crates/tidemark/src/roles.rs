@@ -62,6 +62,8 @@ pub struct S3Args {
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8333")]
     addr: SocketAddr,
     /// The filer's token, if it has one.
+    /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
+    /// to every user of the machine in `ps`.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
@@ -91,6 +93,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     timeout: u64,
     /// The filer's token, if it has one.
+    /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
+    /// to every user of the machine in `ps`.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
@@ -120,6 +124,8 @@ pub struct AdminArgs {
     #[arg(long, value_name = "SECS", default_value_t = 15)]
     worker_timeout: u64,
     /// The token of the filer, and the one the admin requires from its clients.
+    /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
+    /// to every user of the machine in `ps`.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
@@ -140,6 +146,8 @@ pub struct WorkerArgs {
     #[command(flatten)]
     local: LocalRootArgs,
     /// The token of the filer and the admin.
+    /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
+    /// to every user of the machine in `ps`.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
@@ -173,6 +181,8 @@ pub struct StoreArgs {
     #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_chunk)]
     cache_chunk_size: u64,
     /// Require `Authorization: Bearer TOKEN` on every request.
+    /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
+    /// to every user of the machine in `ps`.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
     #[command(flatten)]
@@ -204,6 +214,8 @@ pub struct ShellArgs {
     #[arg(long, env = "TIDEMARK_ADMIN", value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
     admin: String,
     /// The filer's token, if it has one.
+    /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
+    /// to every user of the machine in `ps`.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Run these commands (separated by `;`) and exit; non-zero exit status on the first failure.

@@ -310,3 +310,27 @@ fn events_decode_prints_json_and_exits_2_for_malformed() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("/no/such/file"));
 }
+
+/// A name may hold any character but `/` and NUL, escape sequences included: `fs.ls` prints them
+/// escaped, so a listing cannot retitle the terminal or forge lines.
+#[test]
+fn control_characters_in_names_are_printed_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let local = tmp.path().join("x");
+    std::fs::write(&local, "x").unwrap();
+    let hostile = "/d/evil\x1b]0;pwned\x07\nforged.txt";
+    let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use futures::StreamExt;
+        let body = futures::stream::once(async { Ok(bytes::Bytes::from_static(b"x")) }).boxed();
+        tidemark_core::Filer::write(&filer, hostile, body, Default::default()).await.unwrap();
+    });
+    for cmd in ["fs.ls /d", "fs.ls -l /d"] {
+        let listing = ok(run_shell(bin(), &server.addr, cmd, &[]));
+        assert!(!listing.contains('\x1b') && !listing.contains('\x07'), "{cmd}: {listing:?}");
+        assert_eq!(listing.lines().count(), 1, "{cmd}: {listing:?}");
+        assert!(listing.contains(r"evil\x1b]0;pwned\x07\x0aforged.txt"), "{cmd}: {listing:?}");
+    }
+}

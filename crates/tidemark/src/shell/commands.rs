@@ -282,7 +282,7 @@ fn mode_string(e: &Entry) -> String {
 
 /// One line of `fs.ls`; with `long`, `cached` is the cache column.
 fn print_entry(out: Out<'_>, e: &Entry, long: Option<&str>) -> std::io::Result<()> {
-    let name = if e.path == path::ROOT { "/" } else { e.name() };
+    let name = if e.path == path::ROOT { "/".into() } else { path::printable(e.name()) };
     let slash = if e.is_dir() && e.path != path::ROOT { "/" } else { "" };
     match long {
         Some(cached) => writeln!(

@@ -183,7 +183,7 @@ async fn run_sync(
         }
         let line = match item {
             Item::Path { path, outcome } if all || outcome.is_change() || outcome.label() != "skip: in sync" => {
-                format!("{path} ({})", outcome.label())
+                format!("{} ({})", tidemark_core::path::printable(path), outcome.label())
             }
             Item::RejectedKey { key, reason } => format!("key {key:?} (skip: refused, {reason})"),
             Item::Path { .. } => return,
@@ -314,7 +314,7 @@ pub async fn unmount(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
     if r.kept > 0 {
         writeln!(out, "kept {} entries that hold local data, e.g.:", r.kept)?;
         for p in &r.kept_examples {
-            writeln!(out, "  {p}")?;
+            writeln!(out, "  {}", tidemark_core::path::printable(p))?;
         }
     }
     Ok(())
