@@ -141,18 +141,20 @@ pub fn entry_for(remote: RemoteSide<'_>, storage: &str, keep: Option<&Entry>) ->
 
 pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &DecideCtx<'_>) -> Action {
     if let Some(l) = local {
+        // First of all: the bucket's event for this cluster's own upload usually arrives before
+        // the outbound sync has recorded it, while the entry is still local-only or dirty. It is
+        // an echo whatever the dirty flag says (every rule here skips it alike; this one names
+        // it rightly, so the echo counter means what it says).
+        if let Some(r) = remote
+            && own_upload_version(r.object, ctx.cluster_id).is_some_and(|v| v <= l.version)
+        {
+            return Action::Skip(SkipReason::Echo);
+        }
         let Some(recorded) = &l.remote else {
             return Action::Skip(SkipReason::LocalOnly);
         };
         if is_locally_dirty(l) {
             return Action::Skip(SkipReason::LocalDirty);
-        }
-        // Before the update rule: the echo can arrive before the outbound sync has recorded
-        // the upload's etag, when etags still differ.
-        if let Some(r) = remote
-            && own_upload_version(r.object, ctx.cluster_id).is_some_and(|v| v <= l.version)
-        {
-            return Action::Skip(SkipReason::Echo);
         }
         let Some(r) = remote else {
             return Action::Delete;
@@ -322,6 +324,15 @@ mod tests {
             ("skip dirty, remote absent", Some(&dirty), None, CTX, Action::Skip(SkipReason::LocalDirty)),
             ("skip echo of the current version", Some(&in_sync), file(&echo_new), CTX, Action::Skip(SkipReason::Echo)),
             ("skip echo of an older version", Some(&in_sync), file(&echo_old), CTX, Action::Skip(SkipReason::Echo)),
+            ("an echo before the upload is recorded (dirty)", Some(&dirty), file(&echo_new), CTX, {
+                Action::Skip(SkipReason::Echo)
+            }),
+            ("an echo of a new file (local-only)", Some(&local_only), file(&echo_new), CTX, {
+                Action::Skip(SkipReason::Echo)
+            }),
+            ("a dirty entry and a newer own version: still dirty", Some(&dirty), file(&not_echo_newer), CTX, {
+                Action::Skip(SkipReason::LocalDirty)
+            }),
             ("a newer own version is not an echo", Some(&in_sync), file(&not_echo_newer), CTX, {
                 Action::Update(entry_for(file(&not_echo_newer).unwrap(), "r", Some(&in_sync)))
             }),

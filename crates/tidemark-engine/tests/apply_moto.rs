@@ -351,3 +351,44 @@ async fn a_slow_batch_keeps_its_messages_invisible_with_heartbeats() {
     assert!(stolen.is_empty(), "the heartbeat kept the message from another receiver: {stolen:?}");
     assert_eq!(size_of(&w, "/mnt/data/slow.txt").await, Some(1));
 }
+
+/// The common ordering with `remote.sync.enable`: the bucket's event for this cluster's own
+/// upload arrives while the entry is still local-only (a new file) or dirty (an overwrite),
+/// because the outbound sync has not recorded the upload yet. Forced here by uploading as the
+/// outbound sync does (origin marker and the entry's version) and never recording it: both
+/// events count as echoes, and neither entry is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echo_is_an_echo_before_the_outbound_sync_records_the_upload() {
+    use tidemark_core::decide::{ORIGIN_METADATA, VERSION_METADATA};
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await; // the s3:TestEvent
+    // A file the bucket had first, then overwritten here: dirty.
+    w.s3.put("old.txt", Bytes::from_static(b"theirs"), BTreeMap::new()).await.unwrap();
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= 1).await;
+    let write = |p: &'static str, body: &'static [u8]| {
+        let f = w.filer.clone();
+        async move {
+            let s = futures::stream::once(async move { Ok(Bytes::from_static(body)) }).boxed();
+            f.write(p, s, WriteOptions::default()).await.unwrap()
+        }
+    };
+    let dirty = write("/mnt/data/old.txt", b"ours now").await;
+    let fresh = write("/mnt/data/new.txt", b"brand new").await;
+    for (key, e, body) in [("old.txt", &dirty, &b"ours now"[..]), ("new.txt", &fresh, &b"brand new"[..])] {
+        let meta: BTreeMap<String, String> = [
+            (ORIGIN_METADATA.to_string(), "cluster-a".to_string()),
+            (VERSION_METADATA.to_string(), e.version.to_string()),
+        ]
+        .into();
+        w.s3.put(key, Bytes::copy_from_slice(body), meta).await.unwrap();
+    }
+    let before = c.clone();
+    pump(&w, &*w.s3, &mut c, |c| c.echo_suppressed >= before.echo_suppressed + 2).await;
+    assert_eq!(c.echo_suppressed - before.echo_suppressed, 2, "{c:?}");
+    assert_eq!(c.changes, before.changes, "nothing rewritten: {c:?}");
+    for e in [&dirty, &fresh] {
+        let now = w.filer.stat(&e.path).await.unwrap().unwrap();
+        assert_eq!((now.version, now.remote.is_none()), (e.version, e.remote.is_none()), "{}", e.path);
+    }
+}
