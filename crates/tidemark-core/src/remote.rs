@@ -232,6 +232,8 @@ impl MountMapping {
 
 /// Where Tidemark keeps its own files in the namespace.
 pub mod system_paths {
+    /// The system directory: every document below it is the control plane's (admin token only).
+    pub const ROOT: &str = "/etc/tidemark";
     /// The cluster's identity: `{"id": "..."}`, created once by the first filer.
     pub const CLUSTER: &str = "/etc/tidemark/cluster.json";
     pub const REMOTE_DIR: &str = "/etc/tidemark/remote";

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -40,6 +41,8 @@ use serde::{Deserialize, Serialize};
 use tidemark_core::error::ErrorBody;
 use tidemark_core::model::{Fence, Origin, Precondition, Txn};
 use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions};
+
+use crate::scope::DataScope;
 
 /// On a content PUT: the extended attributes that replace the entry's (base64 of a JSON object).
 pub const EXTENDED_HEADER: &str = "x-tidemark-extended";
@@ -121,16 +124,77 @@ fn json<T>(j: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
     j.map(|Json(t)| t).map_err(|r| bad_request(format!("bad JSON body: {}", r.body_text())))
 }
 
+/// The credentials the API accepts. Without any, every request may do everything (the
+/// loopback default). With `admin`, requests must carry `Authorization: Bearer TOKEN`: the admin
+/// token may do everything, each `data` token what [`DataScope`] allows (the namespace outside
+/// `/etc/tidemark/`).
+#[derive(Clone, Debug, Default)]
+pub struct Tokens {
+    pub admin: Option<String>,
+    pub data: Vec<String>,
+}
+
+impl Tokens {
+    /// One admin token (or none), no data tokens.
+    pub fn admin(token: Option<String>) -> Self {
+        Tokens { admin: token.filter(|t| !t.is_empty()), data: Vec::new() }
+    }
+
+    /// Data tokens without an admin token would leave the control plane open to anyone
+    /// without a token.
+    pub fn check(&self) -> Result<(), Error> {
+        if !self.data.is_empty() && self.admin.is_none() {
+            return Err(Error::invalid_argument(
+                "--data-token needs --token too: the admin's token, for the control plane (/etc/tidemark/, leases)",
+            ));
+        }
+        if self.data.iter().any(|d| d.is_empty() || Some(d) == self.admin.as_ref()) {
+            return Err(Error::invalid_argument("a --data-token must be non-empty and differ from --token"));
+        }
+        Ok(())
+    }
+}
+
+/// Which credential a request carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Admin,
+    Data,
+}
+
 #[derive(Clone)]
 struct AppState {
     filer: Arc<dyn Filer>,
-    token: Option<Arc<str>>,
+    data: Arc<dyn Filer>,
+    tokens: Arc<Tokens>,
+}
+
+/// The filer a request may use: the whole one for the admin token, the data scope for a data
+/// token (set by `authorize`).
+struct Access(Arc<dyn Filer>);
+
+impl FromRequestParts<AppState> for Access {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, ApiError> {
+        match parts.extensions.get::<Role>() {
+            Some(Role::Admin) => Ok(Access(s.filer.clone())),
+            Some(Role::Data) => Ok(Access(s.data.clone())),
+            None => Err(ApiError(Error::internal("a request reached a handler without being authorized"))),
+        }
+    }
 }
 
 /// The API router over any `Filer`. With a token, every request must carry
 /// `Authorization: Bearer <token>`.
 pub fn router(filer: Arc<dyn Filer>, token: Option<String>) -> Router {
-    let state = AppState { filer, token: token.map(Arc::from) };
+    router_with(filer, Tokens::admin(token))
+}
+
+/// The API router, accepting `tokens`.
+pub fn router_with(filer: Arc<dyn Filer>, tokens: Tokens) -> Router {
+    let data: Arc<dyn Filer> = Arc::new(DataScope::new(filer.clone()));
+    let state = AppState { filer, data, tokens: Arc::new(tokens) };
     Router::new()
         .route("/api/v1/health", get(health))
         .route("/api/v1/entry", get(stat).delete(delete))
@@ -160,20 +224,34 @@ pub fn router(filer: Arc<dyn Filer>, token: Option<String>) -> Router {
         .with_state(state)
 }
 
-async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = &state.token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            return ApiError(Error::Unauthorized {
-                message: "missing or wrong token: pass --token or set TIDEMARK_TOKEN to the filer's token".into(),
-            })
-            .into_response();
+async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let role = match &state.tokens.admin {
+        None => Some(Role::Admin),
+        Some(admin) => {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            // Every token is compared, whichever matches, so the time taken says nothing.
+            let is_admin = constant_time_eq(given.as_bytes(), admin.as_bytes());
+            let is_data =
+                state.tokens.data.iter().fold(false, |m, d| m | constant_time_eq(given.as_bytes(), d.as_bytes()));
+            match (is_admin, is_data) {
+                (true, _) => Some(Role::Admin),
+                (false, true) => Some(Role::Data),
+                _ => None,
+            }
         }
-    }
+    };
+    let Some(role) = role else {
+        return ApiError(Error::Unauthorized {
+            message: "missing or wrong token: pass --token or set TIDEMARK_TOKEN to the filer's token".into(),
+        })
+        .into_response();
+    };
+    req.extensions_mut().insert(role);
     next.run(req).await
 }
 
@@ -192,8 +270,8 @@ pub fn check_bind(addr: SocketAddr, token: Option<&str>) -> Result<(), Error> {
     Ok(())
 }
 
-async fn health(State(s): State<AppState>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(s.filer.health().await?))
+async fn health(Access(f): Access) -> ApiResult<impl IntoResponse> {
+    Ok(Json(f.health().await?))
 }
 
 #[derive(Deserialize)]
@@ -201,9 +279,9 @@ struct PathQuery {
     path: String,
 }
 
-async fn stat(State(s): State<AppState>, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+async fn stat(Access(f): Access, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    let entry = s.filer.stat(&q.path).await?.ok_or_else(|| Error::not_found(&q.path))?;
+    let entry = f.stat(&q.path).await?.ok_or_else(|| Error::not_found(&q.path))?;
     Ok(Json(entry))
 }
 
@@ -215,13 +293,10 @@ struct DeleteQuery {
     if_version: Option<u64>,
 }
 
-async fn delete(
-    State(s): State<AppState>,
-    q: Result<Query<DeleteQuery>, QueryRejection>,
-) -> ApiResult<impl IntoResponse> {
+async fn delete(Access(f): Access, q: Result<Query<DeleteQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     let precondition = q.if_version.map_or(Precondition::Any, Precondition::Version);
-    Ok(Json(s.filer.delete(&q.path, DeleteOptions { recursive: q.recursive, precondition }).await?))
+    Ok(Json(f.delete(&q.path, DeleteOptions { recursive: q.recursive, precondition }).await?))
 }
 
 #[derive(Deserialize)]
@@ -241,14 +316,14 @@ impl ListQuery {
     }
 }
 
-async fn list(State(s): State<AppState>, q: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+async fn list(Access(f): Access, q: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    Ok(Json(s.filer.list(&q.dir, q.start_after.as_deref(), q.limit()?).await?))
+    Ok(Json(f.list(&q.dir, q.start_after.as_deref(), q.limit()?).await?))
 }
 
-async fn scan(State(s): State<AppState>, q: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+async fn scan(Access(f): Access, q: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    Ok(Json(s.filer.scan(&q.dir, q.start_after.as_deref(), q.limit()?).await?))
+    Ok(Json(f.scan(&q.dir, q.start_after.as_deref(), q.limit()?).await?))
 }
 
 #[derive(Deserialize)]
@@ -256,9 +331,9 @@ struct DirQuery {
     dir: String,
 }
 
-async fn count(State(s): State<AppState>, q: Result<Query<DirQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+async fn count(Access(f): Access, q: Result<Query<DirQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    Ok(Json(s.filer.count(&q.dir).await?))
+    Ok(Json(f.count(&q.dir).await?))
 }
 
 /// Parses `Range: bytes=a-b` / `bytes=a-` (one range; suffix ranges are not supported).
@@ -283,7 +358,7 @@ pub fn parse_range(v: &str) -> Result<ByteRange, Error> {
 }
 
 async fn read(
-    State(s): State<AppState>,
+    Access(f): Access,
     headers: HeaderMap,
     q: Result<Query<PathQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
@@ -292,7 +367,7 @@ async fn read(
         Some(v) => Some(parse_range(v.to_str().map_err(|_| bad_request("Range header is not ASCII".into()))?)?),
         None => None,
     };
-    let (entry, stream) = s.filer.read(&q.path, range).await?;
+    let (entry, stream) = f.read(&q.path, range).await?;
     if let Some(r) = range
         && r.offset >= entry.size
     {
@@ -341,7 +416,7 @@ struct WriteQuery {
 }
 
 async fn write(
-    State(s): State<AppState>,
+    Access(f): Access,
     q: Result<Query<WriteQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
@@ -365,11 +440,11 @@ async fn write(
         extended,
     };
     let stream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
-    Ok(Json(s.filer.write(&q.path, stream, opts).await?))
+    Ok(Json(f.write(&q.path, stream, opts).await?))
 }
 
-async fn apply(State(s): State<AppState>, j: Result<Json<Txn>, JsonRejection>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(s.filer.apply(json(j)?).await?))
+async fn apply(Access(f): Access, j: Result<Json<Txn>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(f.apply(json(j)?).await?))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -395,36 +470,30 @@ struct NameQuery {
     name: String,
 }
 
-async fn lease_get(
-    State(s): State<AppState>,
-    q: Result<Query<NameQuery>, QueryRejection>,
-) -> ApiResult<impl IntoResponse> {
+async fn lease_get(Access(f): Access, q: Result<Query<NameQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    Ok(Json(s.filer.lease_get(&q.name).await?))
+    Ok(Json(f.lease_get(&q.name).await?))
 }
 
 async fn lease_acquire(
-    State(s): State<AppState>,
+    Access(f): Access,
     j: Result<Json<AcquireRequest>, JsonRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let r = json(j)?;
-    Ok(Json(s.filer.lease_acquire(&r.name, &r.holder, Duration::from_millis(r.ttl_ms)).await?))
+    Ok(Json(f.lease_acquire(&r.name, &r.holder, Duration::from_millis(r.ttl_ms)).await?))
 }
 
-async fn lease_renew(
-    State(s): State<AppState>,
-    j: Result<Json<RenewRequest>, JsonRejection>,
-) -> ApiResult<impl IntoResponse> {
+async fn lease_renew(Access(f): Access, j: Result<Json<RenewRequest>, JsonRejection>) -> ApiResult<impl IntoResponse> {
     let r = json(j)?;
-    Ok(Json(s.filer.lease_renew(&r.fence, Duration::from_millis(r.ttl_ms)).await?))
+    Ok(Json(f.lease_renew(&r.fence, Duration::from_millis(r.ttl_ms)).await?))
 }
 
 async fn lease_release(
-    State(s): State<AppState>,
+    Access(f): Access,
     j: Result<Json<ReleaseRequest>, JsonRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let r = json(j)?;
-    s.filer.lease_release(&r.fence).await?;
+    f.lease_release(&r.fence).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -437,13 +506,10 @@ struct ChangesQuery {
     wait_ms: u64,
 }
 
-async fn changes(
-    State(s): State<AppState>,
-    q: Result<Query<ChangesQuery>, QueryRejection>,
-) -> ApiResult<impl IntoResponse> {
+async fn changes(Access(f): Access, q: Result<Query<ChangesQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
-    Ok(Json(s.filer.changes(q.after, limit, Duration::from_millis(q.wait_ms)).await?))
+    Ok(Json(f.changes(q.after, limit, Duration::from_millis(q.wait_ms)).await?))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -455,14 +521,14 @@ pub struct CacheStatusRequest {
 pub const MAX_STATUS_PATHS: usize = MAX_PAGE;
 
 async fn cache_status(
-    State(s): State<AppState>,
+    Access(f): Access,
     j: Result<Json<CacheStatusRequest>, JsonRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let r = json(j)?;
     if r.paths.len() > MAX_STATUS_PATHS {
         return Err(bad_request(format!("at most {MAX_STATUS_PATHS} paths per request")));
     }
-    Ok(Json(s.filer.cache_status(&r.paths).await?))
+    Ok(Json(f.cache_status(&r.paths).await?))
 }
 
 #[derive(Deserialize)]
@@ -476,28 +542,22 @@ fn yes() -> bool {
     true
 }
 
-async fn cache_fetch(
-    State(s): State<AppState>,
-    q: Result<Query<FetchQuery>, QueryRejection>,
-) -> ApiResult<impl IntoResponse> {
+async fn cache_fetch(Access(f): Access, q: Result<Query<FetchQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    Ok(Json(s.filer.cache_fetch(&q.path, q.wait).await?))
+    Ok(Json(f.cache_fetch(&q.path, q.wait).await?))
 }
 
-async fn cache_drop(
-    State(s): State<AppState>,
-    q: Result<Query<PathQuery>, QueryRejection>,
-) -> ApiResult<impl IntoResponse> {
+async fn cache_drop(Access(f): Access, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    Ok(Json(s.filer.cache_drop(&q.path).await?))
+    Ok(Json(f.cache_drop(&q.path).await?))
 }
 
-async fn cache_stats(State(s): State<AppState>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(s.filer.cache_stats().await?))
+async fn cache_stats(Access(f): Access) -> ApiResult<impl IntoResponse> {
+    Ok(Json(f.cache_stats().await?))
 }
 
-async fn metrics(State(s): State<AppState>) -> ApiResult<Response> {
-    let stats = s.filer.cache_stats().await?;
+async fn metrics(Access(f): Access) -> ApiResult<Response> {
+    let stats = f.cache_stats().await?;
     let body = crate::metrics::render(&stats).map_err(Error::internal)?;
     let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(
@@ -514,9 +574,19 @@ pub async fn serve(
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(listener, filer, Tokens::admin(token), shutdown).await
+}
+
+/// [`serve`], accepting `tokens`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    filer: Arc<dyn Filer>,
+    tokens: Tokens,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     tidemark_http::serve(
         listener,
-        tidemark_http::tower(router(filer, token)),
+        tidemark_http::tower(router_with(filer, tokens)),
         tidemark_http::Limits::default(),
         shutdown,
     )

@@ -16,6 +16,7 @@ pub mod local;
 pub mod metrics;
 pub mod outbound;
 pub mod remotes;
+pub mod scope;
 
 pub use cache::{CacheConfig, ContentCache};
 pub use client::HttpFiler;

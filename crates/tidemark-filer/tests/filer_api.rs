@@ -389,6 +389,71 @@ async fn ranges_are_parsed_with_checked_arithmetic_and_416_where_nothing_is_sele
     }
 }
 
+/// A data token reaches the namespace and nothing of the control plane: the system documents
+/// (a remote's secret key here), leases, and the directories above `/etc/tidemark` whose
+/// removal would take it along.
+#[tokio::test]
+async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
+    let Setup { filer, _dir, .. } = local();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let tokens = http::Tokens { admin: Some("adm".into()), data: vec!["dat".into(), "dat2".into()] };
+    tokens.check().unwrap();
+    let _server = tokio::spawn(async move { http::serve_with(listener, filer, tokens, std::future::pending()).await });
+    let admin = HttpFiler::new(&addr, Some("adm".into())).unwrap();
+    let data = HttpFiler::new(&addr, Some("dat".into())).unwrap();
+    let conf = "/etc/tidemark/remote/s3.conf";
+    let secret = br#"{"name":"s3","type":"s3","settings":{"secret_key":"wJalrXUtnFEMI"}}"#;
+    admin.write(conf, body(secret), WriteOptions::default()).await.unwrap();
+    assert_eq!(read_all(&admin, conf, None).await, secret, "the admin token reaches everything");
+
+    // The namespace: read, write, list, scan, delete.
+    data.write("/docs/a.txt", body(b"data"), WriteOptions::default()).await.unwrap();
+    assert_eq!(read_all(&data, "/docs/a.txt", None).await, b"data");
+    assert_eq!(data.list("/docs", None, 10).await.unwrap().entries.len(), 1);
+    let scanned = data.scan("/", None, 1000).await.unwrap();
+    assert!(scanned.entries.iter().any(|e| e.path == "/docs/a.txt"));
+    assert!(scanned.entries.iter().all(|e| !e.path.starts_with("/etc/tidemark")), "{:?}", scanned.entries);
+    assert!(data.list("/etc", None, 10).await.is_ok(), "/etc itself is the namespace's");
+
+    // Not the system directory: no read (the secret), no write (a planted document), no delete.
+    let unauthorized = |r: Result<(), Error>| match r {
+        Err(Error::Unauthorized { message }) => assert!(message.contains("/etc/tidemark"), "{message}"),
+        other => panic!("expected a refusal: {other:?}"),
+    };
+    unauthorized(data.read(conf, None).await.map(drop));
+    unauthorized(data.stat(conf).await.map(drop));
+    unauthorized(data.list("/etc/tidemark/remote", None, 10).await.map(drop));
+    unauthorized(data.write(conf, body(b"{}"), WriteOptions::default()).await.map(drop));
+    unauthorized(
+        data.write("/etc/tidemark/remote_events/subscriptions/x.json", body(b"{}"), WriteOptions::default())
+            .await
+            .map(drop),
+    );
+    let put = Txn::put(conf, NewEntry::file(2, 1, Content::Inline), Origin::Local).with_data(Bytes::from_static(b"{}"));
+    unauthorized(data.apply(put).await.map(drop));
+    for above in ["/", "/etc", "/etc/tidemark"] {
+        unauthorized(data.delete(above, DeleteOptions { recursive: true, ..Default::default() }).await.map(drop));
+    }
+    unauthorized(data.lease_acquire("filer/outbound-sync", "me", Duration::from_secs(5)).await.map(drop));
+    unauthorized(data.lease_get("filer/outbound-sync").await.map(drop));
+    unauthorized(data.cache_status(&[conf.to_string()]).await.map(drop));
+    assert_eq!(read_all(&admin, conf, None).await, secret, "untouched");
+
+    // The change log keeps its sequence but not what happened in the system directory.
+    let records = data.changes(0, 1000, Duration::ZERO).await.unwrap();
+    let system: Vec<_> = records.iter().filter(|r| r.path.starts_with("/etc/tidemark")).collect();
+    assert!(!system.is_empty());
+    assert!(system.iter().all(|r| r.path == "/etc/tidemark" && r.old.is_none() && r.new.is_none()), "{system:?}");
+    assert!(records.iter().any(|r| r.path == "/docs/a.txt" && r.new.is_some()));
+    assert!(matches!(
+        HttpFiler::new(&addr, Some("nope".into())).unwrap().health().await,
+        Err(Error::Unauthorized { .. })
+    ));
+    // Data tokens alone would leave the control plane open.
+    assert!(http::Tokens { admin: None, data: vec!["d".into()] }.check().is_err());
+}
+
 #[tokio::test]
 async fn a_token_protects_every_endpoint() {
     let (_s, addr) = over_http(Some("s3cret")).await;

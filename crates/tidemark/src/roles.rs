@@ -185,8 +185,29 @@ pub struct StoreArgs {
     /// to every user of the machine in `ps`.
     #[arg(long, env = "TIDEMARK_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A token that reaches the namespace but not the control plane: files and directories
+    /// anywhere outside /etc/tidemark/ (remote configurations and their secrets, mounts,
+    /// subscriptions), and no leases. For the FUSE mount, scripts and users who only read and
+    /// write data. Repeat for several (one per client, to revoke them one by one); needs --token.
+    /// The environment variable takes a comma-separated list.
+    #[arg(
+        long = "data-token",
+        env = "TIDEMARK_DATA_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    data_tokens: Vec<String>,
     #[command(flatten)]
     local: LocalRootArgs,
+}
+
+impl StoreArgs {
+    fn tokens(&self) -> Result<http::Tokens, String> {
+        let t = http::Tokens { admin: self.token.clone().filter(|t| !t.is_empty()), data: self.data_tokens.clone() };
+        t.check().map_err(|e| e.to_string())?;
+        Ok(t)
+    }
 }
 
 #[derive(Args)]
@@ -361,6 +382,10 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
     if let Err(e) = http::check_bind(a.addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
+    let tokens = match a.common.tokens() {
+        Ok(t) => t,
+        Err(e) => return fail(2, e),
+    };
     let local_roots = match a.common.local.roots() {
         Ok(r) => r,
         Err(e) => return fail(2, e),
@@ -387,7 +412,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         let _ = stop_tx.send(true);
     });
     let api: Arc<dyn Filer> = filer.clone();
-    let served = http::serve(listener, api, a.common.token, stopped(stop_rx)).await;
+    let served = http::serve_with(listener, api, tokens, stopped(stop_rx)).await;
     let _ = outbound.await;
     match served {
         Ok(()) => 0,
@@ -402,6 +427,10 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     if let Err(e) = http::check_bind(a.filer_addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
+    let tokens = match a.common.tokens() {
+        Ok(t) => t,
+        Err(e) => return fail(2, e),
+    };
     if let Err(e) = tidemark_admin::check_bind(a.admin_addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
@@ -467,7 +496,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         let service = tidemark_s3::service(api.clone(), loopback);
         tokio::spawn(tidemark_s3::serve(listener, service, stopped(stop_rx.clone())))
     });
-    let filer_http = tokio::spawn(http::serve(filer_listener, api.clone(), a.common.token.clone(), stopped(stop_rx)));
+    let filer_http = tokio::spawn(http::serve_with(filer_listener, api.clone(), tokens, stopped(stop_rx)));
     let client = match tidemark_worker::AdminClient::new(&admin_bound, a.common.token.clone()) {
         Ok(c) => c,
         Err(e) => return fail(1, e),

@@ -334,3 +334,50 @@ fn control_characters_in_names_are_printed_escaped() {
         assert!(listing.contains(r"evil\x1b]0;pwned\x07\x0aforged.txt"), "{cmd}: {listing:?}");
     }
 }
+
+/// `--data-token`: a user with it reads and writes files but neither reads the system documents
+/// (remote secrets) nor configures remotes; the admin token still does everything, and the
+/// server's own roles go on working.
+#[test]
+fn a_data_token_works_the_namespace_and_not_the_control_plane() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bkt");
+    let server = TidemarkProcess::server(
+        bin(),
+        &tmp.path().join("data"),
+        &["--token", "adm", "--data-token", "dat", "--local-bucket", bucket.to_str().unwrap()],
+    );
+    let admin = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[("TIDEMARK_TOKEN", "adm")]);
+    let data = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[("TIDEMARK_TOKEN", "dat")]);
+    ok(admin("remote.configure -name=s3 -type=s3 -s3.endpoint=http://127.0.0.1:9 -s3.secret_key=wJalrXUtnFEMI"));
+    let local = tmp.path().join("f.txt");
+    std::fs::write(&local, "mine").unwrap();
+    ok(data(&format!("fs.put {} /docs/f.txt", local.display())));
+    assert_eq!(ok(data("fs.cat /docs/f.txt")), "mine");
+    for cmd in [
+        "fs.cat /etc/tidemark/remote/s3.conf",
+        "fs.ls /etc/tidemark",
+        "remote.configure -name=h -type=local -local.root=/",
+    ] {
+        let err = fails(data(cmd));
+        assert!(err.contains("unauthorized") && err.contains("/etc/tidemark"), "{cmd}: {err}");
+        assert!(!err.contains("wJalrXUtnFEMI"), "{err}");
+    }
+    assert!(ok(admin("fs.cat /etc/tidemark/remote/s3.conf")).contains("s3"));
+    // The quick start's watcher (the server's own worker, with the admin token) still applies.
+    std::fs::write(bucket.join("seen.txt"), "x").unwrap();
+    tidemark_testkit::eventually("the bucket's file in the namespace", || {
+        data("fs.ls /buckets/bkt").status.success() && ok(data("fs.ls /buckets/bkt")).contains("seen.txt")
+    });
+    // Data tokens without an admin token: refused at start.
+    let out = Command::new(bin())
+        .args(["filer", "--data-dir"])
+        .arg(tmp.path().join("d2"))
+        .args(["--addr", "127.0.0.1:0", "--data-token", "x"])
+        .env_remove("TIDEMARK_TOKEN")
+        .output()
+        .unwrap();
+    no_panic(&out);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--data-token needs --token"), "{}", text(&out.stderr));
+}
