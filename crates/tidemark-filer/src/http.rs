@@ -64,6 +64,8 @@ pub fn decode_extended(raw: &[u8]) -> Result<std::collections::BTreeMap<String, 
 pub const ENTRY_HEADER: &str = "x-tidemark-entry";
 pub const DEFAULT_PAGE: usize = 1000;
 pub const MAX_PAGE: usize = 10_000;
+/// The longest a change-log long poll waits.
+pub const MAX_WAIT_MS: u64 = 60_000;
 
 /// An error on its way to the client.
 pub struct ApiError(pub Error);
@@ -508,8 +510,13 @@ struct ChangesQuery {
 
 async fn changes(Access(f): Access, q: Result<Query<ChangesQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
-    Ok(Json(f.changes(q.after, limit, Duration::from_millis(q.wait_ms)).await?))
+    // Up to `limit` records: a larger ask gets a page of MAX_PAGE (the store is not asked to
+    // gather an unbounded one).
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
+    // A long poll ends within a minute whatever is asked: a client cannot hold a connection (and
+    // a waiter) for ever; followers simply ask again.
+    let wait = Duration::from_millis(q.wait_ms.min(MAX_WAIT_MS));
+    Ok(Json(f.changes(q.after, limit, wait).await?))
 }
 
 #[derive(Serialize, Deserialize)]
