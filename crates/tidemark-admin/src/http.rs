@@ -386,10 +386,22 @@ pub async fn serve(
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    tidemark_http::serve(
+    serve_tls(listener, admin, token, None, shutdown).await
+}
+
+/// [`serve`] over HTTPS with `tls`.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    admin: Arc<Admin>,
+    token: Option<String>,
+    tls: Option<tidemark_http::tls::TlsAcceptor>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    tidemark_http::serve_tls(
         listener,
         tidemark_http::tower(router(admin, token)),
         tidemark_http::Limits::default(),
+        tls,
         shutdown,
     )
     .await

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tidemark_core::{Clock, Error, Filer, SystemClock};
 
-pub use http::{check_bind, router, serve};
+pub use http::{check_bind, router, serve, serve_tls};
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use snapshot::{Snapshot, SubscriptionView};
 

@@ -35,7 +35,7 @@ impl HttpFiler {
             format!("http://{addr}")
         };
         reqwest::Url::parse(&base).map_err(|e| Error::invalid_argument(format!("bad filer address {addr:?}: {e}")))?;
-        let client = reqwest::Client::builder()
+        let client = tidemark_http::tls::client_builder()
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| Error::internal(format!("building the HTTP client: {e}")))?;

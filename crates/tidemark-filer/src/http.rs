@@ -581,20 +581,22 @@ pub async fn serve(
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(listener, filer, Tokens::admin(token), shutdown).await
+    serve_with(listener, filer, Tokens::admin(token), None, shutdown).await
 }
 
-/// [`serve`], accepting `tokens`.
+/// [`serve`], accepting `tokens`, over HTTPS with `tls`.
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     filer: Arc<dyn Filer>,
     tokens: Tokens,
+    tls: Option<tidemark_http::tls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    tidemark_http::serve(
+    tidemark_http::serve_tls(
         listener,
         tidemark_http::tower(router_with(filer, tokens)),
         tidemark_http::Limits::default(),
+        tls,
         shutdown,
     )
     .await

@@ -399,7 +399,8 @@ async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
     let addr = listener.local_addr().unwrap().to_string();
     let tokens = http::Tokens { admin: Some("adm".into()), data: vec!["dat".into(), "dat2".into()] };
     tokens.check().unwrap();
-    let _server = tokio::spawn(async move { http::serve_with(listener, filer, tokens, std::future::pending()).await });
+    let _server =
+        tokio::spawn(async move { http::serve_with(listener, filer, tokens, None, std::future::pending()).await });
     let admin = HttpFiler::new(&addr, Some("adm".into())).unwrap();
     let data = HttpFiler::new(&addr, Some("dat".into())).unwrap();
     let conf = "/etc/tidemark/remote/s3.conf";

@@ -29,7 +29,7 @@ fn server() -> &'static str {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 tx.send(listener.local_addr().unwrap().to_string()).unwrap();
                 let tokens = http::Tokens { admin: Some("adm".into()), data: vec!["dat".into()] };
-                http::serve_with(listener, filer, tokens, std::future::pending()).await.unwrap();
+                http::serve_with(listener, filer, tokens, None, std::future::pending()).await.unwrap();
                 drop(dir);
             });
         });

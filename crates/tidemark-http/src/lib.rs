@@ -4,7 +4,12 @@
 //! out (DNS rebinding: a page from `evil.example` whose name later resolves to 127.0.0.1 can
 //! reach a loopback port, but its requests still say `Host: evil.example`).
 //!
+//! With a [`tls::acceptor`], the listener speaks HTTPS only (the handshake is bounded by the same
+//! deadline as a request head).
+//!
 //! The servers keep their own routing and error formats; this crate sits under them.
+
+pub mod tls;
 
 use std::error::Error as StdError;
 use std::net::{IpAddr, SocketAddr};
@@ -94,12 +99,49 @@ fn refused(host: &str) -> Response<Full<Bytes>> {
     resp
 }
 
+type Connection = std::pin::Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>>;
+
+/// One connection served, boxed outside any async block, where the compiler can still see that
+/// it is Send (inside a spawned block it loses the lifetimes it needs).
+fn connection<I, S>(
+    http: &hyper::server::conn::http1::Builder,
+    io: I,
+    svc: S,
+    watcher: hyper_util::server::graceful::Watcher,
+) -> Connection
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = BoxError, Future = Answer>
+        + Send
+        + 'static,
+{
+    Box::pin(watcher.watch(http.serve_connection(TokioIo::new(io), svc)))
+}
+
 /// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
 /// (at most `limits.drain`). On a loopback listener, requests for other host names are refused.
 pub async fn serve<S, B>(
     listener: tokio::net::TcpListener,
     service: S,
     limits: Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> std::io::Result<()>
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    serve_tls(listener, service, limits, None, shutdown).await
+}
+
+/// [`serve`], speaking HTTPS only when `tls` is given.
+pub async fn serve_tls<S, B>(
+    listener: tokio::net::TcpListener,
+    service: S,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()>
 where
@@ -149,17 +191,36 @@ where
                 }
             })
         });
-        let conn = http.serve_connection(TokioIo::new(stream), guarded);
-        // Boxed here, outside any async block, where the compiler can still see that the
-        // connection is Send (inside the spawned block it loses the lifetimes it needs).
-        let conn: std::pin::Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>> =
-            Box::pin(graceful.watch(conn));
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+        let watcher = graceful.watcher();
+        match &tls {
+            None => {
+                let conn = connection(&http, stream, guarded, watcher);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    drop(permit);
+                });
             }
-            drop(permit);
-        });
+            Some(acceptor) => {
+                let (acceptor, http, deadline) = (acceptor.clone(), http.clone(), limits.header_timeout);
+                tokio::spawn(async move {
+                    // A client that does not finish its handshake in time holds no slot.
+                    let stream = match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    if let Err(e) = connection(&http, stream, guarded, watcher).await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    drop(permit);
+                });
+            }
+        }
     }
     tokio::select! {
         () = graceful.shutdown() => {}

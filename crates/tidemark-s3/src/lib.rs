@@ -59,6 +59,16 @@ pub async fn serve(
     service: S3Service,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    serve_tls(listener, service, None, shutdown).await
+}
+
+/// [`serve`] over HTTPS with `tls`.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    service: S3Service,
+    tls: Option<tidemark_http::tls::TlsAcceptor>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> std::io::Result<()> {
     let guarded = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let svc = service.clone();
         async move {
@@ -73,5 +83,5 @@ pub async fn serve(
             Ok::<_, s3s::HttpError>(resp)
         }
     });
-    tidemark_http::serve(listener, guarded, tidemark_http::Limits::default(), shutdown).await
+    tidemark_http::serve_tls(listener, guarded, tidemark_http::Limits::default(), tls, shutdown).await
 }

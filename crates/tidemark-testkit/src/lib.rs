@@ -3,6 +3,7 @@
 
 pub mod emulators;
 pub mod process;
+pub mod tls;
 
 pub use emulators::{Azurite, FakeGcs, Moto, Postgres, PubSub, unique_name};
 pub use process::{TidemarkProcess, eventually, fails, free_port, ok, run_shell};

@@ -73,7 +73,10 @@ impl TidemarkProcess {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
+                // http:// or, with TLS, https:// (the address without the scheme either way).
+                let rest =
+                    line.split("listening on http://").nth(1).or_else(|| line.split("listening on https://").nth(1));
+                if let Some(rest) = rest {
                     let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
                 }
             }

@@ -27,7 +27,7 @@ impl AdminClient {
             format!("http://{addr}")
         };
         reqwest::Url::parse(&base).map_err(|e| Error::invalid_argument(format!("bad admin address {addr:?}: {e}")))?;
-        let client = reqwest::Client::builder()
+        let client = tidemark_http::tls::client_builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(15))
             .build()

@@ -15,6 +15,11 @@ use tidemark::roles;
 struct Cli {
     #[command(subcommand)]
     role: Role,
+    /// Trust only the certificates in FILE (PEM: a private CA, or a self-signed server
+    /// certificate) when connecting to a filer or admin over https://. Without it, the system's
+    /// CAs.
+    #[arg(long, global = true, env = "TIDEMARK_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -44,6 +49,12 @@ enum Role {
 
 fn main() {
     let cli = Cli::parse();
+    if let Some(ca) = &cli.tls_ca
+        && let Err(e) = tidemark_http::tls::trust(ca)
+    {
+        eprintln!("error: --tls-ca: {e}");
+        std::process::exit(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -21,7 +21,45 @@ pub struct FilerArgs {
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     addr: SocketAddr,
     #[command(flatten)]
+    tls: ListenTlsArgs,
+    #[command(flatten)]
     common: StoreArgs,
+}
+
+/// TLS on a role's listeners.
+#[derive(Args)]
+pub struct ListenTlsArgs {
+    /// Serve HTTPS with this certificate chain (PEM, the server's certificate first). With
+    /// --tls-key. Clients verify it: against the system's CAs, or with --tls-ca for a private CA.
+    #[arg(long, env = "TIDEMARK_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "TIDEMARK_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Listen beyond loopback without TLS (only behind a proxy that terminates TLS, or on a
+    /// network you trust): tokens, keys and data would otherwise cross it readable.
+    #[arg(long)]
+    insecure_plaintext: bool,
+}
+
+impl ListenTlsArgs {
+    /// The acceptor for the listeners on `addrs`, or none (plain HTTP), refusing plain HTTP
+    /// beyond loopback unless --insecure-plaintext says so.
+    fn acceptor(&self, addrs: &[SocketAddr]) -> Result<Option<tidemark_http::tls::TlsAcceptor>, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => tidemark_http::tls::acceptor(cert, key).map(Some),
+            _ => match addrs.iter().find(|a| !a.ip().is_loopback()) {
+                Some(addr) if !self.insecure_plaintext => Err(format!(
+                    "refusing to listen on {addr} in plain HTTP: tokens, keys and data would cross the network readable;                      pass --tls-cert and --tls-key, or --insecure-plaintext if a TLS proxy fronts it"
+                )),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls_cert.is_some() { "https" } else { "http" }
+    }
 }
 
 #[derive(Args)]
@@ -46,6 +84,8 @@ pub struct ServerArgs {
     #[arg(long, value_name = "DIR")]
     local_bucket: Option<PathBuf>,
     #[command(flatten)]
+    tls: ListenTlsArgs,
+    #[command(flatten)]
     slices: SliceArgs,
     #[command(flatten)]
     common: StoreArgs,
@@ -61,6 +101,8 @@ pub struct S3Args {
     /// tidemark/tidemark is accepted.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8333")]
     addr: SocketAddr,
+    #[command(flatten)]
+    tls: ListenTlsArgs,
     /// The filer's token, if it has one.
     /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
     /// to every user of the machine in `ps`.
@@ -123,6 +165,8 @@ pub struct AdminArgs {
     /// Drop a worker that has not heart-beaten for this many seconds, and give its slices to others.
     #[arg(long, value_name = "SECS", default_value_t = 15)]
     worker_timeout: u64,
+    #[command(flatten)]
+    tls: ListenTlsArgs,
     /// The token of the filer, and the one the admin requires from its clients.
     /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
     /// to every user of the machine in `ps`.
@@ -386,6 +430,10 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         Ok(t) => t,
         Err(e) => return fail(2, e),
     };
+    let tls = match a.tls.acceptor(&[a.addr]) {
+        Ok(t) => t,
+        Err(e) => return fail(2, e),
+    };
     let local_roots = match a.common.local.roots() {
         Ok(r) => r,
         Err(e) => return fail(2, e),
@@ -400,7 +448,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         Err(e) => return fail(1, e),
     };
     // Scripts and tests read this line to find the port (with --addr 127.0.0.1:0).
-    println!("tidemark filer listening on http://{bound} (data dir {})", a.data_dir.display());
+    println!("tidemark filer listening on {}://{bound} (data dir {})", a.tls.scheme(), a.data_dir.display());
     tracing::info!(addr = %bound, store = filer.store().backend(), "filer started");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let outbound = {
@@ -412,7 +460,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         let _ = stop_tx.send(true);
     });
     let api: Arc<dyn Filer> = filer.clone();
-    let served = http::serve_with(listener, api, tokens, stopped(stop_rx)).await;
+    let served = http::serve_with(listener, api, tokens, tls, stopped(stop_rx)).await;
     let _ = outbound.await;
     match served {
         Ok(()) => 0,
@@ -432,6 +480,22 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Err(e) => return fail(2, e),
     };
     if let Err(e) = tidemark_admin::check_bind(a.admin_addr, a.common.token.as_deref()) {
+        return fail(2, e);
+    }
+    let mut addrs = vec![a.filer_addr, a.admin_addr];
+    if let S3Addr::On(s3) = a.s3_addr {
+        addrs.push(s3);
+    }
+    let tls = match a.tls.acceptor(&addrs) {
+        Ok(t) => t,
+        Err(e) => return fail(2, e),
+    };
+    // The server's own worker talks to its admin over HTTPS too: without --tls-ca it trusts the
+    // served certificate file (a self-signed certificate, or a chain that ends with its CA).
+    if let Some(cert) = &a.tls.tls_cert
+        && !tidemark_http::tls::trusts_private_ca()
+        && let Err(e) = tidemark_http::tls::trust(cert)
+    {
         return fail(2, e);
     }
     let local_bucket = match a.local_bucket.as_deref().map(crate::quickstart::LocalBucket::resolve).transpose() {
@@ -471,10 +535,11 @@ pub async fn run_server(a: ServerArgs) -> i32 {
             }
         }
     };
-    println!("tidemark filer listening on http://{filer_bound} (data dir {})", a.data_dir.display());
-    println!("tidemark admin listening on http://{admin_bound} (Admin UI: http://{admin_bound}/subscriptions)");
+    let scheme = a.tls.scheme();
+    println!("tidemark filer listening on {scheme}://{filer_bound} (data dir {})", a.data_dir.display());
+    println!("tidemark admin listening on {scheme}://{admin_bound} (Admin UI: {scheme}://{admin_bound}/subscriptions)");
     if let Some(((_, bound), _)) = &s3_listener {
-        println!("tidemark s3 listening on http://{bound} (buckets: the directories under /buckets)");
+        println!("tidemark s3 listening on {scheme}://{bound} (buckets: the directories under /buckets)");
     }
     tracing::info!(filer = %filer_bound, admin = %admin_bound, store = filer.store().backend(), "server started");
     let api: Arc<dyn Filer> = filer.clone();
@@ -490,14 +555,19 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         tidemark_admin::AdminConfig { filer_label: filer_bound.clone(), ..Default::default() },
     );
     let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
-    let admin_http =
-        tokio::spawn(tidemark_admin::serve(admin_listener, admin, a.common.token.clone(), stopped(stop_rx.clone())));
+    let admin_http = tokio::spawn(tidemark_admin::serve_tls(
+        admin_listener,
+        admin,
+        a.common.token.clone(),
+        tls.clone(),
+        stopped(stop_rx.clone()),
+    ));
     let s3_http = s3_listener.map(|((listener, _), loopback)| {
         let service = tidemark_s3::service(api.clone(), loopback);
-        tokio::spawn(tidemark_s3::serve(listener, service, stopped(stop_rx.clone())))
+        tokio::spawn(tidemark_s3::serve_tls(listener, service, tls.clone(), stopped(stop_rx.clone())))
     });
-    let filer_http = tokio::spawn(http::serve_with(filer_listener, api.clone(), tokens, stopped(stop_rx)));
-    let client = match tidemark_worker::AdminClient::new(&admin_bound, a.common.token.clone()) {
+    let filer_http = tokio::spawn(http::serve_with(filer_listener, api.clone(), tokens, tls, stopped(stop_rx)));
+    let client = match tidemark_worker::AdminClient::new(&format!("{scheme}://{admin_bound}"), a.common.token.clone()) {
         Ok(c) => c,
         Err(e) => return fail(1, e),
     };
@@ -541,13 +611,21 @@ pub async fn run_s3(a: S3Args) -> i32 {
     if let Err(e) = tidemark_s3::check_bind(a.addr, &*filer).await {
         return fail(2, e);
     }
+    let tls = match a.tls.acceptor(&[a.addr]) {
+        Ok(t) => t,
+        Err(e) => return fail(2, e),
+    };
     let (listener, bound) = match bind(a.addr, "S3 gateway").await {
         Ok(l) => l,
         Err(e) => return fail(1, e),
     };
-    println!("tidemark s3 listening on http://{bound} (filer {}; buckets: the directories under /buckets)", a.filer);
+    println!(
+        "tidemark s3 listening on {}://{bound} (filer {}; buckets: the directories under /buckets)",
+        a.tls.scheme(),
+        a.filer
+    );
     let service = tidemark_s3::service(filer, a.addr.ip().is_loopback());
-    match tidemark_s3::serve(listener, service, shutdown).await {
+    match tidemark_s3::serve_tls(listener, service, tls, shutdown).await {
         Ok(()) => 0,
         Err(e) => fail(1, format!("the S3 gateway stopped: {e}")),
     }
@@ -595,6 +673,10 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
     if let Err(e) = tidemark_admin::check_bind(a.addr, a.token.as_deref()) {
         return fail(2, e);
     }
+    let tls = match a.tls.acceptor(&[a.addr]) {
+        Ok(t) => t,
+        Err(e) => return fail(2, e),
+    };
     let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
         Ok(f) => Arc::new(f),
         Err(e) => return fail(2, e),
@@ -606,7 +688,11 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
         Ok(l) => l,
         Err(e) => return fail(1, e),
     };
-    println!("tidemark admin listening on http://{bound} (Admin UI: http://{bound}/subscriptions; filer {})", a.filer);
+    let scheme = a.tls.scheme();
+    println!(
+        "tidemark admin listening on {scheme}://{bound} (Admin UI: {scheme}://{bound}/subscriptions; filer {})",
+        a.filer
+    );
     let config = tidemark_admin::AdminConfig {
         filer_label: a.filer.clone(),
         scheduler: tidemark_admin::SchedulerConfig {
@@ -622,7 +708,7 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
         let _ = stop_tx.send(true);
     });
     let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
-    let served = tidemark_admin::serve(listener, admin, a.token, stopped(stop_rx)).await;
+    let served = tidemark_admin::serve_tls(listener, admin, a.token, tls, stopped(stop_rx)).await;
     let _ = detection.await;
     match served {
         Ok(()) => 0,
