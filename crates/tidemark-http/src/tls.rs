@@ -61,6 +61,12 @@ pub fn trust(ca: &Path) -> Result<(), String> {
     TRUST.set(config).map_err(|_| "the clients' trust is already set".to_string())
 }
 
+/// The client configuration [`trust`] set, if any: for clients that are not reqwest's (the
+/// PostgreSQL store's).
+pub fn trusted_config() -> Option<rustls::ClientConfig> {
+    TRUST.get().cloned()
+}
+
 /// Whether [`trust`] was called.
 pub fn trusts_private_ca() -> bool {
     TRUST.get().is_some()

@@ -151,23 +151,45 @@ fn pg_err(e: tokio_postgres::Error) -> Error {
 
 impl PgStore {
     /// Connects to `url` (`postgres://user:password@host:port/dbname?options`), checks the
-    /// database, and runs pending migrations.
+    /// database, and runs pending migrations. With `sslmode=require` the connection is TLS and
+    /// the server's certificate is verified against the system's CAs.
     pub async fn connect(url: &str) -> Result<Self> {
-        let config = tokio_postgres::Config::from_str(url).map_err(|e| {
+        Self::connect_with(url, None).await
+    }
+
+    /// [`connect`](Self::connect), verifying a TLS server with `tls` (trusting a private CA)
+    /// instead of the system's CAs.
+    pub async fn connect_with(url: &str, tls: Option<rustls::ClientConfig>) -> Result<Self> {
+        // Every TLS connection here verifies the certificate and the host name (libpq's
+        // verify-full); libpq's names for that are accepted and mean the same.
+        let url = url.replace("sslmode=verify-full", "sslmode=require").replace("sslmode=verify-ca", "sslmode=require");
+        let config = tokio_postgres::Config::from_str(&url).map_err(|e| {
             Error::invalid_argument(format!(
                 "--store {:?} is not a PostgreSQL URL ({e}); expected postgres://USER:PASSWORD@HOST:PORT/DBNAME",
-                redact(url)
+                redact(&url)
             ))
         })?;
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(Error::invalid_argument(
-                "sslmode=require: this build of Tidemark speaks to PostgreSQL without TLS; reach the database over a \
-                 trusted network or a local TLS tunnel, and drop sslmode=require",
-            ));
-        }
         let label = describe(&config);
-        let manager =
-            Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        // TLS when asked for (sslmode=require); otherwise plain, as libpq's `prefer` ends up
+        // with a server that has no certificate configured.
+        let tls = if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            let client = match tls {
+                Some(c) => c,
+                None => platform_tls().map_err(|e| {
+                    Error::invalid_argument(format!(
+                        "sslmode=require: cannot load the system's CAs ({e}); pass --tls-ca"
+                    ))
+                })?,
+            };
+            Tls::Rustls(tokio_postgres_rustls::MakeRustlsConnect::new(client))
+        } else {
+            Tls::Off
+        };
+        let recycling = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+        let manager = match &tls {
+            Tls::Off => Manager::from_config(config.clone(), NoTls, recycling),
+            Tls::Rustls(c) => Manager::from_config(config.clone(), c.clone(), recycling),
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -196,7 +218,7 @@ impl PgStore {
         migrate(&pool, &label).await?;
         let last = read_seq(&**pool.get().await.map_err(|e| pool_err(&label, e))?).await?;
         let seq_tx = Arc::new(watch::channel(last).0);
-        let listener = tokio::spawn(listen(config, seq_tx.clone(), label.clone()));
+        let listener = tokio::spawn(listen(config, tls, seq_tx.clone(), label.clone()));
         Ok(PgStore { pool, seq_tx, listener, label })
     }
 
@@ -321,25 +343,71 @@ async fn read_seq(c: &tokio_postgres::Client) -> Result<u64> {
     Ok(v as u64)
 }
 
+/// How the store's connections speak to PostgreSQL.
+#[derive(Clone)]
+enum Tls {
+    Off,
+    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+/// Verification against the system's CAs.
+fn platform_tls() -> std::result::Result<rustls::ClientConfig, rustls::Error> {
+    use rustls_platform_verifier::BuilderVerifierExt;
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_platform_verifier()?
+        .with_no_client_auth())
+}
+
+type Listening = (tokio_postgres::Client, tokio::task::JoinHandle<()>, tokio::sync::mpsc::UnboundedReceiver<u64>);
+
+/// A connection whose notifications arrive on the returned channel (its driver task feeds it).
+async fn connect_listening(
+    config: &tokio_postgres::Config,
+    tls: &Tls,
+) -> std::result::Result<Listening, tokio_postgres::Error> {
+    fn drive<S, T>(
+        mut connection: tokio_postgres::Connection<S, T>,
+    ) -> (tokio::task::JoinHandle<()>, tokio::sync::mpsc::UnboundedReceiver<u64>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (ntx, nrx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let driver = tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(m)) = messages.next().await {
+                if let AsyncMessage::Notification(n) = m
+                    && let Ok(seq) = n.payload().parse()
+                    && ntx.send(seq).is_err()
+                {
+                    return;
+                }
+            }
+        });
+        (driver, nrx)
+    }
+    match tls {
+        Tls::Off => {
+            let (client, connection) = config.connect(NoTls).await?;
+            let (driver, nrx) = drive(connection);
+            Ok((client, driver, nrx))
+        }
+        Tls::Rustls(c) => {
+            let (client, connection) = config.connect(c.clone()).await?;
+            let (driver, nrx) = drive(connection);
+            Ok((client, driver, nrx))
+        }
+    }
+}
+
 /// Keeps one connection listening for commits of every filer on the database and moves `seq_tx`
 /// forward; reconnects (with a pause) when the connection fails, catching up from the counter.
-async fn listen(config: tokio_postgres::Config, seq_tx: Arc<watch::Sender<u64>>, label: String) {
+async fn listen(config: tokio_postgres::Config, tls: Tls, seq_tx: Arc<watch::Sender<u64>>, label: String) {
     let mut pause = Duration::from_millis(200);
     loop {
-        match config.connect(NoTls).await {
-            Ok((client, mut connection)) => {
-                let (ntx, mut nrx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-                let driver = tokio::spawn(async move {
-                    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-                    while let Some(Ok(m)) = messages.next().await {
-                        if let AsyncMessage::Notification(n) = m
-                            && let Ok(seq) = n.payload().parse()
-                            && ntx.send(seq).is_err()
-                        {
-                            return;
-                        }
-                    }
-                });
+        match connect_listening(&config, &tls).await {
+            Ok((client, driver, mut nrx)) => {
                 if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
                     tracing::warn!(database = %label, error = %e, "postgres store: cannot LISTEN; retrying");
                 } else {

@@ -360,6 +360,11 @@ impl Postgres {
     /// initdb + pg_ctl start on a free port, listening on 127.0.0.1 only, `fsync=off` (a test
     /// cluster: durability across a machine crash is not what the tests check).
     pub fn start() -> Postgres {
+        Self::start_with_tls(None)
+    }
+
+    /// [`start`](Self::start), serving TLS (`ssl=on`) with `tls`'s server certificate.
+    pub fn start_with_tls(tls: Option<&crate::tls::TestCa>) -> Postgres {
         let dir = tempfile::Builder::new().prefix("tidemark-pg-").tempdir().expect("a temporary directory");
         let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
         if is_root {
@@ -381,10 +386,22 @@ impl Postgres {
         });
         assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
         let port = free_port();
-        let opts = format!(
+        let mut opts = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
             dir.path().display()
         );
+        if let Some(t) = tls {
+            // PostgreSQL reads its key only if the server's user owns it, mode 0600.
+            let (cert, key) = (dir.path().join("server.crt"), dir.path().join("server.key"));
+            std::fs::copy(&t.cert, &cert).expect("copying the certificate");
+            std::fs::copy(&t.key, &key).expect("copying the key");
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod key");
+            if is_root {
+                let chown = Command::new("chown").args(["postgres:postgres"]).arg(&cert).arg(&key).status();
+                assert!(chown.is_ok_and(|s| s.success()), "cannot hand the certificate to the postgres user");
+            }
+            opts.push_str(&format!(" -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}", cert.display(), key.display()));
+        }
         let pg_ctl = postgres_bin("pg_ctl");
         let log = dir.path().join("server.log");
         let out = as_postgres(

@@ -343,7 +343,9 @@ async fn open_store(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFile
             LocalFiler::open_sqlite(dir, &file).map_err(|e| e.to_string())
         }
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            let store = tidemark_store::PgStore::connect(url).await.map_err(|e| e.to_string())?;
+            let store = tidemark_store::PgStore::connect_with(url, tidemark_http::tls::trusted_config())
+                .await
+                .map_err(|e| e.to_string())?;
             LocalFiler::open_with_store(dir, Arc::new(store)).map_err(|e| e.to_string())
         }
         Some(other) => Err(format!(

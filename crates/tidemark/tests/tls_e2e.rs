@@ -189,3 +189,59 @@ fn the_all_in_one_server_over_tls() {
     appears("second.txt");
     assert!(!server.stderr().contains("certificate"), "{}", server.stderr());
 }
+
+/// The filer's PostgreSQL store over TLS: `sslmode=require` (or libpq's `verify-full`) verifies
+/// the server's certificate against --tls-ca, every connection of the pool and the listener is
+/// encrypted, and an untrusted certificate stops the filer at start with the reason.
+#[test]
+fn the_postgres_store_over_tls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(tmp.path());
+    let pg = tidemark_testkit::Postgres::start_with_tls(Some(&ca));
+    let db_url = pg.fresh_database("tls");
+    let db = db_url.rsplit('/').next().unwrap().to_string();
+    let ca_file = ca.ca.to_str().unwrap();
+    for (i, mode) in ["require", "verify-full"].iter().enumerate() {
+        let url = format!("{db_url}?sslmode={mode}");
+        let data = tmp.path().join(format!("d{i}"));
+        let args = [
+            "filer",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1:0",
+            "--store",
+            &url,
+            "--tls-ca",
+            ca_file,
+        ];
+        let filer = TidemarkProcess::start(bin(), &data, &args);
+        let local = tmp.path().join("f.txt");
+        std::fs::write(&local, "stored over tls").unwrap();
+        let sh = |cmd: &str| {
+            let o = Command::new(bin()).args(["shell", "--filer", &filer.addr, "-c", cmd]).output().unwrap();
+            ok(o)
+        };
+        sh(&format!("fs.put {} /f{i}.txt", local.display()));
+        assert_eq!(sh(&format!("fs.cat /f{i}.txt")), "stored over tls");
+        let q = format!(
+            "SELECT count(*), bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.datname = '{db}' AND a.pid <> pg_backend_pid()"
+        );
+        let out = Command::new("psql").args(["-X", "-A", "-t", "-d", &pg.url, "-c", &q]).output().unwrap();
+        let row = text(&out.stdout);
+        let (n, all_ssl) = row.trim().split_once('|').unwrap_or_else(|| panic!("{row:?} {}", text(&out.stderr)));
+        assert!(n.parse::<u32>().unwrap() >= 2 && all_ssl == "t", "connections {n}, all TLS: {all_ssl}");
+    }
+    // Not trusting the server's CA: the filer does not start, and says why.
+    let data = tmp.path().join("untrusted");
+    let url = format!("{db_url}?sslmode=require");
+    let out = Command::new(bin())
+        .args(["filer", "--data-dir", data.to_str().unwrap(), "--addr", "127.0.0.1:0", "--store", &url])
+        .env_remove("TIDEMARK_TLS_CA")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("PostgreSQL") && err.to_lowercase().contains("certificate"), "{err}");
+}
