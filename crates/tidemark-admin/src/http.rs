@@ -397,7 +397,7 @@ pub async fn serve_tls(
     tls: Option<tidemark_http::tls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    tidemark_http::serve_tls(
+    tidemark_http::serve(
         listener,
         tidemark_http::tower(router(admin, token)),
         tidemark_http::Limits::default(),

@@ -119,25 +119,9 @@ where
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
-/// (at most `limits.drain`). On a loopback listener, requests for other host names are refused.
+/// (at most `limits.drain`); HTTPS only when `tls` is given. On a loopback listener, requests for
+/// other host names are refused.
 pub async fn serve<S, B>(
-    listener: tokio::net::TcpListener,
-    service: S,
-    limits: Limits,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> std::io::Result<()>
-where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + Sync + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: hyper::body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    serve_tls(listener, service, limits, None, shutdown).await
-}
-
-/// [`serve`], speaking HTTPS only when `tls` is given.
-pub async fn serve_tls<S, B>(
     listener: tokio::net::TcpListener,
     service: S,
     limits: Limits,

@@ -12,7 +12,7 @@ async fn start(limits: Limits) -> (std::net::SocketAddr, tokio::sync::oneshot::S
     let addr = listener.local_addr().unwrap();
     let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, tower(app), limits, async move {
+    tokio::spawn(serve(listener, tower(app), limits, None, async move {
         let _ = rx.await;
     }));
     (addr, tx)

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use tidemark_http::{Limits, serve_tls, tls, tower};
+use tidemark_http::{Limits, serve, tls, tower};
 
 #[tokio::test]
 async fn https_with_a_private_ca() {
@@ -16,7 +16,7 @@ async fn https_with_a_private_ca() {
     let addr = listener.local_addr().unwrap();
     let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
     let limits = Limits { max_connections: 1, header_timeout: Duration::from_secs(1), ..Limits::default() };
-    tokio::spawn(serve_tls(listener, tower(app), limits, Some(acceptor), std::future::pending()));
+    tokio::spawn(serve(listener, tower(app), limits, Some(acceptor), std::future::pending()));
 
     // A client that never starts its handshake: the deadline frees its slot.
     let _stalled = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -83,5 +83,5 @@ pub async fn serve_tls(
             Ok::<_, s3s::HttpError>(resp)
         }
     });
-    tidemark_http::serve_tls(listener, guarded, tidemark_http::Limits::default(), tls, shutdown).await
+    tidemark_http::serve(listener, guarded, tidemark_http::Limits::default(), tls, shutdown).await
 }
