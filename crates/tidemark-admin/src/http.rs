@@ -61,6 +61,8 @@ fn json<T>(j: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
 struct AppState {
     admin: Arc<Admin>,
     token: Option<Arc<str>>,
+    /// Accepted on the worker API only: the workers' credential (`--cluster-token`).
+    cluster: Option<Arc<str>>,
 }
 
 /// Refuses to expose the admin beyond this machine without a token.
@@ -75,7 +77,16 @@ pub fn check_bind(addr: SocketAddr, token: Option<&str>) -> Result<(), Error> {
 }
 
 pub fn router(admin: Arc<Admin>, token: Option<String>) -> Router {
-    let state = AppState { admin, token: token.filter(|t| !t.is_empty()).map(Arc::from) };
+    router_with(admin, token, None)
+}
+
+/// The router, also accepting `cluster` (the workers' token) on the worker API.
+pub fn router_with(admin: Arc<Admin>, token: Option<String>, cluster: Option<String>) -> Router {
+    let state = AppState {
+        admin,
+        token: token.filter(|t| !t.is_empty()).map(Arc::from),
+        cluster: cluster.filter(|t| !t.is_empty()).map(Arc::from),
+    };
     Router::new()
         .route("/", get(|| async { Redirect::to("/subscriptions") }))
         .route("/subscriptions", get(subscriptions_page))
@@ -175,7 +186,14 @@ async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> R
         } else {
             None
         };
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+        // The workers' token opens the worker API (register, heartbeat, report, leave), no page.
+        let worker_api = req.uri().path().starts_with("/api/v1/workers/") && *req.method() == axum::http::Method::POST;
+        let is_cluster = worker_api
+            && state
+                .cluster
+                .as_ref()
+                .is_some_and(|c| given.as_ref().is_some_and(|g| constant_time_eq(g.as_bytes(), c.as_bytes())));
+        if !is_cluster && !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
             return ApiError(Error::Unauthorized {
                 message:
                     "missing or wrong token: pass --token or set TIDEMARK_TOKEN to the admin's token (in a browser: \
@@ -386,7 +404,7 @@ pub async fn serve(
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_tls(listener, admin, token, None, shutdown).await
+    serve_tls(listener, admin, token, None, None, shutdown).await
 }
 
 /// [`serve`] over HTTPS with `tls`.
@@ -394,12 +412,13 @@ pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     admin: Arc<Admin>,
     token: Option<String>,
+    cluster: Option<String>,
     tls: Option<tidemark_http::tls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     tidemark_http::serve(
         listener,
-        tidemark_http::tower(router(admin, token)),
+        tidemark_http::tower(router_with(admin, token, cluster)),
         tidemark_http::Limits::default(),
         tls,
         shutdown,

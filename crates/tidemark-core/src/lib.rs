@@ -15,6 +15,7 @@ pub mod keymap;
 pub mod model;
 pub mod path;
 pub mod remote;
+pub mod secrets;
 pub mod store;
 pub mod subscription;
 

@@ -150,10 +150,7 @@ impl RemoteConf {
     }
 }
 
-fn mask(v: &str) -> String {
-    let n = v.chars().count();
-    if n <= 8 { "****".into() } else { format!("****{}", v.chars().skip(n - 4).collect::<String>()) }
-}
+use crate::secrets::mask;
 
 /// Where a mount points: a remote, a bucket, and a path (key prefix) inside it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

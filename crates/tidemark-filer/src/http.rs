@@ -42,7 +42,7 @@ use tidemark_core::error::ErrorBody;
 use tidemark_core::model::{Fence, Origin, Precondition, Txn};
 use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions};
 
-use crate::scope::DataScope;
+use crate::scope::{AdminScope, DataScope};
 
 /// On a content PUT: the extended attributes that replace the entry's (base64 of a JSON object).
 pub const EXTENDED_HEADER: &str = "x-tidemark-extended";
@@ -129,29 +129,37 @@ fn json<T>(j: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
 /// The credentials the API accepts. Without any, every request may do everything (the
 /// loopback default). With `admin`, requests must carry `Authorization: Bearer TOKEN`: the admin
 /// token may do everything, each `data` token what [`DataScope`] allows (the namespace outside
-/// `/etc/tidemark/`).
+/// `/etc/tidemark/`). With a `cluster` token too, only it reads the secrets in system documents
+/// (workers, the S3 gateway); the admin token reads them masked ([`AdminScope`]).
 #[derive(Clone, Debug, Default)]
 pub struct Tokens {
     pub admin: Option<String>,
     pub data: Vec<String>,
+    pub cluster: Option<String>,
 }
 
 impl Tokens {
     /// One admin token (or none), no data tokens.
     pub fn admin(token: Option<String>) -> Self {
-        Tokens { admin: token.filter(|t| !t.is_empty()), data: Vec::new() }
+        Tokens { admin: token.filter(|t| !t.is_empty()), ..Default::default() }
     }
 
-    /// Data tokens without an admin token would leave the control plane open to anyone
-    /// without a token.
+    /// Data or cluster tokens without an admin token would leave the control plane open to
+    /// anyone without a token; tokens must differ from each other.
     pub fn check(&self) -> Result<(), Error> {
-        if !self.data.is_empty() && self.admin.is_none() {
+        if (!self.data.is_empty() || self.cluster.is_some()) && self.admin.is_none() {
             return Err(Error::invalid_argument(
-                "--data-token needs --token too: the admin's token, for the control plane (/etc/tidemark/, leases)",
+                "--data-token and --cluster-token need --token too: the admin's token, for the control plane (/etc/tidemark/, leases)",
             ));
         }
-        if self.data.iter().any(|d| d.is_empty() || Some(d) == self.admin.as_ref()) {
-            return Err(Error::invalid_argument("a --data-token must be non-empty and differ from --token"));
+        let mut all: Vec<&String> = self.data.iter().chain(&self.admin).chain(&self.cluster).collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        if all.len() != n || all.iter().any(|t| t.is_empty()) {
+            return Err(Error::invalid_argument(
+                "--token, --cluster-token and each --data-token must be non-empty and differ",
+            ));
         }
         Ok(())
     }
@@ -160,6 +168,9 @@ impl Tokens {
 /// Which credential a request carried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
+    /// Everything, secrets included (the cluster token; or the admin token when there is none).
+    Cluster,
+    /// Everything, secrets masked.
     Admin,
     Data,
 }
@@ -167,6 +178,7 @@ enum Role {
 #[derive(Clone)]
 struct AppState {
     filer: Arc<dyn Filer>,
+    admin: Arc<dyn Filer>,
     data: Arc<dyn Filer>,
     tokens: Arc<Tokens>,
 }
@@ -180,7 +192,8 @@ impl FromRequestParts<AppState> for Access {
 
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, ApiError> {
         match parts.extensions.get::<Role>() {
-            Some(Role::Admin) => Ok(Access(s.filer.clone())),
+            Some(Role::Cluster) => Ok(Access(s.filer.clone())),
+            Some(Role::Admin) => Ok(Access(s.admin.clone())),
             Some(Role::Data) => Ok(Access(s.data.clone())),
             None => Err(ApiError(Error::internal("a request reached a handler without being authorized"))),
         }
@@ -196,7 +209,8 @@ pub fn router(filer: Arc<dyn Filer>, token: Option<String>) -> Router {
 /// The API router, accepting `tokens`.
 pub fn router_with(filer: Arc<dyn Filer>, tokens: Tokens) -> Router {
     let data: Arc<dyn Filer> = Arc::new(DataScope::new(filer.clone()));
-    let state = AppState { filer, data, tokens: Arc::new(tokens) };
+    let admin: Arc<dyn Filer> = Arc::new(AdminScope::new(filer.clone()));
+    let state = AppState { filer, admin, data, tokens: Arc::new(tokens) };
     Router::new()
         .route("/api/v1/health", get(health))
         .route("/api/v1/entry", get(stat).delete(delete))
@@ -228,7 +242,7 @@ pub fn router_with(filer: Arc<dyn Filer>, tokens: Tokens) -> Router {
 
 async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let role = match &state.tokens.admin {
-        None => Some(Role::Admin),
+        None => Some(Role::Cluster),
         Some(admin) => {
             let given = req
                 .headers()
@@ -240,9 +254,14 @@ async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) 
             let is_admin = constant_time_eq(given.as_bytes(), admin.as_bytes());
             let is_data =
                 state.tokens.data.iter().fold(false, |m, d| m | constant_time_eq(given.as_bytes(), d.as_bytes()));
-            match (is_admin, is_data) {
-                (true, _) => Some(Role::Admin),
-                (false, true) => Some(Role::Data),
+            let is_cluster =
+                state.tokens.cluster.as_ref().is_some_and(|c| constant_time_eq(given.as_bytes(), c.as_bytes()));
+            match (is_cluster, is_admin, is_data) {
+                (true, _, _) => Some(Role::Cluster),
+                // Without a cluster token the admin's is the cluster's.
+                (_, true, _) if state.tokens.cluster.is_none() => Some(Role::Cluster),
+                (_, true, _) => Some(Role::Admin),
+                (_, _, true) => Some(Role::Data),
                 _ => None,
             }
         }

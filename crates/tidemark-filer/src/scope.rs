@@ -159,6 +159,162 @@ impl Filer for DataScope {
     }
 }
 
+/// What an operator's admin token may do once a cluster token exists: everything, but secrets in
+/// system documents are read masked, and a document written back with those masks gets the
+/// stored secrets back (so `remote.configure -name=x -s3.region=...` keeps the key it cannot see).
+/// The cluster's own roles (workers, the S3 gateway) use the cluster token and read them whole.
+pub struct AdminScope {
+    inner: Arc<dyn Filer>,
+}
+
+impl AdminScope {
+    pub fn new(inner: Arc<dyn Filer>) -> Self {
+        AdminScope { inner }
+    }
+}
+
+/// System documents are small; a larger body is not one this scope rewrites.
+const MAX_DOC_BYTES: usize = 4 << 20;
+
+async fn collect(path: &str, mut s: ByteStream) -> Result<Vec<u8>> {
+    use futures::StreamExt;
+    let mut out = Vec::new();
+    while let Some(chunk) = s.next().await {
+        out.extend_from_slice(&chunk.map_err(|e| Error::io(format!("reading {path}"), e))?);
+        if out.len() > MAX_DOC_BYTES {
+            return Err(Error::invalid_argument(format!("{path}: a system document is at most {MAX_DOC_BYTES} bytes")));
+        }
+    }
+    Ok(out)
+}
+
+impl AdminScope {
+    /// `bytes` with the stored secrets restored where they carry masks (unchanged if not JSON or
+    /// nothing was masked).
+    async fn unmasked(&self, path: &str, bytes: Vec<u8>) -> Result<Vec<u8>> {
+        let Ok(mut doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else { return Ok(bytes) };
+        let stored = match self.inner.read(path, None).await {
+            Ok((_, s)) => serde_json::from_slice::<serde_json::Value>(&collect(path, s).await?).ok(),
+            Err(Error::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        match tidemark_core::secrets::unmask_json(&mut doc, stored.as_ref()) {
+            Ok(true) => serde_json::to_vec_pretty(&doc).map_err(Error::internal),
+            Ok(false) => Ok(bytes),
+            Err(why) => Err(Error::invalid_argument(format!("{path}: {why}"))),
+        }
+    }
+}
+
+#[async_trait]
+impl Filer for AdminScope {
+    async fn health(&self) -> Result<Health> {
+        self.inner.health().await
+    }
+
+    async fn stat(&self, path: &str) -> Result<Option<Entry>> {
+        self.inner.stat(path).await
+    }
+
+    async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
+        self.inner.list(dir, start_after, limit).await
+    }
+
+    async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
+        self.inner.scan(dir, start_after, limit).await
+    }
+
+    async fn count(&self, dir: &str) -> Result<u64> {
+        self.inner.count(dir).await
+    }
+
+    async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
+        if !is_system(path) {
+            return self.inner.read(path, range).await;
+        }
+        let (mut entry, stream) = self.inner.read(path, None).await?;
+        let mut bytes = collect(path, stream).await?;
+        if let Ok(mut doc) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            tidemark_core::secrets::mask_json(&mut doc);
+            bytes = serde_json::to_vec_pretty(&doc).map_err(Error::internal)?;
+        }
+        // The entry describes what is served: the masked document.
+        entry.size = bytes.len() as u64;
+        let slice = match range {
+            None => bytes,
+            Some(r) if r.offset > entry.size => {
+                return Err(Error::RangeNotSatisfiable { path: path.into(), offset: r.offset, size: entry.size });
+            }
+            Some(r) => {
+                let end = r.length.map_or(bytes.len(), |n| (r.offset.saturating_add(n)).min(entry.size) as usize);
+                bytes[r.offset as usize..end].to_vec()
+            }
+        };
+        let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(slice)) }));
+        Ok((entry, body))
+    }
+
+    async fn write(&self, path: &str, body: ByteStream, opts: WriteOptions) -> Result<Entry> {
+        if !is_system(path) {
+            return self.inner.write(path, body, opts).await;
+        }
+        let bytes = self.unmasked(path, collect(path, body).await?).await?;
+        let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(bytes)) }));
+        self.inner.write(path, body, opts).await
+    }
+
+    async fn delete(&self, path: &str, opts: DeleteOptions) -> Result<Applied> {
+        self.inner.delete(path, opts).await
+    }
+
+    async fn apply(&self, mut txn: Txn) -> Result<Applied> {
+        if is_system(&txn.path)
+            && let tidemark_core::model::Mutation::Put { entry, data: Some(data) } = &mut txn.mutation
+        {
+            let restored = self.unmasked(&txn.path, data.to_vec()).await?;
+            entry.size = restored.len() as u64;
+            *data = bytes::Bytes::from(restored);
+        }
+        self.inner.apply(txn).await
+    }
+
+    async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
+        self.inner.lease_acquire(name, holder, ttl).await
+    }
+
+    async fn lease_renew(&self, fence: &Fence, ttl: Duration) -> Result<Lease> {
+        self.inner.lease_renew(fence, ttl).await
+    }
+
+    async fn lease_release(&self, fence: &Fence) -> Result<()> {
+        self.inner.lease_release(fence).await
+    }
+
+    async fn lease_get(&self, name: &str) -> Result<Option<Lease>> {
+        self.inner.lease_get(name).await
+    }
+
+    async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>> {
+        self.inner.changes(after, limit, wait).await
+    }
+
+    async fn cache_status(&self, paths: &[String]) -> Result<Vec<CacheStatus>> {
+        self.inner.cache_status(paths).await
+    }
+
+    async fn cache_fetch(&self, path: &str, wait: bool) -> Result<CacheOutcome> {
+        self.inner.cache_fetch(path, wait).await
+    }
+
+    async fn cache_drop(&self, path: &str) -> Result<CacheOutcome> {
+        self.inner.cache_drop(path).await
+    }
+
+    async fn cache_stats(&self) -> Result<CacheStats> {
+        self.inner.cache_stats().await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

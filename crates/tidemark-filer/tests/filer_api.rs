@@ -397,7 +397,7 @@ async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
     let Setup { filer, _dir, .. } = local();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let tokens = http::Tokens { admin: Some("adm".into()), data: vec!["dat".into(), "dat2".into()] };
+    let tokens = http::Tokens { admin: Some("adm".into()), data: vec!["dat".into(), "dat2".into()], cluster: None };
     tokens.check().unwrap();
     let _server =
         tokio::spawn(async move { http::serve_with(listener, filer, tokens, None, std::future::pending()).await });
@@ -452,7 +452,63 @@ async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
         Err(Error::Unauthorized { .. })
     ));
     // Data tokens alone would leave the control plane open.
-    assert!(http::Tokens { admin: None, data: vec!["d".into()] }.check().is_err());
+    assert!(http::Tokens { admin: None, data: vec!["d".into()], cluster: None }.check().is_err());
+    let same = http::Tokens { admin: Some("a".into()), data: vec!["a".into()], cluster: None };
+    assert!(same.check().is_err());
+}
+
+/// With a cluster token, only it reads the secrets of system documents; the admin token reads
+/// them masked, and a document it writes back with the masks keeps the stored secrets.
+#[tokio::test]
+async fn secrets_are_the_cluster_tokens_alone() {
+    let Setup { filer, _dir, .. } = local();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let tokens = http::Tokens { admin: Some("adm".into()), data: vec![], cluster: Some("clu".into()) };
+    tokens.check().unwrap();
+    let _server =
+        tokio::spawn(async move { http::serve_with(listener, filer, tokens, None, std::future::pending()).await });
+    let admin = HttpFiler::new(&addr, Some("adm".into())).unwrap();
+    let cluster = HttpFiler::new(&addr, Some("clu".into())).unwrap();
+    let conf = "/etc/tidemark/remote/s3.conf";
+    let json = |v: Vec<u8>| serde_json::from_slice::<serde_json::Value>(&v).unwrap();
+    let doc = serde_json::json!({"name": "s3", "type": "s3", "settings": {"access_key": "AKIA", "secret_key": "wJalrXUtnFEMI/K7MDENG"}});
+    admin.write(conf, body(&serde_json::to_vec(&doc).unwrap()), WriteOptions::default()).await.unwrap();
+    assert_eq!(json(read_all(&cluster, conf, None).await), doc, "the cluster reads it whole");
+    let (entry, _) = admin.read(conf, None).await.unwrap();
+    let shown = read_all(&admin, conf, None).await;
+    assert_eq!(entry.size, shown.len() as u64, "the entry describes what is served");
+    let mut shown = json(shown);
+    assert_eq!(shown["settings"]["secret_key"], "****DENG");
+    assert_eq!(shown["settings"]["access_key"], "AKIA");
+    assert!(
+        !String::from_utf8(read_all(&admin, conf, Some(ByteRange { offset: 0, length: None })).await)
+            .unwrap()
+            .contains("wJalr")
+    );
+    // Written back with a setting added (what remote.configure does): the secret stays.
+    shown["settings"]["region"] = serde_json::json!("eu-west-1");
+    admin.write(conf, body(&serde_json::to_vec(&shown).unwrap()), WriteOptions::default()).await.unwrap();
+    let now = json(read_all(&cluster, conf, None).await);
+    assert_eq!(
+        (now["settings"]["secret_key"].as_str(), now["settings"]["region"].as_str()),
+        (Some("wJalrXUtnFEMI/K7MDENG"), Some("eu-west-1"))
+    );
+    // The same through apply.
+    let data = Bytes::from(serde_json::to_vec(&shown).unwrap());
+    let put = Txn::put(conf, NewEntry::file(data.len() as u64, 1, Content::Inline), Origin::Local).with_data(data);
+    admin.apply(put).await.unwrap();
+    assert_eq!(json(read_all(&cluster, conf, None).await)["settings"]["secret_key"], "wJalrXUtnFEMI/K7MDENG");
+    // A mask of no stored secret is refused, never stored.
+    let orphan = serde_json::json!({"settings": {"secret_key": "****zzzz"}});
+    match admin.write(conf, body(&serde_json::to_vec(&orphan).unwrap()), WriteOptions::default()).await {
+        Err(Error::InvalidArgument { message }) => assert!(message.contains("give the secret itself"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(json(read_all(&cluster, conf, None).await)["settings"]["secret_key"], "wJalrXUtnFEMI/K7MDENG");
+    // Files outside the system directory are untouched by all this.
+    admin.write("/docs/secret_key.json", body(br#"{"secret_key":"mine"}"#), WriteOptions::default()).await.unwrap();
+    assert_eq!(read_all(&admin, "/docs/secret_key.json", None).await, br#"{"secret_key":"mine"}"#);
 }
 
 #[tokio::test]

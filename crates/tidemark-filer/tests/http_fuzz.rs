@@ -28,7 +28,8 @@ fn server() -> &'static str {
                 let filer = Arc::new(LocalFiler::open(DataDir::open(dir.path()).unwrap()).unwrap());
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 tx.send(listener.local_addr().unwrap().to_string()).unwrap();
-                let tokens = http::Tokens { admin: Some("adm".into()), data: vec!["dat".into()] };
+                let tokens =
+                    http::Tokens { admin: Some("adm".into()), data: vec!["dat".into()], cluster: Some("clu".into()) };
                 http::serve_with(listener, filer, tokens, None, std::future::pending()).await.unwrap();
                 drop(dir);
             });
@@ -152,7 +153,7 @@ fn request() -> impl Strategy<Value = Req> {
         method,
         endpoint(),
         query(),
-        prop_oneof![Just("adm"), Just("dat"), Just("")],
+        prop_oneof![Just("adm"), Just("dat"), Just("clu"), Just("")],
         proptest::option::of(header_value()),
         proptest::option::of(header_value()),
         body,

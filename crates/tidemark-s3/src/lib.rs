@@ -32,6 +32,23 @@ pub fn service(filer: Arc<dyn Filer>, loopback: bool) -> S3Service {
 
 /// Refuses an address beyond loopback unless keys are configured (checked at start; keys can
 /// only be added later, and the development key never works beyond loopback).
+/// Refuses to serve with masked secrets: a gateway given the operators' admin token while the
+/// filer has a cluster token reads every S3 secret as `****...`, and would refuse every request.
+pub async fn check_secrets(filer: &dyn Filer) -> Result<(), String> {
+    let ids = tidemark_engine::docs::read_json::<identity::Identities>(filer, identity::IDENTITIES)
+        .await
+        .map_err(|e| format!("cannot read the S3 identities ({}): {e}", identity::IDENTITIES))?
+        .map(|(d, _)| d)
+        .unwrap_or_default();
+    if ids.identities.iter().flat_map(|i| &i.credentials).any(|k| k.secret_key.starts_with("****")) {
+        return Err(
+            "the filer shows this gateway the S3 secrets masked: give the gateway the filer's --cluster-token as its --token"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 pub async fn check_bind(addr: SocketAddr, filer: &dyn Filer) -> Result<(), String> {
     if addr.ip().is_loopback() {
         return Ok(());

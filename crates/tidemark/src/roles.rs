@@ -165,6 +165,9 @@ pub struct AdminArgs {
     /// Drop a worker that has not heart-beaten for this many seconds, and give its slices to others.
     #[arg(long, value_name = "SECS", default_value_t = 15)]
     worker_timeout: u64,
+    /// The workers' token (the filer's --cluster-token): accepted on the worker API only.
+    #[arg(long = "cluster-token", env = "TIDEMARK_CLUSTER_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    cluster_token: Option<String>,
     #[command(flatten)]
     tls: ListenTlsArgs,
     /// The token of the filer, and the one the admin requires from its clients.
@@ -242,13 +245,23 @@ pub struct StoreArgs {
         value_delimiter = ','
     )]
     data_tokens: Vec<String>,
+    /// The token of the cluster's own roles (workers, the S3 gateway, the admin's worker API):
+    /// with it, only this token reads the secrets in /etc/tidemark/ (remote keys, S3 secrets);
+    /// --token then reads them masked, and a document written back with the masks keeps the
+    /// stored secrets. Needs --token. Give it to workers (their --token) and gateways.
+    #[arg(long = "cluster-token", env = "TIDEMARK_CLUSTER_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    cluster_token: Option<String>,
     #[command(flatten)]
     local: LocalRootArgs,
 }
 
 impl StoreArgs {
     fn tokens(&self) -> Result<http::Tokens, String> {
-        let t = http::Tokens { admin: self.token.clone().filter(|t| !t.is_empty()), data: self.data_tokens.clone() };
+        let t = http::Tokens {
+            admin: self.token.clone().filter(|t| !t.is_empty()),
+            data: self.data_tokens.clone(),
+            cluster: self.cluster_token.clone().filter(|t| !t.is_empty()),
+        };
         t.check().map_err(|e| e.to_string())?;
         Ok(t)
     }
@@ -561,6 +574,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         admin_listener,
         admin,
         a.common.token.clone(),
+        a.common.cluster_token.clone(),
         tls.clone(),
         stopped(stop_rx.clone()),
     ));
@@ -611,6 +625,9 @@ pub async fn run_s3(a: S3Args) -> i32 {
         return fail(1, format!("cannot reach the filer at {}: {e}", a.filer));
     }
     if let Err(e) = tidemark_s3::check_bind(a.addr, &*filer).await {
+        return fail(2, e);
+    }
+    if let Err(e) = tidemark_s3::check_secrets(&*filer).await {
         return fail(2, e);
     }
     let tls = match a.tls.acceptor(&[a.addr]) {
@@ -710,7 +727,7 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
         let _ = stop_tx.send(true);
     });
     let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
-    let served = tidemark_admin::serve_tls(listener, admin, a.token, tls, stopped(stop_rx)).await;
+    let served = tidemark_admin::serve_tls(listener, admin, a.token, a.cluster_token, tls, stopped(stop_rx)).await;
     let _ = detection.await;
     match served {
         Ok(()) => 0,

@@ -280,3 +280,59 @@ async fn a_mounted_bucket_follows_its_remote_through_events_and_reads_through_th
     let msg = format!("{:?}", err.into_service_error());
     assert!(msg.contains("BucketNotEmpty") && msg.contains("remote.unmount"), "{msg}");
 }
+
+/// With a cluster token on the filer, operators (admin token) manage S3 keys without seeing the
+/// stored secrets, and a gateway needs the cluster token: given the admin's, it would read every
+/// secret masked, so it refuses to start and says which token to give it.
+#[test]
+fn the_gateway_reads_secrets_with_the_cluster_token_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let filer = TidemarkProcess::start(
+        bin(),
+        &data,
+        &[
+            "filer",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1:0",
+            "--token",
+            "adm",
+            "--cluster-token",
+            "clu",
+        ],
+    );
+    let admin = |cmd: &str| ok(run_shell(bin(), &filer.addr, cmd, &[("TIDEMARK_TOKEN", "adm")]));
+    admin("s3.configure -user=alice -access_key=AKALICE -secret_key=alice-secret-1 -actions=Admin -apply");
+    // A second change read the first masked and wrote it back: alice's secret must survive it.
+    admin("s3.configure -user=bob -access_key=AKBOB -secret_key=bob-secret-22 -actions=Read,List -apply");
+    let raw = admin("fs.cat /etc/tidemark/s3/identities.json");
+    assert!(!raw.contains("alice-secret-1") && !raw.contains("bob-secret-22"), "{raw}");
+    let out = Command::new(bin())
+        .args(["s3", "--filer", &filer.addr, "--token", "adm", "--addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--cluster-token"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gw = TidemarkProcess::start(
+        bin(),
+        &tmp.path().join("gw"),
+        &["s3", "--filer", &filer.addr, "--token", "clu", "--addr", "127.0.0.1:0"],
+    );
+    let code = format!(
+        "import sys; sys.path.insert(0, {dir:?}); from clients import client; \
+         a = client('http://{addr}', 'AKALICE', 'alice-secret-1'); a.create_bucket(Bucket='keys'); \
+         a.put_object(Bucket='keys', Key='k', Body=b'v'); \
+         b = client('http://{addr}', 'AKBOB', 'bob-secret-22'); \
+         assert b.get_object(Bucket='keys', Key='k')['Body'].read() == b'v'",
+        dir = format!("{}/tests/s3", env!("CARGO_MANIFEST_DIR")),
+        addr = gw.addr
+    );
+    let out = Command::new("python3").args(["-c", &code]).output().unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), gw.stderr());
+}

@@ -49,11 +49,34 @@ async fn filer_admin_worker_and_gateway_over_tls() {
     let tls = ["--tls-cert", cert, "--tls-key", key];
 
     let data = tmp.path().join("data");
-    let mut args = vec!["filer", "--data-dir", data.to_str().unwrap(), "--addr", "127.0.0.1:0", "--token", "adm"];
+    // Operators hold the admin token; the workers and the gateway the cluster token.
+    let mut args = vec![
+        "filer",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--addr",
+        "127.0.0.1:0",
+        "--token",
+        "adm",
+        "--cluster-token",
+        "clu",
+    ];
     args.extend_from_slice(&tls);
     let filer_p = TidemarkProcess::start(bin(), &data, &args);
     let filer = format!("https://{}", filer_p.addr);
-    let mut args = vec!["admin", "--filer", &filer, "--addr", "127.0.0.1:0", "--token", "adm", "--tls-ca", ca_file];
+    let mut args = vec![
+        "admin",
+        "--filer",
+        &filer,
+        "--addr",
+        "127.0.0.1:0",
+        "--token",
+        "adm",
+        "--cluster-token",
+        "clu",
+        "--tls-ca",
+        ca_file,
+    ];
     args.extend_from_slice(&tls);
     let admin_p = TidemarkProcess::start(bin(), &tmp.path().join("admin"), &args);
     let admin = format!("https://{}", admin_p.addr);
@@ -70,11 +93,23 @@ async fn filer_admin_worker_and_gateway_over_tls() {
         moto.endpoint
     ));
     sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}"));
+    // The admin token sees the secret masked; changing another setting keeps the secret.
+    sh("remote.configure -name=s3 -s3.secret_key=testing-secret-1");
+    let shown = sh("fs.cat /etc/tidemark/remote/s3.conf");
+    assert!(shown.contains("****et-1") && !shown.contains("testing-secret-1"), "{shown}");
+    sh("remote.configure -name=s3 -s3.region=us-east-1");
+    assert!(sh("fs.cat /etc/tidemark/remote/s3.conf").contains("us-east-1"));
+    let as_cluster = Command::new(bin())
+        .args(["shell", "--filer", &filer, "--tls-ca", ca_file, "-c", "fs.cat /etc/tidemark/remote/s3.conf"])
+        .env("TIDEMARK_TOKEN", "clu")
+        .output()
+        .unwrap();
+    assert!(ok(as_cluster).contains("testing-secret-1"), "the workers' token reads the secret whole");
     sh("remote.events.enable -dir=/mnt/data -slice=6s -visibility=5s");
     let _worker = TidemarkProcess::start_quiet(
         bin(),
         &tmp.path().join("worker.log"),
-        &["worker", "--admin", &admin, "--filer", &filer, "--id", "w1", "--token", "adm", "--tls-ca", ca_file],
+        &["worker", "--admin", &admin, "--filer", &filer, "--id", "w1", "--token", "clu", "--tls-ca", ca_file],
         |log| log.contains("registered with the admin"),
     );
     s3.put("hello.txt", Bytes::from_static(b"over tls"), Default::default()).await.unwrap();
@@ -98,9 +133,12 @@ async fn filer_admin_worker_and_gateway_over_tls() {
         reqwest::Client::builder().tls_certs_only([reqwest::Certificate::from_pem(&pem).unwrap()]).build().unwrap();
     let subs = client.get(format!("{admin}/api/v1/subscriptions")).bearer_auth("adm").send().await.unwrap();
     assert_eq!(subs.status(), 200);
+    // The workers' token opens the worker API only, not the admin's pages or reads.
+    let subs = client.get(format!("{admin}/api/v1/subscriptions")).bearer_auth("clu").send().await.unwrap();
+    assert_eq!(subs.status(), 401);
 
     // The S3 gateway over https, with boto3 verifying against the CA.
-    let mut args = vec!["s3", "--filer", &filer, "--token", "adm", "--addr", "127.0.0.1:0", "--tls-ca", ca_file];
+    let mut args = vec!["s3", "--filer", &filer, "--token", "clu", "--addr", "127.0.0.1:0", "--tls-ca", ca_file];
     args.extend_from_slice(&tls);
     let gw = TidemarkProcess::start(bin(), &tmp.path().join("gw"), &args);
     let code = format!(
