@@ -52,6 +52,22 @@ async fn idle_clients_cannot_hold_the_listener() {
 }
 
 #[tokio::test]
+async fn silent_and_idle_keep_alive_clients_are_dropped_too() {
+    let limits = Limits { max_connections: 2, header_timeout: Duration::from_secs(1), ..Limits::default() };
+    let (addr, _stop) = start(limits).await;
+    // One connects and says nothing; one is served and then idles on its kept-alive connection.
+    let _silent = TcpStream::connect(addr).await.unwrap();
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 256];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    // Both slots are taken; the deadline frees them.
+    let answer = tokio::time::timeout(Duration::from_secs(10), request(addr, "127.0.0.1")).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[tokio::test]
 async fn an_oversized_head_is_refused() {
     let (addr, _stop) = start(Limits { max_head_bytes: 16 * 1024, ..Limits::default() }).await;
     let mut s = TcpStream::connect(addr).await.unwrap();

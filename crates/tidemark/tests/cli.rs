@@ -379,5 +379,5 @@ fn a_data_token_works_the_namespace_and_not_the_control_plane() {
         .unwrap();
     no_panic(&out);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("--data-token needs --token"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("need --token"), "{}", text(&out.stderr));
 }
