@@ -381,3 +381,26 @@ fn a_data_token_works_the_namespace_and_not_the_control_plane() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("need --token"), "{}", text(&out.stderr));
 }
+
+/// Worker ids and host names go into the admin's log lines and pages: one with a newline or an
+/// escape sequence is refused at registration, with the rule.
+#[test]
+fn worker_ids_with_control_characters_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let register = |id: &str, host: &str| {
+        let body = serde_json::json!({"worker_id": id, "capabilities": ["remote_events"], "max_execute": 1,
+                                      "host": host, "version": "x"});
+        let url = format!("http://{}/api/v1/workers/register", server.admin_addr);
+        rt.block_on(async { reqwest::Client::new().post(url).json(&body).send().await.unwrap() })
+    };
+    for (id, host) in [("w1\n2026-12-04 INFO forged", "h"), ("w\x1b[2J", "h"), ("ok", "host\nforged")] {
+        let resp = register(id, host);
+        assert_eq!(resp.status(), 400, "{id:?} {host:?}");
+        let text = rt.block_on(resp.text()).unwrap();
+        assert!(text.contains("control character"), "{text}");
+    }
+    assert_eq!(register("w-ok", "host-1").status(), 200);
+    assert!(!server.stderr().contains("forged"), "{}", server.stderr());
+}
