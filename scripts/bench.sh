@@ -46,6 +46,8 @@ echo "== end to end against moto: apply throughput, API cost, reconcile vs the r
 
 echo "== the content cache against moto: cold read vs a plain GET, warm read vs a local file, small-file latency =="
 "$bin" bench cache --endpoint "$moto" --size 256M --small 200 --rounds 5
+echo "== the content cache, the bucket slower than the disk (a proxy capping each connection) =="
+"$bin" bench cache --endpoint "$moto" --size 256M --small 50 --rounds 2 --throttle 100
 
 echo "== the S3 gateway beside moto: cached 4 KiB GETs, a large cached GET vs a local file, 1 MiB PUTs =="
 "$bin" bench gateway --endpoint "$moto" --size 256M --requests 1000 --puts 64
