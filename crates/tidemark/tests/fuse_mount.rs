@@ -198,8 +198,9 @@ fn the_mount_follows_the_bucket_through_events() {
         while !check() {
             assert!(
                 t.elapsed() < Duration::from_secs(30),
-                "{what} not under the mount within 30 s:\n{}",
-                m.process.stderr()
+                "{what} not under the mount within 30 s:\n{}\nthe server:\n{}",
+                m.process.stderr(),
+                server.stderr()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
