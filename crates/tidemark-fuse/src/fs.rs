@@ -197,8 +197,9 @@ impl TidemarkFs {
             return Ok(e.clone());
         }
         self.counters.stats.fetch_add(1, Ordering::Relaxed);
+        let epoch = self.inodes().epoch();
         let e = self.call("stat", self.filer.stat(p))?.ok_or(Errno::ENOENT)?;
-        self.inodes().remember(e.clone());
+        self.inodes().remember_since(e.clone(), epoch);
         Ok(e)
     }
 
@@ -206,6 +207,9 @@ impl TidemarkFs {
         if let Some(l) = self.inodes().listing(dir) {
             return Ok(l.to_vec());
         }
+        // A change applied while the pages are read may not be in them: then they are used
+        // this once and asked for again next time (remembered, nothing would forget them).
+        let epoch = self.inodes().epoch();
         let mut all = Vec::new();
         let mut after: Option<String> = None;
         loop {
@@ -218,7 +222,7 @@ impl TidemarkFs {
             }
         }
         let names: Vec<String> = all.iter().map(|e| e.name().to_string()).collect();
-        self.inodes().remember_listing(dir, all);
+        self.inodes().remember_listing_since(dir, all, epoch);
         Ok(names)
     }
 

@@ -19,6 +19,9 @@ pub struct Inodes {
     entries: HashMap<String, Entry>,
     /// Directory listings read from the filer: child names in order.
     dirs: HashMap<String, Vec<String>>,
+    /// How many changes the mount has been told of. A read from the filer that started before
+    /// one may hold what that change replaced; it is used once, not remembered.
+    changes: u64,
 }
 
 impl Inodes {
@@ -66,6 +69,27 @@ impl Inodes {
         self.dirs.get(dir).map(Vec::as_slice)
     }
 
+    /// Where the change count stands: take it before asking the filer, give it to the
+    /// `*_since` calls after.
+    pub fn epoch(&self) -> u64 {
+        self.changes
+    }
+
+    /// Remembers `e`, read from the filer since `epoch`, unless a change arrived meanwhile (the
+    /// answer may predate it, and nothing would ever forget it).
+    pub fn remember_since(&mut self, e: Entry, epoch: u64) {
+        if self.changes == epoch {
+            self.remember(e);
+        }
+    }
+
+    /// [`remember_listing`](Self::remember_listing) under the same rule.
+    pub fn remember_listing_since(&mut self, dir: &str, children: Vec<Entry>, epoch: u64) {
+        if self.changes == epoch {
+            self.remember_listing(dir, children);
+        }
+    }
+
     pub fn remember_listing(&mut self, dir: &str, children: Vec<Entry>) {
         let names = children.iter().map(|e| e.name().to_string()).collect();
         for e in children {
@@ -78,6 +102,7 @@ impl Inodes {
     /// listing. Returns the inodes the kernel should forget too: `(parent, name)` for its entry,
     /// and `p`'s own inode for its attributes and pages.
     pub fn changed(&mut self, p: &str) -> (Option<(u64, String)>, Option<u64>) {
+        self.changes += 1;
         self.entries.remove(p);
         self.dirs.remove(p);
         let parent = path::parent(p).map(str::to_string);
@@ -125,6 +150,21 @@ mod tests {
             content: Content::Inline,
             extended: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_read_that_a_change_overtook_is_not_remembered() {
+        let mut i = Inodes::new("/m");
+        // A listing asked for, then the change log says /m/a is gone, then the (older) answer.
+        let epoch = i.epoch();
+        i.changed("/m/a");
+        i.remember_listing_since("/m", vec![entry("/m/a"), entry("/m/b")], epoch);
+        i.remember_since(entry("/m/a"), epoch);
+        assert!(i.listing("/m").is_none() && i.entry("/m/a").is_none(), "asked again next time");
+        // No change meanwhile: remembered.
+        let epoch = i.epoch();
+        i.remember_listing_since("/m", vec![entry("/m/b")], epoch);
+        assert_eq!(i.listing("/m"), Some(&["b".to_string()][..]));
     }
 
     #[test]
