@@ -168,10 +168,6 @@ fn cross_site(h: &header::HeaderMap) -> Option<String> {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
         let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -189,11 +185,10 @@ async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> R
         // The workers' token opens the worker API (register, heartbeat, report, leave), no page.
         let worker_api = req.uri().path().starts_with("/api/v1/workers/") && *req.method() == axum::http::Method::POST;
         let is_cluster = worker_api
-            && state
-                .cluster
-                .as_ref()
-                .is_some_and(|c| given.as_ref().is_some_and(|g| constant_time_eq(g.as_bytes(), c.as_bytes())));
-        if !is_cluster && !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            && state.cluster.as_ref().is_some_and(|c| {
+                given.as_ref().is_some_and(|g| tidemark_http::constant_time_eq(g.as_bytes(), c.as_bytes()))
+            });
+        if !is_cluster && !given.is_some_and(|g| tidemark_http::constant_time_eq(g.as_bytes(), token.as_bytes())) {
             return ApiError(Error::Unauthorized {
                 message:
                     "missing or wrong token: pass --token or set TIDEMARK_TOKEN to the admin's token (in a browser: \
@@ -407,7 +402,7 @@ pub async fn serve(
     serve_tls(listener, admin, token, None, None, shutdown).await
 }
 
-/// [`serve`] over HTTPS with `tls`.
+/// [`serve`], over HTTPS when `tls` is given.
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     admin: Arc<Admin>,

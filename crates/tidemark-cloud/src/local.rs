@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::io::SeekFrom;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -115,15 +114,6 @@ struct Meta {
 }
 
 impl Meta {
-    fn of_std(md: &std::fs::Metadata) -> Meta {
-        Meta {
-            is_dir: md.is_dir(),
-            ino: md.ino(),
-            mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
-            len: md.len(),
-        }
-    }
-
     fn of_stat(st: &rustix::fs::Stat) -> Meta {
         Meta {
             is_dir: rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory,
@@ -143,6 +133,17 @@ fn object_of(key: String, md: &Meta) -> RemoteObject {
         version_id: None,
         user_metadata: None,
     }
+}
+
+/// How every directory of a bucket is opened: for reading, never through a link.
+const DIR_FLAGS: rustix::fs::OFlags = rustix::fs::OFlags::DIRECTORY
+    .union(rustix::fs::OFlags::NOFOLLOW)
+    .union(rustix::fs::OFlags::RDONLY)
+    .union(rustix::fs::OFlags::CLOEXEC);
+
+/// The directory `name` inside `dir`; a link there fails with `ELOOP`/`ENOTDIR`.
+fn open_subdir(dir: &OwnedFd, name: &str) -> std::result::Result<OwnedFd, rustix::io::Errno> {
+    rustix::fs::openat(dir, name, DIR_FLAGS, rustix::fs::Mode::empty())
 }
 
 /// Why an operation met a symbolic link: a local bucket holds files and directories only, and a
@@ -184,8 +185,9 @@ impl LocalStorage {
         }
     }
 
-    /// The segments of the path a key names, or why it cannot name one.
-    fn segments_of<'k>(&self, key: &'k str) -> Result<Vec<&'k str>> {
+    /// The segments of the path a key names (owned: the blocking task that walks them outlives
+    /// the call), or why it cannot name one.
+    fn segments_of(&self, key: &str) -> Result<Vec<String>> {
         let rel = key.strip_suffix('/').unwrap_or(key);
         let bad =
             |why: &str| Error::invalid_argument(format!("key {key:?} cannot be stored in a local directory: {why}"));
@@ -201,37 +203,26 @@ impl LocalStorage {
                 return Err(bad("names starting with .tidemark-tmp- are reserved"));
             }
         }
-        Ok(segs)
+        Ok(segs.into_iter().map(str::to_string).collect())
     }
 
     /// The bucket's directory, opened without following a link.
     fn open_root(&self) -> std::result::Result<OwnedFd, rustix::io::Errno> {
-        use rustix::fs::{Mode, OFlags};
-        rustix::fs::open(
-            &self.root,
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
+        rustix::fs::open(&self.root, DIR_FLAGS, rustix::fs::Mode::empty())
     }
 
     /// The directory `segs` names below the bucket, each step opened with `O_NOFOLLOW`: a link
     /// anywhere on the way fails with `ELOOP`/`ENOTDIR`. With `create`, missing steps are made.
-    fn open_dir(&self, segs: &[&str], create: bool) -> std::result::Result<OwnedFd, rustix::io::Errno> {
-        use rustix::fs::{Mode, OFlags};
+    fn open_dir(&self, segs: &[String], create: bool) -> std::result::Result<OwnedFd, rustix::io::Errno> {
         let mut dir = self.open_root()?;
         for seg in segs {
             if create {
-                match rustix::fs::mkdirat(&dir, *seg, Mode::from_raw_mode(0o755)) {
+                match rustix::fs::mkdirat(&dir, seg.as_str(), rustix::fs::Mode::from_raw_mode(0o755)) {
                     Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                     Err(e) => return Err(e),
                 }
             }
-            dir = rustix::fs::openat(
-                &dir,
-                *seg,
-                OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
+            dir = open_subdir(&dir, seg)?;
         }
         Ok(dir)
     }
@@ -260,7 +251,7 @@ fn walk(
     max: usize,
     out: &mut Vec<RemoteObject>,
 ) -> std::result::Result<bool, rustix::io::Errno> {
-    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    use rustix::fs::{AtFlags, FileType};
     let mut children: Vec<(String, bool)> = Vec::new();
     for entry in rustix::fs::Dir::read_from(dir)? {
         let entry = entry?;
@@ -299,12 +290,7 @@ fn walk(
             if end.as_str() <= after || !(marker.starts_with(prefix) || prefix.starts_with(&marker)) {
                 continue;
             }
-            let sub = match rustix::fs::openat(
-                dir,
-                name.as_str(),
-                OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
+            let sub = match open_subdir(dir, &name) {
                 Ok(fd) => fd,
                 // Removed, or replaced by a link or a file, since the directory was read.
                 Err(e) if e == rustix::io::Errno::NOENT || is_link_error(&e) => continue,
@@ -352,13 +338,12 @@ impl RemoteStorage for LocalStorage {
     }
 
     async fn stat(&self, key: &str) -> Result<Option<RemoteObject>> {
-        let segs: Vec<String> = self.segments_of(key)?.into_iter().map(str::to_string).collect();
+        let segs = self.segments_of(key)?;
         let (this, key) = (self.clone(), key.to_string());
         blocking(move || {
             use rustix::fs::{AtFlags, FileType};
             let (name, parents) = segs.split_last().expect("a key has a segment");
-            let parents: Vec<&str> = parents.iter().map(String::as_str).collect();
-            let dir = match this.open_dir(&parents, false) {
+            let dir = match this.open_dir(parents, false) {
                 Ok(d) => d,
                 // Nothing there, or a link on the way: no object by that key in this bucket.
                 Err(e) if e == rustix::io::Errno::NOENT || is_link_error(&e) => return Ok(None),
@@ -396,14 +381,13 @@ impl RemoteStorage for LocalStorage {
     }
 
     async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream> {
-        let segs: Vec<String> = self.segments_of(key)?.into_iter().map(str::to_string).collect();
+        let segs = self.segments_of(key)?;
         let (this, owned_key) = (self.clone(), key.to_string());
         let opened = blocking(move || {
             use rustix::fs::{Mode, OFlags};
             let key = owned_key;
             let (name, parents) = segs.split_last().expect("a key has a segment");
-            let parents: Vec<&str> = parents.iter().map(String::as_str).collect();
-            let file = this.open_dir(&parents, false).and_then(|dir| {
+            let file = this.open_dir(parents, false).and_then(|dir| {
                 rustix::fs::openat(
                     &dir,
                     name.as_str(),
@@ -411,25 +395,24 @@ impl RemoteStorage for LocalStorage {
                     Mode::empty(),
                 )
             });
-            match file {
-                Ok(fd) => Ok(std::fs::File::from(fd)),
+            match file.and_then(|fd| rustix::fs::fstat(&fd).map(|st| (std::fs::File::from(fd), st))) {
+                Ok(opened) => Ok(opened),
                 Err(rustix::io::Errno::NOENT) => Err(Error::not_found(format!("{}/{key}", this.bucket))),
                 Err(e) if is_link_error(&e) => Err(this.link_refused(&key)),
                 Err(e) => Err(this.errno("opening", &key, e)),
             }
         })
         .await?;
+        let (file, st) = opened;
+        match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+            rustix::fs::FileType::RegularFile => {}
+            rustix::fs::FileType::Directory => return Err(Error::IsADirectory { path: key.into() }),
+            _ => return Err(Error::invalid_argument(format!("{}/{key} is not a regular file", self.bucket))),
+        }
         let p = self.root.join(key);
-        let mut f = tokio::fs::File::from_std(opened);
-        let md = f.metadata().await.map_err(|e| io_err("reading", &p, e))?;
-        if md.is_dir() {
-            return Err(Error::IsADirectory { path: key.into() });
-        }
-        if !md.is_file() {
-            return Err(Error::invalid_argument(format!("{}/{key} is not a regular file", self.bucket)));
-        }
+        let mut f = tokio::fs::File::from_std(file);
         if let Some(want) = if_etag
-            && object_of(key.into(), &Meta::of_std(&md)).etag != want
+            && object_of(key.into(), &Meta::of_stat(&st)).etag != want
         {
             return Err(Error::PreconditionFailed { path: key.into(), current: None });
         }
@@ -442,23 +425,22 @@ impl RemoteStorage for LocalStorage {
     }
 
     async fn put(&self, key: &str, body: Bytes, _metadata: BTreeMap<String, String>) -> Result<RemoteObject> {
-        let segs: Vec<String> = self.segments_of(key)?.into_iter().map(str::to_string).collect();
+        let segs = self.segments_of(key)?;
         let (this, owned_key) = (self.clone(), key.to_string());
         blocking(move || {
             use rustix::fs::{AtFlags, FileType, Mode, OFlags};
             let key = owned_key;
-            let all: Vec<&str> = segs.iter().map(String::as_str).collect();
             let fail = |what: &str, e: rustix::io::Errno| {
                 if is_link_error(&e) { this.link_refused(&key) } else { this.errno(what, &key, e) }
             };
             if key.ends_with('/') {
-                let dir = this.open_dir(&all, true).map_err(|e| fail("creating", e))?;
+                let dir = this.open_dir(&segs, true).map_err(|e| fail("creating", e))?;
                 let st = rustix::fs::fstat(&dir).map_err(|e| fail("reading", e))?;
                 return Ok(object_of(key.clone(), &Meta::of_stat(&st)));
             }
-            let (name, parents) = all.split_last().expect("a key has a segment");
+            let (name, parents) = segs.split_last().expect("a key has a segment");
             let dir = this.open_dir(parents, true).map_err(|e| fail("creating", e))?;
-            match rustix::fs::statat(&dir, *name, AtFlags::SYMLINK_NOFOLLOW) {
+            match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
                     return Err(this.link_refused(&key));
                 }
@@ -478,7 +460,7 @@ impl RemoteStorage for LocalStorage {
                 let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
                 return Err(io_err("writing", &this.root.join(&key), e));
             }
-            if let Err(e) = rustix::fs::renameat(&dir, tmp.as_str(), &dir, *name) {
+            if let Err(e) = rustix::fs::renameat(&dir, tmp.as_str(), &dir, name.as_str()) {
                 let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
                 return Err(fail("renaming into", e));
             }
@@ -489,14 +471,13 @@ impl RemoteStorage for LocalStorage {
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        let segs: Vec<String> = self.segments_of(key)?.into_iter().map(str::to_string).collect();
+        let segs = self.segments_of(key)?;
         let (this, owned_key) = (self.clone(), key.to_string());
         blocking(move || {
             use rustix::fs::{AtFlags, FileType};
             let key = owned_key;
             let (name, parents) = segs.split_last().expect("a key has a segment");
-            let parents: Vec<&str> = parents.iter().map(String::as_str).collect();
-            let dir = match this.open_dir(&parents, false) {
+            let dir = match this.open_dir(parents, false) {
                 Ok(d) => d,
                 // Nothing there by that key, or a link on the way: nothing of the bucket's to remove.
                 Err(e) if e == rustix::io::Errno::NOENT || is_link_error(&e) => return Ok(()),

@@ -231,6 +231,17 @@ impl MountMapping {
 pub mod system_paths {
     /// The system directory: every document below it is the control plane's (admin token only).
     pub const ROOT: &str = "/etc/tidemark";
+
+    /// Whether `p` is the system directory or lies below it.
+    pub fn is_system(p: &str) -> bool {
+        crate::path::is_within(p, ROOT)
+    }
+
+    /// Whether a change at `p` could reach the system directory: `p` is in it, or above it (`/`,
+    /// `/etc`), where a recursive delete or a mount would take it along.
+    pub fn reaches_system(p: &str) -> bool {
+        is_system(p) || crate::path::is_within(ROOT, p)
+    }
     /// The cluster's identity: `{"id": "..."}`, created once by the first filer.
     pub const CLUSTER: &str = "/etc/tidemark/cluster.json";
     pub const REMOTE_DIR: &str = "/etc/tidemark/remote";
@@ -277,6 +288,20 @@ mod tests {
         {
             let e = RemoteLocation::parse(bad).unwrap_err().to_string();
             assert!(e.contains(says) && e.contains("NAME/BUCKET"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_system_directory_and_what_lies_above_it() {
+        use system_paths::{is_system, reaches_system};
+        for p in ["/etc/tidemark", "/etc/tidemark/remote/s3.conf"] {
+            assert!(is_system(p) && reaches_system(p), "{p}");
+        }
+        for p in ["/", "/etc"] {
+            assert!(!is_system(p) && reaches_system(p), "{p}");
+        }
+        for p in ["/etc/tidemarks", "/etc/tidemark.conf", "/etcetera", "/data/etc/tidemark", "/e"] {
+            assert!(!is_system(p) && !reaches_system(p), "{p}");
         }
     }
 

@@ -169,7 +169,7 @@ impl SubscriptionOptions {
         }
         if let Some(glob) = &self.prefetch {
             crate::cache::FileFilter::new(Some(glob), None, None, None)
-                .map_err(|e| format!("prefetch (-prefetch): {e}"))?;
+                .map_err(|e| format!("prefetch (-prefetch): {}", e.to_string().replace("-include", "-prefetch")))?;
         }
         Ok(())
     }

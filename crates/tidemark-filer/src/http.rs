@@ -183,8 +183,9 @@ struct AppState {
     tokens: Arc<Tokens>,
 }
 
-/// The filer a request may use: the whole one for the admin token, the data scope for a data
-/// token (set by `authorize`).
+/// The filer a request may use, by the role `authorize` found: the filer itself for the cluster
+/// (or the only) token, [`AdminScope`] for the admin token beside a cluster token, [`DataScope`]
+/// for a data token.
 struct Access(Arc<dyn Filer>);
 
 impl FromRequestParts<AppState> for Access {
@@ -251,11 +252,17 @@ async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) 
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .unwrap_or("");
             // Every token is compared, whichever matches, so the time taken says nothing.
-            let is_admin = constant_time_eq(given.as_bytes(), admin.as_bytes());
-            let is_data =
-                state.tokens.data.iter().fold(false, |m, d| m | constant_time_eq(given.as_bytes(), d.as_bytes()));
-            let is_cluster =
-                state.tokens.cluster.as_ref().is_some_and(|c| constant_time_eq(given.as_bytes(), c.as_bytes()));
+            let is_admin = tidemark_http::constant_time_eq(given.as_bytes(), admin.as_bytes());
+            let is_data = state
+                .tokens
+                .data
+                .iter()
+                .fold(false, |m, d| m | tidemark_http::constant_time_eq(given.as_bytes(), d.as_bytes()));
+            let is_cluster = state
+                .tokens
+                .cluster
+                .as_ref()
+                .is_some_and(|c| tidemark_http::constant_time_eq(given.as_bytes(), c.as_bytes()));
             match (is_cluster, is_admin, is_data) {
                 (true, _, _) => Some(Role::Cluster),
                 // Without a cluster token the admin's is the cluster's.
@@ -274,10 +281,6 @@ async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) 
     };
     req.extensions_mut().insert(role);
     next.run(req).await
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Refuses to expose the filer beyond this machine without a token.
@@ -378,6 +381,12 @@ pub fn parse_range(v: &str) -> Result<ByteRange, Error> {
     Ok(ByteRange { offset: start, length })
 }
 
+/// The entry as the content response carries it (base64 of its JSON, in `ENTRY_HEADER`).
+fn entry_header(entry: &tidemark_core::model::Entry) -> ApiResult<HeaderValue> {
+    let json = serde_json::to_vec(entry).map_err(Error::internal)?;
+    Ok(HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(json)).map_err(Error::internal)?)
+}
+
 async fn read(
     Access(f): Access,
     headers: HeaderMap,
@@ -394,22 +403,20 @@ async fn read(
     {
         // A range starting at the end selects no byte: 416 (RFC 9110 §14.1.1), with the entry, so
         // the filer's own client can still answer a read at end of file with nothing.
-        let entry_json = serde_json::to_vec(&entry).map_err(Error::internal)?;
+        let header = entry_header(&entry)?;
         let mut resp =
             ApiError(Error::RangeNotSatisfiable { path: q.path, offset: r.offset, size: entry.size }).into_response();
-        let encoded = base64::engine::general_purpose::STANDARD.encode(entry_json);
-        resp.headers_mut().insert(ENTRY_HEADER, HeaderValue::from_str(&encoded).map_err(Error::internal)?);
+        resp.headers_mut().insert(ENTRY_HEADER, header);
         return Ok(resp);
     }
-    let entry_json = serde_json::to_vec(&entry).map_err(Error::internal)?;
-    let encoded = base64::engine::general_purpose::STANDARD.encode(entry_json);
+    let header = entry_header(&entry)?;
     let mut resp = Response::new(Body::from_stream(stream));
     if range.is_some() {
         *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
     }
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    h.insert(ENTRY_HEADER, HeaderValue::from_str(&encoded).map_err(Error::internal)?);
+    h.insert(ENTRY_HEADER, header);
     match range {
         Some(r) => {
             let len = r.length.map_or(entry.size - r.offset, |n| n.min(entry.size - r.offset));

@@ -242,7 +242,8 @@ fn blob_of(e: Option<&Entry>) -> Option<&str> {
     }
 }
 
-fn slice_range(p: &str, len: usize, range: Option<ByteRange>) -> Result<std::ops::Range<usize>> {
+/// The bytes of a `len`-byte content that `range` selects (a range past the end is refused).
+pub(crate) fn slice_range(p: &str, len: usize, range: Option<ByteRange>) -> Result<std::ops::Range<usize>> {
     let Some(r) = range else { return Ok(0..len) };
     check_range(p, len as u64, r)?;
     let start = r.offset as usize;
@@ -252,13 +253,10 @@ fn slice_range(p: &str, len: usize, range: Option<ByteRange>) -> Result<std::ops
 
 /// What an `apply` may put, whoever sends it: the size agrees with the content the entry will
 /// have (a GET must not promise bytes that are not there) and the extended attributes are
-/// bounded as a write's are (they travel in a response header).
+/// bounded as a write's are.
 fn check_put(p: &str, entry: &NewEntry, data: Option<&Bytes>) -> Result<()> {
+    check_extended(p, &entry.extended)?;
     let bad = |why: String| Err(Error::invalid_argument(format!("{p}: {why}")));
-    let ext: usize = entry.extended.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
-    if ext > crate::http::MAX_EXTENDED_BYTES {
-        return bad(format!("{ext} bytes of extended attributes; at most {}", crate::http::MAX_EXTENDED_BYTES));
-    }
     match (&entry.content, data) {
         (_, Some(_)) if entry.content != Content::Inline => bad("data goes with inline content only".into()),
         (Content::Empty, _) if entry.size != 0 => {
@@ -275,11 +273,41 @@ fn check_put(p: &str, entry: &NewEntry, data: Option<&Bytes>) -> Result<()> {
     }
 }
 
-fn entry_size(txn: &Txn) -> u64 {
-    match &txn.mutation {
-        Mutation::Put { entry, .. } => entry.size,
-        Mutation::Delete { .. } => 0,
+/// Blob content is created only by `write`. A transaction may keep an entry's existing blob (a
+/// metadata update, at its size), but never point an entry at a blob another entry owns:
+/// removing that one would then take the bytes from under this one.
+fn check_kept_blob(txn: &Txn, id: &str, size: u64, current: Option<&Entry>) -> Result<()> {
+    let Precondition::Version(v) = txn.precondition else {
+        return Err(Error::invalid_argument(
+            "a put that keeps blob content must be conditional on the entry's version",
+        ));
+    };
+    match current {
+        Some(e) if e.version != v => {
+            Err(Error::PreconditionFailed { path: txn.path.clone(), current: Some(e.version) })
+        }
+        None => Err(Error::PreconditionFailed { path: txn.path.clone(), current: None }),
+        Some(e) if blob_of(Some(e)) != Some(id) => {
+            Err(Error::invalid_argument("blob content can only be written through a file write"))
+        }
+        Some(e) if e.size != size => Err(Error::invalid_argument(format!(
+            "{}: a put that keeps blob content keeps its size ({} bytes)",
+            txn.path, e.size
+        ))),
+        Some(_) => Ok(()),
     }
+}
+
+/// Extended attributes are bounded (they travel base64-encoded in a response header).
+fn check_extended(p: &str, ext: &std::collections::BTreeMap<String, String>) -> Result<()> {
+    let bytes: usize = ext.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
+    if bytes > crate::http::MAX_EXTENDED_BYTES {
+        return Err(Error::invalid_argument(format!(
+            "{p}: {bytes} bytes of extended attributes; at most {}",
+            crate::http::MAX_EXTENDED_BYTES
+        )));
+    }
+    Ok(())
 }
 
 /// A range may start at the end of the file (reading nothing, as a read at end of file does),
@@ -376,13 +404,7 @@ impl Filer for LocalFiler {
         }
         // Cheap refusals before consuming a possibly large body.
         if let Some(ext) = &opts.extended {
-            let bytes: usize = ext.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
-            if bytes > crate::http::MAX_EXTENDED_BYTES {
-                return Err(Error::invalid_argument(format!(
-                    "{p}: {bytes} bytes of extended attributes; at most {}",
-                    crate::http::MAX_EXTENDED_BYTES
-                )));
-            }
+            check_extended(p, ext)?;
         }
         let before = self.store.get(p).await?;
         if before.as_ref().is_some_and(Entry::is_dir) {
@@ -460,43 +482,23 @@ impl Filer for LocalFiler {
     async fn apply(&self, txn: Txn) -> Result<Applied> {
         if let Mutation::Put { entry, data } = &txn.mutation {
             check_put(&txn.path, entry, data.as_ref())?;
-            // Keeping the inline bytes it has: the size must stay theirs.
-            if entry.content == Content::Inline && data.is_none() {
-                match self.store.get(&txn.path).await? {
-                    Some(e) if e.content == Content::Inline && e.size == entry.size => {}
-                    _ => {
+            // A put that keeps the content the entry has (its inline bytes, sent without data, or
+            // its blob) keeps that content's size.
+            let kept_blob = match &entry.content {
+                Content::Blob { id } => Some(id.as_str()),
+                _ => None,
+            };
+            if kept_blob.is_some() || (entry.content == Content::Inline && data.is_none()) {
+                let current = self.store.get(&txn.path).await?;
+                match kept_blob {
+                    Some(id) => check_kept_blob(&txn, id, entry.size, current.as_ref())?,
+                    None if current.as_ref().is_some_and(|e| e.content == Content::Inline && e.size == entry.size) => {}
+                    None => {
                         return Err(Error::invalid_argument(format!(
                             "{}: an inline put without data keeps the entry's inline bytes, so its size must be theirs",
                             txn.path
                         )));
                     }
-                }
-            }
-        }
-        // Blob content is created only by `write`. A transaction may keep an entry's existing
-        // blob (a metadata update), but never point an entry at a blob another entry owns:
-        // removing that one would then take the bytes from under this one.
-        if let Mutation::Put { entry: NewEntry { content: Content::Blob { id }, .. }, .. } = &txn.mutation {
-            let Precondition::Version(v) = txn.precondition else {
-                return Err(Error::invalid_argument(
-                    "a put that keeps blob content must be conditional on the entry's version",
-                ));
-            };
-            let current = self.store.get(&txn.path).await?;
-            match &current {
-                Some(e) if e.version == v && blob_of(Some(e)) == Some(id.as_str()) && e.size != entry_size(&txn) => {
-                    return Err(Error::invalid_argument(format!(
-                        "{}: a put that keeps blob content keeps its size ({} bytes)",
-                        txn.path, e.size
-                    )));
-                }
-                Some(e) if e.version == v && blob_of(Some(e)) == Some(id.as_str()) => {}
-                Some(e) if e.version != v => {
-                    return Err(Error::PreconditionFailed { path: txn.path, current: Some(e.version) });
-                }
-                None => return Err(Error::PreconditionFailed { path: txn.path, current: None }),
-                Some(_) => {
-                    return Err(Error::invalid_argument("blob content can only be written through a file write"));
                 }
             }
         }

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use tidemark_core::cache::{CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn};
-use tidemark_core::remote::system_paths;
+use tidemark_core::remote::system_paths::{self, is_system, reaches_system};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
 
 pub struct DataScope {
@@ -34,17 +34,6 @@ fn refused(what: &str) -> Error {
             system_paths::ROOT
         ),
     }
-}
-
-/// Whether `p` is the system directory or below it.
-fn is_system(p: &str) -> bool {
-    p.strip_prefix(system_paths::ROOT).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
-
-/// Whether a change to `p` could reach the system directory: `p` is in it, or above it (`/`,
-/// `/etc`), where a recursive delete or replacing the directory with a file would take it along.
-fn reaches_system(p: &str) -> bool {
-    is_system(p) || p == "/" || system_paths::ROOT.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
 }
 
 fn readable(p: &str) -> Result<()> {
@@ -240,17 +229,8 @@ impl Filer for AdminScope {
         }
         // The entry describes what is served: the masked document.
         entry.size = bytes.len() as u64;
-        let slice = match range {
-            None => bytes,
-            Some(r) if r.offset > entry.size => {
-                return Err(Error::RangeNotSatisfiable { path: path.into(), offset: r.offset, size: entry.size });
-            }
-            Some(r) => {
-                let end = r.length.map_or(bytes.len(), |n| (r.offset.saturating_add(n)).min(entry.size) as usize);
-                bytes[r.offset as usize..end].to_vec()
-            }
-        };
-        let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(bytes::Bytes::from(slice)) }));
+        let slice = bytes::Bytes::from(bytes).slice(crate::local::slice_range(path, entry.size as usize, range)?);
+        let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(slice) }));
         Ok((entry, body))
     }
 
@@ -312,23 +292,5 @@ impl Filer for AdminScope {
 
     async fn cache_stats(&self) -> Result<CacheStats> {
         self.inner.cache_stats().await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_system_directory_and_what_lies_above_it() {
-        for p in ["/etc/tidemark", "/etc/tidemark/remote/s3.conf"] {
-            assert!(is_system(p) && reaches_system(p), "{p}");
-        }
-        for p in ["/", "/etc"] {
-            assert!(!is_system(p) && reaches_system(p), "{p}");
-        }
-        for p in ["/etc/tidemarks", "/etc/tidemark.conf", "/etcetera", "/data/etc/tidemark", "/e"] {
-            assert!(!is_system(p) && !reaches_system(p), "{p}");
-        }
     }
 }

@@ -54,6 +54,12 @@ impl Default for Limits {
     }
 }
 
+/// Whether two secrets (tokens) are equal, in a time that depends on their length only, not on
+/// where they first differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Whether a request naming `host` (its `Host` header or HTTP/2 authority) may be served by a
 /// listener on a loopback address: only loopback names (`localhost`, `*.localhost`, 127.0.0.0/8,
 /// `::1`) may. A request without one (HTTP/1.0) is no browser's.
@@ -175,36 +181,25 @@ where
                 }
             })
         });
-        let watcher = graceful.watcher();
-        match &tls {
-            None => {
-                let conn = connection(&http, stream, guarded, watcher);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+        let (watcher, tls, http, deadline) = (graceful.watcher(), tls.clone(), http.clone(), limits.header_timeout);
+        tokio::spawn(async move {
+            let _slot = permit;
+            let conn = match tls {
+                None => connection(&http, stream, guarded, watcher),
+                // A client that does not finish its handshake in time holds no slot.
+                Some(acceptor) => match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => connection(&http, s, guarded, watcher),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        return;
                     }
-                    drop(permit);
-                });
+                    Err(_) => return,
+                },
+            };
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
             }
-            Some(acceptor) => {
-                let (acceptor, http, deadline) = (acceptor.clone(), http.clone(), limits.header_timeout);
-                tokio::spawn(async move {
-                    // A client that does not finish its handshake in time holds no slot.
-                    let stream = match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
-                    if let Err(e) = connection(&http, stream, guarded, watcher).await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                    drop(permit);
-                });
-            }
-        }
+        });
     }
     tokio::select! {
         () = graceful.shutdown() => {}

@@ -30,16 +30,19 @@ pub fn service(filer: Arc<dyn Filer>, loopback: bool) -> S3Service {
     b.build()
 }
 
-/// Refuses an address beyond loopback unless keys are configured (checked at start; keys can
-/// only be added later, and the development key never works beyond loopback).
-/// Refuses to serve with masked secrets: a gateway given the operators' admin token while the
-/// filer has a cluster token reads every S3 secret as `****...`, and would refuse every request.
-pub async fn check_secrets(filer: &dyn Filer) -> Result<(), String> {
-    let ids = tidemark_engine::docs::read_json::<identity::Identities>(filer, identity::IDENTITIES)
+/// The configured identities (none yet: empty), as the gateway's start-up checks read them.
+async fn identities(filer: &dyn Filer) -> Result<identity::Identities, String> {
+    Ok(tidemark_engine::docs::read_json::<identity::Identities>(filer, identity::IDENTITIES)
         .await
         .map_err(|e| format!("cannot read the S3 identities ({}): {e}", identity::IDENTITIES))?
         .map(|(d, _)| d)
-        .unwrap_or_default();
+        .unwrap_or_default())
+}
+
+/// Refuses to serve with masked secrets: a gateway given the operators' admin token while the
+/// filer has a cluster token reads every S3 secret as `****...`, and would refuse every request.
+pub async fn check_secrets(filer: &dyn Filer) -> Result<(), String> {
+    let ids = identities(filer).await?;
     if ids.identities.iter().flat_map(|i| &i.credentials).any(|k| k.secret_key.starts_with("****")) {
         return Err(
             "the filer shows this gateway the S3 secrets masked: give the gateway the filer's --cluster-token as its --token"
@@ -49,16 +52,13 @@ pub async fn check_secrets(filer: &dyn Filer) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses an address beyond loopback unless keys are configured (checked at start; keys can
+/// only be added later, and the development key never works beyond loopback).
 pub async fn check_bind(addr: SocketAddr, filer: &dyn Filer) -> Result<(), String> {
     if addr.ip().is_loopback() {
         return Ok(());
     }
-    let ids = tidemark_engine::docs::read_json::<identity::Identities>(filer, identity::IDENTITIES)
-        .await
-        .map_err(|e| format!("cannot read the S3 identities ({}): {e}", identity::IDENTITIES))?
-        .map(|(d, _)| d)
-        .unwrap_or_default();
-    if ids.has_keys() {
+    if identities(filer).await?.has_keys() {
         Ok(())
     } else {
         Err(format!(
@@ -70,7 +70,7 @@ pub async fn check_bind(addr: SocketAddr, filer: &dyn Filer) -> Result<(), Strin
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
-/// (at most 10 s).
+/// (at most 10 s); plain HTTP (see [`serve_tls`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: S3Service,
@@ -79,7 +79,7 @@ pub async fn serve(
     serve_tls(listener, service, None, shutdown).await
 }
 
-/// [`serve`] over HTTPS with `tls`.
+/// [`serve`], over HTTPS when `tls` is given.
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     service: S3Service,

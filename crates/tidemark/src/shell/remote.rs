@@ -230,7 +230,7 @@ pub async fn mount(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErr
     let location =
         RemoteLocation::parse(args.get("remote").ok_or_else(|| usage("-remote=NAME/BUCKET[/PATH] is required"))?)
             .map_err(|e| usage(e.to_string()))?;
-    if dir == path::ROOT || path::is_within(&dir, "/etc/tidemark") || path::is_within("/etc/tidemark", &dir) {
+    if system_paths::reaches_system(&dir) {
         return Err(usage(format!("cannot mount on {dir}: choose a directory such as /mnt/data")));
     }
     if let Some(m) = mapping.mounts.iter().find(|m| path::is_within(&dir, &m.dir) || path::is_within(&m.dir, &dir)) {

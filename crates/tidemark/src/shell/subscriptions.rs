@@ -64,24 +64,18 @@ fn options_from(args: &Args, base: &SubscriptionOptions) -> Result<SubscriptionO
     }
     if let Some(v) = args.get("visibility") {
         o.visibility_timeout_secs = parse_secs("visibility", v)?;
-        if o.visibility_timeout_secs > 12 * 3600 {
-            return Err(CmdError::Usage("-visibility is at most 12h (SQS's limit)".into()));
-        }
     }
     if let Some(v) = args.get("concurrency") {
-        o.apply_concurrency = v
-            .parse()
-            .ok()
-            .filter(|n| (1..=256).contains(n))
-            .ok_or_else(|| CmdError::Usage(format!("-concurrency={v:?}: give 1 to 256")))?;
+        o.apply_concurrency = v.parse().map_err(|_| {
+            CmdError::Usage(format!(
+                "-concurrency={v:?}: give 1 to {}",
+                tidemark_core::subscription::MAX_APPLY_CONCURRENCY
+            ))
+        })?;
     }
     if let Some(v) = args.get("prefetch") {
         // `-prefetch=` (empty) turns it off again.
         o.prefetch = Some(v.to_string()).filter(|v| !v.is_empty());
-        if let Some(glob) = &o.prefetch {
-            tidemark_core::cache::FileFilter::new(Some(glob), None, None, None)
-                .map_err(|e| CmdError::Usage(e.to_string().replace("-include", "-prefetch")))?;
-        }
     }
     if let Some(v) = args.get("prefetchMaxSize") {
         o.prefetch_max_size =
