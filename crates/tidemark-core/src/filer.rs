@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheOutcome, CacheStats, CacheStatus};
 use crate::error::{Error, Result};
-use crate::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Precondition, Txn};
+use crate::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Precondition, Txn, TxnBatch};
 
 /// A stream of content bytes. Content is streamed, never buffered whole.
 pub type ByteStream = BoxStream<'static, std::io::Result<Bytes>>;
@@ -68,6 +68,16 @@ pub trait Filer: Send + Sync + 'static {
 
     async fn stat(&self, path: &str) -> Result<Option<Entry>>;
 
+    /// The entries at `paths`, in order (see [`crate::MetaStore::get_many`]). The default asks
+    /// one at a time, through `stat` and whatever checks it makes.
+    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        let mut out = Vec::with_capacity(paths.len());
+        for p in paths {
+            out.push(self.stat(p).await?);
+        }
+        Ok(out)
+    }
+
     /// See [`crate::MetaStore::list`].
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page>;
 
@@ -88,6 +98,10 @@ pub trait Filer: Send + Sync + 'static {
 
     /// The conditional, optionally fenced transaction (metadata and inline content only).
     async fn apply(&self, txn: Txn) -> Result<Applied>;
+
+    /// Many conditional transactions in one store transaction (see [`TxnBatch`] and
+    /// [`crate::MetaStore::apply_many`]): nothing lands if the batch's fence fails.
+    async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>>;
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease>;
     async fn lease_renew(&self, fence: &Fence, ttl: Duration) -> Result<Lease>;

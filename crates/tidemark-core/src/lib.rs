@@ -24,7 +24,7 @@ pub use error::{Error, ErrorCode, Result};
 pub use filer::{ByteRange, ByteStream, DeleteOptions, Filer, Health, WriteOptions};
 pub use model::{
     Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, Precondition,
-    RemoteEntry, Txn,
+    RemoteEntry, Txn, TxnBatch, TxnOutcome,
 };
 pub use remote::{RemoteObject, RemoteStorage};
 pub use store::MetaStore;

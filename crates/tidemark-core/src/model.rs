@@ -307,6 +307,67 @@ impl Txn {
     }
 }
 
+/// The most transactions one [`TxnBatch`] may carry, and the most paths one batched read may ask
+/// for: a batch is one database transaction, and holds the store's writer (or lock) throughout.
+pub const MAX_BATCH: usize = 1000;
+
+/// Many transactions committed as one database transaction: the shared fence is checked once,
+/// and if it does not hold nothing of the batch lands (`Fenced`); otherwise each transaction
+/// checks its own precondition and stands or fails alone, in order, seeing the writes of the
+/// ones before it. A transaction in a batch carries no fence of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnBatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<Fence>,
+    pub txns: Vec<Txn>,
+}
+
+impl TxnBatch {
+    /// The checks every backend makes before opening its transaction: the batch's shape. Each
+    /// transaction's own checks ([`Txn::validate`]) fail that transaction alone.
+    pub fn validate(&self) -> Result<()> {
+        if self.txns.len() > MAX_BATCH {
+            return Err(Error::invalid_argument(format!(
+                "a batch of {} transactions exceeds the limit of {MAX_BATCH}; split it",
+                self.txns.len()
+            )));
+        }
+        if let Some(t) = self.txns.iter().find(|t| t.fence.is_some()) {
+            return Err(Error::invalid_argument(format!(
+                "{}: a transaction in a batch carries the batch's fence, not its own",
+                t.path
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One transaction's result in a batch, as the HTTP API carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxnOutcome {
+    Applied(Applied),
+    Failed(Error),
+}
+
+impl From<Result<Applied>> for TxnOutcome {
+    fn from(r: Result<Applied>) -> Self {
+        match r {
+            Ok(a) => TxnOutcome::Applied(a),
+            Err(e) => TxnOutcome::Failed(e),
+        }
+    }
+}
+
+impl From<TxnOutcome> for Result<Applied> {
+    fn from(o: TxnOutcome) -> Self {
+        match o {
+            TxnOutcome::Applied(a) => Ok(a),
+            TxnOutcome::Failed(e) => Err(e),
+        }
+    }
+}
+
 /// The outcome of a committed transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::cache::{CacheUsage, CachedChunk};
 use crate::error::Result;
-use crate::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn};
+use crate::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn, TxnBatch};
 
 #[async_trait]
 pub trait MetaStore: Send + Sync + 'static {
@@ -29,6 +29,10 @@ pub trait MetaStore: Send + Sync + 'static {
     fn backend(&self) -> &'static str;
 
     async fn get(&self, path: &str) -> Result<Option<Entry>>;
+
+    /// The entries at `paths`, in the same order (`None`: absent), read at one point in time;
+    /// at most [`crate::model::MAX_BATCH`] paths.
+    async fn get_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>>;
 
     /// The children of directory `dir` whose path is greater than `start_after`, at most `limit`.
     /// `NotFound` if `dir` does not exist, `NotADirectory` if it is a file.
@@ -46,6 +50,11 @@ pub trait MetaStore: Send + Sync + 'static {
 
     /// The one transaction primitive; see the module docs.
     async fn apply(&self, txn: Txn) -> Result<Applied>;
+
+    /// Many transactions in one database transaction (see [`TxnBatch`]): one result per
+    /// transaction, in order. `Err` for the whole call (nothing of the batch landed) when the
+    /// batch's fence does not hold, the batch is malformed, or the store failed.
+    async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>>;
 
     /// Takes the lease if it is free, expired, or already held by `holder`; every successful
     /// acquisition increments the generation. `LeaseHeld` if another holder has it unexpired.

@@ -11,12 +11,12 @@ use serde::de::DeserializeOwned;
 
 use tidemark_core::cache::{CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::error::ErrorBody;
-use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Precondition, Txn};
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Precondition, Txn, TxnBatch, TxnOutcome};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
 
 use crate::http::{
     AcquireRequest, CacheStatusRequest, ENTRY_HEADER, EXTENDED_HEADER, MAX_EXTENDED_BYTES, MAX_STATUS_PATHS,
-    ReleaseRequest, RenewRequest,
+    PathsRequest, ReleaseRequest, RenewRequest,
 };
 
 #[derive(Clone, Debug)]
@@ -68,6 +68,10 @@ impl HttpFiler {
         let text = resp.text().await.unwrap_or_default();
         match serde_json::from_str::<ErrorBody>(&text) {
             Ok(body) => Err(body.error),
+            Err(_) if status == StatusCode::PAYLOAD_TOO_LARGE => Err(Error::invalid_argument(format!(
+                "the filer at {} refused a request body this large ({status}); send less at once",
+                self.base
+            ))),
             Err(_) if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::BAD_GATEWAY => {
                 Err(Error::Unavailable { message: format!("filer at {} answered {status}", self.base) })
             }
@@ -107,6 +111,20 @@ impl HttpFiler {
 impl Filer for HttpFiler {
     async fn health(&self) -> Result<Health> {
         self.call(self.request(Method::GET, "health")).await
+    }
+
+    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        let req = PathsRequest { paths: paths.to_vec() };
+        let out: Vec<Option<Entry>> = self.call(self.request(Method::POST, "entries").json(&req)).await?;
+        if out.len() != paths.len() {
+            return Err(Error::internal(format!(
+                "the filer at {} answered {} entries for {} paths",
+                self.base,
+                out.len(),
+                paths.len()
+            )));
+        }
+        Ok(out)
     }
 
     async fn stat(&self, path: &str) -> Result<Option<Entry>> {
@@ -204,6 +222,19 @@ impl Filer for HttpFiler {
 
     async fn apply(&self, txn: Txn) -> Result<Applied> {
         self.call(self.request(Method::POST, "apply").json(&txn)).await
+    }
+
+    async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
+        let n = batch.txns.len();
+        let out: Vec<TxnOutcome> = self.call(self.request(Method::POST, "apply-many").json(&batch)).await?;
+        if out.len() != n {
+            return Err(Error::internal(format!(
+                "the filer at {} answered {} results for a batch of {n}",
+                self.base,
+                out.len()
+            )));
+        }
+        Ok(out.into_iter().map(Result::from).collect())
     }
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {

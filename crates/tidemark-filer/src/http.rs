@@ -39,7 +39,7 @@ use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 
 use tidemark_core::error::ErrorBody;
-use tidemark_core::model::{Fence, Origin, Precondition, Txn};
+use tidemark_core::model::{Fence, MAX_BATCH, Origin, Precondition, Txn, TxnBatch, TxnOutcome};
 use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions};
 
 use crate::scope::{AdminScope, DataScope};
@@ -220,6 +220,9 @@ pub fn router_with(filer: Arc<dyn Filer>, tokens: Tokens) -> Router {
         .route("/api/v1/count", get(count))
         .route("/api/v1/content", get(read).put(write).layer(DefaultBodyLimit::disable()))
         .route("/api/v1/apply", post(apply))
+        // A batch of up to MAX_BATCH transactions; inline content makes it large.
+        .route("/api/v1/apply-many", post(apply_many).layer(DefaultBodyLimit::max(MAX_BATCH_BODY)))
+        .route("/api/v1/entries", post(stat_many))
         .route("/api/v1/lease", get(lease_get))
         .route("/api/v1/lease/acquire", post(lease_acquire))
         .route("/api/v1/lease/renew", post(lease_renew))
@@ -473,6 +476,29 @@ async fn write(
 
 async fn apply(Access(f): Access, j: Result<Json<Txn>, JsonRejection>) -> ApiResult<impl IntoResponse> {
     Ok(Json(f.apply(json(j)?).await?))
+}
+
+/// The largest body `apply-many` takes: a full batch of entries with room for some inline content.
+pub const MAX_BATCH_BODY: usize = 16 * 1024 * 1024;
+
+/// One outcome per transaction, in order; an error status only when the whole batch failed
+/// (its fence, its shape, the store).
+async fn apply_many(Access(f): Access, j: Result<Json<TxnBatch>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+    let results = f.apply_many(json(j)?).await?;
+    Ok(Json(results.into_iter().map(TxnOutcome::from).collect::<Vec<_>>()))
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct PathsRequest {
+    pub paths: Vec<String>,
+}
+
+async fn stat_many(Access(f): Access, j: Result<Json<PathsRequest>, JsonRejection>) -> ApiResult<impl IntoResponse> {
+    let r = json(j)?;
+    if r.paths.len() > MAX_BATCH {
+        return Err(bad_request(format!("at most {MAX_BATCH} paths per request")));
+    }
+    Ok(Json(f.stat_many(&r.paths).await?))
 }
 
 #[derive(Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use tidemark_core::cache::{self, CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{
     Applied, ChangeRecord, Content, Entry, Fence, Lease, MAX_INLINE_BYTES, MD5_ATTR, Mutation, NewEntry, Page,
-    Precondition, Txn,
+    Precondition, Txn, TxnBatch,
 };
 use tidemark_core::{
     ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions,
@@ -183,26 +183,76 @@ impl LocalFiler {
         Ok(())
     }
 
-    /// Applies a transaction, then removes the blobs that no entry names any more. The records
-    /// of one transaction are the dense range `first_seq..=seq`, so they are read back exactly.
+    /// Applies a transaction, then removes the blobs that no entry names any more.
     async fn commit(&self, txn: Txn) -> Result<Applied> {
         let applied = self.store.apply(txn).await?;
-        let n = (applied.seq + 1 - applied.first_seq) as usize;
-        let invalidated = applied.old.as_ref().is_some_and(|o| cache::invalidates(o, applied.new.as_ref()));
-        if n > 1 || blob_of(applied.old.as_ref()).is_some() || invalidated {
-            let records = self.store.changes(applied.first_seq - 1, n).await?;
-            for r in records {
-                self.release_blob(r.old.as_ref(), r.new.as_ref()).await;
-                // The transaction dropped the old version's cache records; its bytes go now.
-                if let Some(old) = &r.old
-                    && cache::invalidates(old, r.new.as_ref())
-                    && let Some(id) = cache::content_id(old)
-                {
-                    self.cache.reclaim(&id).await;
+        self.after_commit(std::slice::from_ref(&applied)).await;
+        Ok(applied)
+    }
+
+    /// After transactions committed (one, or a batch's): removes the blobs no entry names any
+    /// more and the cached bytes of versions they replaced. The records of a transaction, and of
+    /// a batch's transactions, are one dense range, so they are read back exactly. A failure
+    /// here leaks space and loses nothing: the entries that named those bytes are gone.
+    async fn after_commit(&self, applied: &[Applied]) {
+        let needs_records = |a: &Applied| {
+            a.seq > a.first_seq
+                || blob_of(a.old.as_ref()).is_some()
+                || a.old.as_ref().is_some_and(|o| cache::invalidates(o, a.new.as_ref()))
+        };
+        if !applied.iter().any(needs_records) {
+            return;
+        }
+        let (Some(first), Some(last)) =
+            (applied.iter().map(|a| a.first_seq).min(), applied.iter().map(|a| a.seq).max())
+        else {
+            return;
+        };
+        let records = match self.store.changes(first - 1, (last + 1 - first) as usize).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, first, last, "could not read back committed records; replaced bytes stay on disk");
+                return;
+            }
+        };
+        for r in records {
+            self.release_blob(r.old.as_ref(), r.new.as_ref()).await;
+            // The transaction dropped the old version's cache records; its bytes go now.
+            if let Some(old) = &r.old
+                && cache::invalidates(old, r.new.as_ref())
+                && let Some(id) = cache::content_id(old)
+            {
+                self.cache.reclaim(&id).await;
+            }
+        }
+    }
+
+    /// The filer's checks of a transaction before the store's: content that matches its size,
+    /// kept content that is really there.
+    async fn check_txn(&self, txn: &Txn) -> Result<()> {
+        if let Mutation::Put { entry, data } = &txn.mutation {
+            check_put(&txn.path, entry, data.as_ref())?;
+            // A put that keeps the content the entry has (its inline bytes, sent without data, or
+            // its blob) keeps that content's size.
+            let kept_blob = match &entry.content {
+                Content::Blob { id } => Some(id.as_str()),
+                _ => None,
+            };
+            if kept_blob.is_some() || (entry.content == Content::Inline && data.is_none()) {
+                let current = self.store.get(&txn.path).await?;
+                match kept_blob {
+                    Some(id) => check_kept_blob(txn, id, entry.size, current.as_ref())?,
+                    None if current.as_ref().is_some_and(|e| e.content == Content::Inline && e.size == entry.size) => {}
+                    None => {
+                        return Err(Error::invalid_argument(format!(
+                            "{}: an inline put without data keeps the entry's inline bytes, so its size must be theirs",
+                            txn.path
+                        )));
+                    }
                 }
             }
         }
-        Ok(applied)
+        Ok(())
     }
 
     async fn release_blob(&self, old: Option<&Entry>, new: Option<&Entry>) {
@@ -332,6 +382,10 @@ impl Filer for LocalFiler {
 
     async fn stat(&self, p: &str) -> Result<Option<Entry>> {
         self.store.get(p).await
+    }
+
+    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        self.store.get_many(paths).await
     }
 
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
@@ -480,29 +534,36 @@ impl Filer for LocalFiler {
     }
 
     async fn apply(&self, txn: Txn) -> Result<Applied> {
-        if let Mutation::Put { entry, data } = &txn.mutation {
-            check_put(&txn.path, entry, data.as_ref())?;
-            // A put that keeps the content the entry has (its inline bytes, sent without data, or
-            // its blob) keeps that content's size.
-            let kept_blob = match &entry.content {
-                Content::Blob { id } => Some(id.as_str()),
-                _ => None,
-            };
-            if kept_blob.is_some() || (entry.content == Content::Inline && data.is_none()) {
-                let current = self.store.get(&txn.path).await?;
-                match kept_blob {
-                    Some(id) => check_kept_blob(&txn, id, entry.size, current.as_ref())?,
-                    None if current.as_ref().is_some_and(|e| e.content == Content::Inline && e.size == entry.size) => {}
-                    None => {
-                        return Err(Error::invalid_argument(format!(
-                            "{}: an inline put without data keeps the entry's inline bytes, so its size must be theirs",
-                            txn.path
-                        )));
-                    }
+        self.check_txn(&txn).await?;
+        self.commit(txn).await
+    }
+
+    async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
+        batch.validate()?;
+        let TxnBatch { fence, txns } = batch;
+        // The filer's own checks fail a transaction alone; the rest go to the store together.
+        let mut checked = Vec::with_capacity(txns.len());
+        let mut send = Vec::with_capacity(txns.len());
+        for txn in txns {
+            match self.check_txn(&txn).await {
+                Ok(()) => {
+                    checked.push(None);
+                    send.push(txn);
                 }
+                Err(e) => checked.push(Some(e)),
             }
         }
-        self.commit(txn).await
+        let mut results = self.store.apply_many(TxnBatch { fence, txns: send }).await?.into_iter();
+        let out: Vec<Result<Applied>> = checked
+            .into_iter()
+            .map(|failed| match failed {
+                Some(e) => Err(e),
+                None => results.next().unwrap_or_else(|| Err(Error::internal("the store answered fewer results than transactions"))),
+            })
+            .collect();
+        let applied: Vec<Applied> = out.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
+        self.after_commit(&applied).await;
+        Ok(out)
     }
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use tidemark_core::cache::{CacheOutcome, CacheStats, CacheStatus};
-use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn};
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn, TxnBatch};
 use tidemark_core::remote::system_paths::{self, is_system, reaches_system};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
 
@@ -98,6 +98,20 @@ impl Filer for DataScope {
         self.inner.apply(txn).await
     }
 
+    async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
+        // A batch is refused whole if any of it reaches beyond the token's scope.
+        if batch.fence.is_some() || batch.txns.iter().any(|t| t.fence.is_some()) {
+            return Err(refused("a fenced transaction"));
+        }
+        batch.txns.iter().try_for_each(|t| writable(&t.path))?;
+        self.inner.apply_many(batch).await
+    }
+
+    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        paths.iter().try_for_each(|p| readable(p))?;
+        self.inner.stat_many(paths).await
+    }
+
     async fn lease_acquire(&self, name: &str, _holder: &str, _ttl: Duration) -> Result<Lease> {
         Err(refused(&format!("lease {name}")))
     }
@@ -157,6 +171,18 @@ pub struct AdminScope {
 }
 
 impl AdminScope {
+    /// A put of a system document written back with masks gets the stored secrets restored.
+    async fn unmask_put(&self, txn: &mut Txn) -> Result<()> {
+        if is_system(&txn.path)
+            && let tidemark_core::model::Mutation::Put { entry, data: Some(data) } = &mut txn.mutation
+        {
+            let restored = self.unmasked(&txn.path, data.to_vec()).await?;
+            entry.size = restored.len() as u64;
+            *data = bytes::Bytes::from(restored);
+        }
+        Ok(())
+    }
+
     pub fn new(inner: Arc<dyn Filer>) -> Self {
         AdminScope { inner }
     }
@@ -248,14 +274,19 @@ impl Filer for AdminScope {
     }
 
     async fn apply(&self, mut txn: Txn) -> Result<Applied> {
-        if is_system(&txn.path)
-            && let tidemark_core::model::Mutation::Put { entry, data: Some(data) } = &mut txn.mutation
-        {
-            let restored = self.unmasked(&txn.path, data.to_vec()).await?;
-            entry.size = restored.len() as u64;
-            *data = bytes::Bytes::from(restored);
-        }
+        self.unmask_put(&mut txn).await?;
         self.inner.apply(txn).await
+    }
+
+    async fn apply_many(&self, mut batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
+        for txn in &mut batch.txns {
+            self.unmask_put(txn).await?;
+        }
+        self.inner.apply_many(batch).await
+    }
+
+    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        self.inner.stat_many(paths).await
     }
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tidemark_core::model::{Content, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::model::{Content, MAX_BATCH, NewEntry, Origin, Precondition, Txn, TxnBatch};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, WriteOptions};
 use tidemark_filer::{DataDir, HttpFiler, LocalFiler, http};
 
@@ -65,6 +65,7 @@ both!(
     fenced_apply_and_leases,
     change_log_long_poll,
     apply_cannot_steal_a_blob,
+    batches_of_transactions_and_of_reads,
 );
 
 async fn write_and_read_small_and_large_files(s: &Setup) {
@@ -294,6 +295,45 @@ async fn apply_cannot_steal_a_blob(s: &Setup) {
     assert_eq!(read_all(f, "/b/one", None).await, vec![9u8; 100_000]);
 }
 
+/// `apply_many` and `stat_many` through the filer: each transaction's own checks (the store's
+/// and the filer's) fail it alone, the batch's fence fails it whole, replaced blobs are removed.
+async fn batches_of_transactions_and_of_reads(s: &Setup) {
+    let f = &*s.filer;
+    let old = f.write("/bt/blob", body(&[1u8; 100_000]), WriteOptions::default()).await.unwrap();
+    let lease = f.lease_acquire("bt", "w", Duration::from_secs(30)).await.unwrap();
+    let txns = vec![
+        Txn::put("/bt/a/1", NewEntry::file(0, 1, Content::Empty), Origin::Remote),
+        // Refused by the filer's own check (a size with nothing behind it).
+        Txn::put("/bt/a/2", NewEntry::file(5, 1, Content::Empty), Origin::Remote),
+        // Refused by the store (precondition).
+        Txn::put("/bt/a/3", NewEntry::file(0, 1, Content::Empty), Origin::Remote)
+            .with_precondition(Precondition::Version(old.version + 1_000)),
+        // Replaces the blob's entry: its bytes go.
+        Txn::put("/bt/blob", NewEntry::file(2, 1, Content::Inline), Origin::Remote)
+            .with_data(Bytes::from_static(b"hi"))
+            .with_precondition(Precondition::Version(old.version)),
+    ];
+    let out = f.apply_many(TxnBatch { fence: Some(lease.fence()), txns }).await.unwrap();
+    assert!(out[0].is_ok() && out[3].is_ok(), "{out:?}");
+    assert!(matches!(&out[1], Err(Error::InvalidArgument { message }) if message.contains("size")), "{:?}", out[1]);
+    assert!(matches!(out[2], Err(Error::PreconditionFailed { .. })), "{:?}", out[2]);
+    assert_eq!(read_all(f, "/bt/blob", None).await, b"hi");
+
+    let paths: Vec<String> = ["/bt/a/1", "/bt/a/2", "/bt/blob", "/bt"].iter().map(|p| p.to_string()).collect();
+    let got = f.stat_many(&paths).await.unwrap();
+    assert_eq!(got.iter().map(Option::is_some).collect::<Vec<_>>(), [true, false, true, true]);
+    assert_eq!(got[2].as_ref().unwrap().size, 2);
+    let too_many: Vec<String> = (0..=MAX_BATCH).map(|i| format!("/bt/{i}")).collect();
+    assert!(matches!(f.stat_many(&too_many).await, Err(Error::InvalidArgument { .. })));
+
+    // A fence that no longer holds: nothing of the batch.
+    f.lease_release(&lease.fence()).await.unwrap();
+    f.lease_acquire("bt", "other", Duration::from_secs(30)).await.unwrap();
+    let txns = vec![Txn::put("/bt/late", NewEntry::file(0, 1, Content::Empty), Origin::Remote)];
+    assert!(matches!(f.apply_many(TxnBatch { fence: Some(lease.fence()), txns }).await, Err(Error::Fenced { .. })));
+    assert!(f.stat("/bt/late").await.unwrap().is_none());
+}
+
 // ---- HTTP only: what a client that is not `HttpFiler` sees ----
 
 async fn raw(
@@ -432,7 +472,16 @@ async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
             .map(drop),
     );
     let put = Txn::put(conf, NewEntry::file(2, 1, Content::Inline), Origin::Local).with_data(Bytes::from_static(b"{}"));
-    unauthorized(data.apply(put).await.map(drop));
+    unauthorized(data.apply(put.clone()).await.map(drop));
+    // A batch is refused whole if any of it reaches the system directory, or carries a fence.
+    let harmless = Txn::put("/docs/b", NewEntry::file(0, 1, Content::Empty), Origin::Local);
+    let mixed = TxnBatch { fence: None, txns: vec![harmless.clone(), put] };
+    unauthorized(data.apply_many(mixed).await.map(drop));
+    assert!(data.stat("/docs/b").await.unwrap().is_none(), "nothing of a refused batch lands");
+    let fence = tidemark_core::Fence { lease: "l".into(), holder: "h".into(), generation: 1 };
+    unauthorized(data.apply_many(TxnBatch { fence: Some(fence), txns: vec![harmless.clone()] }).await.map(drop));
+    unauthorized(data.stat_many(&["/docs/a.txt".to_string(), conf.to_string()]).await.map(drop));
+    assert_eq!(data.apply_many(TxnBatch { fence: None, txns: vec![harmless] }).await.unwrap().len(), 1);
     for above in ["/", "/etc", "/etc/tidemark"] {
         unauthorized(data.delete(above, DeleteOptions { recursive: true, ..Default::default() }).await.map(drop));
     }
@@ -585,6 +634,8 @@ async fn hostile_requests_never_crash_the_filer() {
         "scan",
         "content",
         "apply",
+        "apply-many",
+        "entries",
         "lease",
         "lease/acquire",
         "lease/renew",

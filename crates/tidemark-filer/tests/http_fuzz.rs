@@ -98,6 +98,8 @@ fn endpoint() -> impl Strategy<Value = String> {
         Just("/api/v1/count"),
         Just("/api/v1/content"),
         Just("/api/v1/apply"),
+        Just("/api/v1/apply-many"),
+        Just("/api/v1/entries"),
         Just("/api/v1/lease"),
         Just("/api/v1/lease/acquire"),
         Just("/api/v1/changes"),

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tidemark_core::cache::CacheOutcome;
 
 use tidemark_core::events::{AckReport, Decoded, Delivery, EventSource, Provider, decode};
-use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn};
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Txn, TxnBatch};
 use tidemark_core::remote::{ListPage, RemoteObject};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, Health, RemoteStorage, Result, WriteOptions};
 
@@ -39,6 +39,27 @@ pub struct FencedFiler {
     pub strip_fence: bool,
     pub violations: Violations,
     pub worker: String,
+}
+
+impl FencedFiler {
+    /// Records a violation if a write with `fence` landed although the lease has moved on.
+    async fn check_landed(&self, fence: Option<Fence>) -> Result<()> {
+        if let Some(f) = fence {
+            let current = self.inner.lease_get(&f.lease).await?;
+            if current.as_ref().is_none_or(|l| l.generation != f.generation) {
+                violate(
+                    &self.violations,
+                    format!(
+                        "{}: a write with lease generation {} landed while the lease is at {:?}",
+                        self.worker,
+                        f.generation,
+                        current.map(|l| l.generation)
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -67,25 +88,26 @@ impl Filer for FencedFiler {
     async fn delete(&self, path: &str, opts: DeleteOptions) -> Result<Applied> {
         self.inner.delete(path, opts).await
     }
+    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        self.inner.stat_many(paths).await
+    }
     async fn apply(&self, mut txn: Txn) -> Result<Applied> {
         let fence = txn.fence.clone();
         if self.strip_fence {
             txn.fence = None;
         }
         let out = self.inner.apply(txn).await?;
-        if let Some(f) = fence {
-            let current = self.inner.lease_get(&f.lease).await?;
-            if current.as_ref().is_none_or(|l| l.generation != f.generation) {
-                violate(
-                    &self.violations,
-                    format!(
-                        "{}: a write with lease generation {} landed while the lease is at {:?}",
-                        self.worker,
-                        f.generation,
-                        current.map(|l| l.generation)
-                    ),
-                );
-            }
+        self.check_landed(fence).await?;
+        Ok(out)
+    }
+    async fn apply_many(&self, mut batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
+        let fence = batch.fence.clone();
+        if self.strip_fence {
+            batch.fence = None;
+        }
+        let out = self.inner.apply_many(batch).await?;
+        if out.iter().any(|r| r.is_ok()) {
+            self.check_landed(fence).await?;
         }
         Ok(out)
     }

@@ -12,7 +12,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use tidemark_core::cache::{CachedChunk, content_id};
-use tidemark_core::model::{Content, Entry, EntryKind, Mutation, NewEntry, Origin, Precondition, RemoteEntry, Txn};
+use tidemark_core::model::{
+    Content, Entry, EntryKind, MAX_BATCH, Mutation, NewEntry, Origin, Precondition, RemoteEntry, Txn, TxnBatch,
+};
 use tidemark_core::{Error, ManualClock, MetaStore};
 
 /// Moves the store's clock forward: a manual clock for embedded stores, a sleep for a store
@@ -48,7 +50,9 @@ macro_rules! metastore_conformance {
             lease_acquire_renew_expiry_takeover, stale_generation_write_is_rejected,
             change_log_order_and_contents, cas_race_one_winner_per_version, invalid_input_is_rejected,
             concurrent_mutations_stand_or_fail_alone,
-            cache_records_follow_the_entry, cache_lru_scan_and_usage);
+            cache_records_follow_the_entry, cache_lru_scan_and_usage,
+            a_batch_stands_or_fails_transaction_by_transaction, a_batch_whose_fence_fails_lands_nothing,
+            batches_from_many_tasks_interleave_whole, get_many_answers_in_order);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -637,4 +641,149 @@ pub async fn cache_lru_scan_and_usage(h: &Harness) {
             .map(|(p, k)| (p.to_string(), *k))
             .collect();
     assert_eq!(walked, expect);
+}
+
+fn batch(txns: Vec<Txn>) -> TxnBatch {
+    TxnBatch { fence: None, txns }
+}
+
+/// One batch of mixed outcomes: each transaction succeeds or fails on its own checks, in order,
+/// seeing the writes of the ones before it; a failed one leaves no entry, no implicit parent and
+/// no change-log record; the successes' records are dense and each its own seq range.
+pub async fn a_batch_stands_or_fails_transaction_by_transaction(h: &Harness) {
+    let s = &*h.store;
+    put(s, "/b/file").await;
+    put(s, "/b/full/x").await;
+    let start = s.last_seq().await.unwrap();
+    let txns = vec![
+        // 0: succeeds, creating /b/new.
+        Txn::put("/b/new/a", file(1), Origin::Remote),
+        // 1: a file cannot be a parent (its parent /b/file/y would be created first).
+        Txn::put("/b/file/y/z", file(0), Origin::Remote),
+        // 2: fails its precondition.
+        Txn::put("/b/p", file(0), Origin::Remote).with_precondition(Precondition::Version(1 << 40)),
+        // 3: a directory with something below it is not deleted without `recursive`.
+        Txn::delete("/b/full", false, Origin::Remote),
+        // 4: sees /b/new from transaction 0 (no second implicit parent).
+        Txn::put("/b/new/b", file(2), Origin::Remote).with_precondition(Precondition::Absent),
+        // 5: inline content without data, and nothing to keep: fails after its checks only.
+        Txn::put("/b/inl/f", NewEntry::file(3, 1_000, Content::Inline), Origin::Remote),
+        // 6, 7: a delete, then a put the delete made possible.
+        Txn::delete("/b/file", false, Origin::Remote),
+        Txn::put("/b/file", file(7), Origin::Remote).with_precondition(Precondition::Absent),
+        // 8: malformed on its own (a relative path): fails alone.
+        Txn::put("relative", file(0), Origin::Remote),
+    ];
+    let results = s.apply_many(batch(txns)).await.expect("the batch commits");
+    assert_eq!(results.len(), 9);
+    let ok: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(i, _)| i).collect();
+    assert_eq!(ok, vec![0, 4, 6, 7], "{results:?}");
+    assert!(matches!(results[1], Err(Error::NotADirectory { .. })), "{:?}", results[1]);
+    assert!(matches!(results[2], Err(Error::PreconditionFailed { current: None, .. })), "{:?}", results[2]);
+    assert!(matches!(results[3], Err(Error::DirectoryNotEmpty { .. })), "{:?}", results[3]);
+    assert!(matches!(results[5], Err(Error::InvalidArgument { .. })), "{:?}", results[5]);
+    assert!(matches!(results[8], Err(Error::InvalidPath { .. })), "{:?}", results[8]);
+    for gone in ["/b/file/y", "/b/p", "/b/inl", "/b/inl/f"] {
+        assert_eq!(s.get(gone).await.unwrap(), None, "{gone}: a failed transaction leaves nothing");
+    }
+    assert!(s.get("/b/full/x").await.unwrap().is_some());
+    assert_eq!(s.get("/b/file").await.unwrap().unwrap().size, 7);
+    let log = s.changes(start, 100).await.unwrap();
+    // /b/new, /b/new/a, /b/new/b, the delete of /b/file, its new put.
+    assert_eq!(log.iter().map(|c| c.path.as_str()).collect::<Vec<_>>(), ["/b/new", "/b/new/a", "/b/new/b", "/b/file", "/b/file"]);
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "the log stays dense");
+    let mut next = start + 1;
+    for r in results.iter().flatten() {
+        assert_eq!(r.first_seq, next, "each transaction's records follow the last one's");
+        next = r.seq + 1;
+    }
+    assert_eq!(s.last_seq().await.unwrap(), next - 1);
+    // An empty batch commits nothing.
+    assert!(s.apply_many(batch(Vec::new())).await.unwrap().is_empty());
+    assert_eq!(s.last_seq().await.unwrap(), next - 1);
+}
+
+/// The batch's fence is checked once, in the batch's transaction: a fence that no longer holds
+/// (expired, taken over, forged) fails the whole batch and nothing of it lands, however many of
+/// its transactions would have passed their own checks; a malformed batch is refused whole.
+pub async fn a_batch_whose_fence_fails_lands_nothing(h: &Harness) {
+    let s = &*h.store;
+    let lease = s.lease_acquire("bf", "w1", 1_000).await.unwrap();
+    let fenced = |fence: tidemark_core::Fence, tag: &str| TxnBatch {
+        fence: Some(fence),
+        txns: (0..20).map(|i| Txn::put(format!("/bf/{tag}/{i}"), file(i), Origin::Remote)).collect(),
+    };
+    let r = s.apply_many(fenced(lease.fence(), "held")).await.unwrap();
+    assert!(r.iter().all(|r| r.is_ok()));
+    let before = s.last_seq().await.unwrap();
+
+    h.clock.advance_ms(1_001).await;
+    let err = s.apply_many(fenced(lease.fence(), "expired")).await.unwrap_err();
+    assert_eq!(err, Error::Fenced { lease: "bf".into(), current_generation: Some(1) });
+    let taken = s.lease_acquire("bf", "w2", 60_000).await.unwrap();
+    let err = s.apply_many(fenced(lease.fence(), "taken")).await.unwrap_err();
+    assert_eq!(err, Error::Fenced { lease: "bf".into(), current_generation: Some(2) });
+    let forged = tidemark_core::Fence { holder: "w1".into(), ..taken.fence() };
+    assert!(matches!(s.apply_many(fenced(forged, "forged")).await, Err(Error::Fenced { .. })));
+    // A transaction that carries a fence of its own, and an oversized batch: refused whole.
+    let mut own = fenced(taken.fence(), "own");
+    own.txns[3].fence = Some(taken.fence());
+    assert!(matches!(s.apply_many(own).await, Err(Error::InvalidArgument { .. })));
+    let huge = batch((0..=MAX_BATCH).map(|i| Txn::put(format!("/bf/huge/{i}"), file(0), Origin::Remote)).collect());
+    assert!(matches!(s.apply_many(huge).await, Err(Error::InvalidArgument { .. })));
+
+    assert_eq!(s.last_seq().await.unwrap(), before, "a refused batch leaves no change-log record");
+    for tag in ["expired", "taken", "forged", "own", "huge"] {
+        assert_eq!(s.get(&format!("/bf/{tag}")).await.unwrap(), None, "{tag}: nothing of the batch landed");
+    }
+    let r = s.apply_many(fenced(taken.fence(), "new")).await.unwrap();
+    assert!(r.iter().all(|r| r.is_ok()), "the current holder's batch lands");
+}
+
+/// Batches and single transactions from many tasks at once (grouped where the store groups
+/// them): every batch's records are contiguous in the log, in its order, and the log is dense.
+pub async fn batches_from_many_tasks_interleave_whole(h: &Harness) {
+    const TASKS: usize = 16;
+    const PER: usize = 25;
+    let s = h.store.clone();
+    let start = s.last_seq().await.unwrap();
+    let handles: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                if t % 4 == 3 {
+                    let a = s.apply(Txn::put(format!("/many/single{t}"), file(0), Origin::Local)).await.unwrap();
+                    return vec![(a.first_seq, a.seq)];
+                }
+                let txns = (0..PER).map(|i| Txn::put(format!("/many/t{t:02}/{i:02}"), file(i as u64), Origin::Remote));
+                let out = s.apply_many(batch(txns.collect())).await.unwrap();
+                out.into_iter().map(|r| r.map(|a| (a.first_seq, a.seq)).unwrap()).collect()
+            })
+        })
+        .collect();
+    let mut ranges = Vec::new();
+    for h in handles {
+        let r = h.await.unwrap();
+        assert!(r.windows(2).all(|w| w[0].1 + 1 == w[1].0), "a batch's transactions are contiguous: {r:?}");
+        ranges.push(r);
+    }
+    let log = s.changes(start, 100_000).await.unwrap();
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "the log stays dense");
+    let expected: usize = ranges.iter().map(|r| r.iter().map(|(a, b)| (b - a + 1) as usize).sum::<usize>()).sum();
+    assert_eq!(log.len(), expected, "every record belongs to one transaction");
+    assert_eq!(all_below(&*s, "/many", 50).await.len(), (TASKS / 4) + (TASKS - TASKS / 4) * (PER + 1));
+}
+
+pub async fn get_many_answers_in_order(h: &Harness) {
+    let s = &*h.store;
+    put(s, "/gm/a").await;
+    put(s, "/gm/c").await;
+    let paths: Vec<String> = ["/gm/c", "/gm/b", "/gm/a", "/gm/c", "/gm"].iter().map(|p| p.to_string()).collect();
+    let got = s.get_many(&paths).await.unwrap();
+    let names: Vec<Option<&str>> = got.iter().map(|e| e.as_ref().map(|e| e.path.as_str())).collect();
+    assert_eq!(names, [Some("/gm/c"), None, Some("/gm/a"), Some("/gm/c"), Some("/gm")]);
+    assert!(s.get_many(&[]).await.unwrap().is_empty());
+    assert!(matches!(s.get_many(&["bad".to_string()]).await, Err(Error::InvalidPath { .. })));
+    let too_many: Vec<String> = (0..=MAX_BATCH).map(|i| format!("/gm/{i}")).collect();
+    assert!(matches!(s.get_many(&too_many).await, Err(Error::InvalidArgument { .. })));
 }

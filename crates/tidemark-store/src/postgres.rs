@@ -17,6 +17,7 @@
 //! - Migrations are numbered, recorded in `tidemark_schema`, and run at connect under an advisory
 //!   lock, so filers starting together migrate once.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, NoTls, Row};
 
 use tidemark_core::cache::{CacheUsage, CachedChunk};
-use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Txn};
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Txn, TxnBatch};
 use tidemark_core::{Error, MetaStore, Result, path};
 
 use crate::txn::{self, Change, TxnOps, json_err, parent_of, row_to_entry};
@@ -241,35 +242,11 @@ impl PgStore {
             .map_err(pg_err)?;
         let row = tx.query_one(&lock, &[]).await.map_err(pg_err)?;
         let (start, now): (i64, i64) = (row.get(0), row.get(1));
-        let mut ops = PgTxn { tx: &tx, seq: start as u64, log: Vec::new() };
+        let mut ops = PgTxn::new(&tx, start as u64);
         // On an error the transaction is dropped, which rolls it back.
         let out = f(&mut ops, now).await?;
         let seq = ops.seq;
-        if seq != start as u64 || !ops.log.is_empty() {
-            // The change-log records and the counter go out together: tokio-postgres pipelines
-            // statements polled at once on one connection, so this is one round trip, not one per
-            // record (nothing in a transaction reads the log it writes).
-            let counter = tx
-                .prepare_cached(
-                    "WITH u AS (UPDATE counters SET value = $1 WHERE name = 'seq' RETURNING value)
-                     SELECT pg_notify('tidemark_changes', value::text) FROM u",
-                )
-                .await
-                .map_err(pg_err)?;
-            let insert = tx.prepare_cached(INSERT_CHANGE).await.map_err(pg_err)?;
-            let seq_param = seq as i64;
-            let counter_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&seq_param];
-            let record_params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 6]> = ops
-                .log
-                .iter()
-                .map(|r| [&r.seq as _, &r.ts_ms as _, &r.path as _, &r.origin as _, &r.old as _, &r.new as _])
-                .collect();
-            let records = record_params.iter().map(|p| tx.execute(&insert, p));
-            let (logged, counted) =
-                futures::join!(futures::future::try_join_all(records), tx.query(&counter, &counter_params));
-            logged.map_err(pg_err)?;
-            counted.map_err(pg_err)?;
-        }
+        ops.finish(start).await?;
         tx.commit().await.map_err(pg_err)?;
         advance(&self.seq_tx, seq);
         Ok(out)
@@ -329,8 +306,9 @@ async fn migrate(pool: &Pool, label: &str) -> Result<()> {
         tx.batch_execute(sql).await.map_err(pg_err)?;
         if i == 0 {
             let now: i64 = tx.query_one(&format!("SELECT {NOW_MS}"), &[]).await.map_err(pg_err)?.get(0);
-            let mut ops = PgTxn { tx: &tx, seq: 0, log: Vec::new() };
+            let mut ops = PgTxn::new(&tx, 0);
             ops.put_row(&txn::root_entry(now), None).await?;
+            ops.finish(0).await?;
         }
         tx.execute("INSERT INTO tidemark_schema (version) VALUES ($1)", &[&((i + 1) as i32)]).await.map_err(pg_err)?;
         tracing::info!(database = %label, version = i + 1, "postgres store: migrated");
@@ -465,8 +443,6 @@ const SELECT_BELOW: &str =
     "SELECT path, version, meta FROM entries WHERE path > $1 AND path < $2 ORDER BY path LIMIT $3";
 const SELECT_LEASE: &str = "SELECT name, holder, generation, expires_at_ms FROM leases WHERE name = $1";
 
-const INSERT_CHANGE: &str =
-    "INSERT INTO changelog (seq, ts_ms, path, origin, old, new) VALUES ($1, $2, $3, $4, $5, $6)";
 
 /// A change-log record waiting for the end of its transaction.
 struct LogRow {
@@ -478,56 +454,213 @@ struct LogRow {
     new: Option<String>,
 }
 
-/// The shared transaction logic's row operations on an open PostgreSQL transaction. Change-log
-/// records are held until the transaction ends and then sent in one pipelined round trip.
+/// An entry row waiting for the end of its transaction (`None` in [`PgTxn::rows_out`]: deleted).
+struct RowOut {
+    parent: String,
+    version: i64,
+    meta: String,
+    data: Option<Vec<u8>>,
+}
+
+/// The shared transaction logic's row operations on an open PostgreSQL transaction, with as few
+/// round trips as the logic allows — each is a wait under the store-wide lock:
+/// - rows read or written are remembered (`known`), so a batch's entries and their ancestors
+///   are read in one query up front and never again;
+/// - entry writes, cache-record drops and change-log records are held until the transaction
+///   ends and sent together, pipelined ([`PgTxn::finish`]), or before any query whose answer
+///   they could change (a range read, inline bytes, a cache record).
 struct PgTxn<'t> {
     tx: &'t deadpool_postgres::Transaction<'t>,
     seq: u64,
     log: Vec<LogRow>,
+    known: HashMap<String, Option<Entry>>,
+    rows_out: HashMap<String, Option<RowOut>>,
+    cache_drops: Vec<String>,
 }
 
-impl PgTxn<'_> {
+impl<'t> PgTxn<'t> {
+    fn new(tx: &'t deadpool_postgres::Transaction<'t>, seq: u64) -> Self {
+        PgTxn {
+            tx,
+            seq,
+            log: Vec::new(),
+            known: HashMap::new(),
+            rows_out: HashMap::new(),
+            cache_drops: Vec::new(),
+        }
+    }
+
     async fn rows(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Vec<Row>> {
         let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
         self.tx.query(&stmt, params).await.map_err(pg_err)
     }
+
+    /// Reads the entries of `paths` not known yet, in one query, and remembers them (and that
+    /// the others are absent).
+    async fn load(&mut self, paths: &[&str]) -> Result<()> {
+        let mut unknown: Vec<&str> = paths.iter().copied().filter(|p| !self.known.contains_key(*p)).collect();
+        unknown.sort_unstable();
+        unknown.dedup();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let found = entries_of(&self.rows("SELECT path, version, meta FROM entries WHERE path = ANY($1)", &[&unknown]).await?)?;
+        for p in unknown {
+            self.known.insert(p.to_string(), None);
+        }
+        for e in found {
+            self.known.insert(e.path.clone(), Some(e));
+        }
+        Ok(())
+    }
+
+    /// Sends the held entry writes and cache drops (not the change log), pipelined.
+    async fn flush(&mut self) -> Result<()> {
+        let (puts, deletes, drops) = self.take_held();
+        let (a, b, c) = futures::join!(self.put_rows(&puts), self.delete_rows(&deletes), self.drop_caches(&drops));
+        a.and(b).and(c)
+    }
+
+    fn take_held(&mut self) -> (Vec<(String, RowOut)>, Vec<String>, Vec<String>) {
+        let mut puts = Vec::new();
+        let mut deletes = Vec::new();
+        for (p, row) in self.rows_out.drain() {
+            match row {
+                Some(r) => puts.push((p, r)),
+                None => deletes.push(p),
+            }
+        }
+        (puts, deletes, std::mem::take(&mut self.cache_drops))
+    }
+
+    async fn put_rows(&self, puts: &[(String, RowOut)]) -> Result<()> {
+        if puts.is_empty() {
+            return Ok(());
+        }
+        let paths: Vec<&str> = puts.iter().map(|(p, _)| p.as_str()).collect();
+        let parents: Vec<&str> = puts.iter().map(|(_, r)| r.parent.as_str()).collect();
+        let versions: Vec<i64> = puts.iter().map(|(_, r)| r.version).collect();
+        let metas: Vec<&str> = puts.iter().map(|(_, r)| r.meta.as_str()).collect();
+        let datas: Vec<Option<&[u8]>> = puts.iter().map(|(_, r)| r.data.as_deref()).collect();
+        // Every path at most once (held by path), as ON CONFLICT requires.
+        self.rows(
+            "INSERT INTO entries (path, parent, version, meta, data)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::bytea[])
+             ON CONFLICT (path) DO UPDATE SET version = excluded.version, meta = excluded.meta, data = excluded.data",
+            &[&paths, &parents, &versions, &metas, &datas],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn delete_rows(&self, paths: &[String]) -> Result<()> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        self.rows("DELETE FROM entries WHERE path = ANY($1)", &[&paths]).await.map(drop)
+    }
+
+    async fn drop_caches(&self, paths: &[String]) -> Result<()> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        self.rows("DELETE FROM cache_chunks WHERE path = ANY($1)", &[&paths]).await.map(drop)
+    }
+
+    /// Sends everything held and stores the sequence counter (notifying listeners), in one
+    /// pipelined round trip: tokio-postgres pipelines statements polled at once on one
+    /// connection. Nothing in the transaction reads what is sent here.
+    async fn finish(&mut self, start: i64) -> Result<()> {
+        let (puts, deletes, drops) = self.take_held();
+        let log = std::mem::take(&mut self.log);
+        let seq = self.seq as i64;
+        let counter = async {
+            if seq == start && log.is_empty() {
+                return Ok(());
+            }
+            self.rows(
+                "WITH u AS (UPDATE counters SET value = $1 WHERE name = 'seq' RETURNING value)
+                 SELECT pg_notify('tidemark_changes', value::text) FROM u",
+                &[&seq],
+            )
+            .await
+            .map(drop)
+        };
+        let records = async {
+            if log.is_empty() {
+                return Ok(());
+            }
+            let seqs: Vec<i64> = log.iter().map(|r| r.seq).collect();
+            let ts: Vec<i64> = log.iter().map(|r| r.ts_ms).collect();
+            let paths: Vec<&str> = log.iter().map(|r| r.path.as_str()).collect();
+            let origins: Vec<&str> = log.iter().map(|r| r.origin).collect();
+            let olds: Vec<Option<&str>> = log.iter().map(|r| r.old.as_deref()).collect();
+            let news: Vec<Option<&str>> = log.iter().map(|r| r.new.as_deref()).collect();
+            self.rows(
+                "INSERT INTO changelog (seq, ts_ms, path, origin, old, new)
+                 SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[])",
+                &[&seqs, &ts, &paths, &origins, &olds, &news],
+            )
+            .await
+            .map(drop)
+        };
+        let (a, b, c, d, e) = futures::join!(
+            self.put_rows(&puts),
+            self.delete_rows(&deletes),
+            self.drop_caches(&drops),
+            records,
+            counter
+        );
+        a.and(b).and(c).and(d).and(e)
+    }
 }
 
 impl TxnOps for PgTxn<'_> {
+    async fn prefetch(&mut self, paths: &[&str]) -> Result<()> {
+        self.load(paths).await
+    }
+
     async fn entry(&mut self, p: &str) -> Result<Option<Entry>> {
-        self.rows(SELECT_ENTRY, &[&p]).await?.first().map(entry_of).transpose()
+        self.load(&[p]).await?;
+        Ok(self.known.get(p).cloned().flatten())
     }
 
     async fn entries(&mut self, paths: &[&str]) -> Result<Vec<Entry>> {
-        if paths.is_empty() {
-            return Ok(Vec::new());
-        }
-        entries_of(&self.rows("SELECT path, version, meta FROM entries WHERE path = ANY($1)", &[&paths]).await?)
+        self.load(paths).await?;
+        Ok(paths.iter().filter_map(|p| self.known.get(*p).cloned().flatten()).collect())
     }
 
     async fn descendants(&mut self, dir: &str, limit: Option<i64>) -> Result<Vec<Entry>> {
+        self.flush().await?;
         let (lo, hi) = path::scan_bounds(dir, "");
         entries_of(&self.rows(SELECT_BELOW, &[&lo, &hi, &limit.unwrap_or(i64::MAX)]).await?)
     }
 
     async fn inline_data(&mut self, p: &str) -> Result<Option<Vec<u8>>> {
+        if let Some(Some(row)) = self.rows_out.get(p) {
+            return Ok(row.data.clone());
+        }
+        self.flush().await?;
         let rows = self.rows("SELECT data FROM entries WHERE path = $1", &[&p]).await?;
         Ok(rows.first().and_then(|r| r.get::<_, Option<Vec<u8>>>(0)))
     }
 
     async fn put_row(&mut self, e: &Entry, data: Option<&[u8]>) -> Result<()> {
         let meta = serde_json::to_string(e).map_err(json_err)?;
-        self.rows(
-            "INSERT INTO entries (path, parent, version, meta, data) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (path) DO UPDATE SET version = excluded.version, meta = excluded.meta, data = excluded.data",
-            &[&e.path, &parent_of(&e.path), &(e.version as i64), &meta, &data],
-        )
-        .await?;
+        let row = RowOut {
+            parent: parent_of(&e.path).to_string(),
+            version: e.version as i64,
+            meta,
+            data: data.map(<[u8]>::to_vec),
+        };
+        self.known.insert(e.path.clone(), Some(e.clone()));
+        self.rows_out.insert(e.path.clone(), Some(row));
         Ok(())
     }
 
     async fn delete_row(&mut self, p: &str) -> Result<()> {
-        self.rows("DELETE FROM entries WHERE path = $1", &[&p]).await?;
+        self.known.insert(p.to_string(), None);
+        self.rows_out.insert(p.to_string(), None);
         Ok(())
     }
 
@@ -560,11 +693,13 @@ impl TxnOps for PgTxn<'_> {
     }
 
     async fn drop_cache(&mut self, p: &str) -> Result<()> {
-        self.rows("DELETE FROM cache_chunks WHERE path = $1", &[&p]).await?;
+        self.cache_drops.push(p.to_string());
         Ok(())
     }
 
     async fn put_cache(&mut self, c: &CachedChunk) -> Result<()> {
+        // After any held drop of the same path.
+        self.flush().await?;
         self.rows(
             "INSERT INTO cache_chunks (path, node, chunk, content_id, len, last_read_ms) VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (path, node, chunk) DO UPDATE SET content_id = excluded.content_id, len = excluded.len,
@@ -604,6 +739,17 @@ impl MetaStore for PgStore {
         let c = self.client().await?;
         let stmt = c.prepare_cached(SELECT_ENTRY).await.map_err(pg_err)?;
         c.query_opt(&stmt, &[&p]).await.map_err(pg_err)?.as_ref().map(entry_of).transpose()
+    }
+
+    async fn get_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        txn::check_many(paths)?;
+        let c = self.client().await?;
+        // One statement: one snapshot.
+        let stmt =
+            c.prepare_cached("SELECT path, version, meta FROM entries WHERE path = ANY($1)").await.map_err(pg_err)?;
+        let found: HashMap<String, Entry> =
+            entries_of(&c.query(&stmt, &[&paths]).await.map_err(pg_err)?)?.into_iter().map(|e| (e.path.clone(), e)).collect();
+        Ok(paths.iter().map(|p| found.get(p).cloned()).collect())
     }
 
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
@@ -655,6 +801,11 @@ impl MetaStore for PgStore {
 
     async fn apply(&self, t: Txn) -> Result<Applied> {
         self.write(async move |ops, now| txn::apply(ops, t, now).await).await
+    }
+
+    async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
+        batch.validate()?;
+        self.write(async move |ops, now| txn::apply_many(ops, batch, now).await).await
     }
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<Lease> {

@@ -19,7 +19,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tokio::sync::watch;
 
 use tidemark_core::cache::{CacheUsage, CachedChunk};
-use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Txn};
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Txn, TxnBatch};
 use tidemark_core::{Clock, Error, MetaStore, Result, path};
 
 use crate::txn::{self, Change, TxnOps, json_err, parent_of, row_to_entry};
@@ -319,9 +319,9 @@ fn migrate(conn: &mut Connection, now_ms: i64) -> Result<()> {
 
 fn get_entry(conn: &Connection, p: &str) -> Result<Option<Entry>> {
     let row = conn
-        .query_row("SELECT path, version, meta FROM entries WHERE path = ?1", [p], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
-        })
+        .prepare_cached("SELECT path, version, meta FROM entries WHERE path = ?1")
+        .map_err(db_err)?
+        .query_row([p], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?)))
         .optional()
         .map_err(db_err)?;
     row.map(|(p, v, m)| row_to_entry(p, v, &m)).transpose()
@@ -516,6 +516,21 @@ impl MetaStore for SqliteStore {
         self.read(move |c| get_entry(c, &p)).await
     }
 
+    async fn get_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        txn::check_many(paths)?;
+        let paths = paths.to_vec();
+        // One read transaction, so the answers are of one point in time.
+        self.read(move |c| {
+            c.execute_batch("BEGIN").map_err(db_err)?;
+            let out = paths.iter().map(|p| get_entry(c, p)).collect::<Result<Vec<_>>>();
+            // Ended whatever the reads did: the connection goes back to the pool.
+            let end = c.execute_batch("COMMIT").map_err(db_err);
+            let out = out?;
+            end.map(|()| out)
+        })
+        .await
+    }
+
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
         path::validate(dir)?;
         let dir = dir.to_string();
@@ -570,6 +585,11 @@ impl MetaStore for SqliteStore {
 
     async fn apply(&self, t: Txn) -> Result<Applied> {
         self.write(async move |ops, now| txn::apply(ops, t, now).await).await
+    }
+
+    async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
+        batch.validate()?;
+        self.write(async move |ops, now| txn::apply_many(ops, batch, now).await).await
     }
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<Lease> {

@@ -10,12 +10,17 @@
 
 use tidemark_core::cache::{self, CachedChunk};
 use tidemark_core::model::{
-    Applied, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, RemoteEntry, Txn,
+    Applied, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, RemoteEntry, Txn, TxnBatch,
 };
 use tidemark_core::{Error, Result, path};
 
 /// The row operations of one open transaction. Reads see the transaction's own writes.
 pub(crate) trait TxnOps {
+    /// Reads ahead the entries of `paths` where one read for many saves round trips (a batch's
+    /// paths and their ancestors); a backend whose reads are local need not.
+    async fn prefetch(&mut self, _paths: &[&str]) -> Result<()> {
+        Ok(())
+    }
     async fn entry(&mut self, path: &str) -> Result<Option<Entry>>;
     /// The entries of `paths` that exist, in any order (one round trip where the backend can).
     async fn entries(&mut self, paths: &[&str]) -> Result<Vec<Entry>>;
@@ -88,6 +93,18 @@ pub(crate) fn root_entry(now_ms: i64) -> Entry {
     }
 }
 
+/// The checks of a batched read: its size and every path.
+pub(crate) fn check_many(paths: &[String]) -> Result<()> {
+    if paths.len() > tidemark_core::model::MAX_BATCH {
+        return Err(Error::invalid_argument(format!(
+            "a read of {} paths exceeds the limit of {}; split it",
+            paths.len(),
+            tidemark_core::model::MAX_BATCH
+        )));
+    }
+    paths.iter().try_for_each(|p| path::validate(p))
+}
+
 /// The fence holds if the lease names this holder and generation and has not expired.
 async fn check_fence(ops: &mut impl TxnOps, fence: &Fence, now_ms: i64) -> Result<Lease> {
     match ops.lease(&fence.lease).await? {
@@ -102,6 +119,47 @@ pub(crate) async fn apply(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Resul
     if let Some(f) = &txn.fence {
         check_fence(ops, f, now_ms).await?;
     }
+    apply_unfenced(ops, txn, now_ms).await
+}
+
+/// `MetaStore::apply_many`: the shape of the batch, its fence once, then each transaction on
+/// its own. A transaction's own failure (its precondition, a conflict, a malformed entry) is its
+/// result; a failure of the store itself fails the whole batch, which the backend rolls back.
+pub(crate) async fn apply_many(ops: &mut impl TxnOps, batch: TxnBatch, now_ms: i64) -> Result<Vec<Result<Applied>>> {
+    batch.validate()?;
+    if let Some(f) = &batch.fence {
+        check_fence(ops, f, now_ms).await?;
+    }
+    let mut ahead: Vec<&str> = Vec::new();
+    for t in &batch.txns {
+        if path::validate(&t.path).is_ok() {
+            ahead.push(&t.path);
+            ahead.extend(path::ancestors(&t.path));
+        }
+    }
+    ops.prefetch(&ahead).await?;
+    let mut out = Vec::with_capacity(batch.txns.len());
+    for txn in batch.txns {
+        match txn.validate() {
+            Ok(()) => match apply_unfenced(ops, txn, now_ms).await {
+                Err(e) if is_store_failure(&e) => return Err(e),
+                r => out.push(r),
+            },
+            Err(e) => out.push(Err(e)),
+        }
+    }
+    Ok(out)
+}
+
+/// Failures of the store rather than of a transaction's own checks: they end a batch.
+fn is_store_failure(e: &Error) -> bool {
+    matches!(e, Error::Internal { .. } | Error::Io { .. } | Error::Unavailable { .. })
+}
+
+/// Everything of `apply` after the fence. Every check comes before the first write, so a
+/// transaction that fails its checks has written nothing — which is what lets a batch's
+/// transactions fail alone without a savepoint each.
+async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<Applied> {
     let first_seq = ops.current_seq() + 1;
     let current = ops.entry(&txn.path).await?;
     if !txn.precondition.holds(current.as_ref().map(|e| e.version)) {
@@ -120,18 +178,15 @@ pub(crate) async fn apply(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Resul
     }
     match &txn.mutation {
         Mutation::Put { entry, data } => {
+            // The checks.
             let ancestors = path::ancestors(&txn.path);
             let existing = ops.entries(&ancestors).await?;
+            let mut missing = Vec::new();
             for anc in ancestors {
                 match existing.iter().find(|e| e.path == anc) {
                     Some(e) if e.is_dir() => {}
                     Some(_) => return Err(Error::NotADirectory { path: anc.to_string() }),
-                    None => {
-                        let seq = ops.next_seq();
-                        let dir = materialise(anc, seq, implied_parent(entry));
-                        ops.put_row(&dir, None).await?;
-                        ops.log_change(change(seq, now_ms, origin, anc, None, Some(&dir))).await?;
-                    }
+                    None => missing.push(anc),
                 }
             }
             if let Some(cur) = &current
@@ -163,6 +218,13 @@ pub(crate) async fn apply(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Resul
                 }
                 _ => None,
             };
+            // The writes.
+            for anc in missing {
+                let seq = ops.next_seq();
+                let dir = materialise(anc, seq, implied_parent(entry));
+                ops.put_row(&dir, None).await?;
+                ops.log_change(change(seq, now_ms, origin, anc, None, Some(&dir))).await?;
+            }
             let seq = ops.next_seq();
             let new = materialise(&txn.path, seq, entry.clone());
             ops.put_row(&new, data.as_deref().or(kept.as_deref())).await?;
@@ -179,21 +241,19 @@ pub(crate) async fn apply(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Resul
             let Some(cur) = current else {
                 return Err(Error::not_found(&txn.path));
             };
-            if cur.is_dir() {
-                let below = ops.descendants(&txn.path, None).await?;
-                if !below.is_empty() && !recursive {
-                    return Err(Error::DirectoryNotEmpty { path: txn.path.clone() });
+            let below = if cur.is_dir() { ops.descendants(&txn.path, None).await? } else { Vec::new() };
+            if !below.is_empty() && !recursive {
+                return Err(Error::DirectoryNotEmpty { path: txn.path.clone() });
+            }
+            // Reverse byte order removes every child before its parent, so a follower of the
+            // change log never sees a directory deleted while something below it remains.
+            for child in below.iter().rev() {
+                let seq = ops.next_seq();
+                ops.delete_row(&child.path).await?;
+                if cache::invalidates(child, None) {
+                    ops.drop_cache(&child.path).await?;
                 }
-                // Reverse byte order removes every child before its parent, so a follower of the
-                // change log never sees a directory deleted while something below it remains.
-                for child in below.iter().rev() {
-                    let seq = ops.next_seq();
-                    ops.delete_row(&child.path).await?;
-                    if cache::invalidates(child, None) {
-                        ops.drop_cache(&child.path).await?;
-                    }
-                    ops.log_change(change(seq, now_ms, origin, &child.path, Some(child), None)).await?;
-                }
+                ops.log_change(change(seq, now_ms, origin, &child.path, Some(child), None)).await?;
             }
             let seq = ops.next_seq();
             ops.delete_row(&txn.path).await?;

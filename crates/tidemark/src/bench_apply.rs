@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use tidemark_cloud::memory::MemoryStorage;
 use tidemark_core::events::{AckReport, Delivery, EventSource, Provider};
-use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, NewEntry, Origin, Page, Txn};
+use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, NewEntry, Origin, Page, Txn, TxnBatch};
 use tidemark_core::remote::{ListPage, Mount, RemoteLocation, RemoteObject};
 use tidemark_core::subscription::EventTypes;
 use tidemark_core::{
@@ -133,6 +133,12 @@ impl Filer for TimedFiler {
     }
     async fn apply(&self, txn: Txn) -> Result<Applied> {
         self.1.write.time(self.0.apply(txn)).await
+    }
+    async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
+        self.1.write.time(self.0.apply_many(batch)).await
+    }
+    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+        self.1.entry_read.time(self.0.stat_many(paths)).await
     }
     async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
         self.0.lease_acquire(name, holder, ttl).await
