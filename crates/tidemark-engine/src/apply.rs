@@ -5,9 +5,10 @@
 //!    messages are acknowledged and counted `ignored`; a malformed one is counted `failed` and is
 //!    **not** acknowledged — it redelivers per the queue's policy, visible rather than silent.
 //! 2. Events are filtered (bucket, the mount's prefix, subscribed event types) and coalesced by
-//!    key: one HEAD per distinct key per batch, distinct keys concurrently, a key never twice at once.
-//! 3. Each key: HEAD the object (the event only names the key; the bucket's current state decides),
-//!    read the entry, `decide`, write through the filer's conditional, fenced transaction.
+//!    key: one HEAD per distinct key per batch, distinct keys concurrently.
+//! 3. The keys' entries are read (one batched read), then each key's object is HEADed (the event
+//!    only names the key; the bucket's current state decides), each `decide`d, and every write
+//!    goes through one batched, conditional, fenced transaction of the filer.
 //! 4. A message is acknowledged only when every key it named was handled. A transient failure
 //!    (HEAD, filer) releases it with a delay so it comes back; a failed fence stops the batch at
 //!    once and acknowledges nothing more.
@@ -24,9 +25,9 @@ use tidemark_core::events::{Decoded, Delivery, EventSource, Provider, decode};
 use tidemark_core::keymap::{KeyMap, Mapped};
 use tidemark_core::model::Fence;
 use tidemark_core::remote::Mount;
-use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
+use tidemark_core::{Clock, Error, Filer, RemoteObject, RemoteStorage, Result};
 
-use crate::write::{Outcome, WriteRules, decide_and_write};
+use crate::write::{self, Outcome, Pending, WriteRules};
 
 pub use tidemark_core::subscription::EventTypes;
 
@@ -107,55 +108,102 @@ enum KeyResult {
     Transient(String),
 }
 
-async fn apply_key(
+/// Whether a failure of the bucket is worth retrying the message for.
+fn transient_head(e: &Error) -> bool {
+    matches!(e, Error::Unavailable { .. } | Error::Io { .. } | Error::Internal { .. } | Error::Unauthorized { .. })
+}
+
+/// Applies the distinct keys of a batch: their entries read in one batched read, then their
+/// HEADs (`ctx.concurrency` at once), then every decision written in one batched, fenced
+/// transaction. The entries are read before the HEADs: whatever lands in between (a local
+/// write) makes the conditional write fail and that key be decided again, never clobbered.
+async fn apply_keys(
     filer: &dyn Filer,
     storage: &dyn RemoteStorage,
     map: &KeyMap,
     ctx: &ApplyContext<'_>,
-    key: &str,
-) -> Result<KeyResult> {
-    let mapped = match map.key_to_path(key.as_bytes()) {
-        Ok(m) => m,
-        Err(_) => return Ok(KeyResult::Done(None)),
+    keys: Vec<String>,
+) -> Result<Vec<(String, KeyResult)>> {
+    let mut out = Vec::with_capacity(keys.len());
+    let mut mapped = Vec::with_capacity(keys.len());
+    for key in keys {
+        match map.key_to_path(key.as_bytes()) {
+            Ok(m) => mapped.push((key, m)),
+            Err(_) => out.push((key, KeyResult::Done(None))),
+        }
+    }
+    let paths: Vec<String> = mapped.iter().map(|(_, m)| m.path().to_string()).collect();
+    let all_transient = |mapped: Vec<(String, Mapped)>, why: String| {
+        mapped.into_iter().map(move |(k, _)| (k, KeyResult::Transient(why.clone())))
     };
-    let path = mapped.path().to_string();
-    // The entry first, then the HEAD: whatever lands in between (a local write) makes the
-    // conditional write below fail and the key be decided again, never clobbered.
-    let local = match filer.stat(&path).await {
+    let locals = match write::stat_all(filer, &paths).await {
         Ok(l) => l,
-        Err(e @ Error::Unavailable { .. }) => return Ok(KeyResult::Transient(format!("filer: {e}"))),
-        Err(e) => return Err(e),
-    };
-    let object = match storage.stat(key).await {
-        Ok(o) => o,
-        Err(e)
-            if matches!(
-                e,
-                Error::Unavailable { .. } | Error::Io { .. } | Error::Internal { .. } | Error::Unauthorized { .. }
-            ) =>
-        {
-            return Ok(KeyResult::Transient(format!("HEAD failed: {e}")));
+        Err(e @ Error::Unavailable { .. }) => {
+            out.extend(all_transient(mapped, format!("filer: {e}")));
+            return Ok(out);
         }
         Err(e) => return Err(e),
     };
-    let remote =
-        object.as_ref().map(|o| RemoteSide { object: o, is_dir_marker: matches!(mapped, Mapped::DirMarker(_)) });
+    // Collected first: a lazy iterator of futures held across the await would make this
+    // future's `Send` depend on a closure's lifetimes, which the compiler cannot prove.
+    let asks: Vec<_> = mapped.iter().map(|(key, _)| storage.stat(key)).collect();
+    let heads: Vec<Result<Option<RemoteObject>>> =
+        futures::stream::iter(asks).buffered(ctx.concurrency.max(1)).collect().await;
+    let mut objects = Vec::with_capacity(heads.len());
+    let mut asked = Vec::with_capacity(heads.len());
+    for (((key, m), local), head) in mapped.into_iter().zip(locals).zip(heads) {
+        match head {
+            Ok(object) => {
+                objects.push(object);
+                asked.push((key, m, local));
+            }
+            Err(e) if transient_head(&e) => out.push((key, KeyResult::Transient(format!("HEAD failed: {e}")))),
+            Err(e) => return Err(e),
+        }
+    }
+    let items: Vec<Pending<'_>> = asked
+        .iter()
+        .zip(&objects)
+        .map(|((_, m, local), object)| Pending {
+            path: m.path().to_string(),
+            local: local.clone(),
+            remote: object.as_ref().map(|o| RemoteSide { object: o, is_dir_marker: matches!(m, Mapped::DirMarker(_)) }),
+        })
+        .collect();
     let dctx = DecideCtx { storage: &ctx.mount.location.storage, cluster_id: ctx.cluster_id, tombstone: None };
     let rules = WriteRules { fence: ctx.fence, allow_delete: true, check_tombstones: ctx.mount.sync };
-    match decide_and_write(filer, &path, local, remote, &dctx, rules).await {
-        Ok(outcome) => {
-            if let (Some(filter), Some(o), Outcome::Created | Outcome::Updated) = (ctx.prefetch, &object, &outcome)
-                && matches!(mapped, Mapped::File(_))
-                && filter.matches(&ctx.mount.dir, &path, o.size)
-            {
-                prefetch(filer, &path).await;
-            }
-            Ok(KeyResult::Done(Some((path, outcome))))
+    let results = match write::decide_and_write_many(filer, items, &dctx, rules).await {
+        Ok(r) => r,
+        Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => {
+            let why = format!("write: {e}");
+            out.extend(asked.into_iter().map(|(k, _, _)| (k, KeyResult::Transient(why.clone()))));
+            return Ok(out);
         }
-        Err(e @ Error::Fenced { .. }) => Err(e),
-        Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => Ok(KeyResult::Transient(format!("write: {e}"))),
-        Err(e) => Err(e),
+        Err(e) => return Err(e),
+    };
+    let mut prefetches = Vec::new();
+    for (((key, m, _), object), result) in asked.into_iter().zip(&objects).zip(results) {
+        let path = m.path().to_string();
+        match result {
+            Ok(outcome) => {
+                if let (Some(filter), Some(o), Outcome::Created | Outcome::Updated) = (ctx.prefetch, object, &outcome)
+                    && matches!(m, Mapped::File(_))
+                    && filter.matches(&ctx.mount.dir, &path, o.size)
+                {
+                    prefetches.push(path.clone());
+                }
+                out.push((key, KeyResult::Done(Some((path, outcome)))));
+            }
+            Err(e @ Error::Fenced { .. }) => return Err(e),
+            Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => {
+                out.push((key, KeyResult::Transient(format!("write: {e}"))))
+            }
+            Err(e) => return Err(e),
+        }
     }
+    let asks: Vec<_> = prefetches.iter().map(|p| prefetch(filer, p)).collect();
+    futures::future::join_all(asks).await;
+    Ok(out)
 }
 
 /// Asks the filer to fetch a file's new version into its cache and returns at once: the fetch
@@ -255,19 +303,13 @@ pub async fn apply_batch(
     }
 
     let distinct: BTreeSet<String> = needs.iter().flatten().flatten().cloned().collect();
-    let map_ref = &map;
-    let work = futures::stream::iter(distinct.into_iter().map(|key| async move {
-        let r = apply_key(filer, storage, map_ref, ctx, &key).await;
-        (key, r)
-    }))
-    .buffer_unordered(ctx.concurrency.max(1))
-    .collect::<Vec<(String, Result<KeyResult>)>>();
+    let work = apply_keys(filer, storage, &map, ctx, distinct.into_iter().collect());
     let in_flight: Vec<String> =
         deliveries.iter().zip(&needs).filter(|(_, n)| n.is_some()).map(|(d, _)| d.ack_id.clone()).collect();
-    let results = with_heartbeat(source, &in_flight, ctx.visibility, work).await;
+    let results = with_heartbeat(source, &in_flight, ctx.visibility, work).await?;
     let mut transient: BTreeMap<String, String> = BTreeMap::new();
     for (key, r) in results {
-        match r? {
+        match r {
             KeyResult::Done(Some((path, outcome))) => {
                 match &outcome {
                     Outcome::Skipped(SkipReason::Echo) => counters.echo_suppressed += 1,

@@ -10,13 +10,14 @@
 //! Pass 2 (with deletes enabled) removes remote-backed directories left empty — implied ones,
 //! and marker ones whose marker is gone — deepest last, walking up as parents empty too.
 //!
-//! Every write goes through [`decide_and_write`], conditional on the local state decided on.
-//! Up to [`IN_FLIGHT`] files are decided and written at once (a store that commits in groups
-//! then shares one fsync among them), in the merge's order as far as the report goes; a path
-//! waits for any in-flight ancestor of it (a file in a directory's place decides a conflict,
-//! and the order of the two must not change the outcome), and directory markers wait for all.
+//! Every write is conditional on the local state decided on. Files are decided in batches of
+//! [`BATCH`] and each batch is written in one batched transaction ([`decide_and_write_many`]:
+//! one commit, one fsync), up to [`BATCHES_IN_FLIGHT`] at once, reported in the merge's order;
+//! a path waits for any ancestor of it being written (a file in a directory's place decides a
+//! conflict, and the order of the two must not change the outcome), and directory markers wait
+//! for all.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,7 @@ use tidemark_core::model::{Entry, Fence, Origin, Precondition, Txn};
 use tidemark_core::remote::{Mount, RemoteObject};
 use tidemark_core::{DeleteOptions, Error, Filer, RemoteStorage, Result, path};
 
-use crate::write::{Outcome, decide_and_write, outcome_of};
+use crate::write::{Outcome, Pending, decide_and_write, decide_and_write_many, outcome_of};
 
 #[derive(Debug, Clone)]
 pub struct ReconcileOptions {
@@ -120,10 +121,14 @@ fn write_rules(opts: &ReconcileOptions, tombstones: bool) -> crate::write::Write
     crate::write::WriteRules { fence: opts.fence.as_ref(), allow_delete: opts.delete, check_tombstones: tombstones }
 }
 
-/// Files decided and written at once during pass 1.
-pub const IN_FLIGHT: usize = 16;
+/// Files decided together and written in one batched transaction during pass 1.
+pub const BATCH: usize = 500;
 
-type Write<'a> = Pin<Box<dyn std::future::Future<Output = (String, Result<Outcome>)> + Send + 'a>>;
+/// Batches written at once: the next is decided (and the listing read on) while one commits.
+pub const BATCHES_IN_FLIGHT: usize = 2;
+
+/// A batch being written: its paths, in order, and their outcomes.
+type Write<'a> = Pin<Box<dyn std::future::Future<Output = (Vec<String>, Result<Vec<Result<Outcome>>>)> + Send + 'a>>;
 
 struct Run<'a> {
     filer: &'a dyn Filer,
@@ -135,10 +140,13 @@ struct Run<'a> {
     tombstones: bool,
     report: ReconcileReport,
     sink: &'a mut (dyn FnMut(&Item) + Send + Sync),
-    /// Writes in flight, oldest first, and their paths. In a Mutex only so that `Run` is `Sync`
-    /// (the futures are `Send`, not `Sync`); it is only ever reached through `&mut`, never locked.
+    /// Files waiting to be decided and written as the next batch.
+    pending: Vec<(String, Option<Entry>, Option<RemoteObject>)>,
+    /// Batches being written, oldest first. In a Mutex only so that `Run` is `Sync` (the
+    /// futures are `Send`, not `Sync`); it is only ever reached through `&mut`, never locked.
     writes: std::sync::Mutex<FuturesOrdered<Write<'a>>>,
-    writing: VecDeque<String>,
+    /// The paths pending or being written.
+    writing: HashSet<String>,
 }
 
 impl<'a> Run<'a> {
@@ -171,54 +179,86 @@ impl<'a> Run<'a> {
         self.writes.get_mut().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Decides and writes the file `p` beside up to IN_FLIGHT others (a dry run: at once).
+    /// Decides and writes the file `p` in the next batch (a dry run: at once).
     async fn queue(&mut self, p: String, local: Option<Entry>, remote: Option<RemoteObject>) -> Result<()> {
         if self.opts.dry_run {
             let side = remote.as_ref().map(|object| RemoteSide { object, is_dir_marker: false });
             return self.one(&p, local, side).await;
         }
-        if self.writing.iter().any(|w| path::is_within(&p, w)) {
+        // A path waits for any ancestor of it being written: a file in a directory's place
+        // decides a conflict, and a retried write must not change the order of the two.
+        if path::ancestors(&p).iter().any(|a| self.writing.contains(*a)) {
             self.flush().await?;
         }
-        while self.writes().len() >= IN_FLIGHT {
+        self.writing.insert(p.clone());
+        self.pending.push((p, local, remote));
+        if self.pending.len() >= BATCH {
+            self.send().await?;
+        }
+        Ok(())
+    }
+
+    /// Starts writing the pending files as one batch, once fewer than BATCHES_IN_FLIGHT are.
+    async fn send(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        while self.writes().len() >= BATCHES_IN_FLIGHT {
             self.complete_one().await?;
         }
+        let batch = std::mem::take(&mut self.pending);
         let (filer, opts, storage) = (self.filer, self.opts, self.storage_name);
         let tombstones = self.tombstones;
-        self.writing.push_back(p.clone());
         self.writes().push_back(Box::pin(async move {
             let ctx = DecideCtx { storage, cluster_id: opts.cluster_id.as_deref(), tombstone: None };
-            let side = remote.as_ref().map(|object| RemoteSide { object, is_dir_marker: false });
-            let outcome = decide_and_write(filer, &p, local, side, &ctx, write_rules(opts, tombstones)).await;
-            (p, outcome)
+            let items: Vec<Pending<'_>> = batch
+                .iter()
+                .map(|(p, local, remote)| Pending {
+                    path: p.clone(),
+                    local: local.clone(),
+                    remote: remote.as_ref().map(|object| RemoteSide { object, is_dir_marker: false }),
+                })
+                .collect();
+            let outcomes = decide_and_write_many(filer, items, &ctx, write_rules(opts, tombstones)).await;
+            (batch.into_iter().map(|(p, _, _)| p).collect(), outcomes)
         }));
         Ok(())
     }
 
-    /// Waits for the oldest write in flight and reports it. After an error, the others still in
-    /// flight finish (and are reported) before the error is returned.
+    /// Waits for the oldest batch being written and reports it. After an error, the batches
+    /// still being written finish (and what they wrote is reported) before the error is returned.
     async fn complete_one(&mut self) -> Result<()> {
-        let Some((p, outcome)) = self.writes().next().await else { return Ok(()) };
-        self.writing.pop_front();
-        match outcome {
-            Ok(outcome) => {
-                self.emit(Item::Path { path: p, outcome });
-                Ok(())
-            }
-            Err(e) => {
-                while let Some((p, outcome)) = self.writes().next().await {
-                    self.writing.pop_front();
-                    if let Ok(outcome) = outcome {
-                        self.emit(Item::Path { path: p, outcome });
-                    }
-                }
-                Err(e)
-            }
+        let Some((paths, outcomes)) = self.writes().next().await else { return Ok(()) };
+        let failed = self.report_batch(paths, outcomes);
+        let Some(e) = failed else { return Ok(()) };
+        while let Some((paths, outcomes)) = self.writes().next().await {
+            self.report_batch(paths, outcomes);
         }
+        Err(e)
     }
 
-    /// Waits for every write in flight.
+    /// Reports what a batch wrote; its first error, if any.
+    fn report_batch(&mut self, paths: Vec<String>, outcomes: Result<Vec<Result<Outcome>>>) -> Option<Error> {
+        for p in &paths {
+            self.writing.remove(p);
+        }
+        let outcomes = match outcomes {
+            Ok(o) => o,
+            Err(e) => return Some(e),
+        };
+        let mut first = None;
+        for (p, outcome) in paths.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(outcome) => self.emit(Item::Path { path: p, outcome }),
+                Err(e) => first = first.or(Some(e)),
+            }
+        }
+        first
+    }
+
+    /// Writes what is pending and waits for every batch.
     async fn flush(&mut self) -> Result<()> {
+        self.send().await?;
         while !self.writes().is_empty() {
             self.complete_one().await?;
         }
@@ -279,8 +319,9 @@ pub async fn reconcile(
         tombstones: mount.sync,
         report: ReconcileReport::default(),
         sink,
+        pending: Vec::new(),
         writes: std::sync::Mutex::new(FuturesOrdered::new()),
-        writing: VecDeque::new(),
+        writing: HashSet::new(),
     };
     let page = opts.page_size.clamp(1, 10_000);
     let prefix = run.map.prefix().to_string();

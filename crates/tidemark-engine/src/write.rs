@@ -2,8 +2,9 @@
 //! decision saw (absent, or the exact version); if a concurrent local write changed it, the
 //! entry is read again and decided again (bounded), so a local write is never clobbered.
 
-use tidemark_core::decide::{Action, DecideCtx, RemoteSide, SkipReason, decide};
-use tidemark_core::model::{Entry, Fence, Origin, Precondition, Txn};
+use tidemark_core::decide::{Action, DecideCtx, RemoteSide, SkipReason, Tombstone, decide};
+use tidemark_core::model::{Entry, Fence, MAX_BATCH, Origin, Precondition, Txn, TxnBatch};
+use tidemark_core::remote::system_paths;
 use tidemark_core::{Error, Filer, Result};
 
 /// How often a key is decided again after losing a race with a local write.
@@ -98,14 +99,123 @@ pub async fn decide_and_write(
         match filer.apply(txn).await {
             Ok(_) => return Ok(outcome),
             Err(Error::PreconditionFailed { .. }) => local = filer.stat(path).await?,
-            Err(Error::NotADirectory { .. }) => return Ok(Outcome::Skipped(SkipReason::Conflict)),
-            Err(Error::DirectoryNotEmpty { .. }) if outcome == Outcome::Deleted => return Ok(Outcome::KeptNonEmptyDir),
-            // A file where the remote has a directory (or the reverse) with children below it.
-            Err(Error::DirectoryNotEmpty { .. }) => return Ok(Outcome::Skipped(SkipReason::Conflict)),
-            Err(e) => return Err(e),
+            Err(e) => return settled(e, &outcome),
         }
     }
     Err(Error::Unavailable {
         message: format!("{path}: changed locally {MAX_REDECIDE} times while being synced; it will be retried"),
     })
+}
+
+/// What a write refused for a reason other than its precondition means for the key.
+fn settled(e: Error, outcome: &Outcome) -> Result<Outcome> {
+    match e {
+        Error::NotADirectory { .. } => Ok(Outcome::Skipped(SkipReason::Conflict)),
+        Error::DirectoryNotEmpty { .. } if *outcome == Outcome::Deleted => Ok(Outcome::KeptNonEmptyDir),
+        // A file where the remote has a directory (or the reverse) with children below it.
+        Error::DirectoryNotEmpty { .. } => Ok(Outcome::Skipped(SkipReason::Conflict)),
+        e => Err(e),
+    }
+}
+
+/// One path to decide and write in a batch: the entry as read before the remote side was.
+pub struct Pending<'r> {
+    pub path: String,
+    pub local: Option<Entry>,
+    pub remote: Option<RemoteSide<'r>>,
+}
+
+/// The entries at `paths`, in order, in as few batched reads as the batch limit allows.
+pub async fn stat_all(filer: &dyn Filer, paths: &[String]) -> Result<Vec<Option<Entry>>> {
+    let mut out = Vec::with_capacity(paths.len());
+    for chunk in paths.chunks(MAX_BATCH) {
+        out.extend(filer.stat_many(chunk).await?);
+    }
+    Ok(out)
+}
+
+/// [`decide_and_write`] for many paths at once: every decision is made, then every write goes
+/// through one batched transaction (per [`MAX_BATCH`]) carrying the fence — so a batch costs
+/// one commit, not one per path. A path whose write lost a race with a local write (its
+/// precondition failed) is decided again on its own, as `decide_and_write` would. The result is
+/// one outcome per item, in order; `Err` for the whole call when the fence failed (nothing of
+/// that batch landed) or the filer could not be reached.
+pub async fn decide_and_write_many(
+    filer: &dyn Filer,
+    items: Vec<Pending<'_>>,
+    ctx: &DecideCtx<'_>,
+    rules: WriteRules<'_>,
+) -> Result<Vec<Result<Outcome>>> {
+    let tombstones = tombstones_of(filer, &items, ctx, rules).await?;
+    let mut out: Vec<Option<Result<Outcome>>> = Vec::with_capacity(items.len());
+    // (item index, the outcome its write stands for)
+    let mut written: Vec<(usize, Outcome)> = Vec::new();
+    let mut txns = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let ctx = &DecideCtx { tombstone: ctx.tombstone.or(tombstones[i].as_ref()), ..*ctx };
+        let action = decide(item.local.as_ref(), item.remote, ctx);
+        let outcome = outcome_of(&action);
+        let precondition = item.local.as_ref().map_or(Precondition::Absent, |e| Precondition::Version(e.version));
+        let txn = match action {
+            Action::Skip(r) => {
+                out.push(Some(Ok(Outcome::Skipped(r))));
+                continue;
+            }
+            Action::Delete if !rules.allow_delete => {
+                out.push(Some(Ok(Outcome::Skipped(SkipReason::InSync))));
+                continue;
+            }
+            Action::Create(entry) | Action::Update(entry) => Txn::put(&item.path, entry, Origin::Remote),
+            Action::Delete => Txn::delete(&item.path, false, Origin::Remote),
+        };
+        out.push(None);
+        written.push((i, outcome));
+        txns.push(txn.with_precondition(precondition));
+    }
+    let mut results = Vec::with_capacity(txns.len());
+    let mut txns = txns.into_iter().peekable();
+    while txns.peek().is_some() {
+        let chunk: Vec<Txn> = txns.by_ref().take(MAX_BATCH).collect();
+        results.extend(filer.apply_many(TxnBatch { fence: rules.fence.cloned(), txns: chunk }).await?);
+    }
+    for ((i, outcome), result) in written.into_iter().zip(results) {
+        let item = &items[i];
+        out[i] = Some(match result {
+            Ok(_) => Ok(outcome),
+            // A local write landed since the entry was read: decide this one again, alone.
+            Err(Error::PreconditionFailed { .. }) => match filer.stat(&item.path).await {
+                Ok(local) => decide_and_write(filer, &item.path, local, item.remote, ctx, rules).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => settled(e, &outcome),
+        });
+    }
+    Ok(out.into_iter().map(|o| o.unwrap_or_else(|| Err(Error::internal("a batched write has no result")))).collect())
+}
+
+/// The tombstones that bear on `items` (absent entries with an object) where users' deletes
+/// leave them, found with one batched read of their paths; only the ones that exist are read.
+async fn tombstones_of(
+    filer: &dyn Filer,
+    items: &[Pending<'_>],
+    ctx: &DecideCtx<'_>,
+    rules: WriteRules<'_>,
+) -> Result<Vec<Option<Tombstone>>> {
+    let mut found: Vec<Option<Tombstone>> = items.iter().map(|_| None).collect();
+    if !rules.check_tombstones || ctx.tombstone.is_some() {
+        return Ok(found);
+    }
+    let wanted: Vec<usize> =
+        items.iter().enumerate().filter(|(_, it)| it.local.is_none() && it.remote.is_some()).map(|(i, _)| i).collect();
+    if wanted.is_empty() {
+        return Ok(found);
+    }
+    let paths: Vec<String> = wanted.iter().map(|&i| system_paths::tombstone(&items[i].path)).collect();
+    let present = stat_all(filer, &paths).await?;
+    for (&i, entry) in wanted.iter().zip(present) {
+        if entry.is_some() {
+            found[i] = crate::docs::tombstone(filer, &items[i].path).await?;
+        }
+    }
+    Ok(found)
 }
