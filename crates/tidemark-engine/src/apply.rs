@@ -27,6 +27,7 @@ use tidemark_core::model::Fence;
 use tidemark_core::remote::Mount;
 use tidemark_core::{Clock, Error, Filer, RemoteObject, RemoteStorage, Result};
 
+use crate::recent::RecentHeads;
 use crate::write::{self, Outcome, Pending, WriteRules};
 
 pub use tidemark_core::subscription::EventTypes;
@@ -50,6 +51,9 @@ pub struct ApplyContext<'a> {
     /// Files whose new version the filer fetches into its cache once an event's write of them
     /// is applied (`-prefetch`); `None`: off.
     pub prefetch: Option<&'a FileFilter>,
+    /// The HEADs this slice made, so a notification one of them already answered needs no
+    /// other (see [`crate::recent`]); `None`: every key is HEADed.
+    pub recent: Option<&'a RecentHeads>,
 }
 
 /// Per-subscription counters, as the status blob and `/metrics` show them.
@@ -70,6 +74,9 @@ pub struct Counters {
     pub ignored_reasons: BTreeMap<String, u64>,
     /// Entries created, updated, deleted by applied events.
     pub changes: u64,
+    /// Keys whose notifications an earlier HEAD of the slice had already answered (no HEAD).
+    #[serde(default)]
+    pub heads_saved: u64,
     /// Lag from the event's time to its apply, over applied events: last and largest.
     pub last_lag_ms: Option<i64>,
     pub max_lag_ms: Option<i64>,
@@ -122,13 +129,18 @@ async fn apply_keys(
     storage: &dyn RemoteStorage,
     map: &KeyMap,
     ctx: &ApplyContext<'_>,
-    keys: Vec<String>,
+    keys: Vec<(String, Option<i64>)>,
+    counters: &mut Counters,
 ) -> Result<Vec<(String, KeyResult)>> {
     let mut out = Vec::with_capacity(keys.len());
     let mut mapped = Vec::with_capacity(keys.len());
-    for key in keys {
+    let mut sent_by = Vec::with_capacity(keys.len());
+    for (key, sent) in keys {
         match map.key_to_path(key.as_bytes()) {
-            Ok(m) => mapped.push((key, m)),
+            Ok(m) => {
+                mapped.push((key, m));
+                sent_by.push(sent);
+            }
             Err(_) => out.push((key, KeyResult::Done(None))),
         }
     }
@@ -144,6 +156,22 @@ async fn apply_keys(
         }
         Err(e) => return Err(e),
     };
+    // Keys an earlier HEAD already answered: the entry is as that HEAD's apply left it.
+    let mut to_ask = Vec::with_capacity(mapped.len());
+    let mut to_ask_locals = Vec::with_capacity(mapped.len());
+    for (((key, m), local), sent) in mapped.into_iter().zip(locals).zip(sent_by) {
+        if ctx.recent.is_some_and(|r| r.covers(&key, sent, local.as_ref().map(|e| e.version))) {
+            counters.heads_saved += 1;
+            let path = m.path().to_string();
+            out.push((key, KeyResult::Done(Some((path, Outcome::Skipped(SkipReason::InSync))))));
+        } else {
+            to_ask.push((key, m));
+            to_ask_locals.push(local);
+        }
+    }
+    let (mapped, locals) = (to_ask, to_ask_locals);
+    // Every HEAD below starts after this: what they see is the bucket at this time or later.
+    let head_at_ms = ctx.clock.now_ms();
     // Collected first: a lazy iterator of futures held across the await would make this
     // future's `Send` depend on a closure's lifetimes, which the compiler cannot prove.
     let asks: Vec<_> = mapped.iter().map(|(key, _)| storage.stat(key)).collect();
@@ -184,7 +212,13 @@ async fn apply_keys(
     let mut prefetches = Vec::new();
     for (((key, m, _), object), result) in asked.into_iter().zip(&objects).zip(results) {
         let path = m.path().to_string();
-        match result {
+        if let Some(r) = ctx.recent {
+            match result.as_ref().map(|w| w.version) {
+                Ok(Some(version)) => r.remember(&key, head_at_ms, version),
+                _ => r.forget(&key),
+            }
+        }
+        match result.map(|w| w.outcome) {
             Ok(outcome) => {
                 if let (Some(filter), Some(o), Outcome::Created | Outcome::Updated) = (ctx.prefetch, object, &outcome)
                     && matches!(m, Mapped::File(_))
@@ -302,8 +336,17 @@ pub async fn apply_batch(
         }
     }
 
-    let distinct: BTreeSet<String> = needs.iter().flatten().flatten().cloned().collect();
-    let work = apply_keys(filer, storage, &map, ctx, distinct.into_iter().collect());
+    // Per key, when its latest notification here was sent (`None` if a queue did not say).
+    let mut sent_by: BTreeMap<String, Option<i64>> = BTreeMap::new();
+    for (d, need) in deliveries.iter().zip(&needs) {
+        for key in need.iter().flatten() {
+            sent_by
+                .entry(key.clone())
+                .and_modify(|s| *s = s.zip(d.sent_at_ms).map(|(a, b)| a.max(b)))
+                .or_insert(d.sent_at_ms);
+        }
+    }
+    let work = apply_keys(filer, storage, &map, ctx, sent_by.into_iter().collect(), counters);
     let in_flight: Vec<String> =
         deliveries.iter().zip(&needs).filter(|(_, n)| n.is_some()).map(|(d, _)| d.ack_id.clone()).collect();
     let results = with_heartbeat(source, &in_flight, ctx.visibility, work).await?;

@@ -32,7 +32,7 @@ use tidemark_core::model::{Entry, Fence, Origin, Precondition, Txn};
 use tidemark_core::remote::{Mount, RemoteObject};
 use tidemark_core::{DeleteOptions, Error, Filer, RemoteStorage, Result, path};
 
-use crate::write::{Outcome, Pending, decide_and_write, decide_and_write_many, outcome_of};
+use crate::write::{Outcome, Pending, Written, decide_and_write, decide_and_write_many, outcome_of};
 
 #[derive(Debug, Clone)]
 pub struct ReconcileOptions {
@@ -128,7 +128,7 @@ pub const BATCH: usize = 500;
 pub const BATCHES_IN_FLIGHT: usize = 2;
 
 /// A batch being written: its paths, in order, and their outcomes.
-type Write<'a> = Pin<Box<dyn std::future::Future<Output = (Vec<String>, Result<Vec<Result<Outcome>>>)> + Send + 'a>>;
+type Write<'a> = Pin<Box<dyn std::future::Future<Output = (Vec<String>, Result<Vec<Result<Written>>>)> + Send + 'a>>;
 
 struct Run<'a> {
     filer: &'a dyn Filer,
@@ -238,7 +238,7 @@ impl<'a> Run<'a> {
     }
 
     /// Reports what a batch wrote; its first error, if any.
-    fn report_batch(&mut self, paths: Vec<String>, outcomes: Result<Vec<Result<Outcome>>>) -> Option<Error> {
+    fn report_batch(&mut self, paths: Vec<String>, outcomes: Result<Vec<Result<Written>>>) -> Option<Error> {
         for p in &paths {
             self.writing.remove(p);
         }
@@ -249,7 +249,7 @@ impl<'a> Run<'a> {
         let mut first = None;
         for (p, outcome) in paths.into_iter().zip(outcomes) {
             match outcome {
-                Ok(outcome) => self.emit(Item::Path { path: p, outcome }),
+                Ok(w) => self.emit(Item::Path { path: p, outcome: w.outcome }),
                 Err(e) => first = first.or(Some(e)),
             }
         }

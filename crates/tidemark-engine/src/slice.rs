@@ -337,6 +337,8 @@ impl Slice<'_> {
         let types = &self.doc.identity.event_types;
         let visibility = Duration::from_secs(self.doc.options.visibility_timeout_secs);
         let prefetch = self.doc.options.prefetch_filter();
+        // The slice's memory of its HEADs: it ends with the slice.
+        let recent = crate::recent::RecentHeads::new();
         let ctx = ApplyContext {
             mount: self.mount,
             provider: self.provider,
@@ -348,6 +350,7 @@ impl Slice<'_> {
             visibility,
             clock: self.clock,
             prefetch: prefetch.as_ref(),
+            recent: Some(&recent),
         };
         status.state = SliceState::Tailing;
         match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {

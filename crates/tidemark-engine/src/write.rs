@@ -125,6 +125,14 @@ pub struct Pending<'r> {
     pub remote: Option<RemoteSide<'r>>,
 }
 
+/// What became of one path of a batch: its outcome, and the entry's version it left (`None`
+/// inside: no entry) where that is known — not for a path decided again alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub outcome: Outcome,
+    pub version: Option<Option<u64>>,
+}
+
 /// The entries at `paths`, in order, in as few batched reads as the batch limit allows.
 pub async fn stat_all(filer: &dyn Filer, paths: &[String]) -> Result<Vec<Option<Entry>>> {
     let mut out = Vec::with_capacity(paths.len());
@@ -145,9 +153,9 @@ pub async fn decide_and_write_many(
     items: Vec<Pending<'_>>,
     ctx: &DecideCtx<'_>,
     rules: WriteRules<'_>,
-) -> Result<Vec<Result<Outcome>>> {
+) -> Result<Vec<Result<Written>>> {
     let tombstones = tombstones_of(filer, &items, ctx, rules).await?;
-    let mut out: Vec<Option<Result<Outcome>>> = Vec::with_capacity(items.len());
+    let mut out: Vec<Option<Result<Written>>> = Vec::with_capacity(items.len());
     // (item index, the outcome its write stands for)
     let mut written: Vec<(usize, Outcome)> = Vec::new();
     let mut txns = Vec::new();
@@ -156,13 +164,14 @@ pub async fn decide_and_write_many(
         let action = decide(item.local.as_ref(), item.remote, ctx);
         let outcome = outcome_of(&action);
         let precondition = item.local.as_ref().map_or(Precondition::Absent, |e| Precondition::Version(e.version));
+        let unchanged = |outcome| Some(Ok(Written { outcome, version: Some(item.local.as_ref().map(|e| e.version)) }));
         let txn = match action {
             Action::Skip(r) => {
-                out.push(Some(Ok(Outcome::Skipped(r))));
+                out.push(unchanged(Outcome::Skipped(r)));
                 continue;
             }
             Action::Delete if !rules.allow_delete => {
-                out.push(Some(Ok(Outcome::Skipped(SkipReason::InSync))));
+                out.push(unchanged(Outcome::Skipped(SkipReason::InSync)));
                 continue;
             }
             Action::Create(entry) | Action::Update(entry) => Txn::put(&item.path, entry, Origin::Remote),
@@ -180,14 +189,15 @@ pub async fn decide_and_write_many(
     }
     for ((i, outcome), result) in written.into_iter().zip(results) {
         let item = &items[i];
+        let unknown = |outcome| Written { outcome, version: None };
         out[i] = Some(match result {
-            Ok(_) => Ok(outcome),
+            Ok(a) => Ok(Written { outcome, version: Some(a.new.map(|e| e.version)) }),
             // A local write landed since the entry was read: decide this one again, alone.
             Err(Error::PreconditionFailed { .. }) => match filer.stat(&item.path).await {
-                Ok(local) => decide_and_write(filer, &item.path, local, item.remote, ctx, rules).await,
+                Ok(local) => decide_and_write(filer, &item.path, local, item.remote, ctx, rules).await.map(unknown),
                 Err(e) => Err(e),
             },
-            Err(e) => settled(e, &outcome),
+            Err(e) => settled(e, &outcome).map(unknown),
         });
     }
     Ok(out.into_iter().map(|o| o.unwrap_or_else(|| Err(Error::internal("a batched write has no result")))).collect())

@@ -56,6 +56,9 @@ pub enum Variant {
     NoFence,
     /// Every delivery is acknowledged as soon as it is received.
     AckFirst,
+    /// The memory of recent HEADs is trusted too long: every notification claims it was sent
+    /// before any HEAD, so one sent after a HEAD is answered by it.
+    TrustMemory,
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +84,8 @@ pub struct Report {
     pub applied: u64,
     pub received: u64,
     pub stale_writes_refused: u64,
+    /// Keys a worker's memory of its HEADs answered without another.
+    pub heads_saved: u64,
     pub steps: usize,
     /// Whole slices of the slice engine run.
     pub slices: u64,
@@ -110,6 +115,8 @@ struct Worker {
     /// A batch received and not yet applied: a worker paused here applies it when it resumes,
     /// with the fence it had — as a process stopped mid-batch does.
     pending: Option<(Vec<tidemark_core::events::Delivery>, Fence)>,
+    /// The HEADs made under the current lease, as a slice remembers them.
+    recent: tidemark_engine::recent::RecentHeads,
 }
 
 struct World {
@@ -201,6 +208,7 @@ impl World {
             history: history.clone(),
             dir: DIR.into(),
             ack_first: cfg.variant == Variant::AckFirst,
+            forge_sent: cfg.variant == Variant::TrustMemory,
             violations: violations.clone(),
             payloads,
         });
@@ -216,6 +224,7 @@ impl World {
                 lease: None,
                 paused: false,
                 pending: None,
+                recent: Default::default(),
             })
             .collect();
         // A quarter of the runs lose notifications; the rest must converge without a reconcile.
@@ -460,7 +469,11 @@ impl World {
         let needs_lease = self.workers[w].lease.as_ref().is_none_or(|l| l.expires_at_ms <= now);
         if needs_lease {
             match filer.lease_acquire(LEASE, &self.workers[w].name, LEASE_TTL).await {
-                Ok(l) => self.workers[w].lease = Some(l),
+                Ok(l) => {
+                    // A new slice: it remembers nothing of the last one's HEADs.
+                    self.workers[w].lease = Some(l);
+                    self.workers[w].recent = Default::default();
+                }
                 Err(Error::LeaseHeld { .. }) => return Ok(()),
                 Err(e) => return Err(e),
             }
@@ -510,6 +523,7 @@ impl World {
             visibility: Duration::ZERO,
             clock: &self.clock,
             prefetch: None,
+            recent: Some(&self.workers[w].recent),
         };
         let gen_ = fence.generation;
         match apply_batch(&*filer, &*self.remote, &*self.queue, &ctx, batch, &mut self.counters).await {
@@ -572,6 +586,7 @@ impl World {
             Ok(o) => {
                 self.counters.received += o.counters.received - before.received;
                 self.counters.applied += o.counters.applied - before.applied;
+                self.counters.heads_saved += o.counters.heads_saved.saturating_sub(before.heads_saved);
                 if o.end == tidemark_engine::slice::SliceEnd::LeaseLost {
                     self.report.stale_writes_refused += 1;
                 }
@@ -843,6 +858,7 @@ pub async fn run(cfg: Config) -> Report {
     let c = &world.counters;
     world.report.applied = c.applied;
     world.report.received = c.received;
+    world.report.heads_saved = c.heads_saved;
     world.report.deliveries = world.queue.queue.deliveries();
     if c.applied > c.received {
         world.report.violations.push(format!("applied {} > received {}", c.applied, c.received));

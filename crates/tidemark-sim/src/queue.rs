@@ -23,6 +23,8 @@ pub struct Message {
     pub key: String,
     pub version: u64,
     visible_at_ms: i64,
+    /// When it was sent: the time of the change it reports (a delay holds it back after that).
+    sent_at_ms: i64,
     receive_count: u32,
     /// The receipt of the delivery in flight, if any.
     receipt: Option<String>,
@@ -57,10 +59,20 @@ impl SimQueue {
         let mut q = self.lock();
         q.next_id += 1;
         let id = q.next_id;
-        let visible_at_ms = self.clock.now_ms() + delay_ms;
+        let sent_at_ms = self.clock.now_ms();
+        let visible_at_ms = sent_at_ms + delay_ms;
         q.messages.insert(
             id,
-            Message { id, body, key: key.to_string(), version, visible_at_ms, receive_count: 0, receipt: None },
+            Message {
+                id,
+                body,
+                key: key.to_string(),
+                version,
+                visible_at_ms,
+                sent_at_ms,
+                receive_count: 0,
+                receipt: None,
+            },
         );
     }
 
@@ -122,7 +134,7 @@ impl EventSource for SimQueue {
                 body: m.body.clone(),
                 attributes: Default::default(),
                 receive_count: m.receive_count,
-                sent_at_ms: None,
+                sent_at_ms: Some(m.sent_at_ms),
             });
         }
         Ok(out)

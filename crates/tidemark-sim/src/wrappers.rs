@@ -5,7 +5,9 @@
 //!   acknowledgement of a message whose change the namespace does not reflect.
 //! - **Breakers** turn the correct engine into the deliberately broken variants the simulation
 //!   must catch, without touching production code: one strips the fence from every write, one
-//!   acknowledges every delivery on receipt, one answers HEAD from the last event's payload.
+//!   acknowledges every delivery on receipt, one answers HEAD from the last event's payload, one
+//!   makes every notification claim it was sent long ago, so that the slice's memory of its
+//!   HEADs answers notifications of changes those HEADs never saw.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -162,6 +164,8 @@ pub struct CheckedQueue {
     pub history: Arc<Mutex<History>>,
     pub dir: String,
     pub ack_first: bool,
+    /// Every delivery claims it was sent long ago (the memory-trusting variant).
+    pub forge_sent: bool,
     pub violations: Violations,
     /// The last event payload received per key, for the payload-trusting variant.
     pub payloads: Payloads,
@@ -220,6 +224,13 @@ impl EventSource for CheckedQueue {
                         p.insert(e.key, obj);
                     }
                 }
+            }
+        }
+        let mut got = got;
+        if self.forge_sent {
+            // Every notification claims to have been sent long ago: before any HEAD.
+            for d in &mut got {
+                d.sent_at_ms = Some(0);
             }
         }
         if self.ack_first {

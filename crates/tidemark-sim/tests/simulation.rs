@@ -38,15 +38,26 @@ async fn run_many(from: u64, n: u64, variant: Variant, stop_at_first: bool) -> (
         totals.stale_writes_refused += report.stale_writes_refused;
         totals.steps += report.steps;
         totals.slices += report.slices;
+        totals.heads_saved += report.heads_saved;
         if !report.violations.is_empty() {
             failures.push(report);
         }
     }
     failures.sort_by_key(|r| r.seed);
     eprintln!(
-        "{variant:?}: {ran} seeds, {} steps, {} slices, {} deliveries, {} applied, {} notifications dropped, {} stale-fenced batches refused",
-        totals.steps, totals.slices, totals.deliveries, totals.applied, totals.dropped, totals.stale_writes_refused
+        "{variant:?}: {ran} seeds, {} steps, {} slices, {} deliveries, {} applied, {} HEADs saved by memory, {} notifications dropped, {} stale-fenced batches refused",
+        totals.steps,
+        totals.slices,
+        totals.deliveries,
+        totals.applied,
+        totals.heads_saved,
+        totals.dropped,
+        totals.stale_writes_refused
     );
+    // The properties must hold with the memory in use, not merely while it never answers.
+    if variant == Variant::Correct && ran >= 100 {
+        assert!(totals.heads_saved > 0, "no HEAD was answered from memory in {ran} seeds: the memory is not exercised");
+    }
     (ran, failures)
 }
 
@@ -98,6 +109,11 @@ async fn an_applier_that_acks_before_applying_is_caught() {
     caught(Variant::AckFirst).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applier_that_trusts_its_memory_of_heads_too_long_is_caught() {
+    caught(Variant::TrustMemory).await;
+}
+
 /// Seeds that found real bugs, kept as regressions (each also names what it found).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeds_that_found_bugs_stay_fixed() {
@@ -137,6 +153,7 @@ async fn replay() {
         Ok("TrustPayload") => Variant::TrustPayload,
         Ok("NoFence") => Variant::NoFence,
         Ok("AckFirst") => Variant::AckFirst,
+        Ok("TrustMemory") => Variant::TrustMemory,
         _ => Variant::Correct,
     };
     let r = run(Config { variant, ..Config::new(seed) }).await;

@@ -10,6 +10,7 @@
 //! pool of read-only connections that WAL lets run beside the writer. Paths are `TEXT` with
 //! SQLite's default `BINARY` collation, which compares UTF-8 bytes: ordering by path is byte order.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -177,7 +178,7 @@ fn commit_group(conn: &mut Connection, jobs: &mut [Box<dyn Job>]) -> Result<u64>
     let mut seq = start;
     for job in jobs.iter_mut() {
         tx.execute_batch("SAVEPOINT mutation").map_err(db_err)?;
-        let mut ops = SqliteTxn { conn: &tx, seq };
+        let mut ops = SqliteTxn { conn: &tx, seq, known: HashMap::new() };
         match job.run(&mut ops) {
             Ok(()) => {
                 seq = ops.seq;
@@ -382,17 +383,31 @@ fn get_lease(conn: &Connection, name: &str) -> Result<Option<Lease>> {
 struct SqliteTxn<'c> {
     conn: &'c Connection,
     seq: u64,
+    /// Entries this job read or wrote, as they are now: a batch's transactions share their
+    /// ancestors, which are then read (and decoded) once, not once per transaction.
+    known: HashMap<String, Option<Entry>>,
+}
+
+impl SqliteTxn<'_> {
+    fn known_entry(&mut self, p: &str) -> Result<Option<Entry>> {
+        if let Some(e) = self.known.get(p) {
+            return Ok(e.clone());
+        }
+        let e = get_entry(self.conn, p)?;
+        self.known.insert(p.to_string(), e.clone());
+        Ok(e)
+    }
 }
 
 impl TxnOps for SqliteTxn<'_> {
     async fn entry(&mut self, p: &str) -> Result<Option<Entry>> {
-        get_entry(self.conn, p)
+        self.known_entry(p)
     }
 
     async fn entries(&mut self, paths: &[&str]) -> Result<Vec<Entry>> {
         let mut out = Vec::new();
         for p in paths {
-            out.extend(get_entry(self.conn, p)?);
+            out.extend(self.known_entry(p)?);
         }
         Ok(out)
     }
@@ -406,10 +421,13 @@ impl TxnOps for SqliteTxn<'_> {
     }
 
     async fn put_row(&mut self, e: &Entry, data: Option<&[u8]>) -> Result<()> {
-        put_row(self.conn, e, data)
+        put_row(self.conn, e, data)?;
+        self.known.insert(e.path.clone(), Some(e.clone()));
+        Ok(())
     }
 
     async fn delete_row(&mut self, p: &str) -> Result<()> {
+        self.known.insert(p.to_string(), None);
         self.conn
             .prepare_cached("DELETE FROM entries WHERE path = ?1")
             .map_err(db_err)?

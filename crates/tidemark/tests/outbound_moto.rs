@@ -103,6 +103,7 @@ async fn uploads_echoes_deletes_and_resumes() {
         visibility: Duration::from_secs(30),
         clock: &clock,
         prefetch: None,
+        recent: None,
     };
     let mut counters = Counters::default();
     let deadline = Instant::now() + Duration::from_secs(20);
