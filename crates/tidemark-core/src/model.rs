@@ -346,14 +346,14 @@ impl TxnBatch {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TxnOutcome {
-    Applied(Applied),
+    Applied(Box<Applied>),
     Failed(Error),
 }
 
 impl From<Result<Applied>> for TxnOutcome {
     fn from(r: Result<Applied>) -> Self {
         match r {
-            Ok(a) => TxnOutcome::Applied(a),
+            Ok(a) => TxnOutcome::Applied(Box::new(a)),
             Err(e) => TxnOutcome::Failed(e),
         }
     }
@@ -362,7 +362,7 @@ impl From<Result<Applied>> for TxnOutcome {
 impl From<TxnOutcome> for Result<Applied> {
     fn from(o: TxnOutcome) -> Self {
         match o {
-            TxnOutcome::Applied(a) => Ok(a),
+            TxnOutcome::Applied(a) => Ok(*a),
             TxnOutcome::Failed(e) => Err(e),
         }
     }

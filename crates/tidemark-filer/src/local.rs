@@ -558,7 +558,9 @@ impl Filer for LocalFiler {
             .into_iter()
             .map(|failed| match failed {
                 Some(e) => Err(e),
-                None => results.next().unwrap_or_else(|| Err(Error::internal("the store answered fewer results than transactions"))),
+                None => results
+                    .next()
+                    .unwrap_or_else(|| Err(Error::internal("the store answered fewer results than transactions"))),
             })
             .collect();
         let applied: Vec<Applied> = out.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();

@@ -690,7 +690,10 @@ pub async fn a_batch_stands_or_fails_transaction_by_transaction(h: &Harness) {
     assert_eq!(s.get("/b/file").await.unwrap().unwrap().size, 7);
     let log = s.changes(start, 100).await.unwrap();
     // /b/new, /b/new/a, /b/new/b, the delete of /b/file, its new put.
-    assert_eq!(log.iter().map(|c| c.path.as_str()).collect::<Vec<_>>(), ["/b/new", "/b/new/a", "/b/new/b", "/b/file", "/b/file"]);
+    assert_eq!(
+        log.iter().map(|c| c.path.as_str()).collect::<Vec<_>>(),
+        ["/b/new", "/b/new/a", "/b/new/b", "/b/file", "/b/file"]
+    );
     assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "the log stays dense");
     let mut next = start + 1;
     for r in results.iter().flatten() {

@@ -130,14 +130,7 @@ pub(crate) async fn apply_many(ops: &mut impl TxnOps, batch: TxnBatch, now_ms: i
     if let Some(f) = &batch.fence {
         check_fence(ops, f, now_ms).await?;
     }
-    let mut ahead: Vec<&str> = Vec::new();
-    for t in &batch.txns {
-        if path::validate(&t.path).is_ok() {
-            ahead.push(&t.path);
-            ahead.extend(path::ancestors(&t.path));
-        }
-    }
-    ops.prefetch(&ahead).await?;
+    ops.prefetch(&reads_of(&batch.txns)).await?;
     let mut out = Vec::with_capacity(batch.txns.len());
     for txn in batch.txns {
         match txn.validate() {
@@ -149,6 +142,18 @@ pub(crate) async fn apply_many(ops: &mut impl TxnOps, batch: TxnBatch, now_ms: i
         }
     }
     Ok(out)
+}
+
+/// The entries transactions read, whatever their outcome: each path and its ancestors.
+pub(crate) fn reads_of(txns: &[Txn]) -> Vec<&str> {
+    let mut ahead: Vec<&str> = Vec::new();
+    for t in txns {
+        if path::validate(&t.path).is_ok() {
+            ahead.push(&t.path);
+            ahead.extend(path::ancestors(&t.path));
+        }
+    }
+    ahead
 }
 
 /// Failures of the store rather than of a transaction's own checks: they end a batch.

@@ -165,3 +165,67 @@ async fn bad_urls_and_unreachable_servers_say_what_is_wrong() {
     let err = PgStore::connect(&missing).await.err().expect("refused").to_string();
     assert!(err.contains("does not exist"), "{err}");
 }
+
+/// A writer that gives up mid-transaction (its future dropped at any point: before the lock, with
+/// the lock held, while the commit is in flight) leaves its batch whole or absent, never part of
+/// it; the connection it held is not reused half-way through a transaction, and every filer
+/// keeps writing. Batches from two filers at once interleave whole in one dense change log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_cut_off_at_any_point_land_whole_or_not_at_all() {
+    use tidemark_core::model::TxnBatch;
+    let pg = Postgres::get();
+    let url = pg.fresh_database("cutoff");
+    let a: Arc<dyn MetaStore> = Arc::new(PgStore::connect(&url).await.unwrap());
+    let b: Arc<dyn MetaStore> = Arc::new(PgStore::connect(&url).await.unwrap());
+    const PER: usize = 20;
+    let batch = |tag: &str| TxnBatch {
+        fence: None,
+        txns: (0..PER).map(|i| Txn::put(format!("/cut/{tag}/{i:02}"), file(i as u64), Origin::Remote)).collect(),
+    };
+    let start = a.last_seq().await.unwrap();
+    // Filer B writes steadily; filer A's batches are cut off after 0 to 30 ms.
+    let steady = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            for i in 0..30 {
+                let out = b.apply_many(batch(&format!("b{i:02}"))).await.unwrap();
+                assert!(out.iter().all(|r| r.is_ok()));
+            }
+        })
+    };
+    let mut cut = 0;
+    for i in 0..60u64 {
+        let tag = format!("a{i:02}");
+        let s = a.clone();
+        let t = batch(&tag);
+        match tokio::time::timeout(Duration::from_micros(i % 12 * 2_500 + (i * 137) % 900), s.apply_many(t)).await {
+            Ok(r) => assert!(r.unwrap().iter().all(|r| r.is_ok())),
+            Err(_) => cut += 1,
+        }
+    }
+    steady.await.unwrap();
+    // The store still works through A, and every batch is all there or not there at all.
+    a.apply(Txn::put("/cut/after", file(0), Origin::Local)).await.unwrap();
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = a.scan("/cut", after.as_deref(), 500).await.unwrap();
+        for e in page.entries.iter().filter(|e| !e.is_dir()) {
+            let tag = e.path.split('/').nth(2).unwrap().to_string();
+            *counts.entry(tag).or_default() += 1;
+        }
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    for (tag, n) in &counts {
+        assert!(*n == PER || tag == "after", "batch {tag} landed {n} of {PER} transactions");
+    }
+    assert_eq!(counts.keys().filter(|t| t.starts_with('b')).count(), 30, "every batch of the steady filer landed");
+    let log = a.changes(start, 100_000).await.unwrap();
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "the change log stays dense");
+    let landed = counts.keys().filter(|t| t.starts_with('a')).count();
+    eprintln!("{cut} of filer A's 60 batches cut off; {landed} landed whole, the rest not at all");
+    assert!(cut > 0 && cut < 60, "the cut-offs must cut some batches off and let some finish: {cut} of 60 cut");
+}

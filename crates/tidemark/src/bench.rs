@@ -78,9 +78,13 @@ pub struct ApplyBench {
     /// Distinct keys they name (fewer than --events: a burst that coalesces).
     #[arg(long)]
     keys: Option<usize>,
-    /// Distinct keys applied at once.
+    /// HEADs in flight at once (a batch's writes are one transaction whatever this is).
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// Filers writing into the store at once, each with its own connections and its own share
+    /// of the keys (needs --store postgres://...: several filers share only PostgreSQL).
+    #[arg(long, default_value_t = 1)]
+    filers: usize,
     /// Where to put the namespace (default: a temporary directory, removed afterwards).
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
@@ -127,7 +131,9 @@ fn mib(kib: Option<u64>) -> String {
 pub async fn run(bench: Bench) -> i32 {
     let result = match bench {
         Bench::Reconcile(b) => reconcile_bench(b).await,
-        Bench::Apply(b) => crate::bench_apply::run(b.events, b.keys, b.concurrency, b.data_dir, b.store).await,
+        Bench::Apply(b) => {
+            crate::bench_apply::run(b.events, b.keys, b.concurrency, b.filers, b.data_dir, b.store).await
+        }
         Bench::Latency(b) => latency_bench(b).await,
         Bench::S3(b) => crate::bench_s3::run(b).await,
         Bench::Cache(b) => crate::bench_cache::run(b).await,
