@@ -30,6 +30,12 @@ for c in 1 8; do
   psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"
   "$bin" bench apply --events 10000 --concurrency "$c" --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
 done
+echo "== one filer, then two filers writing into the same PostgreSQL at once =="
+for f in 1 2 1 2; do
+  db="bench_filers_$RANDOM$f"
+  psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"
+  "$bin" bench apply --events 40000 --filers "$f" --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
+done
 echo "== coalescing: a burst of 10,000 notifications over 100 keys =="
 "$bin" bench apply --events 10000 --keys 100
 
@@ -93,5 +99,6 @@ wait_line "$work/local.out" "mounted at"
 "$bin" bench latency --filer "$filer" --dir /buckets/demo --puts "$puts"
 "$bin" bench latency --filer "$filer" --dir /buckets/demo --puts "$puts" --rate 40
 
-echo "== reconcile: 100,000 objects against the in-process bucket =="
+echo "== reconcile: 100,000 and 1,000,000 objects against the in-process bucket =="
 "$bin" bench reconcile --objects 100000
+"$bin" bench reconcile --objects 1000000

@@ -78,6 +78,11 @@ const COUNTERS: &[CounterDef] = &[
         c.ignored
     }),
     ("tidemark_entries_changed", "Entries created, updated or deleted by applied events.", |c| c.changes),
+    (
+        "tidemark_events_heads_saved",
+        "Keys whose notifications an earlier HEAD of the slice had already answered (no HEAD made).",
+        |c| c.heads_saved,
+    ),
 ];
 
 impl Collector for Live {
