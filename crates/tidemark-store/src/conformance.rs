@@ -52,7 +52,8 @@ macro_rules! metastore_conformance {
             concurrent_mutations_stand_or_fail_alone,
             cache_records_follow_the_entry, cache_lru_scan_and_usage,
             a_batch_stands_or_fails_transaction_by_transaction, a_batch_whose_fence_fails_lands_nothing,
-            batches_from_many_tasks_interleave_whole, get_many_answers_in_order);
+            batches_from_many_tasks_interleave_whole, get_many_answers_in_order,
+            a_batch_may_write_one_path_several_times);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -789,4 +790,45 @@ pub async fn get_many_answers_in_order(h: &Harness) {
     assert!(matches!(s.get_many(&["bad".to_string()]).await, Err(Error::InvalidPath { .. })));
     let too_many: Vec<String> = (0..=MAX_BATCH).map(|i| format!("/gm/{i}")).collect();
     assert!(matches!(s.get_many(&too_many).await, Err(Error::InvalidArgument { .. })));
+}
+
+/// One batch creating, deleting and re-creating the same paths (new ones and existing ones):
+/// the end state and the change log are those of the transactions in order.
+pub async fn a_batch_may_write_one_path_several_times(h: &Harness) {
+    let s = &*h.store;
+    put(s, "/w/old").await;
+    put(s, "/w/gone").await;
+    let start = s.last_seq().await.unwrap();
+    let txns = vec![
+        Txn::put("/w/new", file(1), Origin::Remote),
+        Txn::delete("/w/new", false, Origin::Remote),
+        Txn::put("/w/new", file(3), Origin::Remote).with_precondition(Precondition::Absent),
+        Txn::put("/w/brief", file(4), Origin::Remote),
+        Txn::delete("/w/brief", false, Origin::Remote),
+        Txn::delete("/w/old", false, Origin::Remote),
+        Txn::put("/w/old", file(6), Origin::Remote).with_precondition(Precondition::Absent),
+        Txn::put("/w/old", file(7), Origin::Remote),
+        Txn::delete("/w/gone", false, Origin::Remote),
+        Txn::put("/w/d/f", file(9), Origin::Remote),
+        Txn::delete("/w/d", true, Origin::Remote),
+        Txn::put("/w/d/g", file(11), Origin::Remote),
+    ];
+    let out = s.apply_many(batch(txns)).await.unwrap();
+    assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
+    assert_eq!(s.get("/w/new").await.unwrap().unwrap().size, 3);
+    assert_eq!(s.get("/w/brief").await.unwrap(), None);
+    assert_eq!(s.get("/w/old").await.unwrap().unwrap().size, 7);
+    assert_eq!(s.get("/w/gone").await.unwrap(), None);
+    assert_eq!(s.get("/w/d/f").await.unwrap(), None);
+    assert_eq!(s.get("/w/d/g").await.unwrap().unwrap().size, 11);
+    assert_eq!(all_below(s, "/w", 10).await, ["/w/d", "/w/d/g", "/w/new", "/w/old"]);
+    let log = s.changes(start, 100).await.unwrap();
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "the log stays dense");
+    assert_eq!(log.last().unwrap().seq, out.last().unwrap().as_ref().unwrap().seq);
+    // Every entry's version is the record that last wrote it.
+    for p in ["/w/new", "/w/old", "/w/d/g"] {
+        let e = s.get(p).await.unwrap().unwrap();
+        let last = log.iter().rev().find(|c| c.path == p).unwrap();
+        assert_eq!(e.version, last.seq, "{p}");
+    }
 }

@@ -509,6 +509,10 @@ const SELECT_ENTRIES: &str = "SELECT path, version, meta FROM entries WHERE path
 const PUT_ROWS: &str = "INSERT INTO entries (path, parent, version, meta, data)
      SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::bytea[])
      ON CONFLICT (path) DO UPDATE SET version = excluded.version, meta = excluded.meta, data = excluded.data";
+/// Rows the transaction read as absent, under the lock: a plain insert, without the speculative
+/// insertion ON CONFLICT costs.
+const INSERT_ROWS: &str = "INSERT INTO entries (path, parent, version, meta, data)
+     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::bytea[])";
 const DELETE_ROWS: &str = "DELETE FROM entries WHERE path = ANY($1)";
 const DROP_CACHES: &str = "DELETE FROM cache_chunks WHERE path = ANY($1)";
 const STORE_SEQ: &str = "WITH u AS (UPDATE counters SET value = $1 WHERE name = 'seq' RETURNING value)
@@ -527,6 +531,17 @@ struct LogRow {
     origin: &'static str,
     old: Option<String>,
     new: Option<String>,
+}
+
+/// The writes a transaction holds, as they go out.
+#[derive(Default)]
+struct Held {
+    /// Rows the database does not have.
+    inserts: Vec<(String, RowOut)>,
+    upserts: Vec<(String, RowOut)>,
+    deletes: Vec<String>,
+    /// Paths whose cache records go.
+    drops: Vec<String>,
 }
 
 /// An entry row waiting for the end of its transaction (`None` in [`PgTxn::rows_out`]: deleted).
@@ -550,12 +565,22 @@ struct PgTxn<'t> {
     log: Vec<LogRow>,
     known: HashMap<String, Option<Entry>>,
     rows_out: HashMap<String, Option<RowOut>>,
+    /// Held paths whose row the database does not have: their put is a plain INSERT.
+    fresh: std::collections::HashSet<String>,
     cache_drops: Vec<String>,
 }
 
 impl<'t> PgTxn<'t> {
     fn new(tx: &'t deadpool_postgres::ClientWrapper, seq: u64) -> Self {
-        PgTxn { tx, seq, log: Vec::new(), known: HashMap::new(), rows_out: HashMap::new(), cache_drops: Vec::new() }
+        PgTxn {
+            tx,
+            seq,
+            log: Vec::new(),
+            known: HashMap::new(),
+            rows_out: HashMap::new(),
+            fresh: Default::default(),
+            cache_drops: Vec::new(),
+        }
     }
 
     async fn rows(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Vec<Row>> {
@@ -589,24 +614,41 @@ impl<'t> PgTxn<'t> {
 
     /// Sends the held entry writes and cache drops (not the change log), pipelined.
     async fn flush(&mut self) -> Result<()> {
-        let (puts, deletes, drops) = self.take_held();
-        let (a, b, c) = futures::join!(self.put_rows(&puts), self.delete_rows(&deletes), self.drop_caches(&drops));
-        a.and(b).and(c)
+        let h = self.take_held();
+        let (a, b, c, d) = futures::join!(
+            self.put_rows(INSERT_ROWS, &h.inserts),
+            self.put_rows(PUT_ROWS, &h.upserts),
+            self.delete_rows(&h.deletes),
+            self.drop_caches(&h.drops)
+        );
+        a.and(b).and(c).and(d)
     }
 
-    fn take_held(&mut self) -> (Vec<(String, RowOut)>, Vec<String>, Vec<String>) {
-        let mut puts = Vec::new();
-        let mut deletes = Vec::new();
+    fn take_held(&mut self) -> Held {
+        let mut held = Held::default();
         for (p, row) in self.rows_out.drain() {
+            let fresh = self.fresh.contains(&p);
             match row {
-                Some(r) => puts.push((p, r)),
-                None => deletes.push(p),
+                Some(r) if fresh => held.inserts.push((p, r)),
+                Some(r) => held.upserts.push((p, r)),
+                None if fresh => {}
+                None => held.deletes.push(p),
             }
         }
-        (puts, deletes, std::mem::take(&mut self.cache_drops))
+        self.fresh.clear();
+        held.drops = std::mem::take(&mut self.cache_drops);
+        held
     }
 
-    async fn put_rows(&self, puts: &[(String, RowOut)]) -> Result<()> {
+    /// Whether the database lacks the row of `p`: what it was before the first held write of
+    /// `p`, which `known` says (read under the lock) when nothing of `p` is held yet.
+    fn mark_fresh(&mut self, p: &str) {
+        if !self.rows_out.contains_key(p) && matches!(self.known.get(p), Some(None)) {
+            self.fresh.insert(p.to_string());
+        }
+    }
+
+    async fn put_rows(&self, sql: &str, puts: &[(String, RowOut)]) -> Result<()> {
         if puts.is_empty() {
             return Ok(());
         }
@@ -615,7 +657,7 @@ impl<'t> PgTxn<'t> {
         let versions: Vec<i64> = puts.iter().map(|(_, r)| r.version).collect();
         let metas: Vec<&str> = puts.iter().map(|(_, r)| r.meta.as_str()).collect();
         let datas: Vec<Option<&[u8]>> = puts.iter().map(|(_, r)| r.data.as_deref()).collect();
-        self.rows(PUT_ROWS, &[&paths, &parents, &versions, &metas, &datas]).await.map(drop)
+        self.rows(sql, &[&paths, &parents, &versions, &metas, &datas]).await.map(drop)
     }
 
     async fn delete_rows(&self, paths: &[String]) -> Result<()> {
@@ -637,12 +679,12 @@ impl<'t> PgTxn<'t> {
     /// connection, and the server runs them in order. If any statement fails the transaction is
     /// aborted, and the COMMIT behind it rolls it back.
     async fn finish(&mut self, start: i64) -> Result<()> {
-        let (puts, deletes, drops) = self.take_held();
+        let h = self.take_held();
         let log = std::mem::take(&mut self.log);
         let seq = self.seq as i64;
         // Every statement prepared first: a statement still being prepared would be sent after
         // the COMMIT below, and run outside the transaction.
-        for sql in [PUT_ROWS, DELETE_ROWS, DROP_CACHES, STORE_SEQ, LOG_CHANGES] {
+        for sql in [INSERT_ROWS, PUT_ROWS, DELETE_ROWS, DROP_CACHES, STORE_SEQ, LOG_CHANGES] {
             self.tx.prepare_cached(sql).await.map_err(pg_err)?;
         }
         let counter = async {
@@ -663,15 +705,16 @@ impl<'t> PgTxn<'t> {
             let news: Vec<Option<&str>> = log.iter().map(|r| r.new.as_deref()).collect();
             self.rows(LOG_CHANGES, &[&seqs, &ts, &paths, &origins, &olds, &news]).await.map(drop)
         };
-        let (a, b, c, d, e, commit) = futures::join!(
-            self.put_rows(&puts),
-            self.delete_rows(&deletes),
-            self.drop_caches(&drops),
+        let (a, b, c, d, e, f, commit) = futures::join!(
+            self.put_rows(INSERT_ROWS, &h.inserts),
+            self.put_rows(PUT_ROWS, &h.upserts),
+            self.delete_rows(&h.deletes),
+            self.drop_caches(&h.drops),
             records,
             counter,
             self.tx.batch_execute("COMMIT")
         );
-        a.and(b).and(c).and(d).and(e).and(commit.map_err(pg_err))
+        a.and(b).and(c).and(d).and(e).and(f).and(commit.map_err(pg_err))
     }
 }
 
@@ -713,12 +756,14 @@ impl TxnOps for PgTxn<'_> {
             meta,
             data: data.map(<[u8]>::to_vec),
         };
+        self.mark_fresh(&e.path);
         self.known.insert(e.path.clone(), Some(e.clone()));
         self.rows_out.insert(e.path.clone(), Some(row));
         Ok(())
     }
 
     async fn delete_row(&mut self, p: &str) -> Result<()> {
+        self.mark_fresh(p);
         self.known.insert(p.to_string(), None);
         self.rows_out.insert(p.to_string(), None);
         Ok(())
