@@ -302,14 +302,7 @@ impl EventSource for LocalWatchSource {
 
     async fn ack(&self, ack_ids: &[String]) -> Result<AckReport> {
         let mut q = self.watch.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let mut r = AckReport::default();
-        for id in ack_ids {
-            match q.in_flight.remove(id) {
-                Some(_) => r.acked.push(id.clone()),
-                None => r.gone.push(id.clone()),
-            }
-        }
-        Ok(r)
+        Ok(AckReport::removing(ack_ids, |id| q.in_flight.remove(id).is_some()))
     }
 
     async fn extend(&self, ack_id: &str, by: Duration) -> Result<()> {

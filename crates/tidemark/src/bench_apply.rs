@@ -207,14 +207,7 @@ impl EventSource for BenchQueue {
     }
     async fn ack(&self, ack_ids: &[String]) -> Result<AckReport> {
         let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut r = AckReport::default();
-        for id in ack_ids {
-            match q.in_flight.remove(id) {
-                Some(_) => r.acked.push(id.clone()),
-                None => r.gone.push(id.clone()),
-            }
-        }
-        Ok(r)
+        Ok(AckReport::removing(ack_ids, |id| q.in_flight.remove(id).is_some()))
     }
     async fn extend(&self, _ack_id: &str, _by: Duration) -> Result<()> {
         Ok(())

@@ -44,6 +44,18 @@ pub struct AckReport {
     pub failed: Vec<(String, String)>,
 }
 
+impl AckReport {
+    /// Acknowledges `ids` one by one with `remove`, which says whether the delivery was still
+    /// there to remove (an in-process queue's acknowledgement).
+    pub fn removing(ids: &[String], mut remove: impl FnMut(&str) -> bool) -> Self {
+        let mut r = AckReport::default();
+        for id in ids {
+            if remove(id) { r.acked.push(id.clone()) } else { r.gone.push(id.clone()) }
+        }
+        r
+    }
+}
+
 /// A queue of bucket events, consumed at least once.
 ///
 /// Obligations of every implementation (checked by the conformance suite in `tidemark-cloud`):
