@@ -40,7 +40,7 @@ pub struct ApplyContext<'a> {
     pub cluster_id: Option<&'a str>,
     /// The slice's lease: every write carries it.
     pub fence: Option<&'a Fence>,
-    /// Distinct keys applied at once.
+    /// HEADs of distinct keys in flight at once (the writes of a batch are one transaction).
     pub concurrency: usize,
     /// How long a message that failed transiently stays invisible before it comes back.
     pub retry_delay: Duration,

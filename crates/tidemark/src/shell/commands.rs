@@ -168,7 +168,10 @@ pub static ALL: &[Command] = &[
             flag("reconcileInterval", "how often a scheduled full reconcile runs (default 24h)"),
             flag("gapThreshold", "a tail interrupted longer than this runs a gap reconcile (default 1h)"),
             flag("visibility", "the queue's visibility timeout for a delivery in progress (default 60s)"),
-            flag("concurrency", "distinct keys applied at once (default 8)"),
+            flag(
+                "concurrency",
+                "HEADs of distinct keys in flight at once; a batch's writes are one transaction (default 8)",
+            ),
             flag("prefetch", "fetch the new version of matching files into the cache on events, e.g. *.parquet"),
             flag("prefetchMaxSize", "only prefetch files of at most this size (e.g. 64M)"),
         ],
