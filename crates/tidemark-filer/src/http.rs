@@ -123,7 +123,13 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
 }
 
 fn json<T>(j: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
-    j.map(|Json(t)| t).map_err(|r| bad_request(format!("bad JSON body: {}", r.body_text())))
+    j.map(|Json(t)| t).map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            bad_request(format!("the request body is too large ({}); send less at once", r.body_text()))
+        } else {
+            bad_request(format!("bad JSON body: {}", r.body_text()))
+        }
+    })
 }
 
 /// The credentials the API accepts. Without any, every request may do everything (the

@@ -577,6 +577,25 @@ async fn a_token_protects_every_endpoint() {
     assert_eq!(with_token.health().await.unwrap().store, "sqlite");
 }
 
+/// A batch whose body is over the limit (inline content adds up) is refused with a message that
+/// says so, and nothing of it lands.
+#[tokio::test]
+async fn an_oversized_batch_body_is_refused_clearly() {
+    let (s, _addr) = over_http(None).await;
+    let data = Bytes::from(vec![b'z'; 60 * 1024]);
+    let txns: Vec<Txn> = (0..300)
+        .map(|i| {
+            Txn::put(format!("/big/{i}"), NewEntry::file(data.len() as u64, 1, Content::Inline), Origin::Local)
+                .with_data(data.clone())
+        })
+        .collect();
+    match s.filer.apply_many(TxnBatch { fence: None, txns }).await {
+        Err(Error::InvalidArgument { message }) => assert!(message.contains("too large"), "{message}"),
+        other => panic!("expected a refusal of the body: {other:?}"),
+    }
+    assert!(s.filer.stat("/big").await.unwrap().is_none());
+}
+
 #[tokio::test]
 async fn an_unreachable_filer_is_unavailable_and_says_where() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
