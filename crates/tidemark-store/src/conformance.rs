@@ -53,7 +53,7 @@ macro_rules! metastore_conformance {
             cache_records_follow_the_entry, cache_lru_scan_and_usage,
             a_batch_stands_or_fails_transaction_by_transaction, a_batch_whose_fence_fails_lands_nothing,
             batches_from_many_tasks_interleave_whole, get_many_answers_in_order,
-            a_batch_may_write_one_path_several_times);
+            a_batch_may_write_one_path_several_times, fenced_batches_racing_a_takeover_land_whole_or_not_at_all);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -831,4 +831,50 @@ pub async fn a_batch_may_write_one_path_several_times(h: &Harness) {
         let last = log.iter().rev().find(|c| c.path == p).unwrap();
         assert_eq!(e.version, last.seq, "{p}");
     }
+}
+
+/// Fenced batches streaming while the lease expires and another holder takes it: the fence is
+/// checked inside each batch's transaction, so no batch is cut by the takeover — each landed
+/// whole (all of it before the takeover) or not at all (refused as fenced), and once one is
+/// refused every later one is too.
+pub async fn fenced_batches_racing_a_takeover_land_whole_or_not_at_all(h: &Harness) {
+    const PER: usize = 10;
+    let s = h.store.clone();
+    let old = s.lease_acquire("race", "w1", 1_000).await.unwrap();
+    let writer = {
+        let (s, fence) = (s.clone(), old.fence());
+        tokio::spawn(async move {
+            let mut outcomes: Vec<(usize, bool)> = Vec::new();
+            // Until a few in a row were refused (the takeover happened), however long the clock
+            // takes to expire the lease (a database's clock is real time).
+            for i in 0..100_000 {
+                if outcomes.len() >= 3 && outcomes[outcomes.len() - 3..].iter().all(|(_, ok)| !ok) {
+                    break;
+                }
+                let txns = (0..PER).map(|j| Txn::put(format!("/race/{i:05}/{j}"), file(0), Origin::Remote)).collect();
+                match s.apply_many(TxnBatch { fence: Some(fence.clone()), txns }).await {
+                    Ok(out) => {
+                        assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
+                        outcomes.push((i, true));
+                    }
+                    Err(Error::Fenced { .. }) => outcomes.push((i, false)),
+                    Err(e) => panic!("batch {i}: {e}"),
+                }
+                tokio::task::yield_now().await;
+            }
+            outcomes
+        })
+    };
+    h.clock.advance_ms(1_001).await;
+    let new = s.lease_acquire("race", "w2", 60_000).await.unwrap();
+    let outcomes = writer.await.unwrap();
+    assert!(outcomes.iter().any(|(_, ok)| !ok), "the takeover refused later batches");
+    let first_refused = outcomes.iter().position(|(_, ok)| !ok).unwrap();
+    assert!(outcomes[first_refused..].iter().all(|(_, ok)| !ok), "once fenced, always fenced: {outcomes:?}");
+    for (i, ok) in &outcomes {
+        let below = all_below(&*s, &format!("/race/{i:05}"), 50).await.len();
+        assert_eq!(below, if *ok { PER } else { 0 }, "batch {i}");
+    }
+    let txns = vec![Txn::put("/race/new", file(0), Origin::Remote)];
+    assert!(s.apply_many(TxnBatch { fence: Some(new.fence()), txns }).await.unwrap()[0].is_ok());
 }
