@@ -95,6 +95,8 @@ const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::int8";
 pub struct PgStore {
     pool: Pool,
     seq_tx: Arc<watch::Sender<u64>>,
+    /// Mutations waiting for their group commit, and the one who commits them.
+    writer: Arc<Writer>,
     listener: tokio::task::JoinHandle<()>,
     /// `host:port/dbname` for messages (never the password).
     label: String,
@@ -227,11 +229,139 @@ impl PgStore {
         let last = read_seq(&**pool.get().await.map_err(|e| pool_err(&label, e))?).await?;
         let seq_tx = Arc::new(watch::channel(last).0);
         let listener = tokio::spawn(listen(config, tls, seq_tx.clone(), label.clone()));
-        Ok(PgStore { pool, seq_tx, listener, label })
+        let writer = Arc::new(Writer {
+            pool: pool.clone(),
+            label: label.clone(),
+            seq_tx: seq_tx.clone(),
+            pending: Default::default(),
+            turn: Default::default(),
+        });
+        Ok(PgStore { pool, seq_tx, writer, listener, label })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.pool.get().await.map_err(|e| pool_err(&self.label, e))
+    }
+
+    /// Runs `op` in the next group commit; returns once the group committed (or failed).
+    async fn submit(&self, op: Op) -> Result<Done> {
+        let (reply, done) = tokio::sync::oneshot::channel();
+        self.writer.pending.lock().unwrap_or_else(|p| p.into_inner()).push(Waiting { op, reply });
+        tokio::spawn(self.writer.clone().commit_pending());
+        done.await.map_err(|_| Error::internal("store task failed: the mutation was dropped unfinished"))?
+    }
+}
+
+/// The mutations of every caller of one `PgStore`, committed in groups: whoever finds mutations
+/// waiting takes its turn and commits all of them (up to [`MAX_GROUP`]) as one transaction — one
+/// acquisition of the store-wide lock, one WAL flush — each mutation checking and failing on its
+/// own, as SQLite's group commit does. A group is committed by a task of its own, so a caller
+/// that gives up cuts off no one else's mutation.
+struct Writer {
+    pool: Pool,
+    label: String,
+    seq_tx: Arc<watch::Sender<u64>>,
+    pending: std::sync::Mutex<Vec<Waiting>>,
+    turn: tokio::sync::Mutex<()>,
+}
+
+/// The most mutations one group commit takes; more wait for the next group.
+const MAX_GROUP: usize = 256;
+
+/// A mutation and where its result goes.
+struct Waiting {
+    op: Op,
+    reply: tokio::sync::oneshot::Sender<Result<Done>>,
+}
+
+/// The mutations of the store, as values, so that one task can run other callers' in its
+/// transaction.
+enum Op {
+    Apply(Box<Txn>),
+    ApplyMany(TxnBatch),
+    LeaseAcquire { name: String, holder: String, ttl_ms: i64 },
+    LeaseRenew { fence: Fence, ttl_ms: i64 },
+    LeaseRelease { fence: Fence },
+    CacheRecord(CachedChunk),
+}
+
+enum Done {
+    Applied(Box<Applied>),
+    Many(Vec<Result<Applied>>),
+    Lease(Lease),
+    Released,
+    Recorded(bool),
+}
+
+impl Op {
+    /// The entries it will read: read ahead, under the lock, with the group's.
+    fn reads(&self) -> Vec<String> {
+        match self {
+            Op::Apply(t) => owned(txn::reads_of(std::slice::from_ref(&**t))),
+            Op::ApplyMany(b) => owned(txn::reads_of(&b.txns)),
+            _ => Vec::new(),
+        }
+    }
+
+    async fn run(self, ops: &mut PgTxn<'_>, now: i64) -> Result<Done> {
+        match self {
+            Op::Apply(t) => txn::apply(ops, *t, now).await.map(|a| Done::Applied(Box::new(a))),
+            Op::ApplyMany(b) => txn::apply_many(ops, b, now).await.map(Done::Many),
+            Op::LeaseAcquire { name, holder, ttl_ms } => {
+                txn::lease_acquire(ops, &name, &holder, ttl_ms, now).await.map(Done::Lease)
+            }
+            Op::LeaseRenew { fence, ttl_ms } => txn::lease_renew(ops, &fence, ttl_ms, now).await.map(Done::Lease),
+            Op::LeaseRelease { fence } => txn::lease_release(ops, &fence).await.map(|()| Done::Released),
+            Op::CacheRecord(chunk) => txn::cache_record(ops, &chunk).await.map(Done::Recorded),
+        }
+    }
+}
+
+impl Writer {
+    /// Commits every mutation waiting, in groups, when it is this task's turn. Called once per
+    /// mutation after it was queued, so none waits without a task to commit it; a call that
+    /// finds the queue empty (an earlier group took its mutation) returns at once.
+    async fn commit_pending(self: Arc<Self>) {
+        let _turn = self.turn.lock().await;
+        loop {
+            let group: Vec<Waiting> = {
+                let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                let n = q.len().min(MAX_GROUP);
+                q.drain(..n).collect()
+            };
+            if group.is_empty() {
+                return;
+            }
+            let ahead: Vec<String> = group.iter().flat_map(|w| w.op.reads()).collect();
+            let (ops, replies): (Vec<Op>, Vec<_>) = group.into_iter().map(|w| (w.op, w.reply)).unzip();
+            let outcome = self
+                .write(&ahead, async move |txn, now| {
+                    let mut outs = Vec::with_capacity(ops.len());
+                    for op in ops {
+                        // A mutation's own failure is its result: every check comes before its
+                        // first write, so it left nothing. A failure of the store ends the group.
+                        match op.run(txn, now).await {
+                            Err(e) if txn::is_store_failure(&e) => return Err(e),
+                            r => outs.push(r),
+                        }
+                    }
+                    Ok(outs)
+                })
+                .await;
+            match outcome {
+                Ok(outs) => {
+                    for (reply, out) in replies.into_iter().zip(outs) {
+                        // The caller may have gone; the mutation stands either way.
+                        let _ = reply.send(out);
+                    }
+                }
+                Err(e) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
     }
 
     /// Runs `f` in one transaction holding the store-wide write lock; stores the sequence counter
@@ -245,7 +375,7 @@ impl PgStore {
     where
         F: AsyncFnOnce(&mut PgTxn<'_>, i64) -> Result<T>,
     {
-        let open = OpenTxn(Some(self.client().await?));
+        let open = OpenTxn(Some(self.pool.get().await.map_err(|e| pool_err(&self.label, e))?));
         let c = open.client();
         // Prepared once per connection: an unprepared query costs a second round trip.
         let lock = c
@@ -307,6 +437,11 @@ impl Drop for OpenTxn {
             drop(deadpool_postgres::Object::take(c));
         }
     }
+}
+
+/// A group commit answered a mutation with another kind's result: a bug here, not the caller's.
+fn unexpected() -> Error {
+    Error::internal("the store answered a mutation with the result of another kind")
 }
 
 fn owned(paths: Vec<&str>) -> Vec<String> {
@@ -906,26 +1041,39 @@ impl MetaStore for PgStore {
     }
 
     async fn apply(&self, t: Txn) -> Result<Applied> {
-        let ahead = owned(txn::reads_of(std::slice::from_ref(&t)));
-        self.write(&ahead, async move |ops, now| txn::apply(ops, t, now).await).await
+        match self.submit(Op::Apply(Box::new(t))).await? {
+            Done::Applied(a) => Ok(*a),
+            _ => Err(unexpected()),
+        }
     }
 
     async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
         batch.validate()?;
-        let ahead = owned(txn::reads_of(&batch.txns));
-        self.write(&ahead, async move |ops, now| txn::apply_many(ops, batch, now).await).await
+        match self.submit(Op::ApplyMany(batch)).await? {
+            Done::Many(r) => Ok(r),
+            _ => Err(unexpected()),
+        }
     }
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<Lease> {
-        self.write(&[], async move |ops, now| txn::lease_acquire(ops, name, holder, ttl_ms, now).await).await
+        match self.submit(Op::LeaseAcquire { name: name.into(), holder: holder.into(), ttl_ms }).await? {
+            Done::Lease(l) => Ok(l),
+            _ => Err(unexpected()),
+        }
     }
 
     async fn lease_renew(&self, fence: &Fence, ttl_ms: i64) -> Result<Lease> {
-        self.write(&[], async move |ops, now| txn::lease_renew(ops, fence, ttl_ms, now).await).await
+        match self.submit(Op::LeaseRenew { fence: fence.clone(), ttl_ms }).await? {
+            Done::Lease(l) => Ok(l),
+            _ => Err(unexpected()),
+        }
     }
 
     async fn lease_release(&self, fence: &Fence) -> Result<()> {
-        self.write(&[], async move |ops, _now| txn::lease_release(ops, fence).await).await
+        match self.submit(Op::LeaseRelease { fence: fence.clone() }).await? {
+            Done::Released => Ok(()),
+            _ => Err(unexpected()),
+        }
     }
 
     async fn lease_get(&self, name: &str) -> Result<Option<Lease>> {
@@ -979,7 +1127,10 @@ impl MetaStore for PgStore {
     async fn cache_record(&self, chunk: CachedChunk) -> Result<bool> {
         // Under the write lock: the check of the entry's content id and an invalidating write
         // cannot interleave.
-        self.write(&[], async move |ops, _now| txn::cache_record(ops, &chunk).await).await
+        match self.submit(Op::CacheRecord(chunk)).await? {
+            Done::Recorded(r) => Ok(r),
+            _ => Err(unexpected()),
+        }
     }
 
     async fn cache_forget(&self, chunks: &[CachedChunk]) -> Result<Vec<CachedChunk>> {

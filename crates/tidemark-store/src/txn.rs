@@ -157,7 +157,7 @@ pub(crate) fn reads_of(txns: &[Txn]) -> Vec<&str> {
 }
 
 /// Failures of the store rather than of a transaction's own checks: they end a batch.
-fn is_store_failure(e: &Error) -> bool {
+pub(crate) fn is_store_failure(e: &Error) -> bool {
     matches!(e, Error::Internal { .. } | Error::Io { .. } | Error::Unavailable { .. })
 }
 

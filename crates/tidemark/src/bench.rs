@@ -44,6 +44,23 @@ pub enum Bench {
     /// local disk: a large file's sequential read, `ls -lR` of a tree of small files, and the
     /// first read of a small file. Needs /dev/fuse and fusermount3.
     Mount(crate::bench_mount::MountBench),
+    /// Single conditional writes from many tasks at once, each its own transaction (as users'
+    /// writes and several slices on one filer are): writes/s on the embedded SQLite or on
+    /// PostgreSQL, where the store commits what waits for it together (group commit).
+    Writes(WritesBench),
+}
+
+#[derive(Args)]
+pub struct WritesBench {
+    /// Writes in all.
+    #[arg(long, default_value_t = 5_000)]
+    writes: usize,
+    /// Tasks writing at once.
+    #[arg(long, default_value_t = 16)]
+    tasks: usize,
+    /// The store: the embedded SQLite (default) or `postgres://...` (an empty database).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
 }
 
 #[derive(Args)]
@@ -139,6 +156,7 @@ pub async fn run(bench: Bench) -> i32 {
         Bench::Cache(b) => crate::bench_cache::run(b).await,
         Bench::Gateway(b) => crate::bench_gateway::run(b).await,
         Bench::Mount(b) => crate::bench_mount::run(b).await,
+        Bench::Writes(b) => writes_bench(b).await,
     };
     match result {
         Ok(()) => 0,
@@ -192,6 +210,59 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
         );
         println!("    {}", report.summary());
     }
+    Ok(())
+}
+
+async fn writes_bench(b: WritesBench) -> Result<(), String> {
+    use tidemark_core::MetaStore;
+    use tidemark_core::model::{Content, Precondition};
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let store: Arc<dyn MetaStore> = match b.store.as_deref() {
+        Some(url) if url.starts_with("postgres") => {
+            Arc::new(tidemark_store::PgStore::connect(url).await.map_err(|e| e.to_string())?)
+        }
+        Some(other) => return Err(format!("--store {other:?}: give postgres://... or leave it out for SQLite")),
+        None => Arc::new(
+            tidemark_store::SqliteStore::open(tmp.path().join("meta.db"), Arc::new(tidemark_core::SystemClock))
+                .map_err(|e| e.to_string())?,
+        ),
+    };
+    let tasks = b.tasks.clamp(1, 1024);
+    let per = b.writes.div_ceil(tasks);
+    let began = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for t in 0..tasks {
+        let store = store.clone();
+        set.spawn(async move {
+            let mut lat = Vec::with_capacity(per);
+            for i in 0..per {
+                let txn = Txn::put(
+                    format!("/bench-writes/t{t:03}/{i:06}"),
+                    NewEntry::file(0, 1, Content::Empty),
+                    Origin::Local,
+                )
+                .with_precondition(Precondition::Absent);
+                let at = Instant::now();
+                store.apply(txn).await.map_err(|e| e.to_string())?;
+                lat.push(at.elapsed());
+            }
+            Ok::<_, String>(lat)
+        });
+    }
+    let mut lat = Vec::with_capacity(tasks * per);
+    while let Some(r) = set.join_next().await {
+        lat.extend(r.map_err(|e| e.to_string())??);
+    }
+    let wall = began.elapsed().as_secs_f64();
+    lat.sort();
+    println!(
+        "bench writes: {} single conditional writes from {tasks} tasks at once ({}): {wall:.2} s, {:.0} writes/s; each p50 {:.2} ms, p99 {:.2} ms",
+        lat.len(),
+        store.backend(),
+        lat.len() as f64 / wall,
+        percentile(&lat, 0.5).as_secs_f64() * 1000.0,
+        percentile(&lat, 0.99).as_secs_f64() * 1000.0
+    );
     Ok(())
 }
 
