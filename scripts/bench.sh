@@ -36,6 +36,13 @@ for f in 1 2 1 2; do
   psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"
   "$bin" bench apply --events 40000 --filers "$f" --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
 done
+echo "== single conditional writes from 1 and 16 tasks at once, PostgreSQL and SQLite (group commit) =="
+for t in 1 16; do
+  db="bench_writes_$RANDOM$t"
+  psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"
+  "$bin" bench writes --tasks "$t" --writes 5000 --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
+  "$bin" bench writes --tasks "$t" --writes 5000
+done
 echo "== coalescing: a burst of 10,000 notifications over 100 keys =="
 "$bin" bench apply --events 10000 --keys 100
 

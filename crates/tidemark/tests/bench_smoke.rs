@@ -27,6 +27,18 @@ fn in_process_benchmarks_print_their_figures() {
     assert!(apply.contains("events/s applied (50 applied"), "{apply}");
     let burst = bench(&["apply", "--events", "50", "--keys", "5"]);
     assert!(burst.contains("for 5 distinct keys"), "{burst}");
+    let writes = bench(&["writes", "--writes", "64", "--tasks", "4"]);
+    assert!(writes.contains("64 single conditional writes from 4 tasks") && writes.contains("writes/s"), "{writes}");
+    let refused = Command::new(bin()).args(["bench", "apply", "--filers", "2"]).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("needs --store postgres"), "{refused:?}");
+    let pg = tidemark_testkit::Postgres::get();
+    let url = pg.fresh_database("bench_filers");
+    let two = bench(&["apply", "--events", "40", "--filers", "2", "--store", &url]);
+    assert!(two.contains("2 filers on the store") && two.contains("(40 applied"), "{two}");
+    let url = pg.fresh_database("bench_writes");
+    let writes = bench(&["writes", "--writes", "32", "--tasks", "4", "--store", &url]);
+    assert!(writes.contains("(postgres)"), "{writes}");
     let reconcile = bench(&["reconcile", "--objects", "300", "--page-size", "100"]);
     assert!(reconcile.contains("created 300"), "{reconcile}");
     assert!(reconcile.contains("in sync 300"), "{reconcile}");
