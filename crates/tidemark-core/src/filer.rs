@@ -68,15 +68,9 @@ pub trait Filer: Send + Sync + 'static {
 
     async fn stat(&self, path: &str) -> Result<Option<Entry>>;
 
-    /// The entries at `paths`, in order (see [`crate::MetaStore::get_many`]). The default asks
-    /// one at a time, through `stat` and whatever checks it makes.
-    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
-        let mut out = Vec::with_capacity(paths.len());
-        for p in paths {
-            out.push(self.stat(p).await?);
-        }
-        Ok(out)
-    }
+    /// The entries at `paths`, in order, read at one point in time (see
+    /// [`crate::MetaStore::get_many`]).
+    async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>>;
 
     /// See [`crate::MetaStore::list`].
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page>;

@@ -179,11 +179,13 @@ async fn apply_keys(
         futures::stream::iter(asks).buffered(ctx.concurrency.max(1)).collect().await;
     let mut objects = Vec::with_capacity(heads.len());
     let mut asked = Vec::with_capacity(heads.len());
+    let mut asked_locals = Vec::with_capacity(heads.len());
     for (((key, m), local), head) in mapped.into_iter().zip(locals).zip(heads) {
         match head {
             Ok(object) => {
                 objects.push(object);
-                asked.push((key, m, local));
+                asked.push((key, m));
+                asked_locals.push(local);
             }
             Err(e) if transient_head(&e) => out.push((key, KeyResult::Transient(format!("HEAD failed: {e}")))),
             Err(e) => return Err(e),
@@ -191,10 +193,11 @@ async fn apply_keys(
     }
     let items: Vec<Pending<'_>> = asked
         .iter()
+        .zip(asked_locals)
         .zip(&objects)
-        .map(|((_, m, local), object)| Pending {
+        .map(|(((_, m), local), object)| Pending {
             path: m.path().to_string(),
-            local: local.clone(),
+            local,
             remote: object.as_ref().map(|o| RemoteSide { object: o, is_dir_marker: matches!(m, Mapped::DirMarker(_)) }),
         })
         .collect();
@@ -204,13 +207,13 @@ async fn apply_keys(
         Ok(r) => r,
         Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => {
             let why = format!("write: {e}");
-            out.extend(asked.into_iter().map(|(k, _, _)| (k, KeyResult::Transient(why.clone()))));
+            out.extend(asked.into_iter().map(|(k, _)| (k, KeyResult::Transient(why.clone()))));
             return Ok(out);
         }
         Err(e) => return Err(e),
     };
     let mut prefetches = Vec::new();
-    for (((key, m, _), object), result) in asked.into_iter().zip(&objects).zip(results) {
+    for (((key, m), object), result) in asked.into_iter().zip(&objects).zip(results) {
         let path = m.path().to_string();
         if let Some(r) = ctx.recent {
             match result.as_ref().map(|w| w.version) {

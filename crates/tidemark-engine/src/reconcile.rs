@@ -211,16 +211,26 @@ impl<'a> Run<'a> {
         let tombstones = self.tombstones;
         self.writes().push_back(Box::pin(async move {
             let ctx = DecideCtx { storage, cluster_id: opts.cluster_id.as_deref(), tombstone: None };
-            let items: Vec<Pending<'_>> = batch
+            let mut paths = Vec::with_capacity(batch.len());
+            let mut locals = Vec::with_capacity(batch.len());
+            let mut remotes = Vec::with_capacity(batch.len());
+            for (p, local, remote) in batch {
+                paths.push(p);
+                locals.push(local);
+                remotes.push(remote);
+            }
+            let items: Vec<Pending<'_>> = paths
                 .iter()
-                .map(|(p, local, remote)| Pending {
+                .zip(locals)
+                .zip(&remotes)
+                .map(|((p, local), remote)| Pending {
                     path: p.clone(),
-                    local: local.clone(),
+                    local,
                     remote: remote.as_ref().map(|object| RemoteSide { object, is_dir_marker: false }),
                 })
                 .collect();
             let outcomes = decide_and_write_many(filer, items, &ctx, write_rules(opts, tombstones)).await;
-            (batch.into_iter().map(|(p, _, _)| p).collect(), outcomes)
+            (paths, outcomes)
         }));
         Ok(())
     }

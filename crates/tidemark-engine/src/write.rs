@@ -82,16 +82,10 @@ pub async fn decide_and_write(
             _ => None,
         };
         let ctx = &DecideCtx { tombstone: ctx.tombstone.or(tomb.as_ref()), ..*ctx };
-        let action = decide(local.as_ref(), remote, ctx);
-        let precondition = local.as_ref().map_or(Precondition::Absent, |e| Precondition::Version(e.version));
-        let outcome = outcome_of(&action);
-        let txn = match action {
-            Action::Skip(r) => return Ok(Outcome::Skipped(r)),
-            Action::Delete if !allow_delete => return Ok(Outcome::Skipped(SkipReason::InSync)),
-            Action::Create(entry) | Action::Update(entry) => Txn::put(path, entry, Origin::Remote),
-            Action::Delete => Txn::delete(path, false, Origin::Remote),
+        let (outcome, txn) = match plan(path, local.as_ref(), remote, ctx, allow_delete) {
+            (outcome, Some(txn)) => (outcome, txn),
+            (outcome, None) => return Ok(outcome),
         };
-        let txn = txn.with_precondition(precondition);
         let txn = match fence {
             Some(f) => txn.with_fence(f.clone()),
             None => txn,
@@ -105,6 +99,27 @@ pub async fn decide_and_write(
     Err(Error::Unavailable {
         message: format!("{path}: changed locally {MAX_REDECIDE} times while being synced; it will be retried"),
     })
+}
+
+/// Decides `path`: the outcome, and the transaction that makes it — conditional on the entry as
+/// decided on, without a fence — or `None` when there is nothing to write.
+fn plan(
+    path: &str,
+    local: Option<&Entry>,
+    remote: Option<RemoteSide<'_>>,
+    ctx: &DecideCtx<'_>,
+    allow_delete: bool,
+) -> (Outcome, Option<Txn>) {
+    let action = decide(local, remote, ctx);
+    let outcome = outcome_of(&action);
+    let txn = match action {
+        Action::Skip(r) => return (Outcome::Skipped(r), None),
+        Action::Delete if !allow_delete => return (Outcome::Skipped(SkipReason::InSync), None),
+        Action::Create(entry) | Action::Update(entry) => Txn::put(path, entry, Origin::Remote),
+        Action::Delete => Txn::delete(path, false, Origin::Remote),
+    };
+    let precondition = local.map_or(Precondition::Absent, |e| Precondition::Version(e.version));
+    (outcome, Some(txn.with_precondition(precondition)))
 }
 
 /// What a write refused for a reason other than its precondition means for the key.
@@ -161,25 +176,17 @@ pub async fn decide_and_write_many(
     let mut txns = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let ctx = &DecideCtx { tombstone: ctx.tombstone.or(tombstones[i].as_ref()), ..*ctx };
-        let action = decide(item.local.as_ref(), item.remote, ctx);
-        let outcome = outcome_of(&action);
-        let precondition = item.local.as_ref().map_or(Precondition::Absent, |e| Precondition::Version(e.version));
-        let unchanged = |outcome| Some(Ok(Written { outcome, version: Some(item.local.as_ref().map(|e| e.version)) }));
-        let txn = match action {
-            Action::Skip(r) => {
-                out.push(unchanged(Outcome::Skipped(r)));
-                continue;
+        match plan(&item.path, item.local.as_ref(), item.remote, ctx, rules.allow_delete) {
+            (outcome, None) => {
+                let version = Some(item.local.as_ref().map(|e| e.version));
+                out.push(Some(Ok(Written { outcome, version })));
             }
-            Action::Delete if !rules.allow_delete => {
-                out.push(unchanged(Outcome::Skipped(SkipReason::InSync)));
-                continue;
+            (outcome, Some(txn)) => {
+                out.push(None);
+                written.push((i, outcome));
+                txns.push(txn);
             }
-            Action::Create(entry) | Action::Update(entry) => Txn::put(&item.path, entry, Origin::Remote),
-            Action::Delete => Txn::delete(&item.path, false, Origin::Remote),
-        };
-        out.push(None);
-        written.push((i, outcome));
-        txns.push(txn.with_precondition(precondition));
+        }
     }
     let mut results = Vec::with_capacity(txns.len());
     let mut txns = txns.into_iter().peekable();

@@ -9,8 +9,8 @@ use futures::StreamExt;
 
 use tidemark_core::cache::{self, CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{
-    Applied, ChangeRecord, Content, Entry, Fence, Lease, MAX_INLINE_BYTES, MD5_ATTR, Mutation, NewEntry, Page,
-    Precondition, Txn, TxnBatch,
+    Applied, ChangeRecord, Content, Entry, Fence, Lease, MAX_BATCH, MAX_INLINE_BYTES, MD5_ATTR, Mutation, NewEntry,
+    Page, Precondition, Txn, TxnBatch,
 };
 use tidemark_core::{
     ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions,
@@ -586,10 +586,11 @@ impl Filer for LocalFiler {
 
     async fn cache_status(&self, paths: &[String]) -> Result<Vec<CacheStatus>> {
         let mut out = Vec::with_capacity(paths.len());
-        for p in paths {
-            path::validate(p)?;
-            let entry = self.store.get(p).await?;
-            out.push(self.cache.status(p, entry.as_ref()).await?);
+        for chunk in paths.chunks(MAX_BATCH) {
+            let entries = self.store.get_many(chunk).await?;
+            for (p, entry) in chunk.iter().zip(entries) {
+                out.push(self.cache.status(p, entry.as_ref()).await?);
+            }
         }
         Ok(out)
     }

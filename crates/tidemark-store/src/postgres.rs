@@ -93,13 +93,10 @@ const POLL_EVERY: Duration = Duration::from_secs(5);
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::int8";
 
 pub struct PgStore {
-    pool: Pool,
-    seq_tx: Arc<watch::Sender<u64>>,
-    /// Mutations waiting for their group commit, and the one who commits them.
+    /// The connections, the commit notifications, and the mutations waiting for their group
+    /// commit.
     writer: Arc<Writer>,
     listener: tokio::task::JoinHandle<()>,
-    /// `host:port/dbname` for messages (never the password).
-    label: String,
 }
 
 impl Drop for PgStore {
@@ -229,18 +226,12 @@ impl PgStore {
         let last = read_seq(&**pool.get().await.map_err(|e| pool_err(&label, e))?).await?;
         let seq_tx = Arc::new(watch::channel(last).0);
         let listener = tokio::spawn(listen(config, tls, seq_tx.clone(), label.clone()));
-        let writer = Arc::new(Writer {
-            pool: pool.clone(),
-            label: label.clone(),
-            seq_tx: seq_tx.clone(),
-            pending: Default::default(),
-            turn: Default::default(),
-        });
-        Ok(PgStore { pool, seq_tx, writer, listener, label })
+        let writer = Arc::new(Writer { pool, label, seq_tx, pending: Default::default(), turn: Default::default() });
+        Ok(PgStore { writer, listener })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
-        self.pool.get().await.map_err(|e| pool_err(&self.label, e))
+        self.writer.pool.get().await.map_err(|e| pool_err(&self.writer.label, e))
     }
 
     /// Runs `op` in the next group commit; returns once the group committed (or failed).
@@ -259,6 +250,7 @@ impl PgStore {
 /// that gives up cuts off no one else's mutation.
 struct Writer {
     pool: Pool,
+    /// `host:port/dbname` for messages (never the password).
     label: String,
     seq_tx: Arc<watch::Sender<u64>>,
     pending: std::sync::Mutex<Vec<Waiting>>,
@@ -750,6 +742,11 @@ impl<'t> PgTxn<'t> {
     /// Sends the held entry writes and cache drops (not the change log), pipelined.
     async fn flush(&mut self) -> Result<()> {
         let h = self.take_held();
+        self.send_held(&h).await
+    }
+
+    /// The held writes, pipelined: each statement goes out when first polled, in this order.
+    async fn send_held(&self, h: &Held) -> Result<()> {
         let (a, b, c, d) = futures::join!(
             self.put_rows(INSERT_ROWS, &h.inserts),
             self.put_rows(PUT_ROWS, &h.upserts),
@@ -840,16 +837,9 @@ impl<'t> PgTxn<'t> {
             let news: Vec<Option<&str>> = log.iter().map(|r| r.new.as_deref()).collect();
             self.rows(LOG_CHANGES, &[&seqs, &ts, &paths, &origins, &olds, &news]).await.map(drop)
         };
-        let (a, b, c, d, e, f, commit) = futures::join!(
-            self.put_rows(INSERT_ROWS, &h.inserts),
-            self.put_rows(PUT_ROWS, &h.upserts),
-            self.delete_rows(&h.deletes),
-            self.drop_caches(&h.drops),
-            records,
-            counter,
-            self.tx.batch_execute("COMMIT")
-        );
-        a.and(b).and(c).and(d).and(e).and(f).and(commit.map_err(pg_err))
+        let (held, logged, counted, commit) =
+            futures::join!(self.send_held(&h), records, counter, self.tx.batch_execute("COMMIT"));
+        held.and(logged).and(counted).and(commit.map_err(pg_err))
     }
 }
 
@@ -1048,7 +1038,6 @@ impl MetaStore for PgStore {
     }
 
     async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
-        batch.validate()?;
         match self.submit(Op::ApplyMany(batch)).await? {
             Done::Many(r) => Ok(r),
             _ => Err(unexpected()),
@@ -1200,7 +1189,7 @@ impl MetaStore for PgStore {
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {
-        self.seq_tx.subscribe()
+        self.writer.seq_tx.subscribe()
     }
 }
 

@@ -606,7 +606,6 @@ impl MetaStore for SqliteStore {
     }
 
     async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
-        batch.validate()?;
         self.write(async move |ops, now| txn::apply_many(ops, batch, now).await).await
     }
 
