@@ -72,6 +72,7 @@ impl Stages {
 }
 
 /// A bucket whose HEAD and LIST calls are timed and counted.
+#[derive(Clone)]
 pub(crate) struct TimedRemote<R>(pub(crate) R, pub(crate) Arc<Stages>);
 
 #[async_trait]
@@ -356,10 +357,15 @@ pub async fn run(
     let types = EventTypes::default();
     let heads_before = bucket.calls.stat.load(Ordering::Relaxed);
     let began = Instant::now();
+    // Each filer's applier is a task of its own, as in its own process: the filers' work runs
+    // on every core the runtime has, not interleaved in one task.
     let runs = all.iter().zip(&queues).map(|(filer, queue)| {
-        let (stages, remote, mount, types, clock) = (stages.clone(), &remote, &mount, &types, &clock);
-        async move {
-            let timed_filer = TimedFiler(filer.clone(), stages.clone());
+        let (stages, remote, mount, types, clock) =
+            (stages.clone(), remote.clone(), mount.clone(), types.clone(), clock.clone());
+        let (filer, queue) = (filer.clone(), queue.clone());
+        tokio::spawn(async move {
+            let (remote, mount, types, clock) = (&remote, &mount, &types, &clock);
+            let timed_filer = TimedFiler(filer, stages.clone());
             let source = TimedQueue(queue.clone(), stages);
             let recent = tidemark_engine::recent::RecentHeads::new();
             let ctx = ApplyContext {
@@ -379,14 +385,14 @@ pub async fn run(
             let mut counters = Counters::default();
             let batches = drain(&timed_filer, remote, &source, &ctx, expected, Duration::ZERO, &mut counters).await?;
             Ok::<_, String>((batches, counters))
-        }
+        })
     });
     let results = futures::future::join_all(runs).await;
     let wall = began.elapsed().as_secs_f64();
     let mut counters = Counters::default();
     let mut batches = 0;
     for r in results {
-        let (b, c) = r?;
+        let (b, c) = r.map_err(|e| format!("a filer's run failed: {e}"))??;
         batches += b;
         counters.applied += c.applied;
         counters.received += c.received;
