@@ -115,6 +115,15 @@ enum KeyResult {
     Transient(String),
 }
 
+/// A write's failure as the reason to retry its keys' messages, when the filer could not be
+/// reached; any other failure (a lost fence among them) ends the batch.
+fn write_failed(e: Error) -> Result<String> {
+    match e {
+        e @ (Error::Unavailable { .. } | Error::Io { .. }) => Ok(format!("write: {e}")),
+        e => Err(e),
+    }
+}
+
 /// Whether a failure of the bucket is worth retrying the message for.
 fn transient_head(e: &Error) -> bool {
     matches!(e, Error::Unavailable { .. } | Error::Io { .. } | Error::Internal { .. } | Error::Unauthorized { .. })
@@ -134,70 +143,59 @@ async fn apply_keys(
 ) -> Result<Vec<(String, KeyResult)>> {
     let mut out = Vec::with_capacity(keys.len());
     let mut mapped = Vec::with_capacity(keys.len());
-    let mut sent_by = Vec::with_capacity(keys.len());
     for (key, sent) in keys {
         match map.key_to_path(key.as_bytes()) {
-            Ok(m) => {
-                mapped.push((key, m));
-                sent_by.push(sent);
-            }
+            Ok(m) => mapped.push((key, m, sent)),
             Err(_) => out.push((key, KeyResult::Done(None))),
         }
     }
-    let paths: Vec<String> = mapped.iter().map(|(_, m)| m.path().to_string()).collect();
-    let all_transient = |mapped: Vec<(String, Mapped)>, why: String| {
-        mapped.into_iter().map(move |(k, _)| (k, KeyResult::Transient(why.clone())))
-    };
+    let paths: Vec<String> = mapped.iter().map(|(_, m, _)| m.path().to_string()).collect();
     let locals = match write::stat_all(filer, &paths).await {
         Ok(l) => l,
         Err(e @ Error::Unavailable { .. }) => {
-            out.extend(all_transient(mapped, format!("filer: {e}")));
+            let why = format!("filer: {e}");
+            out.extend(mapped.into_iter().map(|(k, _, _)| (k, KeyResult::Transient(why.clone()))));
             return Ok(out);
         }
         Err(e) => return Err(e),
     };
     // Keys an earlier HEAD already answered: the entry is as that HEAD's apply left it.
     let mut to_ask = Vec::with_capacity(mapped.len());
-    let mut to_ask_locals = Vec::with_capacity(mapped.len());
-    for (((key, m), local), sent) in mapped.into_iter().zip(locals).zip(sent_by) {
+    for ((key, m, sent), local) in mapped.into_iter().zip(locals) {
         if ctx.recent.is_some_and(|r| r.covers(&key, sent, local.as_ref().map(|e| e.version))) {
             counters.heads_saved += 1;
             let path = m.path().to_string();
             out.push((key, KeyResult::Done(Some((path, Outcome::Skipped(SkipReason::InSync))))));
         } else {
-            to_ask.push((key, m));
-            to_ask_locals.push(local);
+            to_ask.push((key, m, local));
         }
     }
-    let (mapped, locals) = (to_ask, to_ask_locals);
     // Every HEAD below starts after this: what they see is the bucket at this time or later.
     let head_at_ms = ctx.clock.now_ms();
     // Collected first: a lazy iterator of futures held across the await would make this
     // future's `Send` depend on a closure's lifetimes, which the compiler cannot prove.
-    let asks: Vec<_> = mapped.iter().map(|(key, _)| storage.stat(key)).collect();
+    let asks: Vec<_> = to_ask.iter().map(|(key, _, _)| storage.stat(key)).collect();
     let heads: Vec<Result<Option<RemoteObject>>> =
         futures::stream::iter(asks).buffered(ctx.concurrency.max(1)).collect().await;
-    let mut objects = Vec::with_capacity(heads.len());
+    // The keys HEADed, and apart (the decisions borrow them) their objects.
     let mut asked = Vec::with_capacity(heads.len());
-    let mut asked_locals = Vec::with_capacity(heads.len());
-    for (((key, m), local), head) in mapped.into_iter().zip(locals).zip(heads) {
+    let mut objects = Vec::with_capacity(heads.len());
+    for ((key, m, local), head) in to_ask.into_iter().zip(heads) {
         match head {
             Ok(object) => {
+                asked.push((key, m, local));
                 objects.push(object);
-                asked.push((key, m));
-                asked_locals.push(local);
             }
             Err(e) if transient_head(&e) => out.push((key, KeyResult::Transient(format!("HEAD failed: {e}")))),
             Err(e) => return Err(e),
         }
     }
     let items: Vec<Pending<'_>> = asked
-        .iter()
-        .zip(asked_locals)
+        .iter_mut()
         .zip(&objects)
-        .map(|(((_, m), local), object)| Pending {
+        .map(|((_, m, local), object)| Pending {
             path: m.path().to_string(),
-            local,
+            local: local.take(),
             remote: object.as_ref().map(|o| RemoteSide { object: o, is_dir_marker: matches!(m, Mapped::DirMarker(_)) }),
         })
         .collect();
@@ -205,15 +203,14 @@ async fn apply_keys(
     let rules = WriteRules { fence: ctx.fence, allow_delete: true, check_tombstones: ctx.mount.sync };
     let results = match write::decide_and_write_many(filer, items, &dctx, rules).await {
         Ok(r) => r,
-        Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => {
-            let why = format!("write: {e}");
-            out.extend(asked.into_iter().map(|(k, _)| (k, KeyResult::Transient(why.clone()))));
+        Err(e) => {
+            let why = write_failed(e)?;
+            out.extend(asked.into_iter().map(|(k, _, _)| (k, KeyResult::Transient(why.clone()))));
             return Ok(out);
         }
-        Err(e) => return Err(e),
     };
     let mut prefetches = Vec::new();
-    for (((key, m), object), result) in asked.into_iter().zip(&objects).zip(results) {
+    for ((key, m, _), (object, result)) in asked.into_iter().zip(objects.iter().zip(results)) {
         let path = m.path().to_string();
         if let Some(r) = ctx.recent {
             match result.as_ref().map(|w| w.version) {
@@ -231,11 +228,7 @@ async fn apply_keys(
                 }
                 out.push((key, KeyResult::Done(Some((path, outcome)))));
             }
-            Err(e @ Error::Fenced { .. }) => return Err(e),
-            Err(e @ (Error::Unavailable { .. } | Error::Io { .. })) => {
-                out.push((key, KeyResult::Transient(format!("write: {e}"))))
-            }
-            Err(e) => return Err(e),
+            Err(e) => out.push((key, KeyResult::Transient(write_failed(e)?))),
         }
     }
     let asks: Vec<_> = prefetches.iter().map(|p| prefetch(filer, p)).collect();

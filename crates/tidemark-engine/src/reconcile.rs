@@ -211,14 +211,8 @@ impl<'a> Run<'a> {
         let tombstones = self.tombstones;
         self.writes().push_back(Box::pin(async move {
             let ctx = DecideCtx { storage, cluster_id: opts.cluster_id.as_deref(), tombstone: None };
-            let mut paths = Vec::with_capacity(batch.len());
-            let mut locals = Vec::with_capacity(batch.len());
-            let mut remotes = Vec::with_capacity(batch.len());
-            for (p, local, remote) in batch {
-                paths.push(p);
-                locals.push(local);
-                remotes.push(remote);
-            }
+            let (paths, sides): (Vec<String>, Vec<_>) = batch.into_iter().map(|(p, l, r)| (p, (l, r))).unzip();
+            let (locals, remotes): (Vec<Option<Entry>>, Vec<Option<RemoteObject>>) = sides.into_iter().unzip();
             let items: Vec<Pending<'_>> = paths
                 .iter()
                 .zip(locals)

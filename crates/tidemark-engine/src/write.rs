@@ -47,9 +47,6 @@ pub fn outcome_of(action: &Action) -> Outcome {
     }
 }
 
-/// Decides `path` against `remote` starting from `local`, and writes the decision through the
-/// filer's conditional (and, with `fence`, fenced) transaction. `allow_delete: false` turns a
-/// delete into a skip (`remote.meta.sync -delete=false`).
 /// How a `decide_and_write` may write.
 #[derive(Debug, Clone, Copy)]
 pub struct WriteRules<'a> {
@@ -62,6 +59,9 @@ pub struct WriteRules<'a> {
     pub check_tombstones: bool,
 }
 
+/// Decides `path` against `remote` starting from `local`, and writes the decision through the
+/// filer's conditional (and, with `rules.fence`, fenced) transaction. `rules.allow_delete: false`
+/// turns a delete into a skip (`remote.meta.sync -delete=false`).
 pub async fn decide_and_write(
     filer: &dyn Filer,
     path: &str,

@@ -186,7 +186,7 @@ impl LocalFiler {
     /// Applies a transaction, then removes the blobs that no entry names any more.
     async fn commit(&self, txn: Txn) -> Result<Applied> {
         let applied = self.store.apply(txn).await?;
-        self.after_commit(std::slice::from_ref(&applied)).await;
+        self.after_commit(&[&applied]).await;
         Ok(applied)
     }
 
@@ -194,8 +194,8 @@ impl LocalFiler {
     /// more and the cached bytes of versions they replaced. The records of a transaction, and of
     /// a batch's transactions, are one dense range, so they are read back exactly. A failure
     /// here leaks space and loses nothing: the entries that named those bytes are gone.
-    async fn after_commit(&self, applied: &[Applied]) {
-        let needs_records = |a: &Applied| {
+    async fn after_commit(&self, applied: &[&Applied]) {
+        let needs_records = |a: &&Applied| {
             a.seq > a.first_seq
                 || blob_of(a.old.as_ref()).is_some()
                 || a.old.as_ref().is_some_and(|o| cache::invalidates(o, a.new.as_ref()))
@@ -563,7 +563,7 @@ impl Filer for LocalFiler {
                     .unwrap_or_else(|| Err(Error::internal("the store answered fewer results than transactions"))),
             })
             .collect();
-        let applied: Vec<Applied> = out.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
+        let applied: Vec<&Applied> = out.iter().filter_map(|r| r.as_ref().ok()).collect();
         self.after_commit(&applied).await;
         Ok(out)
     }

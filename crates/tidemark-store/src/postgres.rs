@@ -391,8 +391,9 @@ impl Writer {
         let out = match f(&mut ops, now).await {
             Ok(out) => out,
             Err(e) => {
-                // A refused mutation (its precondition, a conflict) ends cleanly and the
-                // connection goes back to the pool; if even that fails, `open` closes it.
+                // A failure of the store (a mutation's own refusal is its result, not this):
+                // rolled back, the connection goes back to the pool; if even that fails, `open`
+                // closes it.
                 if c.batch_execute("ROLLBACK").await.is_ok() {
                     open.release();
                 }

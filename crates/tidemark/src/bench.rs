@@ -266,9 +266,9 @@ async fn writes_bench(b: WritesBench) -> Result<(), String> {
     Ok(())
 }
 
-fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
     if sorted.is_empty() {
-        return std::time::Duration::ZERO;
+        return T::default();
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -338,13 +338,12 @@ async fn latency_bench(b: LatencyBench) -> Result<(), String> {
     );
     if !committed.is_empty() {
         // The filer's commit time is its wall clock, as is the put's start: the same machine here.
-        let mut c = committed.clone();
+        let mut c = committed;
         c.sort_unstable();
-        let at = |p: f64| c[((c.len() - 1) as f64 * p).round() as usize];
         println!(
             "    of which put → committed by the filer (the change record's time): p50 {} ms, p99 {} ms; the rest is the change log reaching its follower",
-            at(0.5),
-            at(0.99)
+            percentile(&c, 0.5),
+            percentile(&c, 0.99)
         );
     }
     if late > 0 {
