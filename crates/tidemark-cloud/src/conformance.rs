@@ -22,6 +22,8 @@ pub struct Capabilities {
     pub lists_directories: bool,
     /// Objects whose key ends in `/` (directory markers) can be stored.
     pub directory_markers: bool,
+    /// Keys with characters XML 1.0 cannot carry (control characters) can be stored and listed.
+    pub xml_unsafe_keys: bool,
 }
 
 pub struct Harness {
@@ -36,7 +38,8 @@ macro_rules! remote_storage_conformance {
         $crate::remote_storage_conformance!(@each $factory;
             put_stat_get_round_trip, tricky_keys_list_in_byte_order_across_pages,
             prefix_and_start_after, ranged_and_conditional_reads, deletes, user_metadata_round_trip,
-            directory_markers, hostile_keys_are_kept_verbatim_or_refused);
+            directory_markers, hostile_keys_are_kept_verbatim_or_refused,
+            keys_xml_cannot_carry_list_with_the_others);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -215,5 +218,28 @@ pub async fn hostile_keys_are_kept_verbatim_or_refused(h: &Harness) {
             assert!(matches!(e, Error::InvalidArgument { .. }), "{k}: {e}");
             assert!(e.to_string().contains(k), "the error names the key: {e}");
         }
+    }
+}
+
+/// Keys any provider may hold that XML 1.0 cannot carry (control characters), beside keys whose
+/// encodings are easily confused: every one lists verbatim and reads back, and none keeps the
+/// others from listing — one hostile key must not stop a reconcile of the whole bucket.
+pub async fn keys_xml_cannot_carry_list_with_the_others(h: &Harness) {
+    let s = &*h.storage;
+    let all = ["x/a", "x/bad\u{1}key.txt", "x/sp ace+plus%25 \u{7f}.txt", "x/tab\tname", "x/z"];
+    let keys: Vec<&str> =
+        all.into_iter().filter(|k| h.caps.xml_unsafe_keys || !k.contains(['\u{1}', '\u{7f}', '\t'])).collect();
+    for k in keys.iter().copied() {
+        put(s, k, k.as_bytes()).await;
+    }
+    let want = expected_listing(&keys, h.caps, "x/");
+    for page in [1, 2, 1000] {
+        assert_eq!(list_all(s, "x/", None, page).await, want, "page size {page}");
+    }
+    let i = want.iter().position(|k| k == keys[1]).expect("listed");
+    assert_eq!(list_all(s, "x/", Some(keys[1]), 2).await, want[i + 1..].to_vec(), "start after the second key");
+    for k in keys {
+        assert_eq!(read(s, k, None).await, k.as_bytes(), "{k:?} reads back");
+        assert!(s.stat(k).await.unwrap().is_some(), "{k:?} stats");
     }
 }

@@ -13,6 +13,7 @@ async fn local() -> Harness {
     Harness {
         storage: Arc::new(storage),
         caps: Capabilities {
+            xml_unsafe_keys: true,
             arbitrary_keys: false,
             user_metadata: false,
             lists_directories: true,
@@ -26,6 +27,7 @@ async fn memory() -> Harness {
     Harness {
         storage: Arc::new(MemoryStorage::default()),
         caps: Capabilities {
+            xml_unsafe_keys: true,
             arbitrary_keys: true,
             user_metadata: true,
             lists_directories: false,

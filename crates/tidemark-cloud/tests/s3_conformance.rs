@@ -26,6 +26,7 @@ async fn s3() -> Harness {
     Harness {
         storage: Arc::new(storage),
         caps: Capabilities {
+            xml_unsafe_keys: true,
             arbitrary_keys: true,
             user_metadata: true,
             lists_directories: false,

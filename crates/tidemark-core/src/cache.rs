@@ -279,6 +279,7 @@ mod tests {
                 remote_size: 10,
                 version_id: None,
                 last_local_sync_ms: None,
+                dirty_after: None,
             }),
             content: Content::Remote,
             extended: Default::default(),

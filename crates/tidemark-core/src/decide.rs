@@ -5,11 +5,14 @@
 //! Rules, in order (DESIGN §4):
 //! 1. a local entry without a remote record (local-only) is never touched;
 //! 2. a locally dirty entry (written locally since the last sync) is never overwritten;
-//! 3. the echo of this cluster's own upload is skipped;
+//! 3. the echo of this cluster's own upload *of this entry* is skipped (see [`own_upload_of`]):
+//!    while the entry's upload is pending, or once recorded while the object is still the one
+//!    recorded — a copy of an upload to another key, or an older upload restored over the
+//!    entry, is a change like any other;
 //! 4. a remote object without a local entry is created (metadata only) — unless a user deleted
 //!    the entry under a synced mount and the delete is not propagated yet (a tombstone): the
 //!    object is the one the user deleted (same etag and mtime), or this cluster's own upload of
-//!    a version the user deleted since;
+//!    that path at a version the user deleted since;
 //! 5. if etag, mtime or size differ, the entry is updated; a file where the remote has a
 //!    directory (or the reverse) is a conflict, reported and left alone;
 //! 6. a remote-backed entry whose object is gone is deleted (metadata only);
@@ -20,9 +23,30 @@ use serde::{Deserialize, Serialize};
 use crate::model::{Content, Entry, EntryKind, NewEntry, RemoteEntry};
 use crate::remote::RemoteObject;
 
-/// User metadata an upload by Tidemark carries, to recognise its echo.
+/// User metadata an upload by Tidemark carries, to recognise its echo: the cluster that
+/// uploaded it, the entry it is the upload of ([`entry_binding`] of its path) and that entry's
+/// version. A copy keeps all three, so the path is what tells a copy from the upload.
 pub const ORIGIN_METADATA: &str = "tidemark-origin";
 pub const VERSION_METADATA: &str = "tidemark-version";
+pub const ENTRY_METADATA: &str = "tidemark-entry";
+
+/// The `tidemark-entry` value of an upload of `path`: the first 32 hex digits of SHA-256 over
+/// the path. A digest, not the path, because metadata values must be ASCII on every provider
+/// and short (S3 allows 2 KiB for all of them), and a path may be neither.
+pub fn entry_binding(path: &str) -> String {
+    use sha2::{Digest, Sha256};
+    crate::ids::hex(&Sha256::digest(path.as_bytes())[..16])
+}
+
+/// The metadata an upload of `path` at `version` by `cluster_id` carries.
+pub fn upload_metadata(cluster_id: &str, path: &str, version: u64) -> std::collections::BTreeMap<String, String> {
+    [
+        (ORIGIN_METADATA.to_string(), cluster_id.to_string()),
+        (ENTRY_METADATA.to_string(), entry_binding(path)),
+        (VERSION_METADATA.to_string(), version.to_string()),
+    ]
+    .into()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -88,6 +112,19 @@ pub struct Tombstone {
     pub etag: String,
     pub remote_mtime_ms: i64,
     pub deleted_at_ms: i64,
+    /// Whether the deleted entry held a local write not recorded as uploaded yet (dirty), so an
+    /// upload of it by this cluster may be what the bucket holds. Otherwise only the recorded
+    /// object is the one the user deleted. Absent in tombstones written before it existed: true.
+    #[serde(default = "pending_by_default")]
+    pub pending_upload: bool,
+    /// With `pending_upload`: the entry's version when it was last clean (`RemoteEntry::dirty_after`),
+    /// so an older upload of the path someone restored is not taken for the deleted write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_after: Option<u64>,
+}
+
+fn pending_by_default() -> bool {
+    true
 }
 
 /// The remote side of a decision: the object, and whether its key is a directory marker
@@ -107,13 +144,50 @@ pub fn is_locally_dirty(e: &Entry) -> bool {
     }
 }
 
-fn own_upload_version(o: &RemoteObject, cluster_id: Option<&str>) -> Option<u64> {
+/// The entry version of which `o` is this cluster's upload *for `path`*, if it is one: its
+/// origin is this cluster and its entry binding is `path`'s. An object copied from an upload
+/// keeps that upload's metadata, so a copy to another key (or bucket, or mount) names another
+/// path and is not an upload of this one. Uploads by older versions of Tidemark, which carry no
+/// binding, are nobody's.
+pub fn own_upload_of(o: &RemoteObject, cluster_id: Option<&str>, path: &str) -> Option<u64> {
     let meta = o.user_metadata.as_ref()?;
-    let origin = meta.get(ORIGIN_METADATA)?;
-    if Some(origin.as_str()) != cluster_id {
+    if cluster_id.is_none() || meta.get(ORIGIN_METADATA).map(String::as_str) != cluster_id {
+        return None;
+    }
+    if *meta.get(ENTRY_METADATA)? != entry_binding(path) {
         return None;
     }
     meta.get(VERSION_METADATA)?.parse().ok()
+}
+
+/// Whether `o` is this cluster's upload of one of the local writes to `path` not recorded yet:
+/// an upload of that path at a version after `dirty_after` (the entry's version when it was
+/// last clean; `None`: not known, any) and no newer than `version` (the entry's latest). An
+/// older upload of the path — restored over it by a copy, say — is not one: it is a change.
+pub fn is_pending_upload(
+    o: &RemoteObject,
+    cluster_id: Option<&str>,
+    path: &str,
+    version: u64,
+    dirty_after: Option<u64>,
+) -> bool {
+    own_upload_of(o, cluster_id, path).is_some_and(|v| v <= version && dirty_after.is_none_or(|after| v > after))
+}
+
+/// Whether `o` is this cluster's upload of a local write `e` holds and has not recorded (`e` is
+/// local-only or locally dirty).
+pub fn is_entrys_pending_upload(o: &RemoteObject, cluster_id: Option<&str>, e: &Entry) -> bool {
+    let pending = e.remote.is_none() || is_locally_dirty(e);
+    pending && is_pending_upload(o, cluster_id, &e.path, e.version, e.remote.as_ref().and_then(|r| r.dirty_after))
+}
+
+/// Whether `o` is the object `recorded` describes (the same test that decides an update).
+fn is_recorded(recorded: &RemoteEntry, o: &RemoteObject, is_dir_marker: bool) -> bool {
+    if is_dir_marker {
+        recorded.etag == o.etag
+    } else {
+        recorded.etag == o.etag && recorded.remote_mtime_ms == o.last_modified_ms && recorded.remote_size == o.size
+    }
 }
 
 /// The entry a remote object maps to, keeping what is local to the entry (`mode`, `extended`).
@@ -133,6 +207,7 @@ pub fn entry_for(remote: RemoteSide<'_>, storage: &str, keep: Option<&Entry>) ->
             remote_size: o.size,
             version_id: o.version_id.clone(),
             last_local_sync_ms: None,
+            dirty_after: None,
         }),
         content: if is_dir || o.size == 0 { Content::Empty } else { Content::Remote },
         extended: keep.map(|e| e.extended.clone()).unwrap_or_default(),
@@ -141,12 +216,17 @@ pub fn entry_for(remote: RemoteSide<'_>, storage: &str, keep: Option<&Entry>) ->
 
 pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &DecideCtx<'_>) -> Action {
     if let Some(l) = local {
-        // First of all: the bucket's event for this cluster's own upload usually arrives before
-        // the outbound sync has recorded it, while the entry is still local-only or dirty. It is
-        // an echo whatever the dirty flag says (every rule here skips it alike; this one names
-        // it rightly, so the echo counter means what it says).
+        // First of all: the bucket's event for this cluster's upload of this entry usually
+        // arrives before the outbound sync has recorded it, while the entry is still local-only
+        // or dirty, and is then an echo (the pending write is the newer state; every rule below
+        // would skip it alike, this one names it rightly). Once the upload is recorded, the
+        // object is an echo only while it is still the recorded one: an older upload restored
+        // over the entry by a copy is a change, decided below like any other.
         if let Some(r) = remote
-            && own_upload_version(r.object, ctx.cluster_id).is_some_and(|v| v <= l.version)
+            && !l.is_dir()
+            && (is_entrys_pending_upload(r.object, ctx.cluster_id, l)
+                || own_upload_of(r.object, ctx.cluster_id, &l.path).is_some_and(|v| v <= l.version)
+                    && l.remote.as_ref().is_some_and(|rec| is_recorded(rec, r.object, r.is_dir_marker)))
         {
             return Action::Skip(SkipReason::Echo);
         }
@@ -159,20 +239,13 @@ pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &Decid
         let Some(r) = remote else {
             return Action::Delete;
         };
-        let remote_is_dir = r.is_dir_marker;
-        if l.is_dir() != remote_is_dir {
+        if l.is_dir() != r.is_dir_marker {
             return Action::Skip(SkipReason::Conflict);
         }
-        let o = r.object;
-        let differs = if remote_is_dir {
-            recorded.etag != o.etag
-        } else {
-            recorded.etag != o.etag || recorded.remote_mtime_ms != o.last_modified_ms || recorded.remote_size != o.size
-        };
-        return if differs {
-            Action::Update(entry_for(r, ctx.storage, Some(l)))
-        } else {
+        return if is_recorded(recorded, r.object, r.is_dir_marker) {
             Action::Skip(SkipReason::InSync)
+        } else {
+            Action::Update(entry_for(r, ctx.storage, Some(l)))
         };
     }
     match remote {
@@ -180,7 +253,8 @@ pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &Decid
         Some(r) => {
             if let Some(t) = ctx.tombstone {
                 let deleted_object = r.object.etag == t.etag && r.object.last_modified_ms == t.remote_mtime_ms;
-                let deleted_upload = own_upload_version(r.object, ctx.cluster_id).is_some_and(|v| t.version >= v);
+                let deleted_upload = t.pending_upload
+                    && is_pending_upload(r.object, ctx.cluster_id, &t.path, t.version, t.pending_after);
                 if deleted_object || deleted_upload {
                     return Action::Skip(SkipReason::Tombstone);
                 }
@@ -188,6 +262,15 @@ pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &Decid
             Action::Create(entry_for(r, ctx.storage, None))
         }
     }
+}
+
+/// Whether the decision for an absent entry with `tombstone` needs the object's user metadata
+/// (a listing does not carry it): only a tombstone of a pending upload asks whose upload an
+/// object is; for a present entry an echo is skipped exactly where another rule would skip it.
+pub fn needs_metadata(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, tombstone: Option<&Tombstone>) -> bool {
+    local.is_none()
+        && tombstone.is_some_and(|t| t.pending_upload)
+        && remote.is_some_and(|r| r.object.user_metadata.is_none())
 }
 
 #[cfg(test)]
@@ -207,7 +290,15 @@ mod tests {
         }
     }
 
-    fn with_origin(mut o: RemoteObject, cluster: &str, version: u64) -> RemoteObject {
+    /// `o` as uploaded by `cluster` for the entry at `path`, version `version` (or copied from
+    /// such an upload: a copy keeps the metadata).
+    fn with_origin(mut o: RemoteObject, cluster: &str, path: &str, version: u64) -> RemoteObject {
+        o.user_metadata = Some(upload_metadata(cluster, path, version));
+        o
+    }
+
+    /// An upload by a Tidemark that did not bind uploads to their entry.
+    fn unbound(mut o: RemoteObject, cluster: &str, version: u64) -> RemoteObject {
         let mut m = BTreeMap::new();
         m.insert(ORIGIN_METADATA.to_string(), cluster.to_string());
         m.insert(VERSION_METADATA.to_string(), version.to_string());
@@ -230,6 +321,7 @@ mod tests {
                 remote_size: size,
                 version_id: None,
                 last_local_sync_ms: None,
+                dirty_after: None,
             }),
             content: Content::Remote,
             extended: Default::default(),
@@ -240,14 +332,17 @@ mod tests {
         Entry { remote: None, content: Content::Inline, ..synced(EntryKind::File, "", 5, 3, 9) }
     }
 
+    /// Written locally at version 9 since it was clean at version 7.
     fn dirty() -> Entry {
         let mut e = synced(EntryKind::File, "e1", 100, 3, 9);
         e.mtime_ms = 101;
+        e.remote.as_mut().unwrap().dirty_after = Some(7);
         e
     }
 
     const CTX: DecideCtx<'static> = DecideCtx { storage: "r", cluster_id: Some("us"), tombstone: None };
 
+    /// The tombstone of a dirty entry (its upload may be in the bucket).
     fn tomb(version: u64, etag: &str, mtime: i64) -> &'static Tombstone {
         Box::leak(Box::new(Tombstone {
             path: "/m/x".into(),
@@ -255,7 +350,19 @@ mod tests {
             etag: etag.into(),
             remote_mtime_ms: mtime,
             deleted_at_ms: 0,
+            pending_upload: true,
+            pending_after: None,
         }))
+    }
+
+    /// The tombstone of an entry dirty since version `after`.
+    fn tomb_after(version: u64, after: u64) -> &'static Tombstone {
+        Box::leak(Box::new(Tombstone { pending_after: Some(after), ..tomb(version, "other", 1).clone() }))
+    }
+
+    /// The tombstone of a clean entry.
+    fn clean_tomb(version: u64, etag: &str, mtime: i64) -> &'static Tombstone {
+        Box::leak(Box::new(Tombstone { pending_upload: false, ..tomb(version, etag, mtime).clone() }))
     }
 
     fn file(o: &RemoteObject) -> Option<RemoteSide<'_>> {
@@ -282,10 +389,18 @@ mod tests {
         let in_sync = synced(EntryKind::File, "e1", 100, 3, 9);
         let dir_entry = synced(EntryKind::Dir, "", 100, 0, 9);
         let marker_entry = synced(EntryKind::Dir, "m1", 100, 0, 9);
-        let echo_new = with_origin(obj("e-new", 200, 4), "us", 9);
-        let echo_old = with_origin(obj("e-new", 200, 4), "us", 3);
-        let not_echo_newer = with_origin(obj("e-new", 200, 4), "us", 12);
-        let other_cluster = with_origin(obj("e-new", 200, 4), "them", 9);
+        // The entry /m/k after its upload of version 9 was recorded (the record is version 10).
+        let uploaded = synced(EntryKind::File, "e-new", 200, 4, 10);
+        let echo_new = with_origin(obj("e-new", 200, 4), "us", "/m/k", 9);
+        let echo_old = with_origin(obj("e-new", 200, 4), "us", "/m/k", 3);
+        let restored_old = with_origin(obj("e-old", 300, 5), "us", "/m/k", 3);
+        let not_echo_newer = with_origin(obj("e-new", 200, 4), "us", "/m/k", 12);
+        let other_cluster = with_origin(obj("e-new", 200, 4), "them", "/m/k", 9);
+        let copy_of_other_path = with_origin(obj("e-new", 200, 4), "us", "/n/other", 3);
+        let tomb_upload = with_origin(obj("e-new", 200, 4), "us", "/m/x", 3);
+        let tomb_upload_newer = with_origin(obj("e-new", 200, 4), "us", "/m/x", 12);
+        let old_style_same = unbound(obj("e-new", 200, 4), "us", 9);
+        let old_style_changed = unbound(obj("e-old", 300, 5), "us", 3);
         let marker_obj = obj("m1", 100, 0);
         let marker_obj2 = obj("m2", 150, 0);
         let (o_etag, o_mtime, o_size) = (obj("e2", 100, 3), obj("e1", 200, 3), obj("e1", 100, 4));
@@ -322,13 +437,34 @@ mod tests {
             ("skip local-only, remote absent", Some(&local_only), None, CTX, Action::Skip(SkipReason::LocalOnly)),
             ("skip dirty, remote changed", Some(&dirty), file(&o_changed), CTX, Action::Skip(SkipReason::LocalDirty)),
             ("skip dirty, remote absent", Some(&dirty), None, CTX, Action::Skip(SkipReason::LocalDirty)),
-            ("skip echo of the current version", Some(&in_sync), file(&echo_new), CTX, Action::Skip(SkipReason::Echo)),
-            ("skip echo of an older version", Some(&in_sync), file(&echo_old), CTX, Action::Skip(SkipReason::Echo)),
+            (
+                "an echo once the upload is recorded",
+                Some(&uploaded),
+                file(&echo_new),
+                CTX,
+                Action::Skip(SkipReason::Echo),
+            ),
+            ("a late echo of an older upload, the entry now recorded", Some(&uploaded), file(&echo_old), CTX, {
+                Action::Skip(SkipReason::Echo)
+            }),
             ("an echo before the upload is recorded (dirty)", Some(&dirty), file(&echo_new), CTX, {
                 Action::Skip(SkipReason::Echo)
             }),
             ("an echo of a new file (local-only)", Some(&local_only), file(&echo_new), CTX, {
                 Action::Skip(SkipReason::Echo)
+            }),
+            ("an older upload restored over a dirty entry: dirty, not an echo", Some(&dirty), file(&echo_old), CTX, {
+                Action::Skip(SkipReason::LocalDirty)
+            }),
+            (
+                "an older upload restored over the recorded one is a change",
+                Some(&uploaded),
+                file(&restored_old),
+                CTX,
+                { Action::Update(entry_for(file(&restored_old).unwrap(), "r", Some(&uploaded))) },
+            ),
+            ("own upload, but not what the entry records", Some(&in_sync), file(&echo_new), CTX, {
+                Action::Update(entry_for(file(&echo_new).unwrap(), "r", Some(&in_sync)))
             }),
             ("a dirty entry and a newer own version: still dirty", Some(&dirty), file(&not_echo_newer), CTX, {
                 Action::Skip(SkipReason::LocalDirty)
@@ -339,21 +475,64 @@ mod tests {
             ("another cluster's upload is not an echo", Some(&in_sync), file(&other_cluster), CTX, {
                 Action::Update(entry_for(file(&other_cluster).unwrap(), "r", Some(&in_sync)))
             }),
+            ("a copy of an upload of another path is a change", Some(&in_sync), file(&copy_of_other_path), CTX, {
+                Action::Update(entry_for(file(&copy_of_other_path).unwrap(), "r", Some(&in_sync)))
+            }),
+            ("a copy of an upload of another path onto a dirty entry", Some(&dirty), file(&copy_of_other_path), CTX, {
+                Action::Skip(SkipReason::LocalDirty)
+            }),
+            (
+                "a copy of an upload of another path onto a local-only entry",
+                Some(&local_only),
+                file(&copy_of_other_path),
+                CTX,
+                { Action::Skip(SkipReason::LocalOnly) },
+            ),
+            ("a copy of an upload of another path where nothing is", None, file(&copy_of_other_path), CTX, {
+                Action::Create(entry_for(file(&copy_of_other_path).unwrap(), "r", None))
+            }),
+            ("an unbound own upload (older Tidemark), recorded", Some(&uploaded), file(&old_style_same), CTX, {
+                Action::Skip(SkipReason::InSync)
+            }),
+            ("an unbound own upload (older Tidemark), changed", Some(&uploaded), file(&old_style_changed), CTX, {
+                Action::Update(entry_for(file(&old_style_changed).unwrap(), "r", Some(&uploaded)))
+            }),
             ("delete metadata only", Some(&in_sync), None, CTX, Action::Delete),
             ("nothing on either side", None, None, CTX, Action::Skip(SkipReason::InSync)),
             (
-                "tombstone newer than own upload",
+                "tombstone newer than own upload of that path",
                 None,
-                file(&echo_old),
+                file(&tomb_upload),
                 DecideCtx { tombstone: Some(tomb(5, "other", 1)), ..CTX },
                 Action::Skip(SkipReason::Tombstone),
             ),
             (
-                "tombstone older than own upload",
+                "tombstone older than own upload of that path",
                 None,
-                file(&not_echo_newer),
+                file(&tomb_upload_newer),
                 DecideCtx { tombstone: Some(tomb(5, "other", 1)), ..CTX },
-                { Action::Create(entry_for(file(&not_echo_newer).unwrap(), "r", None)) },
+                { Action::Create(entry_for(file(&tomb_upload_newer).unwrap(), "r", None)) },
+            ),
+            (
+                "tombstone of a dirty entry, and an upload from before it was dirty restored since",
+                None,
+                file(&tomb_upload),
+                DecideCtx { tombstone: Some(tomb_after(5, 4)), ..CTX },
+                { Action::Create(entry_for(file(&tomb_upload).unwrap(), "r", None)) },
+            ),
+            (
+                "tombstone of a clean entry, and an older upload of that path restored since",
+                None,
+                file(&tomb_upload),
+                DecideCtx { tombstone: Some(clean_tomb(5, "other", 1)), ..CTX },
+                { Action::Create(entry_for(file(&tomb_upload).unwrap(), "r", None)) },
+            ),
+            (
+                "tombstone, and a copy of an older upload of another path",
+                None,
+                file(&copy_of_other_path),
+                DecideCtx { tombstone: Some(tomb(5, "other", 1)), ..CTX },
+                { Action::Create(entry_for(file(&copy_of_other_path).unwrap(), "r", None)) },
             ),
             (
                 "tombstone of the very object",
@@ -419,5 +598,26 @@ mod tests {
         let Action::Update(e) = decide(Some(&l), file(&obj("e2", 100, 3)), &CTX) else { panic!() };
         assert_eq!(e.mode, 0o600);
         assert_eq!(e.extended.get("user.k").map(String::as_str), Some("v"));
+    }
+
+    #[test]
+    fn an_upload_is_bound_to_its_path_and_only_metadata_can_tell() {
+        let o = with_origin(obj("e", 1, 1), "us", "/m/k", 4);
+        assert_eq!(own_upload_of(&o, Some("us"), "/m/k"), Some(4));
+        assert_eq!(own_upload_of(&o, Some("us"), "/m/k2"), None, "another path");
+        assert_eq!(own_upload_of(&o, Some("them"), "/m/k"), None, "another cluster");
+        assert_eq!(own_upload_of(&o, None, "/m/k"), None, "no cluster id");
+        assert_eq!(own_upload_of(&obj("e", 1, 1), Some("us"), "/m/k"), None, "no metadata");
+        let b = entry_binding("/m/ünïcode path");
+        assert!(b.len() == 32 && b.bytes().all(|c| c.is_ascii_hexdigit()), "{b}");
+        // A listing (no metadata) decides like a HEAD except where a tombstone asks whose upload it is.
+        let listed = obj("e", 1, 1);
+        let t = tomb(5, "x", 0);
+        assert!(needs_metadata(None, file(&listed), Some(t)));
+        assert!(!needs_metadata(None, file(&listed), None));
+        assert!(!needs_metadata(None, file(&o), Some(t)), "a HEAD's object has its metadata");
+        assert!(!needs_metadata(None, file(&listed), Some(clean_tomb(5, "x", 0))), "a clean entry's tombstone");
+        let in_sync = synced(EntryKind::File, "e", 1, 1, 9);
+        assert!(!needs_metadata(Some(&in_sync), file(&listed), Some(t)));
     }
 }

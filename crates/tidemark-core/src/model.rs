@@ -45,6 +45,11 @@ pub struct RemoteEntry {
     pub version_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_local_sync_ms: Option<i64>,
+    /// While the entry is locally dirty: its version when it was last clean (set by the local
+    /// write that made it dirty). This cluster's uploads of the entry at later versions are of
+    /// its pending local writes; earlier ones are of what it held before (`decide::is_pending_upload`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty_after: Option<u64>,
 }
 
 /// One entry of the namespace as stored.

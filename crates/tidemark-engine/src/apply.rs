@@ -200,7 +200,8 @@ async fn apply_keys(
         })
         .collect();
     let dctx = DecideCtx { storage: &ctx.mount.location.storage, cluster_id: ctx.cluster_id, tombstone: None };
-    let rules = WriteRules { fence: ctx.fence, allow_delete: true, check_tombstones: ctx.mount.sync };
+    // The objects come from HEADs, with their metadata: nothing to complete.
+    let rules = WriteRules { fence: ctx.fence, allow_delete: true, check_tombstones: ctx.mount.sync, heads: None };
     let results = match write::decide_and_write_many(filer, items, &dctx, rules).await {
         Ok(r) => r,
         Err(e) => {

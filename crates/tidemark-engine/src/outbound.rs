@@ -3,17 +3,16 @@
 //! handled by looking at the entry's *current* state (is it still written locally since its last
 //! sync?), so handling a record twice — after a restart, say — uploads nothing twice.
 //!
-//! An upload carries user metadata `tidemark-origin: <cluster id>` and `tidemark-version:
-//! <entry version>`, so the bucket's event for it is recognised as this cluster's echo; then the
+//! An upload carries user metadata `tidemark-origin: <cluster id>`, `tidemark-entry: <digest of
+//! the path>` and `tidemark-version: <entry version>` (`decide::upload_metadata`), so the
+//! bucket's event for it is recognised as this cluster's echo of this entry; then the
 //! object's etag, size and time are recorded in the entry with a write conditional on the version
 //! uploaded (a newer local write in the meantime keeps the entry dirty, to be uploaded in turn).
-
-use std::collections::BTreeMap;
 
 use bytes::BytesMut;
 use futures::StreamExt;
 
-use tidemark_core::decide::{DecideCtx, ORIGIN_METADATA, RemoteSide, VERSION_METADATA, is_locally_dirty};
+use tidemark_core::decide::{DecideCtx, RemoteSide, is_entrys_pending_upload, is_locally_dirty, upload_metadata};
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::{ChangeRecord, Content, Origin, Precondition, RemoteEntry, Txn};
 use tidemark_core::remote::Mount;
@@ -77,8 +76,10 @@ pub async fn sync_record(
             let outcome = match (&old.remote, &object) {
                 (_, None) => OutboundOutcome::Nothing,
                 (r, Some(o)) => {
-                    let ours = o.user_metadata.as_ref().and_then(|m| m.get(ORIGIN_METADATA)).map(String::as_str)
-                        == Some(cluster_id);
+                    // The object the entry was backed by, or this cluster's upload of the
+                    // local write the user deleted before it was recorded. Not a copy of an
+                    // upload of another path, nor an older upload someone restored: theirs.
+                    let ours = is_entrys_pending_upload(o, Some(cluster_id), old);
                     if ours || r.as_ref().is_some_and(|r| r.etag == o.etag) {
                         storage.delete(&key).await?;
                         OutboundOutcome::Deleted { path: record.path.clone(), key }
@@ -95,7 +96,8 @@ pub async fn sync_record(
                 // skipped): mirror it now rather than at the next reconcile.
                 let ctx = DecideCtx { storage: &mount.location.storage, cluster_id: Some(cluster_id), tombstone: None };
                 let side = RemoteSide { object: o, is_dir_marker: old.is_dir() };
-                let rules = crate::write::WriteRules { fence: None, allow_delete: true, check_tombstones: false };
+                let rules =
+                    crate::write::WriteRules { fence: None, allow_delete: true, check_tombstones: false, heads: None };
                 crate::write::decide_and_write(filer, &record.path, None, Some(side), &ctx, rules).await?;
             }
             Ok(outcome)
@@ -114,9 +116,7 @@ pub async fn sync_record(
             while let Some(chunk) = stream.next().await {
                 body.extend_from_slice(&chunk.map_err(|e| Error::io(format!("reading {}", entry.path), e))?);
             }
-            let mut meta = BTreeMap::new();
-            meta.insert(ORIGIN_METADATA.to_string(), cluster_id.to_string());
-            meta.insert(VERSION_METADATA.to_string(), entry.version.to_string());
+            let meta = upload_metadata(cluster_id, &entry.path, entry.version);
             let object = storage.put(&key, body.freeze(), meta).await?;
             let mut synced = entry.to_new();
             synced.mtime_ms = object.last_modified_ms;
@@ -127,6 +127,7 @@ pub async fn sync_record(
                 remote_size: object.size,
                 version_id: object.version_id.clone(),
                 last_local_sync_ms: Some(clock.now_ms()),
+                dirty_after: None,
             });
             // Bookkeeping, not a local change: `System`, so it is not uploaded again.
             let txn =

@@ -116,9 +116,19 @@ impl ReconcileReport {
 }
 
 /// How a reconcile's writes are made: with its fence, deleting only when asked to, minding
-/// tombstones where users' deletes leave them.
-fn write_rules(opts: &ReconcileOptions, tombstones: bool) -> crate::write::WriteRules<'_> {
-    crate::write::WriteRules { fence: opts.fence.as_ref(), allow_delete: opts.delete, check_tombstones: tombstones }
+/// tombstones where users' deletes leave them (with a HEAD where a listed object's metadata
+/// decides whose upload it is, as an event's apply would see it).
+fn write_rules<'x>(
+    opts: &'x ReconcileOptions,
+    tombstones: bool,
+    storage: &'x dyn RemoteStorage,
+) -> crate::write::WriteRules<'x> {
+    crate::write::WriteRules {
+        fence: opts.fence.as_ref(),
+        allow_delete: opts.delete,
+        check_tombstones: tombstones,
+        heads: Some(storage),
+    }
 }
 
 /// Files decided together and written in one batched transaction during pass 1.
@@ -169,7 +179,8 @@ impl<'a> Run<'a> {
                 a => outcome_of(&a),
             }
         } else {
-            decide_and_write(self.filer, p, local, remote, &ctx, write_rules(self.opts, self.tombstones)).await?
+            let rules = write_rules(self.opts, self.tombstones, self.storage);
+            decide_and_write(self.filer, p, local, remote, &ctx, rules).await?
         };
         self.emit(Item::Path { path: p.to_string(), outcome });
         Ok(())
@@ -207,7 +218,7 @@ impl<'a> Run<'a> {
             self.complete_one().await?;
         }
         let batch = std::mem::take(&mut self.pending);
-        let (filer, opts, storage) = (self.filer, self.opts, self.storage_name);
+        let (filer, opts, storage, bucket) = (self.filer, self.opts, self.storage_name, self.storage);
         let tombstones = self.tombstones;
         self.writes().push_back(Box::pin(async move {
             let ctx = DecideCtx { storage, cluster_id: opts.cluster_id.as_deref(), tombstone: None };
@@ -223,7 +234,7 @@ impl<'a> Run<'a> {
                     remote: remote.as_ref().map(|object| RemoteSide { object, is_dir_marker: false }),
                 })
                 .collect();
-            let outcomes = decide_and_write_many(filer, items, &ctx, write_rules(opts, tombstones)).await;
+            let outcomes = decide_and_write_many(filer, items, &ctx, write_rules(opts, tombstones, bucket)).await;
             (paths, outcomes)
         }));
         Ok(())

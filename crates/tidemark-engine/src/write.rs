@@ -2,10 +2,10 @@
 //! decision saw (absent, or the exact version); if a concurrent local write changed it, the
 //! entry is read again and decided again (bounded), so a local write is never clobbered.
 
-use tidemark_core::decide::{Action, DecideCtx, RemoteSide, SkipReason, Tombstone, decide};
+use tidemark_core::decide::{Action, DecideCtx, RemoteSide, SkipReason, Tombstone, decide, needs_metadata};
 use tidemark_core::model::{Entry, Fence, MAX_BATCH, Origin, Precondition, Txn, TxnBatch};
-use tidemark_core::remote::system_paths;
-use tidemark_core::{Error, Filer, Result};
+use tidemark_core::remote::{RemoteObject, system_paths};
+use tidemark_core::{Error, Filer, RemoteStorage, Result};
 
 /// How often a key is decided again after losing a race with a local write.
 pub const MAX_REDECIDE: usize = 4;
@@ -48,7 +48,7 @@ pub fn outcome_of(action: &Action) -> Outcome {
 }
 
 /// How a `decide_and_write` may write.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct WriteRules<'a> {
     /// Every write carries this fence (a slice's lease).
     pub fence: Option<&'a Fence>,
@@ -57,6 +57,36 @@ pub struct WriteRules<'a> {
     /// Whether users' deletes leave tombstones here (the mount syncs), so an absent entry's
     /// tombstone must be looked at before it is re-created.
     pub check_tombstones: bool,
+    /// The bucket, to HEAD an object a listing gave without its user metadata when the decision
+    /// depends on it (an absent entry with a tombstone: is the object this cluster's upload of
+    /// that path?), so that a reconcile decides exactly as an event's apply does.
+    pub heads: Option<&'a dyn RemoteStorage>,
+}
+
+/// The object behind `remote` with its user metadata, if the decision needs it and a listing
+/// left it out: `Some(what a HEAD says now)`; `None` when `remote` will do.
+async fn head_if_needed(
+    local: Option<&Entry>,
+    remote: Option<RemoteSide<'_>>,
+    tombstone: Option<&Tombstone>,
+    heads: Option<&dyn RemoteStorage>,
+) -> Result<Option<Option<RemoteObject>>> {
+    match (remote, heads) {
+        (Some(r), Some(storage)) if needs_metadata(local, remote, tombstone) => {
+            Ok(Some(storage.stat(&r.object.key).await?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `remote`, or what a HEAD made in its place said (`head_if_needed`).
+fn side<'x>(remote: Option<RemoteSide<'x>>, headed: &'x Option<Option<RemoteObject>>) -> Option<RemoteSide<'x>> {
+    match headed {
+        Some(h) => {
+            h.as_ref().map(|object| RemoteSide { object, is_dir_marker: remote.is_some_and(|r| r.is_dir_marker) })
+        }
+        None => remote,
+    }
 }
 
 /// Decides `path` against `remote` starting from `local`, and writes the decision through the
@@ -70,7 +100,8 @@ pub async fn decide_and_write(
     ctx: &DecideCtx<'_>,
     rules: WriteRules<'_>,
 ) -> Result<Outcome> {
-    let WriteRules { fence, allow_delete, check_tombstones } = rules;
+    let WriteRules { fence, allow_delete, check_tombstones, heads } = rules;
+    let mut headed = None;
     for _ in 0..MAX_REDECIDE {
         // Looked up whenever the entry is absent — also after a conditional write found it
         // deleted meanwhile: a user's delete that the outbound sync has not propagated yet keeps
@@ -82,7 +113,10 @@ pub async fn decide_and_write(
             _ => None,
         };
         let ctx = &DecideCtx { tombstone: ctx.tombstone.or(tomb.as_ref()), ..*ctx };
-        let (outcome, txn) = match plan(path, local.as_ref(), remote, ctx, allow_delete) {
+        if headed.is_none() {
+            headed = head_if_needed(local.as_ref(), remote, ctx.tombstone, heads).await?;
+        }
+        let (outcome, txn) = match plan(path, local.as_ref(), side(remote, &headed), ctx, allow_delete) {
             (outcome, Some(txn)) => (outcome, txn),
             (outcome, None) => return Ok(outcome),
         };
@@ -170,13 +204,18 @@ pub async fn decide_and_write_many(
     rules: WriteRules<'_>,
 ) -> Result<Vec<Result<Written>>> {
     let tombstones = tombstones_of(filer, &items, ctx, rules).await?;
+    let mut headed = Vec::with_capacity(items.len());
+    for (item, tomb) in items.iter().zip(&tombstones) {
+        let tomb = ctx.tombstone.or(tomb.as_ref());
+        headed.push(head_if_needed(item.local.as_ref(), item.remote, tomb, rules.heads).await?);
+    }
     let mut out: Vec<Option<Result<Written>>> = Vec::with_capacity(items.len());
     // (item index, the outcome its write stands for)
     let mut written: Vec<(usize, Outcome)> = Vec::new();
     let mut txns = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let ctx = &DecideCtx { tombstone: ctx.tombstone.or(tombstones[i].as_ref()), ..*ctx };
-        match plan(&item.path, item.local.as_ref(), item.remote, ctx, rules.allow_delete) {
+        match plan(&item.path, item.local.as_ref(), side(item.remote, &headed[i]), ctx, rules.allow_delete) {
             (outcome, None) => {
                 let version = Some(item.local.as_ref().map(|e| e.version));
                 out.push(Some(Ok(Written { outcome, version })));
@@ -201,7 +240,10 @@ pub async fn decide_and_write_many(
             Ok(a) => Ok(Written { outcome, version: Some(a.new.map(|e| e.version)) }),
             // A local write landed since the entry was read: decide this one again, alone.
             Err(Error::PreconditionFailed { .. }) => match filer.stat(&item.path).await {
-                Ok(local) => decide_and_write(filer, &item.path, local, item.remote, ctx, rules).await.map(unknown),
+                Ok(local) => {
+                    let remote = side(item.remote, &headed[i]);
+                    decide_and_write(filer, &item.path, local, remote, ctx, rules).await.map(unknown)
+                }
                 Err(e) => Err(e),
             },
             Err(e) => settled(e, &outcome).map(unknown),

@@ -362,7 +362,7 @@ async fn a_slow_batch_keeps_its_messages_invisible_with_heartbeats() {
 /// events count as echoes, and neither entry is touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_echo_is_an_echo_before_the_outbound_sync_records_the_upload() {
-    use tidemark_core::decide::{ORIGIN_METADATA, VERSION_METADATA};
+    use tidemark_core::decide::upload_metadata;
     let w = world().await;
     let mut c = Counters::default();
     pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await; // the s3:TestEvent
@@ -379,11 +379,7 @@ async fn an_echo_is_an_echo_before_the_outbound_sync_records_the_upload() {
     let dirty = write("/mnt/data/old.txt", b"ours now").await;
     let fresh = write("/mnt/data/new.txt", b"brand new").await;
     for (key, e, body) in [("old.txt", &dirty, &b"ours now"[..]), ("new.txt", &fresh, &b"brand new"[..])] {
-        let meta: BTreeMap<String, String> = [
-            (ORIGIN_METADATA.to_string(), "cluster-a".to_string()),
-            (VERSION_METADATA.to_string(), e.version.to_string()),
-        ]
-        .into();
+        let meta = upload_metadata("cluster-a", &e.path, e.version);
         w.s3.put(key, Bytes::copy_from_slice(body), meta).await.unwrap();
     }
     let before = c.clone();
@@ -394,4 +390,106 @@ async fn an_echo_is_an_echo_before_the_outbound_sync_records_the_upload() {
         let now = w.filer.stat(&e.path).await.unwrap().unwrap();
         assert_eq!((now.version, now.remote.is_none()), (e.version, e.remote.is_none()), "{}", e.path);
     }
+}
+
+/// S3 reports an object a lifecycle rule expired as `s3:LifecycleExpiration:Delete` (or
+/// `:DeleteMarkerCreated` in a versioned bucket), not as `ObjectRemoved:*`. moto runs no
+/// lifecycle rules, so the object is deleted, the notification moto sends for that is drained
+/// unapplied, and the message S3 would send for an expiration is put on the queue instead: the
+/// entry leaves the namespace as for a delete, counted applied. The provisioned configuration
+/// asks for those events (`s3:LifecycleExpiration:*`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifecycle_expiration_removes_the_entry_like_a_delete() {
+    let w = world().await;
+    let config = w.s3.client().get_bucket_notification_configuration().bucket(&w.bucket).send().await.unwrap();
+    let events: Vec<String> =
+        config.queue_configurations().iter().flat_map(|q| q.events().iter().map(|e| e.as_str().to_string())).collect();
+    assert!(events.iter().any(|e| e == "s3:LifecycleExpiration:*"), "provisioned: {events:?}");
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await; // the s3:TestEvent
+    for key in ["logs/old.txt", "logs/marked.txt"] {
+        w.s3.put(key, Bytes::from_static(b"expiring"), BTreeMap::new()).await.unwrap();
+    }
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= 2).await;
+    for key in ["logs/old.txt", "logs/marked.txt"] {
+        w.s3.delete(key).await.unwrap();
+    }
+    // Drain moto's own ObjectRemoved notifications without applying them.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut drained = 0;
+    while drained < 2 {
+        assert!(Instant::now() < deadline, "moto's delete notifications did not arrive");
+        let batch = w.source.receive(10, Duration::from_secs(1)).await.unwrap();
+        drained += batch.len();
+        w.source.ack(&batch.iter().map(|d| d.ack_id.clone()).collect::<Vec<_>>()).await.unwrap();
+    }
+    assert!(w.filer.stat("/mnt/data/logs/old.txt").await.unwrap().is_some(), "not applied yet");
+    for (key, name) in
+        [("logs/old.txt", "LifecycleExpiration:Delete"), ("logs/marked.txt", "LifecycleExpiration:DeleteMarkerCreated")]
+    {
+        let body = serde_json::json!({"Records": [{
+            "eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1",
+            "eventTime": "2026-12-04T10:00:00.000Z", "eventName": name,
+            "userIdentity": {"principalId": "s3.amazonaws.com"},
+            "s3": {"s3SchemaVersion": "1.0", "bucket": {"name": w.bucket, "arn": format!("arn:aws:s3:::{}", w.bucket)},
+                   "object": {"key": key.replace('/', "%2F"), "sequencer": "0055AED6DCD90281E5"}}
+        }]});
+        w.sqs.send_message().queue_url(&w.queue_url).message_body(body.to_string()).send().await.unwrap();
+    }
+    let before = c.applied;
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= before + 2).await;
+    for p in ["/mnt/data/logs/old.txt", "/mnt/data/logs/marked.txt"] {
+        assert!(w.filer.stat(p).await.unwrap().is_none(), "{p} expired: {c:?}");
+    }
+    assert_eq!(c.ignored_reasons.get("event type not subscribed"), None, "{c:?}");
+}
+
+/// A copy of this cluster's upload to another key keeps its metadata (S3's default
+/// `MetadataDirective: COPY`); it is a put like any other there, applied and counted applied —
+/// not taken for an echo — while the upload's own event at its own key still is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_an_own_upload_to_another_key_is_applied_not_an_echo() {
+    use tidemark_core::decide::upload_metadata;
+    let w = world().await;
+    let mut c = Counters::default();
+    pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await; // the s3:TestEvent
+    // /mnt/data/b.txt mirrors an object someone else put, at a version above the upload's.
+    w.s3.put("b.txt", Bytes::from_static(b"theirs"), BTreeMap::new()).await.unwrap();
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= 1).await;
+    let b = w.filer.stat("/mnt/data/b.txt").await.unwrap().unwrap();
+    // This cluster's upload of /mnt/data/a.txt at a version no newer than b's entry: the old
+    // rule took any such object for an echo.
+    let a = w
+        .filer
+        .write(
+            "/mnt/data/a.txt",
+            futures::stream::once(async { Ok(Bytes::from_static(b"ours")) }).boxed(),
+            WriteOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(a.version > 0);
+    w.s3.put(
+        "a.txt",
+        Bytes::from_static(b"ours"),
+        upload_metadata("cluster-a", "/mnt/data/a.txt", b.version.min(a.version)),
+    )
+    .await
+    .unwrap();
+    pump(&w, &*w.s3, &mut c, |c| c.echo_suppressed >= 1).await;
+    let before = c.clone();
+    w.s3.client()
+        .copy_object()
+        .bucket(&w.bucket)
+        .key("b.txt")
+        .copy_source(format!("{}/a.txt", w.bucket))
+        .send()
+        .await
+        .unwrap();
+    let copied = w.s3.stat("b.txt").await.unwrap().unwrap();
+    assert_eq!(copied.user_metadata.as_ref().unwrap()["tidemark-origin"], "cluster-a", "the copy kept the metadata");
+    pump(&w, &*w.s3, &mut c, |c| c.applied > before.applied).await;
+    let now = w.filer.stat("/mnt/data/b.txt").await.unwrap().unwrap();
+    assert_eq!(now.remote.as_ref().unwrap().etag, copied.etag, "the copy is what /mnt/data/b.txt mirrors: {c:?}");
+    assert_eq!((c.echo_suppressed, c.changes), (before.echo_suppressed, before.changes + 1), "{c:?}");
 }

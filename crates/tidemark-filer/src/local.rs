@@ -170,6 +170,8 @@ impl LocalFiler {
                 etag: r.etag.clone(),
                 remote_mtime_ms: r.remote_mtime_ms,
                 deleted_at_ms: now,
+                pending_upload: tidemark_core::decide::is_locally_dirty(e),
+                pending_after: r.dirty_after,
             };
             let data = bytes::Bytes::from(serde_json::to_vec(&t).map_err(Error::internal)?);
             let txn = Txn::put(
@@ -484,8 +486,13 @@ impl Filer for LocalFiler {
             entry.mtime_ms = opts.mtime_ms.unwrap_or_else(|| self.clock.now_ms());
             // A local write to a remote-backed file must read as locally dirty (mtime past the
             // recorded remote mtime) whatever the clocks say, so no reconcile overwrites it.
-            if let Some(r) = &entry.remote {
+            // The first such write after the entry was clean remembers that clean version: this
+            // cluster's uploads of later versions are of pending writes, earlier ones are not.
+            if let Some(r) = entry.remote.as_mut() {
                 entry.mtime_ms = entry.mtime_ms.max(r.remote_mtime_ms + 1);
+                if let Some(e) = current.as_ref().filter(|e| !tidemark_core::decide::is_locally_dirty(e)) {
+                    r.dirty_after = Some(e.version);
+                }
             }
             if let Some(mode) = opts.mode {
                 entry.mode = mode;

@@ -5,7 +5,8 @@
 //! pause and resume, and a clock that expires leases and visibility timeouts.
 //!
 //! The harness picks each next step from the seed: a put or delete in the bucket (and its
-//! notification), a local write, a worker's step (acquire / renew the lease, receive a batch,
+//! notification), a metadata-preserving copy (of another key's object, of an upload from another
+//! mount of this cluster, or of an older upload of the same key restored over it), a local write, a worker's step (acquire / renew the lease, receive a batch,
 //! apply it with its fence), a pause or resume, the clock moving on, a fenced reconcile. Steps run
 //! one at a time, so a run's outcome does not depend on thread timing. Then quiescence: every
 //! worker resumes, one drains the queue, and the properties are checked:
@@ -37,6 +38,9 @@ use tidemark_core::model::{Fence, Lease};
 use tidemark_core::remote::{Mount, RemoteLocation};
 use tidemark_core::subscription::EventTypes;
 use tidemark_core::{Clock, Error, Filer, ManualClock, RemoteStorage, WriteOptions, format_rfc3339_ms};
+
+/// An object's user metadata.
+type RemoteObjectMeta = BTreeMap<String, String>;
 use tidemark_engine::apply::{ApplyContext, Counters, apply_batch};
 use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
 use tidemark_filer::{CacheConfig, LocalFiler};
@@ -59,6 +63,11 @@ pub enum Variant {
     /// The memory of recent HEADs is trusted too long: every notification claims it was sent
     /// before any HEAD, so one sent after a HEAD is answered by it.
     TrustMemory,
+    /// The echo rule before it was bound to the entry: any object carrying this cluster's origin
+    /// and a version at or below the entry's (or the tombstone's) is taken for an echo of it,
+    /// whatever its path and bytes — so a copy of an upload, or an older upload restored by
+    /// copy, is skipped.
+    EchoByVersion,
 }
 
 #[derive(Debug, Clone)]
@@ -66,11 +75,14 @@ pub struct Config {
     pub seed: u64,
     pub steps: usize,
     pub variant: Variant,
+    /// Whether the bucket also sees metadata-preserving copies and restores. Off only to replay
+    /// runs recorded before they existed (the seeds that found bugs), which they would change.
+    pub copies: bool,
 }
 
 impl Config {
     pub fn new(seed: u64) -> Self {
-        Config { seed, steps: 120, variant: Variant::Correct }
+        Config { seed, steps: 120, variant: Variant::Correct, copies: true }
     }
 }
 
@@ -142,6 +154,8 @@ struct World {
     outbound_cursor: u64,
     /// Etags of objects the outbound sync uploaded.
     uploaded: BTreeSet<String>,
+    /// Every upload of the outbound sync, kept to be restored by copy: key, bytes, metadata.
+    uploads: Vec<(String, Bytes, BTreeMap<String, String>)>,
     /// A user's delete of a path under a synced mount: the bucket version when it happened and
     /// the object the entry was backed by (`None`: a local file never uploaded).
     user_deletes: BTreeMap<String, (u64, Option<String>)>,
@@ -199,6 +213,7 @@ impl World {
             flaky_pct: [0, 5, 15][rng.below(3) as usize],
             asked: Mutex::default(),
             trust_payload: (cfg.variant == Variant::TrustPayload).then(|| payloads.clone()),
+            old_echo_rule: (cfg.variant == Variant::EchoByVersion).then(|| (filer.clone(), DIR.to_string())),
         });
         // Reads of remote-backed entries go to the simulated bucket (flaky HEADs and all).
         local_filer.remotes().provide("sim", "b", remote.clone());
@@ -281,6 +296,7 @@ impl World {
             sync,
             outbound_cursor: 0,
             uploaded: BTreeSet::new(),
+            uploads: Vec::new(),
             user_deletes: BTreeMap::new(),
             version: 0,
             counters: Counters::default(),
@@ -331,6 +347,65 @@ impl World {
         }
         self.trace(|| format!("bucket: put {key} {} ({size} B)", o.etag));
         self.notify(key, Some((&o.etag, o.size)));
+        Ok(())
+    }
+
+    /// The bytes of the bucket's object at `key`, if any.
+    async fn bucket_bytes(&self, key: &str) -> Result<Option<(Bytes, RemoteObjectMeta)>, Error> {
+        let Some(o) = self.bucket.stat(key).await? else { return Ok(None) };
+        let mut stream = self.bucket.get(key, None, Some(&o.etag)).await?;
+        let mut body = Vec::new();
+        while let Some(part) = stream.next().await {
+            body.extend_from_slice(&part.map_err(|e| Error::io(format!("reading {key}"), e))?);
+        }
+        Ok(Some((body.into(), o.user_metadata.unwrap_or_default())))
+    }
+
+    /// Someone copies an object onto a key with its metadata, as CopyObject does by default
+    /// (`aws s3 cp`, rclone, replication, "restore this version"): another key's object, an
+    /// upload from another mount of this cluster, or an older upload of this very key restored
+    /// over it. Each is a change of the bucket like any other put.
+    async fn external_copy(&mut self) -> Result<(), Error> {
+        let dest = KEYS[self.rng.below(KEYS.len() as u64) as usize];
+        let (body, meta, what) = match self.rng.below(3) {
+            0 => {
+                let older: Vec<usize> = (0..self.uploads.len()).filter(|&i| self.uploads[i].0 == dest).collect();
+                if older.is_empty() {
+                    return Ok(());
+                }
+                let (_, body, meta) = self.uploads[older[self.rng.below(older.len() as u64) as usize]].clone();
+                (body, meta, "restore of an older upload".to_string())
+            }
+            1 => {
+                let src = KEYS[self.rng.below(KEYS.len() as u64) as usize];
+                if src == dest {
+                    return Ok(());
+                }
+                let Some((body, meta)) = self.bucket_bytes(src).await? else { return Ok(()) };
+                (body, meta, format!("copy of {src}"))
+            }
+            _ => {
+                // As this cluster's upload of the same name under another mount, at a version no
+                // newer than the entry here: the old rule took it for this entry's echo.
+                let version = match self.filer.stat(&format!("{DIR}/{dest}")).await? {
+                    Some(e) => 1 + self.rng.below(e.version.max(1)),
+                    None => 1,
+                };
+                let meta = tidemark_core::decide::upload_metadata("sim-cluster", &format!("/n/{dest}"), version);
+                let size = 1 + self.rng.below(50) as usize;
+                (version_bytes(self.version + 1, size), meta, "copy from another mount".to_string())
+            }
+        };
+        let o = self.bucket.insert(dest, body.clone(), meta)?;
+        self.version += 1;
+        {
+            let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            h.content.insert(o.etag.clone(), body);
+            h.etag_version.insert(o.etag.clone(), self.version);
+            h.changes.entry(dest.into()).or_default().push((self.version, true));
+        }
+        self.trace(|| format!("bucket: {what} onto {dest} {}", o.etag));
+        self.notify(dest, Some((&o.etag, o.size)));
         Ok(())
     }
 
@@ -389,6 +464,11 @@ impl World {
         let records = self.filer.changes(self.outbound_cursor, max, Duration::ZERO).await?;
         for r in &records {
             if r.path.starts_with(&format!("{DIR}/")) {
+                // What the bucket holds before a user's delete is propagated: it must be the
+                // object the user deleted (or this cluster's upload of it), never one someone
+                // else put since.
+                let key = &r.path[DIR.len() + 1..];
+                let before = if r.new.is_none() { self.bucket.stat(key).await? } else { None };
                 let out = tidemark_engine::outbound::sync_record(
                     &*self.filer,
                     &self.bucket,
@@ -403,6 +483,9 @@ impl World {
                 self.trace(|| format!("outbound: record {seq} {what}"));
                 match out {
                     tidemark_engine::outbound::OutboundOutcome::Uploaded { key, .. } => {
+                        let (body, meta) =
+                            self.bucket_bytes(&key).await?.ok_or_else(|| Error::internal("uploaded object gone"))?;
+                        self.uploads.push((key.clone(), body, meta));
                         let o = self.bucket.stat(&key).await?.ok_or_else(|| Error::internal("uploaded object gone"))?;
                         self.version += 1;
                         {
@@ -414,6 +497,24 @@ impl World {
                         self.notify(&key, Some((&o.etag, o.size)));
                     }
                     tidemark_engine::outbound::OutboundOutcome::Deleted { key, .. } => {
+                        if let (Some(o), Some((at, _))) = (&before, self.user_deletes.get(&r.path)) {
+                            let put_at = self
+                                .history
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .etag_version
+                                .get(&o.etag)
+                                .copied();
+                            if !self.uploaded.contains(&o.etag) && put_at.is_some_and(|v| v > *at) {
+                                violate(
+                                    &self.violations,
+                                    format!(
+                                        "the outbound sync deleted {key} ({}), which someone put after the user's delete",
+                                        o.etag
+                                    ),
+                                );
+                            }
+                        }
                         self.version += 1;
                         self.history
                             .lock()
@@ -703,6 +804,7 @@ impl World {
 
     async fn step(&mut self) -> Result<(), Error> {
         match self.rng.below(100) {
+            0..=22 if self.cfg.copies && self.rng.chance(25) => self.external_copy().await?,
             0..=22 => self.external_put()?,
             23..=31 => self.external_delete().await?,
             32..=36 => self.local_write().await?,

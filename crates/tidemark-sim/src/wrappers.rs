@@ -261,6 +261,43 @@ pub struct SimRemote {
     pub flaky_pct: u64,
     pub asked: Mutex<BTreeMap<String, u64>>,
     pub trust_payload: Option<Payloads>,
+    /// The pre-binding echo rule (a broken variant), over this filer and mount directory: an
+    /// object with this cluster's origin and a version at or below the entry's (or its
+    /// tombstone's) is answered as the entry (or the deleted object) already has it, which is
+    /// what taking it for an echo did.
+    pub old_echo_rule: Option<(Arc<dyn Filer>, String)>,
+}
+
+impl SimRemote {
+    async fn as_old_echo_rule_saw_it(&self, key: &str, o: RemoteObject) -> Result<RemoteObject> {
+        use tidemark_core::decide::{ORIGIN_METADATA, VERSION_METADATA};
+        let Some((filer, dir)) = &self.old_echo_rule else { return Ok(o) };
+        let meta = o.user_metadata.clone().unwrap_or_default();
+        if meta.get(ORIGIN_METADATA).map(String::as_str) != Some("sim-cluster") {
+            return Ok(o);
+        }
+        let Some(v) = meta.get(VERSION_METADATA).and_then(|v| v.parse::<u64>().ok()) else { return Ok(o) };
+        let path = format!("{dir}/{key}");
+        match filer.stat(&path).await? {
+            Some(e) if v <= e.version => Ok(match &e.remote {
+                Some(r) => RemoteObject {
+                    etag: r.etag.clone(),
+                    last_modified_ms: r.remote_mtime_ms,
+                    size: r.remote_size,
+                    user_metadata: None,
+                    ..o
+                },
+                None => o, // local-only: skipped either way
+            }),
+            Some(_) => Ok(o),
+            None => match tidemark_engine::docs::tombstone(&**filer, &path).await? {
+                Some(t) if t.version >= v => {
+                    Ok(RemoteObject { etag: t.etag, last_modified_ms: t.remote_mtime_ms, user_metadata: None, ..o })
+                }
+                _ => Ok(o),
+            },
+        }
+    }
 }
 
 #[async_trait]
@@ -283,7 +320,10 @@ impl RemoteStorage for SimRemote {
         {
             return Ok(o.clone());
         }
-        self.inner.stat(key).await
+        match self.inner.stat(key).await? {
+            Some(o) => Ok(Some(self.as_old_echo_rule_saw_it(key, o).await?)),
+            None => Ok(None),
+        }
     }
     async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
         self.inner.list(prefix, start_after, page, max).await

@@ -114,6 +114,11 @@ async fn an_applier_that_trusts_its_memory_of_heads_too_long_is_caught() {
     caught(Variant::TrustMemory).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applier_that_takes_copies_of_own_uploads_for_echoes_is_caught() {
+    caught(Variant::EchoByVersion).await;
+}
+
 /// Seeds that found real bugs, kept as regressions (each also names what it found).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeds_that_found_bugs_stay_fixed() {
@@ -128,7 +133,8 @@ async fn seeds_that_found_bugs_stay_fixed() {
         (908, "the same for a file that was never uploaded"),
     ];
     for (seed, what) in found {
-        let r = run(Config::new(seed)).await;
+        // As they ran when they found it: before the bucket saw copies.
+        let r = run(Config { copies: false, ..Config::new(seed) }).await;
         assert!(r.violations.is_empty(), "seed {seed} ({what}) broke again: {:?}", r.violations);
     }
 }
@@ -154,6 +160,7 @@ async fn replay() {
         Ok("NoFence") => Variant::NoFence,
         Ok("AckFirst") => Variant::AckFirst,
         Ok("TrustMemory") => Variant::TrustMemory,
+        Ok("EchoByVersion") => Variant::EchoByVersion,
         _ => Variant::Correct,
     };
     let r = run(Config { variant, ..Config::new(seed) }).await;

@@ -253,6 +253,7 @@ pub async fn implicit_parents_and_kind_conflicts(h: &Harness) {
         remote_size: 0,
         version_id: None,
         last_local_sync_ms: None,
+        dirty_after: None,
     };
     let mut backed = file(0);
     backed.remote = Some(remote);
@@ -507,6 +508,7 @@ fn remote_file(etag: &str, size: u64) -> NewEntry {
         remote_size: size,
         version_id: None,
         last_local_sync_ms: None,
+        dirty_after: None,
     });
     e
 }

@@ -349,6 +349,7 @@ fn implied_parent(child: &NewEntry) -> NewEntry {
         remote_size: 0,
         version_id: None,
         last_local_sync_ms: None,
+        dirty_after: None,
     });
     dir
 }

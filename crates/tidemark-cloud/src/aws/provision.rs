@@ -41,6 +41,11 @@ pub fn overlaps(a: &Rule, b: &Rule) -> bool {
     events && prefixes && suffixes
 }
 
+/// The S3 event names a subscription's event types provision (SEMANTICS.md, "Event names"):
+/// `removed` is every way an object leaves — deleted, and expired by a lifecycle rule, which S3
+/// reports as `LifecycleExpiration:*`, not `ObjectRemoved:*`; `other` the changes of an
+/// object's storage state (restores, lifecycle transitions, access tiers), which decide
+/// whether it can be read.
 pub fn s3_events(t: &EventTypes) -> Vec<Event> {
     let mut v = Vec::new();
     if t.created {
@@ -48,9 +53,12 @@ pub fn s3_events(t: &EventTypes) -> Vec<Event> {
     }
     if t.removed {
         v.push(Event::S3ObjectRemoved);
+        v.push(Event::S3LifecycleExpiration);
     }
     if t.other {
         v.push(Event::S3ObjectRestore);
+        v.push(Event::S3LifecycleTransition);
+        v.push(Event::S3IntelligentTiering);
     }
     v
 }
@@ -298,7 +306,7 @@ impl S3Notifications {
         if !current.topic_configurations().iter().any(|t| t.id() == Some(id.as_str())) {
             let ours = Rule {
                 id: id.clone(),
-                events: vec!["s3:ObjectCreated:*".into(), "s3:ObjectRemoved:*".into()],
+                events: s3_events(&EventTypes::default()).iter().map(|e| e.as_str().to_string()).collect(),
                 prefix: String::new(),
                 suffix: String::new(),
             };
@@ -315,8 +323,7 @@ impl S3Notifications {
             let tc = TopicConfiguration::builder()
                 .id(&id)
                 .topic_arn(&topic_arn)
-                .events(Event::S3ObjectCreated)
-                .events(Event::S3ObjectRemoved)
+                .set_events(Some(s3_events(&EventTypes::default())))
                 .build()
                 .map_err(|e| Error::internal(format!("building the topic configuration: {e}")))?;
             let mut topics = current.topic_configurations().to_vec();

@@ -178,15 +178,34 @@ impl RemoteStorage for S3Storage {
     }
 
     async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
-        let mut req = self.client.list_objects_v2().bucket(&self.bucket).max_keys(max.clamp(1, 1000) as i32);
+        // `encoding-type=url`: S3 allows any UTF-8 in a key, control characters too, which XML 1.0
+        // cannot carry; without it one such key makes the whole listing unreadable (the SDK's XML
+        // parser refuses it), and so every reconcile of the bucket. Keys come back form-encoded.
+        let mut req = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .encoding_type(aws_sdk_s3::types::EncodingType::Url)
+            .max_keys(max.clamp(1, 1000) as i32);
         if !prefix.is_empty() {
             req = req.prefix(prefix);
         }
+        // Keys up to and including `skip_through` are left out here: the part of `start_after`
+        // before a character XML cannot carry is sent instead of all of it, because some servers
+        // (moto) echo StartAfter unencoded, which makes the answer unreadable.
+        let mut skip_through = None;
         match page {
             Some(token) => req = req.continuation_token(token),
             None => {
                 if let Some(a) = start_after {
-                    req = req.start_after(a);
+                    let safe =
+                        &a[..a.find(|c: char| c.is_control() && !matches!(c, '\t' | '\n' | '\r')).unwrap_or(a.len())];
+                    if safe.len() < a.len() {
+                        skip_through = Some(a);
+                    }
+                    if !safe.is_empty() {
+                        req = req.start_after(safe);
+                    }
                 }
             }
         }
@@ -195,8 +214,15 @@ impl RemoteStorage for S3Storage {
             .contents()
             .iter()
             .filter_map(|o| {
+                let raw = o.key()?;
+                // `+` is a space and `%XX` a byte, as botocore reads S3's encoding (moto writes
+                // spaces as `%20`, which reads the same).
+                let Some(key) = tidemark_core::events::form_urldecode(raw) else {
+                    tracing::warn!(bucket = %self.bucket, key = raw, "a listed key is not URL-encoded UTF-8; skipped");
+                    return None;
+                };
                 Some(RemoteObject {
-                    key: o.key()?.to_string(),
+                    key,
                     size: o.size().unwrap_or(0).max(0) as u64,
                     etag: normalize_etag(o.e_tag().unwrap_or_default()),
                     last_modified_ms: ms_of(o.last_modified()),
@@ -204,6 +230,7 @@ impl RemoteStorage for S3Storage {
                     user_metadata: None,
                 })
             })
+            .filter(|o: &RemoteObject| skip_through.is_none_or(|a| o.key.as_str() > a))
             .collect();
         let next =
             if out.is_truncated().unwrap_or(false) { out.next_continuation_token().map(str::to_string) } else { None };

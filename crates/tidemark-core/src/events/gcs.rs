@@ -14,9 +14,13 @@ pub fn decode(attributes: &BTreeMap<String, String>, data: &[u8]) -> Decoded {
     let Some(event_type) = attributes.get("eventType") else {
         return Decoded::ignored("a Pub/Sub message without an eventType attribute: not a GCS notification");
     };
+    // OBJECT_ARCHIVE: in a bucket with object versioning, the live version became noncurrent —
+    // deleted (or replaced: the OBJECT_FINALIZE of the new one follows) as far as the namespace
+    // is concerned. OBJECT_METADATA_UPDATE changes the object's metadata (and its ETag), so it
+    // is a change to refresh, like a finalize. The HEAD decides either way.
     let kind = match event_type.as_str() {
-        "OBJECT_FINALIZE" => EventKind::Created,
-        "OBJECT_DELETE" => EventKind::Removed,
+        "OBJECT_FINALIZE" | "OBJECT_METADATA_UPDATE" => EventKind::Created,
+        "OBJECT_DELETE" | "OBJECT_ARCHIVE" => EventKind::Removed,
         other => EventKind::Other(other.to_string()),
     };
     let Some(bucket) = attributes.get("bucketId").filter(|b| !b.is_empty()) else {
@@ -87,7 +91,10 @@ mod tests {
         assert_eq!(events[0].kind, EventKind::Removed);
         let m = attrs(&[("eventType", "OBJECT_METADATA_UPDATE"), ("bucketId", "b"), ("objectId", "k")]);
         let Decoded::Events { events } = decode(&m, b"") else { panic!() };
-        assert_eq!(events[0].kind, EventKind::Other("OBJECT_METADATA_UPDATE".into()));
+        assert_eq!(events[0].kind, EventKind::Created, "a metadata update refreshes the entry");
+        let a = attrs(&[("eventType", "OBJECT_ARCHIVE"), ("bucketId", "b"), ("objectId", "k")]);
+        let Decoded::Events { events } = decode(&a, b"") else { panic!() };
+        assert_eq!(events[0].kind, EventKind::Removed, "in a versioned bucket, a delete is an archive");
     }
 
     #[test]

@@ -69,6 +69,25 @@ fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
     cur.as_str()
 }
 
+/// What an S3 event name means for the namespace (SEMANTICS.md, "Event names"). Every kind is
+/// only a hint to HEAD the key; the kind decides whether a subscription looks at all.
+/// - `ObjectCreated:*` (put, post, copy, multipart) → created;
+/// - `ObjectRemoved:*` and `LifecycleExpiration:*` (a lifecycle rule expired the object, or
+///   put a delete marker over it in a versioned bucket) → removed;
+/// - anything else (`ObjectRestore:*`, `LifecycleTransition`, `IntelligentTiering`,
+///   `ObjectTagging:*`, `ObjectAcl:Put`, `Replication:*`, ...) → other: none of them changes
+///   the object's bytes, size or ETag, so none changes what the namespace shows.
+pub fn kind_of(name: &str) -> EventKind {
+    let name = name.strip_prefix("s3:").unwrap_or(name);
+    if name.starts_with("ObjectCreated:") {
+        EventKind::Created
+    } else if name.starts_with("ObjectRemoved:") || name.starts_with("LifecycleExpiration:") {
+        EventKind::Removed
+    } else {
+        EventKind::Other(name.to_string())
+    }
+}
+
 /// One record; `Ok(None)` for a record of another service.
 fn record(r: &Value) -> Result<Option<BucketEvent>, String> {
     if !r.is_object() {
@@ -84,13 +103,7 @@ fn record(r: &Value) -> Result<Option<BucketEvent>, String> {
         return Err(format!("eventVersion {version:?} is not 2.x, the only version Tidemark reads"));
     }
     let name = str_at(r, &["eventName"]).ok_or("no eventName")?;
-    let kind = if name.starts_with("ObjectCreated:") {
-        EventKind::Created
-    } else if name.starts_with("ObjectRemoved:") {
-        EventKind::Removed
-    } else {
-        EventKind::Other(name.to_string())
-    };
+    let kind = kind_of(name);
     let bucket = str_at(r, &["s3", "bucket", "name"]).ok_or("no s3.bucket.name")?;
     let raw_key = str_at(r, &["s3", "object", "key"]).ok_or("no s3.object.key")?;
     let key = form_urldecode(raw_key).ok_or_else(|| format!("s3.object.key {raw_key:?} is not form-encoded UTF-8"))?;
@@ -145,6 +158,32 @@ mod tests {
         assert_eq!(decode(wrapped_test.to_string().as_bytes()), Decoded::Test);
         let confirm = serde_json::json!({"Type": "SubscriptionConfirmation", "Message": "confirm"});
         assert!(matches!(decode(confirm.to_string().as_bytes()), Decoded::Ignored { .. }));
+    }
+
+    #[test]
+    fn lifecycle_expirations_are_removals() {
+        for name in [
+            "LifecycleExpiration:Delete",
+            "LifecycleExpiration:DeleteMarkerCreated",
+            "ObjectRemoved:DeleteMarkerCreated",
+        ] {
+            let body = PUT.replace("ObjectCreated:Put", name);
+            let Decoded::Events { events } = decode(body.as_bytes()) else { panic!() };
+            assert_eq!(events[0].kind, EventKind::Removed, "{name}");
+        }
+        for name in ["ObjectCreated:Copy", "ObjectCreated:CompleteMultipartUpload", "ObjectCreated:Post"] {
+            assert_eq!(kind_of(name), EventKind::Created, "{name}");
+        }
+        for name in [
+            "ObjectTagging:Put",
+            "ObjectAcl:Put",
+            "Replication:OperationFailedReplication",
+            "LifecycleTransition",
+            "IntelligentTiering",
+            "ObjectRestore:Post",
+        ] {
+            assert_eq!(kind_of(name), EventKind::Other(name.into()), "{name}");
+        }
     }
 
     #[test]
