@@ -74,6 +74,11 @@ const COUNTERS: &[CounterDef] = &[
     ("tidemark_events_echo_suppressed", "Keys skipped as the echo of this cluster's own upload.", |c| {
         c.echo_suppressed
     }),
+    (
+        "tidemark_events_shadowed",
+        "Keys refused because a file or directory stands where their path would be (brought in once it goes).",
+        |c| c.shadowed,
+    ),
     ("tidemark_events_ignored", "Deliveries or events that needed nothing (test events, other prefixes, ...).", |c| {
         c.ignored
     }),

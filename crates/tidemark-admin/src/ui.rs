@@ -122,7 +122,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
         return page("Event Subscriptions", "subscriptions", &b, filer);
     }
     b.push_str("<table id=\"subscriptions\"><thead><tr><th>Directory</th><th>Topology</th><th>Queue</th><th>Bucket / prefix</th>\
-                <th>Events</th><th>State</th><th>Received</th><th>Applied</th><th>Failed</th><th>Echo suppressed</th>\
+                <th>Events</th><th>State</th><th>Received</th><th>Applied</th><th>Failed</th><th>Echo suppressed</th><th title=\"keys a file or directory stands in the way of\">Shadowed</th>\
                 <th>Ignored</th><th>Lag (last / max)</th><th>Last reconcile</th><th>Lease</th><th>Slice</th><th>Last error</th>\
                 </tr></thead><tbody>");
     for v in &snap.subscriptions {
@@ -191,7 +191,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
              <td data-field=\"queue\"><code>{queue}</code></td><td data-field=\"bucket\"><code>{bucket}{prefix}</code></td>\
              <td data-field=\"events\">{events}</td><td><span data-field=\"state\" class=\"state {state}\">{state}</span></td>\
              <td class=\"num\" data-field=\"received\">{rec}</td><td class=\"num\" data-field=\"applied\">{app}</td>\
-             <td class=\"num\" data-field=\"failed\">{fail}</td><td class=\"num\" data-field=\"echo_suppressed\">{echo}</td>\
+             <td class=\"num\" data-field=\"failed\">{fail}</td><td class=\"num\" data-field=\"echo_suppressed\">{echo}</td><td class=\"num\" data-field=\"shadowed\">{shadowed}</td>\
              <td class=\"num\" data-field=\"ignored\">{ign}</td><td class=\"num\" data-field=\"lag\">{lag_last} / {lag_max}</td>\
              <td>{reconcile}</td><td>{lease}</td><td>{slice}</td><td class=\"err\" data-field=\"last-error\">{error}</td></tr>",
             fp = escape(&d.fingerprint),
@@ -205,6 +205,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
             app = c.applied,
             fail = c.failed,
             echo = c.echo_suppressed,
+            shadowed = c.shadowed,
             ign = c.ignored,
             lag_last = lag(c.last_lag_ms),
             lag_max = lag(c.max_lag_ms),

@@ -59,7 +59,8 @@ pub enum SkipReason {
     Echo,
     /// This cluster uploaded the object, and a user has deleted the entry since.
     Tombstone,
-    /// A file and a directory want the same path.
+    /// A file and a directory want the same path (the file `a` and the key `a/b`): the key that
+    /// came second is *shadowed* until what is in its way goes.
     Conflict,
     InSync,
 }
@@ -71,7 +72,7 @@ impl SkipReason {
             SkipReason::LocalDirty => "locally dirty",
             SkipReason::Echo => "echo of this cluster's upload",
             SkipReason::Tombstone => "deleted locally, delete pending upload",
-            SkipReason::Conflict => "file/directory conflict",
+            SkipReason::Conflict => "shadowed: a file or directory is in its way",
             SkipReason::InSync => "in sync",
         }
     }

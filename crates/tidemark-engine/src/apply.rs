@@ -28,6 +28,7 @@ use tidemark_core::remote::Mount;
 use tidemark_core::{Clock, Error, Filer, RemoteObject, RemoteStorage, Result};
 
 use crate::recent::RecentHeads;
+use crate::reconcile::{Item, ReconcileOptions};
 use crate::write::{self, Outcome, Pending, WriteRules};
 
 pub use tidemark_core::subscription::EventTypes;
@@ -77,6 +78,10 @@ pub struct Counters {
     /// Keys whose notifications an earlier HEAD of the slice had already answered (no HEAD).
     #[serde(default)]
     pub heads_saved: u64,
+    /// Keys refused because a file or a directory stands where their path would be (the file
+    /// `a` and the key `a/b`, or the reverse): brought in once what is in the way goes.
+    #[serde(default)]
+    pub shadowed: u64,
     /// Lag from the event's time to its apply, over applied events: last and largest.
     pub last_lag_ms: Option<i64>,
     pub max_lag_ms: Option<i64>,
@@ -111,8 +116,19 @@ pub struct BatchReport {
 }
 
 enum KeyResult {
-    Done(Option<(String, Outcome)>),
+    /// Handled: the key's path and outcome (`None`: a key the mapping refuses), and what the
+    /// follow-up of a removal changed besides (keys it had been in the way of, directories it
+    /// left empty).
+    Done(Option<(String, Outcome)>, Vec<(String, Outcome)>),
     Transient(String),
+}
+
+/// The keys a batch names: single keys, each HEADed, and subtrees (a directory deleted or
+/// renamed as a whole in a hierarchical namespace), each reconciled.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Need {
+    Key(String),
+    Subtree(String),
 }
 
 /// A write's failure as the reason to retry its keys' messages, when the filer could not be
@@ -146,7 +162,7 @@ async fn apply_keys(
     for (key, sent) in keys {
         match map.key_to_path(key.as_bytes()) {
             Ok(m) => mapped.push((key, m, sent)),
-            Err(_) => out.push((key, KeyResult::Done(None))),
+            Err(_) => out.push((key, KeyResult::Done(None, Vec::new()))),
         }
     }
     let paths: Vec<String> = mapped.iter().map(|(_, m, _)| m.path().to_string()).collect();
@@ -165,7 +181,7 @@ async fn apply_keys(
         if ctx.recent.is_some_and(|r| r.covers(&key, sent, local.as_ref().map(|e| e.version))) {
             counters.heads_saved += 1;
             let path = m.path().to_string();
-            out.push((key, KeyResult::Done(Some((path, Outcome::Skipped(SkipReason::InSync))))));
+            out.push((key, KeyResult::Done(Some((path, Outcome::Skipped(SkipReason::InSync))), Vec::new())));
         } else {
             to_ask.push((key, m, local));
         }
@@ -227,7 +243,19 @@ async fn apply_keys(
                 {
                     prefetches.push(path.clone());
                 }
-                out.push((key, KeyResult::Done(Some((path, outcome)))));
+                // The object is gone and so is the entry: what it may have stood in the way of
+                // is brought in now, not at the next reconcile.
+                let freed = object.is_none()
+                    && matches!(m, Mapped::File(_))
+                    && matches!(outcome, Outcome::Deleted | Outcome::Skipped(SkipReason::InSync));
+                if freed {
+                    match follow_removal(filer, storage, ctx, &key, &path).await {
+                        Ok(more) => out.push((key, KeyResult::Done(Some((path, outcome)), more))),
+                        Err(e) => out.push((key, KeyResult::Transient(write_failed(e)?))),
+                    }
+                } else {
+                    out.push((key, KeyResult::Done(Some((path, outcome)), Vec::new())));
+                }
             }
             Err(e) => out.push((key, KeyResult::Transient(write_failed(e)?))),
         }
@@ -235,6 +263,66 @@ async fn apply_keys(
     let asks: Vec<_> = prefetches.iter().map(|p| prefetch(filer, p)).collect();
     futures::future::join_all(asks).await;
     Ok(out)
+}
+
+/// After the removal of the file `path` (key `key`) is applied, or found applied: the keys below
+/// it that the file stood in the way of are brought in (a subtree reconcile, when a one-key
+/// listing says there are any), and its directory, if that leaves it empty and no marker backs
+/// it, is removed — and a file key at that directory's path gets it. Both as a reconcile does,
+/// fenced; the changes are returned.
+async fn follow_removal(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    ctx: &ApplyContext<'_>,
+    key: &str,
+    path: &str,
+) -> Result<Vec<(String, Outcome)>> {
+    let opts = reconcile_options(ctx);
+    let mut changed = Vec::new();
+    let mut sink = |i: &Item| {
+        if let Item::Path { path, outcome } = i
+            && outcome.is_change()
+        {
+            changed.push((path.clone(), outcome.clone()));
+        }
+    };
+    let below = storage.list(&format!("{key}/"), None, None, 1).await?;
+    if !below.objects.is_empty() {
+        crate::reconcile::reconcile_subtree(filer, storage, ctx.mount, path, &opts, &mut sink).await?;
+    }
+    if let Some(parent) = tidemark_core::path::parent(path) {
+        crate::reconcile::remove_if_emptied(filer, storage, ctx.mount, parent, &opts, &mut sink).await?;
+    }
+    Ok(changed)
+}
+
+/// A subtree a notification names (a directory created, deleted or renamed as a whole),
+/// reconciled as a whole; its changes.
+async fn apply_subtree(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    ctx: &ApplyContext<'_>,
+    path: &str,
+) -> Result<Vec<(String, Outcome)>> {
+    let opts = reconcile_options(ctx);
+    let mut changed = Vec::new();
+    let mut sink = |i: &Item| {
+        if let Item::Path { path, outcome } = i {
+            changed.push((path.clone(), outcome.clone()));
+        }
+    };
+    crate::reconcile::reconcile_subtree(filer, storage, ctx.mount, path, &opts, &mut sink).await?;
+    Ok(changed)
+}
+
+/// How the applier's reconciles write: with the slice's fence, deleting what is gone.
+fn reconcile_options(ctx: &ApplyContext<'_>) -> ReconcileOptions {
+    ReconcileOptions {
+        fence: ctx.fence.cloned(),
+        cluster_id: ctx.cluster_id.map(str::to_string),
+        page_size: 1000,
+        ..Default::default()
+    }
 }
 
 /// Asks the filer to fetch a file's new version into its cache and returns at once: the fetch
@@ -279,6 +367,18 @@ async fn with_heartbeat<T>(
     }
 }
 
+/// A subtree's name among the keys of a batch's results (a key cannot start with a NUL).
+fn subtree_tag(key: &str) -> String {
+    format!("\0subtree:{key}")
+}
+
+fn need_tag(n: &Need) -> String {
+    match n {
+        Need::Key(k) => k.clone(),
+        Need::Subtree(k) => subtree_tag(k),
+    }
+}
+
 /// Applies one batch and acknowledges what was handled. `Err(Fenced)` means the lease is lost:
 /// the caller ends the slice.
 pub async fn apply_batch(
@@ -293,7 +393,7 @@ pub async fn apply_batch(
     let mut report = BatchReport::default();
     counters.received += deliveries.len() as u64;
     // Per delivery: the keys it needs handled; `None` = malformed, never acknowledged.
-    let mut needs: Vec<Option<BTreeSet<String>>> = Vec::with_capacity(deliveries.len());
+    let mut needs: Vec<Option<BTreeSet<Need>>> = Vec::with_capacity(deliveries.len());
     let mut event_times: BTreeMap<String, i64> = BTreeMap::new();
     for d in &deliveries {
         match decode(ctx.provider, d) {
@@ -325,7 +425,7 @@ pub async fn apply_batch(
                         if let Some(t) = e.event_time_ms {
                             event_times.entry(e.key.clone()).and_modify(|x| *x = (*x).min(t)).or_insert(t);
                         }
-                        keys.insert(e.key);
+                        keys.insert(if e.subtree { Need::Subtree(e.key) } else { Need::Key(e.key) });
                     }
                 }
                 needs.push(Some(keys));
@@ -335,27 +435,52 @@ pub async fn apply_batch(
 
     // Per key, when its latest notification here was sent (`None` if a queue did not say).
     let mut sent_by: BTreeMap<String, Option<i64>> = BTreeMap::new();
+    let mut subtrees: BTreeSet<String> = BTreeSet::new();
     for (d, need) in deliveries.iter().zip(&needs) {
-        for key in need.iter().flatten() {
+        for need in need.iter().flatten() {
+            let key = match need {
+                Need::Key(k) => k,
+                Need::Subtree(k) => {
+                    subtrees.insert(k.clone());
+                    continue;
+                }
+            };
             sent_by
                 .entry(key.clone())
                 .and_modify(|s| *s = s.zip(d.sent_at_ms).map(|(a, b)| a.max(b)))
                 .or_insert(d.sent_at_ms);
         }
     }
-    let work = apply_keys(filer, storage, &map, ctx, sent_by.into_iter().collect(), counters);
+    let work = async {
+        let mut out = apply_keys(filer, storage, &map, ctx, sent_by.into_iter().collect(), counters).await?;
+        // Subtrees after the single keys: a reconcile of one sees whatever they wrote.
+        for key in &subtrees {
+            let Ok(mapped) = map.key_to_path(key.as_bytes()) else { continue };
+            let result = match apply_subtree(filer, storage, ctx, mapped.path()).await {
+                Ok(changed) => KeyResult::Done(None, changed),
+                Err(e) => KeyResult::Transient(write_failed(e)?),
+            };
+            out.push((subtree_tag(key), result));
+        }
+        Ok::<_, Error>(out)
+    };
     let in_flight: Vec<String> =
         deliveries.iter().zip(&needs).filter(|(_, n)| n.is_some()).map(|(d, _)| d.ack_id.clone()).collect();
     let results = with_heartbeat(source, &in_flight, ctx.visibility, work).await?;
     let mut transient: BTreeMap<String, String> = BTreeMap::new();
     for (key, r) in results {
         match r {
-            KeyResult::Done(Some((path, outcome))) => {
-                match &outcome {
-                    Outcome::Skipped(SkipReason::Echo) => counters.echo_suppressed += 1,
-                    o if o.is_change() => counters.changes += 1,
-                    _ => {}
+            KeyResult::Done(main, more) => {
+                for (_, outcome) in main.iter().chain(&more) {
+                    match outcome {
+                        Outcome::Skipped(SkipReason::Echo) => counters.echo_suppressed += 1,
+                        Outcome::Skipped(SkipReason::Conflict) => counters.shadowed += 1,
+                        o if o.is_change() => counters.changes += 1,
+                        _ => {}
+                    }
                 }
+                report.outcomes.extend(more);
+                let Some((path, outcome)) = main else { continue };
                 if let Some(t) = event_times.get(&key) {
                     let lag = (ctx.clock.now_ms() - t).max(0);
                     counters.lag(lag);
@@ -363,7 +488,6 @@ pub async fn apply_batch(
                 }
                 report.outcomes.push((path, outcome));
             }
-            KeyResult::Done(None) => {}
             KeyResult::Transient(why) => {
                 transient.insert(key, why);
             }
@@ -374,7 +498,7 @@ pub async fn apply_batch(
     for (d, need) in deliveries.iter().zip(&needs) {
         match need {
             None => report.left += 1,
-            Some(keys) => match keys.iter().find_map(|k| transient.get(k)) {
+            Some(keys) => match keys.iter().find_map(|n| transient.get(&need_tag(n))) {
                 Some(why) => {
                     counters.fail(why.split(':').next().unwrap_or("transient"));
                     tracing::info!(source = %source.describe(), reason = %why, "message released to retry");

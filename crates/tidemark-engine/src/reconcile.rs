@@ -150,6 +150,8 @@ struct Run<'a> {
     tombstones: bool,
     report: ReconcileReport,
     sink: &'a mut (dyn FnMut(&Item) + Send + Sync),
+    /// The mount's directory (what a subtree's walk up stops at).
+    mount_dir: &'a str,
     /// Files waiting to be decided and written as the next batch.
     pending: Vec<(String, Option<Entry>, Option<RemoteObject>)>,
     /// Batches being written, oldest first. In a Mutex only so that `Run` is `Sync` (the
@@ -317,107 +319,203 @@ pub async fn reconcile(
     opts: &ReconcileOptions,
     sink: &mut (dyn FnMut(&Item) + Send + Sync),
 ) -> Result<ReconcileReport> {
-    let started = Instant::now();
-    let map = KeyMap::new(&mount.dir, &mount.location.path)?;
     match filer.stat(&mount.dir).await? {
         Some(e) if e.is_dir() => {}
         Some(_) => return Err(Error::NotADirectory { path: mount.dir.clone() }),
         None => return Err(Error::not_found(format!("{} (the mount directory)", mount.dir))),
     }
-    let mut run = Run {
-        filer,
-        storage,
-        map,
-        opts,
-        storage_name: &mount.location.storage,
-        // Not "whether any exist now": a user's delete during a long run must count too.
-        tombstones: mount.sync,
-        report: ReconcileReport::default(),
-        sink,
-        pending: Vec::new(),
-        writes: std::sync::Mutex::new(FuturesOrdered::new()),
-        writing: HashSet::new(),
-    };
-    let page = opts.page_size.clamp(1, 10_000);
-    let prefix = run.map.prefix().to_string();
-    let mut remote: Cursor<RemoteObject> = Cursor::new();
-    let mut local: Cursor<Entry> = Cursor::new();
-
-    loop {
-        if remote.buf.is_empty() && !remote.done {
-            let p = storage.list(&prefix, None, remote.next.as_deref(), page).await?;
-            run.report.objects_listed += p.objects.len() as u64;
-            remote.buf.extend(p.objects);
-            remote.done = p.next.is_none();
-            remote.next = p.next;
-        }
-        if local.buf.is_empty() && !local.done {
-            let p = filer.scan(&mount.dir, local.next.as_deref(), page).await?;
-            run.report.entries_scanned += p.entries.len() as u64;
-            // Directories are not in the remote listing; pass 2 looks after them.
-            local.buf.extend(p.entries.into_iter().filter(|e| !e.is_dir()));
-            local.done = p.next.is_none();
-            local.next = p.next;
-            if local.buf.is_empty() && !local.done {
-                continue;
-            }
-        }
-        // The next remote object that maps to a file path; markers and refused keys are
-        // handled as they come.
-        let remote_path = loop {
-            let Some(o) = remote.buf.front() else { break None };
-            match run.map.key_to_path(o.key.as_bytes()) {
-                Ok(Mapped::File(p)) => break Some(p),
-                Ok(Mapped::DirMarker(p)) => {
-                    let o = remote.buf.pop_front().expect("peeked");
-                    run.flush().await?;
-                    run.marker(&p, &o).await?;
-                }
-                Err(KeyRejection::MountRoot) => {
-                    remote.buf.pop_front();
-                }
-                Err(reason) => {
-                    let o = remote.buf.pop_front().expect("peeked");
-                    run.emit(Item::RejectedKey { key: o.key, reason });
-                }
-            }
-        };
-        if remote_path.is_none() && remote.buf.is_empty() && !remote.done {
-            continue;
-        }
-        let local_path = local.buf.front().map(|e| e.path.clone());
-        match (remote_path, local_path) {
-            (None, None) if remote.done && local.done => break,
-            (None, None) => continue,
-            (Some(rp), lp) if lp.as_deref().is_none_or(|l| rp.as_str() < l) => {
-                if lp.is_none() && !local.done {
-                    continue; // the local side may still hold this path on its next page
-                }
-                let o = remote.buf.pop_front().expect("peeked");
-                run.queue(rp, None, Some(o)).await?;
-            }
-            (rp, Some(lp)) if rp.as_deref().is_none_or(|r| lp.as_str() < r) => {
-                if rp.is_none() && !remote.done {
-                    continue;
-                }
-                let e = local.buf.pop_front().expect("peeked");
-                run.queue(lp, Some(e), None).await?;
-            }
-            (Some(rp), Some(_)) => {
-                let o = remote.buf.pop_front().expect("peeked");
-                let e = local.buf.pop_front().expect("peeked");
-                run.queue(rp, Some(e), Some(o)).await?;
-            }
-            _ => unreachable!("every combination of sides is matched above"),
-        }
-    }
-
-    run.flush().await?;
+    let started = Instant::now();
+    let map = KeyMap::new(&mount.dir, &mount.location.path)?;
+    let mut run = Run::new(filer, storage, map, opts, mount, sink);
+    run.merge(&mount.dir).await?;
     if opts.delete {
-        remove_empty_dirs(&mut run, &mount.dir, page).await?;
+        remove_empty_dirs(&mut run, &mount.dir, opts.page_size.clamp(1, 10_000)).await?;
     }
     run.report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(run.report)
+}
+
+/// Reconciles one subtree of `mount`: the path `at` inside it — the key that would be a file
+/// there, and every key below it (`key/...`) — against the entries at and below `at`, by the
+/// same rules and writes as a whole reconcile (fenced, conditional, in batches, reported), in
+/// O(page) memory; then, if the directory at `at` is left empty and no marker object backs
+/// it, it is removed and its parents as they empty (a file key at its path gets it). For an
+/// event that names a prefix (a directory deleted or renamed in a hierarchical namespace), and
+/// for keys a file or directory stood in the way of, once it is gone.
+pub async fn reconcile_subtree(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    at: &str,
+    opts: &ReconcileOptions,
+    sink: &mut (dyn FnMut(&Item) + Send + Sync),
+) -> Result<ReconcileReport> {
+    if at == mount.dir {
+        return reconcile(filer, storage, mount, opts, sink).await;
+    }
+    let started = Instant::now();
+    let map = KeyMap::new(&mount.dir, &mount.location.path)?;
+    let Some(file_key) = map.path_to_key(at, false).filter(|_| path::is_within(at, &mount.dir)) else {
+        return Err(Error::invalid_argument(format!("{at} is not a path inside the mount {}", mount.dir)));
+    };
+    let mut run = Run::new(filer, storage, map, opts, mount, sink);
+    // The file at `at`, if the bucket or the namespace has one: decided against a HEAD.
+    let local = filer.stat(at).await?;
+    if local.as_ref().is_none_or(|e| !e.is_dir()) {
+        let object = storage.stat(&file_key).await?;
+        if local.is_some() || object.is_some() {
+            let side = object.as_ref().map(|object| RemoteSide { object, is_dir_marker: false });
+            run.one(at, local, side).await?;
+        }
+    }
+    // Everything below it: a merge of the keys under `key/` with the entries under `at`.
+    run.merge(at).await?;
+    if opts.delete {
+        remove_empty_dirs(&mut run, at, opts.page_size.clamp(1, 10_000)).await?;
+        if let Some(dir) = filer.stat(at).await?.filter(|e| e.is_dir()) {
+            walk_up(&mut run, dir).await?;
+        }
+    }
+    run.report.duration_ms = started.elapsed().as_millis() as u64;
+    Ok(run.report)
+}
+
+/// Removes the remote-backed directory `dir` if it was left empty and no marker backs it, then
+/// its parents as they empty (never the mount's directory): what an applied delete leaves, as
+/// a reconcile's pass 2 would. A file key at a removed directory's path gets its path now.
+pub async fn remove_if_emptied(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    dir: &str,
+    opts: &ReconcileOptions,
+    sink: &mut (dyn FnMut(&Item) + Send + Sync),
+) -> Result<ReconcileReport> {
+    let map = KeyMap::new(&mount.dir, &mount.location.path)?;
+    let mut run = Run::new(filer, storage, map, opts, mount, sink);
+    if dir != mount.dir
+        && path::is_within(dir, &mount.dir)
+        && let Some(e) = filer.stat(dir).await?.filter(|e| e.is_dir())
+    {
+        walk_up(&mut run, e).await?;
+    }
+    Ok(run.report)
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        filer: &'a dyn Filer,
+        storage: &'a dyn RemoteStorage,
+        map: KeyMap,
+        opts: &'a ReconcileOptions,
+        mount: &'a Mount,
+        sink: &'a mut (dyn FnMut(&Item) + Send + Sync),
+    ) -> Self {
+        Run {
+            filer,
+            storage,
+            map,
+            opts,
+            mount_dir: &mount.dir,
+            storage_name: &mount.location.storage,
+            // Not "whether any exist now": a user's delete during a long run must count too.
+            tombstones: mount.sync,
+            report: ReconcileReport::default(),
+            sink,
+            pending: Vec::new(),
+            writes: std::sync::Mutex::new(FuturesOrdered::new()),
+            writing: HashSet::new(),
+        }
+    }
+
+    /// Pass 1 over the keys below `dir` (the mount's directory, or one inside it) and the files
+    /// below it: a streaming merge-join of the two byte-ordered listings, a page of each at a
+    /// time. A directory that does not exist (yet) is an empty local side.
+    async fn merge(&mut self, dir: &str) -> Result<()> {
+        let (filer, storage, opts) = (self.filer, self.storage, self.opts);
+        let page = opts.page_size.clamp(1, 10_000);
+        let prefix = match self.map.path_to_key(dir, true) {
+            Some(marker) => marker,
+            None => self.map.prefix().to_string(), // the mount's own directory
+        };
+        let mut remote: Cursor<RemoteObject> = Cursor::new();
+        let mut local: Cursor<Entry> = Cursor::new();
+        local.done = dir != self.mount_dir && filer.stat(dir).await?.is_none_or(|e| !e.is_dir());
+
+        loop {
+            if remote.buf.is_empty() && !remote.done {
+                let p = storage.list(&prefix, None, remote.next.as_deref(), page).await?;
+                self.report.objects_listed += p.objects.len() as u64;
+                remote.buf.extend(p.objects);
+                remote.done = p.next.is_none();
+                remote.next = p.next;
+            }
+            if local.buf.is_empty() && !local.done {
+                let p = filer.scan(dir, local.next.as_deref(), page).await?;
+                self.report.entries_scanned += p.entries.len() as u64;
+                // Directories are not in the remote listing; pass 2 looks after them.
+                local.buf.extend(p.entries.into_iter().filter(|e| !e.is_dir()));
+                local.done = p.next.is_none();
+                local.next = p.next;
+                if local.buf.is_empty() && !local.done {
+                    continue;
+                }
+            }
+            // The next remote object that maps to a file path; markers and refused keys are
+            // handled as they come.
+            let remote_path = loop {
+                let Some(o) = remote.buf.front() else { break None };
+                match self.map.key_to_path(o.key.as_bytes()) {
+                    Ok(Mapped::File(p)) => break Some(p),
+                    Ok(Mapped::DirMarker(p)) if p == dir => {
+                        // The marker of the subtree's own directory: it is above what is merged.
+                        remote.buf.pop_front();
+                    }
+                    Ok(Mapped::DirMarker(p)) => {
+                        let o = remote.buf.pop_front().expect("peeked");
+                        self.flush().await?;
+                        self.marker(&p, &o).await?;
+                    }
+                    Err(KeyRejection::MountRoot) => {
+                        remote.buf.pop_front();
+                    }
+                    Err(reason) => {
+                        let o = remote.buf.pop_front().expect("peeked");
+                        self.emit(Item::RejectedKey { key: o.key, reason });
+                    }
+                }
+            };
+            if remote_path.is_none() && remote.buf.is_empty() && !remote.done {
+                continue;
+            }
+            let local_path = local.buf.front().map(|e| e.path.clone());
+            match (remote_path, local_path) {
+                (None, None) if remote.done && local.done => break,
+                (None, None) => continue,
+                (Some(rp), lp) if lp.as_deref().is_none_or(|l| rp.as_str() < l) => {
+                    if lp.is_none() && !local.done {
+                        continue; // the local side may still hold this path on its next page
+                    }
+                    let o = remote.buf.pop_front().expect("peeked");
+                    self.queue(rp, None, Some(o)).await?;
+                }
+                (rp, Some(lp)) if rp.as_deref().is_none_or(|r| lp.as_str() < r) => {
+                    if rp.is_none() && !remote.done {
+                        continue;
+                    }
+                    let e = local.buf.pop_front().expect("peeked");
+                    self.queue(lp, Some(e), None).await?;
+                }
+                (Some(rp), Some(_)) => {
+                    let o = remote.buf.pop_front().expect("peeked");
+                    let e = local.buf.pop_front().expect("peeked");
+                    self.queue(rp, Some(e), Some(o)).await?;
+                }
+                _ => unreachable!("every combination of sides is matched above"),
+            }
+        }
+        self.flush().await
+    }
 }
 
 /// Whether a remote-backed directory still has its reason to exist on the remote side: a
@@ -431,57 +529,60 @@ async fn marker_exists(run: &Run<'_>, dir: &Entry) -> Result<bool> {
     Ok(run.storage.stat(&key).await?.is_some())
 }
 
-async fn remove_empty_dirs(run: &mut Run<'_>, mount_dir: &str, page: usize) -> Result<()> {
+async fn remove_empty_dirs(run: &mut Run<'_>, dir: &str, page: usize) -> Result<()> {
     let mut after: Option<String> = None;
     loop {
-        let p = run.filer.scan(mount_dir, after.as_deref(), page).await?;
+        let p = run.filer.scan(dir, after.as_deref(), page).await?;
         for e in p.entries.iter().filter(|e| e.is_dir() && e.remote.is_some()) {
-            let mut dir = e.clone();
-            // Walk up while each directory is remote-backed, marker-less and empty.
-            loop {
-                if dir.path == mount_dir || dir.remote.is_none() || marker_exists(run, &dir).await? {
-                    break;
-                }
-                if !run.filer.list(&dir.path, None, 1).await?.entries.is_empty() {
-                    if dir.remote.as_ref().is_some_and(|r| !r.etag.is_empty()) && !run.opts.dry_run {
-                        forget_marker(run, &dir).await?;
-                    }
-                    break;
-                }
-                if !run.opts.dry_run {
-                    let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(dir.version) };
-                    match delete_dir(run, &dir.path, opts).await {
-                        Ok(()) => {}
-                        // A local write got there first: the directory is in use; leave it.
-                        Err(
-                            Error::PreconditionFailed { .. } | Error::DirectoryNotEmpty { .. } | Error::NotFound { .. },
-                        ) => break,
-                        Err(e) => return Err(e),
-                    }
-                }
-                run.emit(Item::Path { path: dir.path.clone(), outcome: Outcome::Deleted });
-                // A file may have replaced the directory in the bucket: pass 1 found the
-                // directory in its way (a conflict then); now it can have its path.
-                if !run.opts.dry_run
-                    && let Some(key) = run.map.path_to_key(&dir.path, false)
-                    && let Some(object) = run.storage.stat(&key).await?
-                {
-                    run.one(&dir.path, None, Some(RemoteSide { object: &object, is_dir_marker: false })).await?;
-                    break;
-                }
-                let Some(parent) = path::parent(&dir.path).filter(|p| path::is_within(p, mount_dir) && *p != mount_dir)
-                else {
-                    break;
-                };
-                match run.filer.stat(parent).await? {
-                    Some(pe) if !run.opts.dry_run => dir = pe,
-                    _ => break,
-                }
-            }
+            walk_up(run, e.clone()).await?;
         }
         match p.next {
             Some(n) => after = Some(n),
             None => return Ok(()),
+        }
+    }
+}
+
+/// Removes `dir` while it is remote-backed, marker-less and empty, then its parents as they
+/// empty, up to (not including) the mount's directory.
+async fn walk_up(run: &mut Run<'_>, mut dir: Entry) -> Result<()> {
+    let mount_dir = run.mount_dir;
+    loop {
+        if dir.path == mount_dir || dir.remote.is_none() || marker_exists(run, &dir).await? {
+            return Ok(());
+        }
+        if !run.filer.list(&dir.path, None, 1).await?.entries.is_empty() {
+            if dir.remote.as_ref().is_some_and(|r| !r.etag.is_empty()) && !run.opts.dry_run {
+                forget_marker(run, &dir).await?;
+            }
+            return Ok(());
+        }
+        if !run.opts.dry_run {
+            let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(dir.version) };
+            match delete_dir(run, &dir.path, opts).await {
+                Ok(()) => {}
+                // A local write got there first: the directory is in use; leave it.
+                Err(Error::PreconditionFailed { .. } | Error::DirectoryNotEmpty { .. } | Error::NotFound { .. }) => {
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        run.emit(Item::Path { path: dir.path.clone(), outcome: Outcome::Deleted });
+        // A file may have replaced the directory in the bucket: pass 1 found the directory in
+        // its way (a conflict then); now it can have its path.
+        if !run.opts.dry_run
+            && let Some(key) = run.map.path_to_key(&dir.path, false)
+            && let Some(object) = run.storage.stat(&key).await?
+        {
+            return run.one(&dir.path, None, Some(RemoteSide { object: &object, is_dir_marker: false })).await;
+        }
+        let Some(parent) = path::parent(&dir.path).filter(|p| path::is_within(p, mount_dir) && *p != mount_dir) else {
+            return Ok(());
+        };
+        match run.filer.stat(parent).await? {
+            Some(pe) if !run.opts.dry_run => dir = pe,
+            _ => return Ok(()),
         }
     }
 }

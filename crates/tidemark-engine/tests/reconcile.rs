@@ -227,3 +227,76 @@ async fn merge_join_matches_a_model_at_every_page_size() {
         assert_eq!(again.changes(), 0, "round {round} page {page}: {}", again.summary());
     }
 }
+
+/// A subtree reconcile looks at one path of the mount and everything below it, by the same
+/// rules as a whole one, and leaves the rest alone: it brings in the keys a file stood in the way
+/// of once the file is gone, removes a directory whose keys all went (and gives a file key its
+/// path), and cleans up after a directory deleted or renamed as a whole.
+#[tokio::test]
+async fn a_subtree_reconcile_decides_one_path_and_what_is_below_it() {
+    use tidemark_engine::reconcile::{reconcile_subtree, remove_if_emptied};
+    let w = world("p").await;
+    let opts = ReconcileOptions::default();
+    let subtree = |at: &'static str| {
+        let (filer, bucket, mount, opts) = (w.filer.clone(), w.bucket.clone(), w.mount.clone(), opts.clone());
+        async move { reconcile_subtree(&*filer, &bucket, &mount, at, &opts, &mut |_| {}).await.unwrap() }
+    };
+    // `logs` is a file; `logs/day1.txt` cannot be a path while it is.
+    put(&w, "p/logs", "a file");
+    put(&w, "p/logs/day1.txt", "shadowed");
+    put(&w, "p/other.txt", "elsewhere");
+    let (first, _) = sync(&w, &opts).await;
+    assert_eq!(first.skipped.get("shadowed: a file or directory is in its way"), Some(&1), "{first:?}");
+    // The file goes; a subtree reconcile of its path brings in what it hid, and nothing else.
+    w.bucket.remove("p/logs").unwrap();
+    put(&w, "p/other.txt", "changed, not looked at");
+    let r = subtree("/mnt/data/logs").await;
+    assert_eq!((r.created, r.deleted, r.updated), (1, 1, 0), "{r:?}");
+    let f = files(&w).await;
+    assert_eq!(f.get("/mnt/data/logs/day1.txt"), Some(&8));
+    assert_eq!(f.get("/mnt/data/other.txt"), Some(&9), "outside the subtree: untouched");
+
+    // The reverse: the last key under `logs/` goes and a file `logs` is put: the emptied
+    // directory is removed and the file has its path.
+    put(&w, "p/logs", "a file again");
+    w.bucket.remove("p/logs/day1.txt").unwrap();
+    let mut del = w.filer.stat("/mnt/data/logs/day1.txt").await.unwrap().unwrap().version;
+    del = w
+        .filer
+        .delete(
+            "/mnt/data/logs/day1.txt",
+            tidemark_core::DeleteOptions {
+                precondition: tidemark_core::model::Precondition::Version(del),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .seq;
+    assert!(del > 0);
+    let r = remove_if_emptied(&*w.filer, &w.bucket, &w.mount, "/mnt/data/logs", &opts, &mut |_| {}).await.unwrap();
+    assert_eq!((r.created, r.deleted), (1, 1), "{r:?}");
+    let e = w.filer.stat("/mnt/data/logs").await.unwrap().unwrap();
+    assert_eq!((e.kind, e.size), (EntryKind::File, 12));
+
+    // A directory deleted as a whole (one event for the subtree), and one renamed.
+    for k in ["p/d/a", "p/d/b/c", "p/d/b/e"] {
+        put(&w, k, "x");
+    }
+    sync(&w, &opts).await;
+    for k in ["p/d/a", "p/d/b/c", "p/d/b/e"] {
+        w.bucket.remove(k).unwrap();
+    }
+    for k in ["p/n/a", "p/n/b/c", "p/n/b/e"] {
+        put(&w, k, "x");
+    }
+    let gone = subtree("/mnt/data/d").await;
+    assert_eq!(gone.deleted, 3 + 2, "three files, then b and d themselves: {gone:?}");
+    assert!(w.filer.stat("/mnt/data/d").await.unwrap().is_none());
+    let came = subtree("/mnt/data/n").await;
+    assert_eq!(came.created, 3, "{came:?}");
+    assert_eq!(files(&w).await.keys().filter(|p| p.starts_with("/mnt/data/n/")).count(), 3);
+    // A whole reconcile afterwards agrees: nothing left to do.
+    let (last, _) = sync(&w, &opts).await;
+    assert_eq!((last.created, last.updated, last.deleted), (0, 0, 0), "{last:?}");
+}

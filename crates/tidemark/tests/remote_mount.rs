@@ -247,7 +247,7 @@ async fn scenario(b: Bucket) {
         assert_eq!(ok(sh("fs.cat /mnt/data/c")), "a file", "the file of a file/directory conflict wins its path");
         fails(sh("fs.cat /mnt/data/c/d"));
         let dry = ok(sh("remote.meta.sync -dir=/mnt/data -dryRun"));
-        assert!(dry.contains("/mnt/data/c/d (skip: file/directory conflict)"), "{dry}");
+        assert!(dry.contains("/mnt/data/c/d (skip: shadowed: a file or directory is in its way)"), "{dry}");
         assert!(dry.contains("key \"photos/x//y\" (skip: refused"), "{dry}");
     }
 

@@ -33,7 +33,7 @@ pub fn decode(text: &[u8]) -> Decoded {
     let mut test = false;
     for (i, item) in items.iter().enumerate() {
         match event(item) {
-            Ok(Some(e)) => events.push(e),
+            Ok(Some(e)) => events.extend(e),
             Ok(None) => test = true,
             Err(why) => return Decoded::malformed(format!("event {i}: {why}")),
         }
@@ -50,31 +50,34 @@ fn trim(b: &[u8]) -> &[u8] {
     &b[start..end.max(start)]
 }
 
-/// One event; `Ok(None)` for Event Grid's subscription validation (a test message).
-fn event(v: &Value) -> Result<Option<BucketEvent>, String> {
+/// One event's changes; `Ok(None)` for Event Grid's subscription validation (a test message).
+///
+/// What each event type means (SEMANTICS.md, "Event names"): `BlobCreated` and `BlobDeleted`
+/// name a blob; `BlobRenamed` (hierarchical namespace) is the removal of its source and the
+/// creation of its destination; `DirectoryCreated`, `DirectoryDeleted` and `DirectoryRenamed`
+/// name a directory — one event for everything below it — so they are subtrees to reconcile
+/// (a rename: the source's and the destination's); anything else (`BlobTierChanged`,
+/// `AsyncOperationInitiated`, ...) is other.
+fn event(v: &Value) -> Result<Option<Vec<BucketEvent>>, String> {
     let s = |k: &str| v.get(k).and_then(Value::as_str);
     // Event Grid schema: eventType/eventTime; CloudEvents: type/time.
     let event_type = s("eventType").or_else(|| s("type")).ok_or("no eventType (or CloudEvents type)")?;
     if event_type == "Microsoft.EventGrid.SubscriptionValidationEvent" {
         return Ok(None);
     }
-    let kind = match event_type {
-        "Microsoft.Storage.BlobCreated" => EventKind::Created,
-        "Microsoft.Storage.BlobDeleted" => EventKind::Removed,
-        other => EventKind::Other(other.to_string()),
-    };
     let data = v.get("data").filter(|d| d.is_object()).ok_or("no data object")?;
-    let (container, key) = match s("subject").and_then(from_subject) {
-        Some(ck) => ck,
-        None => data
-            .get("url")
-            .and_then(Value::as_str)
-            .and_then(from_url)
-            .ok_or("neither subject nor data.url names a blob")?,
-    };
     let d = |k: &str| data.get(k).and_then(Value::as_str);
-    Ok(Some(BucketEvent {
-        bucket: container,
+    let named = || -> Result<(String, String), String> {
+        match s("subject").and_then(from_subject) {
+            Some(ck) => Ok(ck),
+            None => d("url").and_then(from_url).ok_or_else(|| "neither subject nor data.url names a blob".to_string()),
+        }
+    };
+    let url = |field: &str| -> Result<(String, String), String> {
+        d(field).and_then(from_url).ok_or_else(|| format!("data.{field} does not name a blob"))
+    };
+    let base = |(bucket, key): (String, String), kind: EventKind, subtree: bool| BucketEvent {
+        bucket,
         key,
         kind,
         event_time_ms: s("eventTime").or_else(|| s("time")).and_then(parse_rfc3339_ms),
@@ -83,7 +86,24 @@ fn event(v: &Value) -> Result<Option<BucketEvent>, String> {
         sequencer: d("sequencer").map(str::to_string),
         generation: None,
         version_id: d("versionId").map(str::to_string),
-    }))
+        subtree,
+    };
+    let events = match event_type {
+        "Microsoft.Storage.BlobCreated" => vec![base(named()?, EventKind::Created, false)],
+        "Microsoft.Storage.BlobDeleted" => vec![base(named()?, EventKind::Removed, false)],
+        "Microsoft.Storage.DirectoryCreated" => vec![base(named()?, EventKind::Created, true)],
+        "Microsoft.Storage.DirectoryDeleted" => vec![base(named()?, EventKind::Removed, true)],
+        "Microsoft.Storage.BlobRenamed" | "Microsoft.Storage.DirectoryRenamed" => {
+            let subtree = event_type == "Microsoft.Storage.DirectoryRenamed";
+            let dest = match d("destinationUrl") {
+                Some(_) => url("destinationUrl")?,
+                None => named()?,
+            };
+            vec![base(url("sourceUrl")?, EventKind::Removed, subtree), base(dest, EventKind::Created, subtree)]
+        }
+        other => vec![base(named()?, EventKind::Other(other.to_string()), false)],
+    };
+    Ok(Some(events))
 }
 
 /// `/blobServices/default/containers/{container}/blobs/{blob}`.
@@ -150,5 +170,53 @@ mod tests {
                 other => panic!("{text}: {other:?}"),
             }
         }
+    }
+
+    /// The shapes Azure documents for a storage account with a hierarchical namespace (Data Lake
+    /// Storage Gen2): a rename is a removal and a creation; directory events name subtrees.
+    #[test]
+    fn hierarchical_namespace_renames_and_directories() {
+        let renamed = r#"{"topic":"/subscriptions/x/resourceGroups/g/providers/Microsoft.Storage/storageAccounts/acct",
+            "subject":"/blobServices/default/containers/c/blobs/new dir/new-file.txt","eventType":"Microsoft.Storage.BlobRenamed",
+            "eventTime":"2026-12-02T10:00:00.000Z","id":"1","dataVersion":"","metadataVersion":"1",
+            "data":{"api":"RenameFile","requestId":"r","destinationUrl":"https://acct.dfs.core.windows.net/c/new%20dir/new-file.txt",
+            "sourceUrl":"https://acct.dfs.core.windows.net/c/old-file.txt","sequencer":"0000"}}"#;
+        let Decoded::Events { events } = decode(renamed.as_bytes()) else { panic!() };
+        let got: Vec<_> =
+            events.iter().map(|e| (e.bucket.as_str(), e.key.as_str(), e.kind.clone(), e.subtree)).collect();
+        assert_eq!(
+            got,
+            [
+                ("c", "old-file.txt", EventKind::Removed, false),
+                ("c", "new dir/new-file.txt", EventKind::Created, false)
+            ]
+        );
+        let dir = |t: &str, data: &str| {
+            format!(
+                r#"{{"subject":"/blobServices/default/containers/c/blobs/logs/2026","eventType":"Microsoft.Storage.{t}","eventTime":"2026-12-02T10:00:00Z","id":"2","data":{data}}}"#
+            )
+        };
+        for (t, kind) in [("DirectoryDeleted", EventKind::Removed), ("DirectoryCreated", EventKind::Created)] {
+            let text =
+                dir(t, r#"{"api":"x","url":"https://acct.dfs.core.windows.net/c/logs/2026","recursive":"true"}"#);
+            let Decoded::Events { events } = decode(text.as_bytes()) else { panic!("{t}") };
+            assert_eq!((events[0].key.as_str(), &events[0].kind, events[0].subtree), ("logs/2026", &kind, true), "{t}");
+        }
+        let moved = dir(
+            "DirectoryRenamed",
+            r#"{"api":"RenameDirectory","sourceUrl":"https://acct.dfs.core.windows.net/c/logs/2025","destinationUrl":"https://acct.dfs.core.windows.net/c/logs/2026"}"#,
+        );
+        let Decoded::Events { events } = decode(moved.as_bytes()) else { panic!() };
+        let got: Vec<_> = events.iter().map(|e| (e.key.as_str(), e.kind.clone(), e.subtree)).collect();
+        assert_eq!(got, [("logs/2025", EventKind::Removed, true), ("logs/2026", EventKind::Created, true)]);
+        let bad = dir(
+            "DirectoryRenamed",
+            r#"{"api":"RenameDirectory","destinationUrl":"https://acct.dfs.core.windows.net/c/x"}"#,
+        );
+        assert!(matches!(decode(bad.as_bytes()), Decoded::Malformed { reason } if reason.contains("sourceUrl")));
+        let tier =
+            dir("BlobTierChanged", r#"{"api":"SetBlobTier","url":"https://acct.blob.core.windows.net/c/logs/2026"}"#);
+        let Decoded::Events { events } = decode(tier.as_bytes()) else { panic!() };
+        assert_eq!(events[0].kind, EventKind::Other("Microsoft.Storage.BlobTierChanged".into()));
     }
 }

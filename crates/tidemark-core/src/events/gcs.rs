@@ -52,6 +52,7 @@ pub fn decode(attributes: &BTreeMap<String, String>, data: &[u8]) -> Decoded {
             sequencer: None,
             generation: attributes.get("objectGeneration").cloned(),
             version_id: None,
+            subtree: false,
         }],
     }
 }

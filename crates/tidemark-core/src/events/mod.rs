@@ -124,6 +124,11 @@ pub struct BucketEvent {
     pub generation: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_id: Option<String>,
+    /// The key names a directory of a hierarchical namespace (Azure Data Lake Storage): the
+    /// event is about everything below `key/` at once (a directory created, deleted or renamed),
+    /// so the applier reconciles that subtree rather than HEAD one key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subtree: bool,
 }
 
 /// What a delivery means.

@@ -120,6 +120,7 @@ fn record(r: &Value) -> Result<Option<BucketEvent>, String> {
         sequencer: object.and_then(|o| o.get("sequencer")).and_then(Value::as_str).map(str::to_string),
         generation: None,
         version_id: object.and_then(|o| o.get("versionId")).and_then(Value::as_str).map(str::to_string),
+        subtree: false,
     }))
 }
 

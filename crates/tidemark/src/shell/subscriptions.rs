@@ -406,7 +406,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
     }
     writeln!(
         out,
-        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tECHO\tUPDATED\tSLICE"
+        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tECHO\tSHADOWED\tUPDATED\tSLICE"
     )?;
     for d in docs {
         // Slices write a status blob per fingerprint; until one has run, the state is idle.
@@ -417,7 +417,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
         };
         writeln!(
             out,
-            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             d.dir,
             d.identity.topology.as_str(),
             d.identity.queue,
@@ -429,6 +429,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
             c.applied,
             c.failed,
             c.echo_suppressed,
+            c.shadowed,
             format_rfc3339_ms(d.updated_at_ms),
             slice_text(&slices, &d.fingerprint)
         )?;
