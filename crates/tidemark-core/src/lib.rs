@@ -8,6 +8,7 @@ pub mod clock;
 pub mod decide;
 pub mod error;
 pub mod events;
+pub mod failpoint;
 pub mod filer;
 pub mod ids;
 pub mod jobs;

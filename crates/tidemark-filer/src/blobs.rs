@@ -1,8 +1,12 @@
-//! File content kept in the data directory. A write streams into `tmp/`, is fsynced, and is
-//! renamed into `blobs/` *before* the entry that names it commits; so a crash at any point leaves
-//! either the old entry or the new one, each with all of its bytes (at worst an unreferenced
-//! blob is left behind, never a referenced one missing). Content of at most
-//! [`MAX_INLINE_BYTES`](tidemark_core::model::MAX_INLINE_BYTES) stays in the store row instead.
+//! File content that is not a remote object's: [`Blobs`], in the data directory ([`BlobDir`],
+//! the embedded default) or on a shared object store ([`S3Blobs`], `--blob-store`). Either way
+//! a write's bytes are durable *before* the entry that names them commits; so a crash at any
+//! point leaves either the old entry or the new one, each with all of its bytes (at worst an
+//! unreferenced blob is left behind — the collector's — never a referenced one missing).
+//! Content of at most [`MAX_INLINE_BYTES`](tidemark_core::model::MAX_INLINE_BYTES) stays in the
+//! store row instead.
+//!
+//! In the data directory a write streams into `tmp/`, is fsynced, and is renamed into `blobs/`.
 
 use std::io::SeekFrom;
 use std::path::{Path, PathBuf};
@@ -41,12 +45,81 @@ pub struct BlobDir {
     tmp: PathBuf,
 }
 
-fn new_id() -> Result<String> {
+pub(crate) fn new_id() -> Result<String> {
     random_hex(16, "a blob id")
 }
 
-fn valid_id(id: &str) -> bool {
+pub(crate) fn valid_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+pub use crate::blobs_s3::{BlobStoreUrl, S3Blobs};
+
+/// One page of a listing of blobs: `(id, last modified ms)` in id order, and where to go on.
+pub type BlobPage = (Vec<(String, i64)>, Option<String>);
+
+/// Where blobs are kept.
+#[derive(Debug, Clone)]
+pub enum Blobs {
+    Dir(BlobDir),
+    S3(S3Blobs),
+}
+
+impl Blobs {
+    /// For messages: `the data directory` or `s3://bucket/prefix/`.
+    pub fn describe(&self) -> String {
+        match self {
+            Blobs::Dir(d) => format!("the data directory ({})", d.blobs.display()),
+            Blobs::S3(s) => s.url().location(),
+        }
+    }
+
+    /// Whether every filer of a cluster reads these blobs.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Blobs::S3(_))
+    }
+
+    /// Consumes `body`; returns its bytes inline if small, else as a durable blob.
+    pub async fn store(&self, mut body: ByteStream) -> Result<StoredContent> {
+        let mut head = BytesMut::new();
+        let mut md5 = Md5::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| Error::io("reading the request body", e))?;
+            md5.update(&chunk);
+            head.extend_from_slice(&chunk);
+            if head.len() > MAX_INLINE_BYTES {
+                return match self {
+                    Blobs::Dir(d) => d.spill(head.freeze(), body, md5).await,
+                    Blobs::S3(s) => s.spill(head.freeze(), body, md5).await,
+                };
+            }
+        }
+        Ok(StoredContent { stored: Stored::Inline(head.freeze()), md5: hex(&md5.finalize()) })
+    }
+
+    /// Streams `range` of a blob. `NotFound` if the blob is gone (a concurrent overwrite).
+    pub async fn open_range(&self, id: &str, range: Option<ByteRange>) -> Result<ByteStream> {
+        match self {
+            Blobs::Dir(d) => d.open_range(id, range).await,
+            Blobs::S3(s) => s.open_range(id, range).await,
+        }
+    }
+
+    /// Removes a blob no entry names any more. A missing blob is fine (already removed).
+    pub async fn remove(&self, id: &str) -> Result<()> {
+        match self {
+            Blobs::Dir(d) => d.remove(id).await,
+            Blobs::S3(s) => s.remove(id).await,
+        }
+    }
+
+    /// One page of the blobs held, in id order: `(id, last modified ms)`; where to go on.
+    pub async fn list(&self, page: Option<&str>) -> Result<BlobPage> {
+        match self {
+            Blobs::Dir(d) => d.list(page).await,
+            Blobs::S3(s) => s.list(page).await,
+        }
+    }
 }
 
 impl BlobDir {
@@ -67,6 +140,11 @@ impl BlobDir {
         &self.root
     }
 
+    /// The file that holds blob `id`.
+    pub fn file_of(&self, id: &str) -> Result<PathBuf> {
+        self.path_of(id)
+    }
+
     fn path_of(&self, id: &str) -> Result<PathBuf> {
         if !valid_id(id) {
             return Err(Error::internal(format!("malformed blob id {id:?} in an entry")));
@@ -74,22 +152,7 @@ impl BlobDir {
         Ok(self.blobs.join(&id[..2]).join(id))
     }
 
-    /// Consumes `body`; returns its bytes inline if small, else as a durable blob.
-    pub async fn store(&self, mut body: ByteStream) -> Result<StoredContent> {
-        let mut head = BytesMut::new();
-        let mut md5 = Md5::new();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Error::io("reading the request body", e))?;
-            md5.update(&chunk);
-            head.extend_from_slice(&chunk);
-            if head.len() > MAX_INLINE_BYTES {
-                return self.spill(head.freeze(), body, md5).await;
-            }
-        }
-        Ok(StoredContent { stored: Stored::Inline(head.freeze()), md5: hex(&md5.finalize()) })
-    }
-
-    async fn spill(&self, head: Bytes, mut body: ByteStream, mut md5: Md5) -> Result<StoredContent> {
+    pub(crate) async fn spill(&self, head: Bytes, mut body: ByteStream, mut md5: Md5) -> Result<StoredContent> {
         let id = new_id()?;
         let tmp = self.tmp.join(&id);
         let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}", tmp.display()), e);
@@ -143,6 +206,46 @@ impl BlobDir {
         }
     }
 
+    /// One page (1,000) of the blobs in `blobs/`, in id order, with their modification times;
+    /// the page token is the last id returned.
+    pub async fn list(&self, page: Option<&str>) -> Result<BlobPage> {
+        let blobs = self.blobs.clone();
+        let after = page.unwrap_or("").to_string();
+        tokio::task::spawn_blocking(move || -> Result<BlobPage> {
+            let io = |p: &Path, e: std::io::Error| Error::io(format!("listing {}", p.display()), e);
+            let mut shards: Vec<String> = std::fs::read_dir(&blobs)
+                .map_err(|e| io(&blobs, e))?
+                .filter_map(|d| d.ok()?.file_name().into_string().ok())
+                .filter(|n| n.len() == 2 && after.get(..2).is_none_or(|a| n.as_str() >= a))
+                .collect();
+            shards.sort();
+            let mut out = Vec::new();
+            for shard in shards {
+                let dir = blobs.join(&shard);
+                let mut ids: Vec<(String, i64)> = std::fs::read_dir(&dir)
+                    .map_err(|e| io(&dir, e))?
+                    .filter_map(|d| {
+                        let d = d.ok()?;
+                        let id = d.file_name().into_string().ok()?;
+                        let modified = d.metadata().ok()?.modified().ok()?;
+                        let ms = modified.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64;
+                        (valid_id(&id) && id > after).then_some((id, ms))
+                    })
+                    .collect();
+                ids.sort();
+                out.extend(ids);
+                if out.len() >= 1000 {
+                    out.truncate(1000);
+                    let next = out.last().map(|(id, _)| id.clone());
+                    return Ok((out, next));
+                }
+            }
+            Ok((out, None))
+        })
+        .await
+        .map_err(|e| Error::internal(format!("listing blobs: {e}")))?
+    }
+
     /// Removes a blob no entry names any more. A missing blob is fine (already removed).
     pub async fn remove(&self, id: &str) -> Result<()> {
         let p = self.path_of(id)?;
@@ -178,7 +281,7 @@ mod tests {
     #[tokio::test]
     async fn small_content_stays_inline_and_large_spills_to_a_blob() {
         let root = tempfile::tempdir().unwrap();
-        let dir = BlobDir::open(root.path()).unwrap();
+        let dir = Blobs::Dir(BlobDir::open(root.path()).unwrap());
         let small = dir.store(body(vec![b"hello".to_vec()])).await.unwrap();
         assert_eq!(small.md5, "5d41402abc4b2a76b9719d911017c592");
         match small.stored {
@@ -205,7 +308,7 @@ mod tests {
     #[tokio::test]
     async fn a_failing_body_leaves_nothing_behind() {
         let root = tempfile::tempdir().unwrap();
-        let dir = BlobDir::open(root.path()).unwrap();
+        let dir = Blobs::Dir(BlobDir::open(root.path()).unwrap());
         let chunks: Vec<std::io::Result<Bytes>> =
             vec![Ok(Bytes::from(vec![0u8; 100_000])), Err(std::io::Error::other("client went away"))];
         let err = dir.store(futures::stream::iter(chunks).boxed()).await.unwrap_err();

@@ -8,10 +8,13 @@
 //!   whether the filer is in their process or across the network.
 
 pub mod blobs;
+mod blobs_s3;
 pub mod cache;
 pub mod client;
 pub mod datadir;
+pub mod gc;
 pub mod http;
+pub mod leader;
 pub mod local;
 pub mod metrics;
 pub mod outbound;

@@ -18,7 +18,7 @@ use tidemark_core::{
 };
 use tidemark_store::SqliteStore;
 
-use crate::blobs::{BlobDir, Stored, StoredContent};
+use crate::blobs::{BlobDir, Blobs, S3Blobs, Stored, StoredContent};
 use crate::cache::{CacheConfig, ContentCache};
 use crate::datadir::DataDir;
 use crate::remotes::Remotes;
@@ -32,7 +32,9 @@ pub const MAX_CHANGES_WAIT: Duration = Duration::from_secs(60);
 
 pub struct LocalFiler {
     store: Arc<dyn MetaStore>,
-    blobs: BlobDir,
+    /// The data directory's root (`blobs/`, `tmp/`, `cache/`).
+    root: std::path::PathBuf,
+    blobs: Blobs,
     remotes: Arc<Remotes>,
     cache: ContentCache,
     clock: Arc<dyn Clock>,
@@ -72,15 +74,26 @@ impl LocalFiler {
         clock: Arc<dyn Clock>,
         data_dir: Option<DataDir>,
     ) -> Result<Self> {
-        let blobs = BlobDir::open(root)?;
+        let blobs = Blobs::Dir(BlobDir::open(root)?);
         let remotes = Arc::new(Remotes::default());
         let cache = ContentCache::open(root, store.clone(), remotes.clone(), clock.clone(), CacheConfig::default())?;
-        Ok(LocalFiler { store, blobs, remotes, cache, clock, _data_dir: data_dir })
+        Ok(LocalFiler { store, root: root.to_path_buf(), blobs, remotes, cache, clock, _data_dir: data_dir })
+    }
+
+    /// Keeps content on a shared object store instead of the data directory (`--blob-store`),
+    /// so that every filer of a cluster reads every file.
+    pub fn with_blob_store(mut self, store: S3Blobs) -> Self {
+        self.blobs = Blobs::S3(store);
+        self
+    }
+
+    pub fn blobs(&self) -> &Blobs {
+        &self.blobs
     }
 
     /// Sets the content cache up with `config` (its budget; 0 turns it off).
     pub fn with_cache(mut self, config: CacheConfig) -> Result<Self> {
-        let root = self.blobs.root().to_path_buf();
+        let root = self.root.clone();
         self.cache = ContentCache::open(&root, self.store.clone(), self.remotes.clone(), self.clock.clone(), config)?;
         Ok(self)
     }
@@ -257,7 +270,13 @@ impl LocalFiler {
         Ok(())
     }
 
+    /// Removes the blob `old` named if `new` does not. In the data directory at once (a reader
+    /// that opened it keeps its bytes); on a shared blob store the collector does it, after a
+    /// grace period in which readers on any filer that read the old entry still find it.
     async fn release_blob(&self, old: Option<&Entry>, new: Option<&Entry>) {
+        if self.blobs.is_shared() {
+            return;
+        }
         if let Some(id) = blob_of(old)
             && blob_of(new) != Some(id)
             && let Err(e) = self.blobs.remove(id).await
@@ -275,8 +294,10 @@ impl LocalFiler {
 }
 
 /// Why the content of `entry` cannot be read here.
-fn missing_blob(p: &str, entry: &Entry, backend: &str) -> String {
-    if backend == "sqlite" {
+fn missing_blob(p: &str, entry: &Entry, backend: &str, blobs: &Blobs) -> String {
+    if blobs.is_shared() {
+        format!("{p}: its content ({} bytes) is missing from the blob store {}", entry.size, blobs.describe())
+    } else if backend == "sqlite" {
         format!("{p}: its content file ({} bytes) is missing from the data directory's blobs/", entry.size)
     } else {
         format!(
@@ -287,12 +308,7 @@ fn missing_blob(p: &str, entry: &Entry, backend: &str) -> String {
     }
 }
 
-fn blob_of(e: Option<&Entry>) -> Option<&str> {
-    match e.map(|e| &e.content) {
-        Some(Content::Blob { id }) => Some(id),
-        _ => None,
-    }
-}
+use crate::gc::blob_of;
 
 /// The bytes of a `len`-byte content that `range` selects (a range past the end is refused).
 pub(crate) fn slice_range(p: &str, len: usize, range: Option<ByteRange>) -> Result<std::ops::Range<usize>> {
@@ -438,7 +454,7 @@ impl Filer for LocalFiler {
                             match self.store.get(p).await? {
                                 Some(now) if now.version == entry.version => {
                                     return Err(Error::Unavailable {
-                                        message: missing_blob(p, &entry, self.store.backend()),
+                                        message: missing_blob(p, &entry, self.store.backend(), &self.blobs),
                                     });
                                 }
                                 _ => continue,
@@ -470,6 +486,10 @@ impl Filer for LocalFiler {
             return Err(Error::PreconditionFailed { path: p.into(), current: before.map(|e| e.version) });
         }
         let StoredContent { stored, md5 } = self.blobs.store(body).await?;
+        let stored_at = std::time::Instant::now();
+        if matches!(stored, Stored::Blob { .. }) {
+            tidemark_core::failpoint::hit("blob-stored-before-commit");
+        }
         let (size, content, data) = match &stored {
             Stored::Inline(b) if b.is_empty() => (0, Content::Empty, None),
             Stored::Inline(b) => (b.len() as u64, Content::Inline, Some(b.clone())),
@@ -506,6 +526,16 @@ impl Filer for LocalFiler {
                 (Precondition::Any, None) => Precondition::Absent,
                 (p, _) => *p,
             };
+            // The collector removes blobs nothing names once they are an hour old; a write must
+            // name its blob well before that (a filer stopped between the two, say, gives up).
+            if matches!(stored, Stored::Blob { .. }) && stored_at.elapsed() > crate::gc::MAX_UNNAMED {
+                self.discard(&stored).await;
+                return Err(Error::Unavailable {
+                    message: format!(
+                        "{p}: the write was held up too long between storing its bytes and committing; retry"
+                    ),
+                });
+            }
             let txn = Txn {
                 path: p.into(),
                 precondition,

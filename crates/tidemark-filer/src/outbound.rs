@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tidemark_core::backoff::Backoff;
 use tidemark_core::model::{Content, Fence, NewEntry, Origin, Txn};
 use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
 use tidemark_core::{Error, Filer, Result};
@@ -22,10 +21,6 @@ use tidemark_engine::outbound::{OutboundOutcome, sync_record};
 use crate::local::LocalFiler;
 use crate::remotes::read_doc;
 
-/// How long the lease lasts between renewals; renewed every third of it.
-const LEASE_TTL: Duration = Duration::from_secs(30);
-/// How often a filer that does not hold the lease checks whether it is free.
-const STANDBY_CHECK: Duration = Duration::from_secs(5);
 /// Records passed over (none under a synced mount) before the cursor is written anyway, so a
 /// restart does not re-read a long stretch of the log; below it nothing is written for them (a
 /// namespace without synced mounts gets no cursor document).
@@ -39,12 +34,26 @@ struct Cursor {
 pub struct OutboundSync {
     filer: Arc<LocalFiler>,
     holder: String,
+    /// Where the log has been read to, and the cursor last written.
+    pos: std::sync::Mutex<(u64, u64)>,
+    lease_ttl: Duration,
 }
 
 impl OutboundSync {
     /// `holder` names this filer in the lease (unique among the filers of the cluster).
     pub fn new(filer: Arc<LocalFiler>, holder: impl Into<String>) -> Self {
-        OutboundSync { filer, holder: holder.into() }
+        OutboundSync {
+            filer,
+            holder: holder.into(),
+            pos: std::sync::Mutex::new((0, 0)),
+            lease_ttl: crate::leader::LEASE_TTL,
+        }
+    }
+
+    /// How long its lease lasts (another filer takes over this long after this one died).
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
     }
 
     /// Where the loop will resume.
@@ -54,91 +63,10 @@ impl OutboundSync {
             .map_or(0, |(c, _)| c.seq))
     }
 
-    /// Runs until `stop` resolves: takes the lease (or waits for it), then handles batches while
-    /// renewing it; a lost lease abandons the batch in flight and goes back to waiting.
+    /// Runs until `stop` resolves, on whichever filer holds the lease (`leader::lead`).
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
-        tokio::pin!(stop);
-        let store = self.filer.store().clone();
-        let ttl_ms = LEASE_TTL.as_millis() as i64;
-        let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
-        let mut standby_logged = false;
-        loop {
-            let lease = match store.lease_acquire(system_paths::OUTBOUND_LEASE, &self.holder, ttl_ms).await {
-                Ok(l) => l,
-                Err(Error::LeaseHeld { holder, .. }) => {
-                    if !standby_logged {
-                        tracing::info!(%holder, "outbound sync: another filer runs it; standing by");
-                        standby_logged = true;
-                    }
-                    tokio::select! {
-                        _ = &mut stop => return,
-                        _ = tokio::time::sleep(STANDBY_CHECK) => continue,
-                    }
-                }
-                Err(e) => {
-                    let wait = backoff.fail();
-                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "outbound sync: cannot take its lease");
-                    tokio::select! {
-                        _ = &mut stop => return,
-                        _ = tokio::time::sleep(wait) => continue,
-                    }
-                }
-            };
-            standby_logged = false;
-            let fence = lease.fence();
-            let mut pos = match self.cursor().await {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbound sync: cannot read its cursor");
-                    let _ = store.lease_release(&fence).await;
-                    tokio::select! {
-                        _ = &mut stop => return,
-                        _ = tokio::time::sleep(backoff.fail()) => continue,
-                    }
-                }
-            };
-            tracing::info!(generation = lease.generation, cursor = pos, "outbound sync: running on this filer");
-            let mut written = pos;
-            // Renews every third of the ttl. Fenced (taken over, or expired) ends the run; any
-            // other failure (the store briefly unavailable) is retried at the next tick — the
-            // lease has two more thirds to live, and if it expires meanwhile the renewal is fenced.
-            let keep = async {
-                loop {
-                    tokio::time::sleep(LEASE_TTL / 3).await;
-                    match store.lease_renew(&fence, ttl_ms).await {
-                        Ok(_) => {}
-                        Err(e @ Error::Fenced { .. }) => return e,
-                        Err(e) => tracing::warn!(error = %e, "outbound sync: cannot renew its lease; retrying"),
-                    }
-                }
-            };
-            tokio::pin!(keep);
-            let stopping = loop {
-                tokio::select! {
-                    _ = &mut stop => break true,
-                    e = &mut keep => {
-                        tracing::warn!(error = %e, "outbound sync: lost its lease; another filer may take over");
-                        break false;
-                    }
-                    r = self.step(&fence, &mut pos, &mut written, Duration::from_secs(10)) => match r {
-                        Ok(_) => backoff.succeed(),
-                        Err(e) => {
-                            let wait = backoff.fail();
-                            tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "outbound sync: will retry");
-                            tokio::select! {
-                                _ = &mut stop => break true,
-                                _ = tokio::time::sleep(wait) => {}
-                            }
-                        }
-                    },
-                }
-            };
-            if stopping {
-                // Hand over at once rather than after the ttl.
-                let _ = store.lease_release(&fence).await;
-                return;
-            }
-        }
+        let (store, holder) = (self.filer.store().clone(), self.holder.clone());
+        crate::leader::lead(store, holder, &self, self.lease_ttl, stop).await
     }
 
     async fn write_cursor(&self, fence: &Fence, seq: u64) -> Result<()> {
@@ -152,7 +80,7 @@ impl OutboundSync {
     /// Handles the next batch of change-log records after `pos` (waiting up to `wait` for one)
     /// and moves `pos` past it; `written` is the cursor last stored. Stops at a record that fails
     /// transiently, keeping the cursor before it, so it is retried.
-    async fn step(
+    async fn sync_batch(
         &self,
         fence: &Fence,
         pos: &mut u64,
@@ -223,5 +151,26 @@ impl OutboundSync {
         }
         *pos = last;
         Ok(outcomes)
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::leader::LeaderTask for OutboundSync {
+    fn name(&self) -> &'static str {
+        "outbound sync"
+    }
+    fn lease(&self) -> &'static str {
+        system_paths::OUTBOUND_LEASE
+    }
+    async fn resume(&self) -> Result<()> {
+        let at = self.cursor().await?;
+        *self.pos.lock().unwrap_or_else(|p| p.into_inner()) = (at, at);
+        Ok(())
+    }
+    async fn step(&self, fence: &Fence) -> Result<()> {
+        let (mut pos, mut written) = *self.pos.lock().unwrap_or_else(|p| p.into_inner());
+        let r = self.sync_batch(fence, &mut pos, &mut written, Duration::from_secs(10)).await;
+        *self.pos.lock().unwrap_or_else(|p| p.into_inner()) = (pos, written);
+        r.map(|_| ())
     }
 }

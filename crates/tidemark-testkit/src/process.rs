@@ -59,10 +59,17 @@ impl TidemarkProcess {
 
     /// Starts a process that prints `listening on` for `listeners` addresses.
     pub fn start_with(bin: &Path, data_dir: &Path, args: &[&str], listeners: usize) -> Self {
+        Self::start_with_env(bin, data_dir, args, listeners, &[])
+    }
+
+    /// [`TidemarkProcess::start_with`], with variables added to its environment (credentials
+    /// of the standard AWS chain, failpoints).
+    pub fn start_with_env(bin: &Path, data_dir: &Path, args: &[&str], listeners: usize, env: &[(&str, &str)]) -> Self {
         let stderr_log = data_dir.with_extension("stderr.log");
         let log = std::fs::File::create(&stderr_log).expect("creating the stderr log");
         let mut child = Command::new(bin)
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

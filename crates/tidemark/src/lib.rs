@@ -7,6 +7,7 @@ mod bench_cache;
 mod bench_gateway;
 mod bench_mount;
 mod bench_s3;
+pub mod blobs_cmd;
 pub mod events_cmd;
 pub mod quickstart;
 pub mod roles;

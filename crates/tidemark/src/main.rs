@@ -39,6 +39,9 @@ enum Role {
     Worker(roles::WorkerArgs),
     /// The operator's shell: `tidemark shell -c "fs.ls -l /"`, or interactive.
     Shell(roles::ShellArgs),
+    /// The cluster's file content: move a data directory's onto a blob store, collect garbage.
+    #[command(subcommand)]
+    Blobs(tidemark::blobs_cmd::BlobsCmd),
     /// Tools for bucket event notifications.
     #[command(subcommand)]
     Events(tidemark::events_cmd::EventsCmd),
@@ -73,6 +76,7 @@ fn main() {
             Role::Shell(a) => roles::run_shell(a).await,
             Role::Bench(b) => tidemark::bench::run(b).await,
             Role::Events(e) => tidemark::events_cmd::run(e),
+            Role::Blobs(b) => tidemark::blobs_cmd::run(b).await,
         }
     });
     std::process::exit(code);

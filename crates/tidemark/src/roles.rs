@@ -217,6 +217,18 @@ pub struct StoreArgs {
     /// and migrated at start).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
+    /// Keep file content (above 64 KiB; smaller content is in the store) on a shared object
+    /// store instead of the data directory, so every filer of a cluster reads every file and a
+    /// filer's death loses none: `s3://BUCKET/PREFIX?endpoint=URL&region=REGION` (AWS S3, or an
+    /// S3-compatible store: MinIO, Ceph RGW). Credentials come from the standard AWS chain
+    /// (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an instance role). Every filer of a
+    /// cluster must be given the same; `tidemark blobs migrate` moves a data directory's files.
+    #[arg(long, env = "TIDEMARK_BLOB_STORE", value_name = "URL")]
+    blob_store: Option<String>,
+    /// How long the leases of the work one filer of a cluster does at a time (the outbound sync,
+    /// the blob collector) last: when this filer dies, another takes over after at most this long.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    task_lease_ttl: u64,
     /// The content cache's budget: bytes with a K/M/G/T suffix (`20G`), or a percentage of the
     /// disk that holds --data-dir (`10%`). Remote-backed files read once are served from here;
     /// past the budget the least recently read are evicted (local writes never are). `0` turns
@@ -329,14 +341,25 @@ fn disk_bytes(dir: &std::path::Path) -> Result<u64, String> {
     Ok(st.f_blocks.saturating_mul(st.f_frsize))
 }
 
-async fn open_filer(data_dir: &PathBuf, common: &StoreArgs) -> Result<LocalFiler, String> {
-    let filer = open_store(data_dir, common.store.as_deref()).await?;
+/// The filer of a role, with the lease that keeps it the only filer of a data-directory home.
+async fn open_filer(
+    data_dir: &PathBuf,
+    common: &StoreArgs,
+) -> Result<(LocalFiler, tidemark_filer::gc::HomeLease), String> {
+    let mut filer = open_store(data_dir, common.store.as_deref()).await?;
+    if let Some(url) = &common.blob_store {
+        filer = filer.with_blob_store(connect_blob_store(url).await?);
+    }
     let budget = match common.cache_size {
         Budget::Bytes(b) => b,
         pct => pct.bytes(disk_bytes(data_dir)?),
     };
     let config = CacheConfig { budget_bytes: budget, chunk_bytes: common.cache_chunk_size };
     let filer = filer.with_cache(config).map_err(|e| e.to_string())?;
+    // Every filer of a cluster keeps content where the others can read it, or refuses.
+    let ttl = std::time::Duration::from_secs(common.task_lease_ttl);
+    let home = tidemark_filer::gc::claim_home(&filer, ttl).await.map_err(|e| e.to_string())?;
+    tracing::info!(blobs = %filer.blobs().describe(), "file content");
     // Sweep what a crash left now, not at the first read.
     filer.cache().start();
     if budget == 0 {
@@ -344,10 +367,16 @@ async fn open_filer(data_dir: &PathBuf, common: &StoreArgs) -> Result<LocalFiler
     } else {
         tracing::info!(budget = %human_bytes(budget), node = filer.cache().node(), "content cache");
     }
-    Ok(filer)
+    Ok((filer, home))
 }
 
-async fn open_store(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFiler, String> {
+/// The blob store of `--blob-store URL`, checked to answer.
+pub(crate) async fn connect_blob_store(url: &str) -> Result<tidemark_filer::blobs::S3Blobs, String> {
+    let parsed = tidemark_filer::blobs::BlobStoreUrl::parse(url).map_err(|e| e.to_string())?;
+    tidemark_filer::blobs::S3Blobs::connect(&parsed, None).await.map_err(|e| format!("--blob-store: {e}"))
+}
+
+pub(crate) async fn open_store(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFiler, String> {
     let dir = DataDir::open(data_dir).map_err(|e| e.to_string())?;
     match store {
         None | Some("sqlite") => LocalFiler::open(dir).map_err(|e| e.to_string()),
@@ -365,6 +394,42 @@ async fn open_store(data_dir: &PathBuf, store: Option<&str>) -> Result<LocalFile
             "unknown --store {other:?}: use `sqlite`, `sqlite:///path/to/file.db` or `postgres://USER:PASSWORD@HOST:PORT/DBNAME`"
         )),
     }
+}
+
+/// Keeps the data directory's lease while the filer runs; losing it (this filer was paused or
+/// cut off past it, and another filer took the cluster's content home over) stops the process:
+/// files written here from then on would be readable through this filer alone.
+fn keep_home(
+    filer: &Arc<LocalFiler>,
+    home: tidemark_filer::gc::HomeLease,
+    ttl: std::time::Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let store = filer.store().clone();
+    tokio::spawn(async move {
+        if let Err(e) = tidemark_filer::gc::keep_home(store, home, ttl, stopped(stop)).await {
+            tracing::error!(error = %e, "another filer took over this cluster's content home while this one was unreachable; stopping");
+            eprintln!(
+                "error: another filer took over this cluster's content home (its data directory) while this one was unreachable; stopping"
+            );
+            std::process::exit(1);
+        }
+    });
+}
+
+/// The blob collector, on whichever filer of the cluster holds its lease. Its grace period
+/// (how long a blob an entry let go of stays readable) is `TIDEMARK_BLOB_GRACE_SECS` or 60 s.
+fn collector(
+    filer: &Arc<LocalFiler>,
+    bound: &str,
+    ttl: std::time::Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let mut c = tidemark_filer::gc::BlobCollector::new(filer.clone(), filer_id(bound)).with_lease_ttl(ttl);
+    if let Some(secs) = std::env::var("TIDEMARK_BLOB_GRACE_SECS").ok().and_then(|v| v.parse().ok()) {
+        c = c.with_grace(std::time::Duration::from_secs(secs));
+    }
+    tokio::spawn(c.run(stopped(stop)))
 }
 
 /// This filer's name in the outbound sync's lease: unique among the filers of a cluster.
@@ -453,10 +518,11 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(2, e),
     };
-    let filer = match open_filer(&a.data_dir, &a.common).await {
-        Ok(f) => Arc::new(f),
+    let (filer, home) = match open_filer(&a.data_dir, &a.common).await {
+        Ok((f, home)) => (Arc::new(f), home),
         Err(e) => return fail(1, e),
     };
+    let ttl = std::time::Duration::from_secs(a.common.task_lease_ttl);
     filer.remotes().allow_local(local_roots);
     let (listener, bound) = match bind(a.addr, "filer").await {
         Ok(l) => l,
@@ -467,9 +533,11 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
     tracing::info!(addr = %bound, store = filer.store().backend(), "filer started");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let outbound = {
-        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), filer_id(&bound));
+        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), filer_id(&bound)).with_lease_ttl(ttl);
         tokio::spawn(sync.run(stopped(stop_rx.clone())))
     };
+    let collector = collector(&filer, &bound, ttl, stop_rx.clone());
+    keep_home(&filer, home, ttl, stop_rx.clone());
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -477,6 +545,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
     let api: Arc<dyn Filer> = filer.clone();
     let served = http::serve_with(listener, api, tokens, tls, stopped(stop_rx)).await;
     let _ = outbound.await;
+    let _ = collector.await;
     match served {
         Ok(()) => 0,
         Err(e) => fail(1, format!("the filer stopped: {e}")),
@@ -525,10 +594,11 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(2, e),
     };
-    let filer = match open_filer(&a.data_dir, &a.common).await {
-        Ok(f) => Arc::new(f),
+    let (filer, home) = match open_filer(&a.data_dir, &a.common).await {
+        Ok((f, home)) => (Arc::new(f), home),
         Err(e) => return fail(1, e),
     };
+    let ttl = std::time::Duration::from_secs(a.common.task_lease_ttl);
     filer.remotes().allow_local(local_roots.clone());
     let (filer_listener, filer_bound) = match bind(a.filer_addr, "filer").await {
         Ok(l) => l,
@@ -562,9 +632,12 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     let (signal_tx, signal_rx) = tokio::sync::watch::channel(false);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let outbound = {
-        let sync = tidemark_filer::outbound::OutboundSync::new(filer.clone(), filer_id(&filer_bound));
+        let sync =
+            tidemark_filer::outbound::OutboundSync::new(filer.clone(), filer_id(&filer_bound)).with_lease_ttl(ttl);
         tokio::spawn(sync.run(stopped(stop_rx.clone())))
     };
+    let collector = collector(&filer, &filer_bound, ttl, stop_rx.clone());
+    keep_home(&filer, home, ttl, stop_rx.clone());
     let admin = tidemark_admin::Admin::new(
         api.clone(),
         tidemark_admin::AdminConfig { filer_label: filer_bound.clone(), ..Default::default() },
@@ -602,6 +675,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     let _ = stop_tx.send(true);
     let _ = detection.await;
     let _ = outbound.await;
+    let _ = collector.await;
     let _ = admin_http.await;
     if let Some(s3) = s3_http {
         let _ = s3.await;

@@ -270,6 +270,11 @@ fn the_postgres_store_over_tls() {
         let row = text(&out.stdout);
         let (n, all_ssl) = row.trim().split_once('|').unwrap_or_else(|| panic!("{row:?} {}", text(&out.stderr)));
         assert!(n.parse::<u32>().unwrap() >= 2 && all_ssl == "t", "connections {n}, all TLS: {all_ssl}");
+        // Stopped cleanly, it hands its data directory's lease on (the next filer keeps its
+        // content in a data directory of its own: only one such filer may run on a store).
+        let mut filer = filer;
+        filer.signal("TERM");
+        filer.wait_exit(std::time::Duration::from_secs(10)).expect("stops on SIGTERM");
     }
     // Not trusting the server's CA: the filer does not start, and says why.
     let data = tmp.path().join("untrusted");
