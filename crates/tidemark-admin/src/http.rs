@@ -201,25 +201,40 @@ async fn authorize(State(state): State<AppState>, req: Request, next: Next) -> R
     next.run(req).await
 }
 
+/// A page, with a banner on a standby admin saying so and which admin is active.
+fn page(admin: &Admin, html: String) -> Html<String> {
+    match admin.role() {
+        crate::Role::Active { .. } => Html(html),
+        crate::Role::Standby { active } => {
+            let banner = crate::ui::standby_banner(active.as_deref());
+            Html(html.replacen("<main>", &format!("<main>{banner}"), 1))
+        }
+    }
+}
+
 async fn subscriptions_page(State(s): State<AppState>) -> Html<String> {
     let a = &s.admin;
     let snap = a.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone();
-    Html(crate::ui::subscriptions(&snap, &a.sched(), &a.config.filer_label, now_ms()))
+    let html = crate::ui::subscriptions(&snap, &a.sched(), &a.config.filer_label, now_ms());
+    page(a, html)
 }
 
 async fn job_types_page(State(s): State<AppState>) -> Html<String> {
     let a = &s.admin;
     let n = a.snapshot.read().unwrap_or_else(|p| p.into_inner()).subscriptions.len();
-    Html(crate::ui::job_types(&a.sched(), n, &a.config.filer_label))
+    let html = crate::ui::job_types(&a.sched(), n, &a.config.filer_label);
+    page(a, html)
 }
 
 async fn workers_page(State(s): State<AppState>) -> Html<String> {
-    Html(crate::ui::workers(&s.admin.sched(), &s.admin.config.filer_label, now_ms()))
+    let html = crate::ui::workers(&s.admin.sched(), &s.admin.config.filer_label, now_ms());
+    page(&s.admin, html)
 }
 
 async fn cache_page(State(s): State<AppState>) -> Html<String> {
     let stats = s.admin.filer.cache_stats().await.map_err(|e| e.to_string());
-    Html(crate::ui::cache(stats.as_ref().map_err(String::clone), &s.admin.config.filer_label))
+    let html = crate::ui::cache(stats.as_ref().map_err(String::clone), &s.admin.config.filer_label);
+    page(&s.admin, html)
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -232,8 +247,14 @@ async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
         let sc = a.sched();
         (sc.workers().len(), sc.running_jobs())
     };
+    let (role, active) = match a.role() {
+        crate::Role::Active { .. } => ("active", Some(a.config.advertise.clone())),
+        crate::Role::Standby { active } => ("standby", active),
+    };
     Json(serde_json::json!({
         "status": "ok",
+        "role": role,
+        "active": active,
         "version": env!("CARGO_PKG_VERSION"),
         "filer": a.config.filer_label,
         "workers": workers,
@@ -314,12 +335,18 @@ async fn job_types_put(
     State(s): State<AppState>,
     body: Result<Json<Switch>, JsonRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
+    if let Some(e) = s.admin.standby_refusal() {
+        return Err(ApiError(e));
+    }
     let sw = json(body)?;
     switch(&s.admin, &sw).await?;
     Ok(Json(serde_json::json!({"job_type": sw.job_type, "enabled": sw.enabled})))
 }
 
 async fn job_types_form(State(s): State<AppState>, Form(sw): Form<Switch>) -> Response {
+    if let Some(e) = s.admin.standby_refusal() {
+        return ApiError(e).into_response();
+    }
     match switch(&s.admin, &sw).await {
         Ok(()) => Redirect::to("/job-types").into_response(),
         Err(e) => ApiError(e).into_response(),
@@ -330,6 +357,9 @@ async fn register(
     State(s): State<AppState>,
     body: Result<Json<Register>, JsonRejection>,
 ) -> ApiResult<Json<RegisterReply>> {
+    if let Some(e) = s.admin.standby_refusal() {
+        return Err(ApiError(e));
+    }
     let r = json(body)?;
     // Ids and host names go into log lines and pages: no control character may forge a line.
     if r.worker_id.is_empty()
@@ -358,6 +388,9 @@ async fn heartbeat(
     Path(id): Path<String>,
     body: Result<Json<Heartbeat>, JsonRejection>,
 ) -> ApiResult<Json<tidemark_core::jobs::HeartbeatReply>> {
+    if let Some(e) = s.admin.standby_refusal() {
+        return Err(ApiError(e));
+    }
     let hb = json(body)?;
     let a = &s.admin;
     let dirs: std::collections::BTreeMap<String, String> = a
@@ -381,16 +414,22 @@ async fn report(
     Path(id): Path<String>,
     body: Result<Json<JobReport>, JsonRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
+    if let Some(e) = s.admin.standby_refusal() {
+        return Err(ApiError(e));
+    }
     let r = json(body)?;
     s.admin.metrics.slice_ended(r.outcome.as_str(), r.duration_ms as f64 / 1000.0);
     s.admin.sched().report(&id, r, now_ms());
     Ok(Json(serde_json::json!({"ok": true})))
 }
 
-async fn leave(State(s): State<AppState>, Path(id): Path<String>) -> Json<serde_json::Value> {
+async fn leave(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    if let Some(e) = s.admin.standby_refusal() {
+        return Err(ApiError(e));
+    }
     tracing::info!(worker = %id, "worker left");
     s.admin.sched().leave(&id);
-    Json(serde_json::json!({"ok": true}))
+    Ok(Json(serde_json::json!({"ok": true})))
 }
 
 pub async fn serve(

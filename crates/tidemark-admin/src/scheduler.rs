@@ -97,11 +97,23 @@ pub struct Scheduler {
     retry: BTreeMap<String, Retry>,
     recent: VecDeque<Finished>,
     next_id: u64,
+    /// Set per active term of an admin, so the ids of its jobs never equal those of another
+    /// admin's that workers may still run.
+    epoch: String,
+    /// Whether a detection pass has run: until then nothing is known to be unwanted, so what
+    /// workers run is adopted, never cancelled (a new active admin hears heartbeats before it
+    /// has read the subscriptions).
+    detected: bool,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
         Scheduler { config, enabled: true, ..Default::default() }
+    }
+
+    /// A schedule whose job ids carry `epoch` (`jEPOCH.N-fingerprint`).
+    pub fn with_epoch(config: SchedulerConfig, epoch: &str) -> Self {
+        Scheduler { epoch: format!("{epoch}."), ..Self::new(config) }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -112,6 +124,7 @@ impl Scheduler {
     pub fn detect(&mut self, wanted: impl IntoIterator<Item = (String, String)>, enabled: bool, now_ms: i64) {
         self.wanted = wanted.into_iter().collect();
         self.enabled = enabled;
+        self.detected = true;
         let wanted = &self.wanted;
         self.jobs.retain(|fp, t| matches!(t, Tracked::Assigned { .. }) || (enabled && wanted.contains_key(fp)));
         self.retry.retain(|fp, _| wanted.contains_key(fp));
@@ -124,7 +137,7 @@ impl Scheduler {
             }
             self.next_id += 1;
             let job = Job {
-                id: format!("j{}-{}", self.next_id, &fp[..fp.len().min(8)]),
+                id: format!("j{}{}-{}", self.epoch, self.next_id, &fp[..fp.len().min(8)]),
                 job_type: REMOTE_EVENTS.to_string(),
                 fingerprint: fp.clone(),
                 dir: dir.clone(),
@@ -167,7 +180,7 @@ impl Scheduler {
         let beats = w.beats;
         let mut reply = HeartbeatReply { known: true, ..Default::default() };
         for r in &running {
-            if !self.is_wanted(r) {
+            if self.detected && !self.is_wanted(r) {
                 reply.cancel.push(r.id.clone());
                 continue;
             }
@@ -464,5 +477,28 @@ mod tests {
         let later = s.heartbeat("w", vec![], false, 3000).assign;
         assert_eq!(later.len(), 1);
         assert_ne!(later[0].id, job.id);
+    }
+
+    /// A new active admin hears heartbeats before its first detection pass: it adopts what the
+    /// workers run and cancels nothing; once it has read the subscriptions, the usual rules.
+    #[test]
+    fn a_new_schedule_adopts_before_its_first_detection_and_never_cancels() {
+        let mut s = Scheduler::with_epoch(sched().config.clone(), "ab12");
+        reg(&mut s, "w", 2, 0);
+        let theirs = Job {
+            id: "jold.7-fp000000".into(),
+            job_type: REMOTE_EVENTS.into(),
+            fingerprint: "fp00000000000000".into(),
+            dir: "/m0".into(),
+        };
+        let reply = s.heartbeat("w", vec![theirs.clone()], false, 1);
+        assert!(reply.cancel.is_empty(), "nothing is cancelled before detection: {reply:?}");
+        assert!(matches!(s.job_of(&theirs.fingerprint), Some(Tracked::Assigned { job, .. }) if job.id == theirs.id));
+        s.detect(subs(2), true, 2);
+        let reply = s.heartbeat("w", vec![theirs.clone()], false, 3);
+        assert!(reply.cancel.is_empty(), "still wanted: kept");
+        assert!(reply.assign.iter().all(|j| j.id.starts_with("jab12.")), "this term's ids: {reply:?}");
+        s.detect(subs(0), true, 4);
+        assert_eq!(s.heartbeat("w", vec![theirs.clone()], false, 5).cancel, vec![theirs.id], "unwanted now: cancelled");
     }
 }

@@ -81,6 +81,18 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}.state{font-weight:600
 .err{color:#a40e26;max-width:28em;word-break:break-word}.muted{color:#57606a}code{font-size:12px}\
 p.empty{background:#fff;border:1px dashed #d0d7de;padding:16px}button{padding:3px 10px}";
 
+/// What a standby admin's pages say first: read-only here, and where the active admin is.
+pub fn standby_banner(active: Option<&str>) -> String {
+    let which = match active {
+        Some(a) => format!("the active admin is <a id=\"active-admin\" href=\"{url}\">{url}</a>", url = escape(a)),
+        None => "no admin is active yet".into(),
+    };
+    format!(
+        "<p id=\"standby\" class=\"empty\" style=\"border-color:#bf8700;background:#fff8c5\">This admin is \
+         standing by: its pages are read-only and it schedules nothing; {which}. It takes over if that one stops.</p>"
+    )
+}
+
 fn page(title: &str, active: &str, body: &str, filer: &str) -> String {
     let nav = [
         ("subscriptions", "/subscriptions", "Event Subscriptions"),

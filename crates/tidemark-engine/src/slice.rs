@@ -372,9 +372,21 @@ impl Slice<'_> {
             // trails the applies by about STATUS_EVERY, not by a whole long poll.
             let poll = if published.1 != status.counters { STATUS_EVERY } else { Duration::from_secs(20) };
             let wait = (deadline - now).min(poll);
+            let receive = self.source.receive(self.source.max_batch(), wait);
+            tokio::pin!(receive);
             let batch = tokio::select! {
-                _ = cancel.as_mut() => break SliceEnd::Cancelled,
-                b = self.source.receive(self.source.max_batch(), wait) => b,
+                _ = cancel.as_mut() => {
+                    // A receive in flight may already have taken messages off the queue (a long
+                    // poll cannot be called back): let it end (bounded by its wait) and give back
+                    // what it brought, so no change waits out a visibility timeout unseen.
+                    if let Ok(brought) = receive.await {
+                        for d in brought {
+                            let _ = self.source.release(&d.ack_id, Duration::ZERO).await;
+                        }
+                    }
+                    break SliceEnd::Cancelled;
+                }
+                b = &mut receive => b,
             };
             let batch = match batch {
                 Ok(b) if !b.is_empty() => gather(self.source, b).await,

@@ -204,3 +204,50 @@ async fn work_that_outlasts_the_lease_keeps_it() {
     assert_eq!(out.generation, 1, "one lease, kept");
     assert!(f.filer.stat("/mnt/data/slow.txt").await.unwrap().is_some(), "applied");
 }
+
+/// A slice cancelled (a worker's SIGTERM, the admin's cancel) while its long poll is in flight:
+/// the poll cannot be called back, so the slice lets it end and gives back what it brought.
+/// A change made just after the cancel is seen by the next slice at once — not after the
+/// visibility timeout (30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_slice_gives_back_what_its_poll_in_flight_brought() {
+    let f = fixture(&[]).await;
+    let clock = SystemClock;
+    let slice = |holder: &'static str, length: u64| Slice {
+        filer: &f.filer,
+        storage: &f.s3,
+        source: &f.source,
+        clock: &clock,
+        doc: &f.doc,
+        mount: &f.mount,
+        provider: Provider::S3,
+        cluster_id: None,
+        holder,
+        length: Duration::from_secs(length),
+        observer: &tidemark_engine::slice::NoObserver,
+        lease_ttl: Duration::from_secs(10),
+    };
+    // The first slice runs its baseline, then long-polls; it is cancelled mid-poll, and the
+    // put lands in that poll.
+    let first = slice("worker-a", 60);
+    let (cancel_tx, cancel_rx) = tokio::sync::oneshot::channel::<()>();
+    let canceller = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let _ = cancel_tx.send(());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        f.s3.put("after-cancel.txt", Bytes::from_static(b"x"), BTreeMap::new()).await.unwrap();
+    };
+    let (out, ()) = tokio::join!(
+        first.run(async {
+            let _ = cancel_rx.await;
+        }),
+        canceller
+    );
+    assert_eq!(out.unwrap().end, SliceEnd::Cancelled);
+    let t0 = std::time::Instant::now();
+    let second = slice("worker-b", 5);
+    let out = second.run(std::future::pending()).await.unwrap();
+    let e = f.filer.stat("/mnt/data/after-cancel.txt").await.unwrap();
+    assert!(e.is_some(), "the next slice applied it: {out:?}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "well before the visibility timeout: {:?}", t0.elapsed());
+}

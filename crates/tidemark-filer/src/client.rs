@@ -19,107 +19,169 @@ use crate::http::{
     PathsRequest, ReleaseRequest, RenewRequest,
 };
 
+/// A client of one filer, or of several filers of one cluster (`A,B,C`): a request goes to the
+/// filer that last answered; when that one cannot be reached (the connection is refused, or no
+/// answer comes in time) later requests go to the next, and a request that never reached the
+/// filer (its connection failed) is sent to the next one at once. A request that may have
+/// reached a filer is never sent again — a write may have landed — and a refused request (a
+/// failed precondition, a lost fence) is an answer, not a failure to fail over from.
 #[derive(Clone, Debug)]
 pub struct HttpFiler {
-    base: String,
+    bases: std::sync::Arc<Vec<String>>,
+    /// Index (modulo the number of filers) of the filer requests go to.
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     token: Option<String>,
     client: reqwest::Client,
 }
 
+/// How long a metadata request waits for its answer, so a filer that accepts connections but
+/// does not answer (paused, overloaded) is failed over from. Content requests, which stream for
+/// as long as the file takes, and change-log requests, which long-poll, set their own bounds.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl HttpFiler {
-    /// `addr` is `host:port` or a URL (`http://host:port`).
+    /// `addr` is `host:port` or a URL (`http://host:port`), or several separated by commas.
     pub fn new(addr: &str, token: Option<String>) -> Result<Self> {
-        let base = if addr.starts_with("http://") || addr.starts_with("https://") {
-            addr.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{addr}")
-        };
-        reqwest::Url::parse(&base).map_err(|e| Error::invalid_argument(format!("bad filer address {addr:?}: {e}")))?;
+        let mut bases = Vec::new();
+        for one in addr.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            let base = if one.starts_with("http://") || one.starts_with("https://") {
+                one.trim_end_matches('/').to_string()
+            } else {
+                format!("http://{one}")
+            };
+            reqwest::Url::parse(&base)
+                .map_err(|e| Error::invalid_argument(format!("bad filer address {one:?}: {e}")))?;
+            bases.push(base);
+        }
+        if bases.is_empty() {
+            return Err(Error::invalid_argument(format!("no filer address in {addr:?}")));
+        }
         let client = tidemark_http::tls::client_builder()
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| Error::internal(format!("building the HTTP client: {e}")))?;
-        Ok(HttpFiler { base, token: token.filter(|t| !t.is_empty()), client })
+        Ok(HttpFiler {
+            bases: std::sync::Arc::new(bases),
+            current: Default::default(),
+            token: token.filter(|t| !t.is_empty()),
+            client,
+        })
     }
 
+    /// The filer requests go to now.
     pub fn base_url(&self) -> &str {
-        &self.base
+        self.base_at(self.current.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    fn request(&self, method: Method, endpoint: &str) -> RequestBuilder {
-        let rb = self.client.request(method, format!("{}/api/v1/{endpoint}", self.base));
+    fn base_at(&self, i: usize) -> &str {
+        &self.bases[i % self.bases.len()]
+    }
+
+    /// Moves on from the filer at `i` (once, however many requests saw it fail).
+    fn failover(&self, i: usize) {
+        use std::sync::atomic::Ordering;
+        if self.bases.len() > 1 && self.current.compare_exchange(i, i + 1, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            tracing::warn!(from = self.base_at(i), to = self.base_at(i + 1), "filer unreachable; trying the next");
+        }
+    }
+
+    fn request_at(&self, base: &str, method: Method, endpoint: &str) -> RequestBuilder {
+        let rb = self.client.request(method, format!("{base}/api/v1/{endpoint}"));
         match &self.token {
             Some(t) => rb.bearer_auth(t),
             None => rb,
         }
     }
 
-    async fn send(&self, rb: RequestBuilder) -> Result<Response> {
-        let resp = rb.send().await.map_err(|e| self.transport(e))?;
-        self.check(resp).await
-    }
-
-    /// The response if it succeeded, else the error it carries.
-    async fn check(&self, resp: Response) -> Result<Response> {
-        if resp.status().is_success() {
-            return Ok(resp);
-        }
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => Err(body.error),
-            Err(_) if status == StatusCode::PAYLOAD_TOO_LARGE => Err(Error::invalid_argument(format!(
-                "the filer at {} refused a request body this large ({status}); send less at once",
-                self.base
-            ))),
-            Err(_) if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::BAD_GATEWAY => {
-                Err(Error::Unavailable { message: format!("filer at {} answered {status}", self.base) })
+    /// Sends the request `make` builds for a filer's base URL, failing over as the type says.
+    async fn send_with(&self, make: impl Fn(&str) -> RequestBuilder) -> Result<(Response, usize)> {
+        let mut last = None;
+        for _ in 0..self.bases.len() {
+            let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+            let base = self.base_at(i);
+            match make(base).send().await {
+                Ok(resp) => return Ok((resp, i)),
+                Err(e) => {
+                    let never_reached = e.is_connect();
+                    let err = transport(base, e);
+                    self.failover(i);
+                    if !never_reached {
+                        return Err(err);
+                    }
+                    last = Some(err);
+                }
             }
-            Err(_) => Err(Error::internal(format!("filer at {} answered {status}: {}", self.base, text.trim()))),
         }
+        Err(last.unwrap_or_else(|| Error::internal("no filer to send to")))
     }
 
-    async fn call<T: DeserializeOwned>(&self, rb: RequestBuilder) -> Result<T> {
-        let resp = self.send(rb).await?;
-        resp.json().await.map_err(|e| self.transport(e))
+    /// Sends a metadata request (bounded in time) and checks its answer.
+    async fn send(&self, make: impl Fn(&str) -> RequestBuilder) -> Result<Response> {
+        let (resp, i) = self.send_with(|b| make(b).timeout(REQUEST_TIMEOUT)).await?;
+        check(self.base_at(i), resp).await
     }
 
-    fn transport(&self, e: reqwest::Error) -> Error {
-        // The innermost cause says what actually happened (connection refused, DNS, reset).
-        let mut cause: &dyn std::error::Error = &e;
-        while let Some(inner) = cause.source() {
-            cause = inner;
-        }
-        let message = if e.is_connect() {
-            format!(
-                "cannot connect to the filer at {} ({cause}); is `tidemark server` or `tidemark filer` running there? \
-                 Set --filer or TIDEMARK_FILER",
-                self.base
-            )
-        } else if e.is_timeout() {
-            format!("the filer at {} did not answer in time ({cause})", self.base)
-        } else if e.is_decode() {
-            format!("the answer of the filer at {} could not be decoded ({cause})", self.base)
-        } else {
-            format!("request to the filer at {} failed ({cause})", self.base)
-        };
-        Error::Unavailable { message }
+    async fn call<T: DeserializeOwned>(&self, make: impl Fn(&str) -> RequestBuilder) -> Result<T> {
+        let (resp, i) = self.send_with(|b| make(b).timeout(REQUEST_TIMEOUT)).await?;
+        let base = self.base_at(i);
+        check(base, resp).await?.json().await.map_err(|e| transport(base, e))
     }
+}
+
+/// The response if it succeeded, else the error it carries.
+async fn check(base: &str, resp: Response) -> Result<Response> {
+    if resp.status().is_success() {
+        return Ok(resp);
+    }
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    match serde_json::from_str::<ErrorBody>(&text) {
+        Ok(body) => Err(body.error),
+        Err(_) if status == StatusCode::PAYLOAD_TOO_LARGE => Err(Error::invalid_argument(format!(
+            "the filer at {base} refused a request body this large ({status}); send less at once"
+        ))),
+        Err(_) if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::BAD_GATEWAY => {
+            Err(Error::Unavailable { message: format!("filer at {base} answered {status}") })
+        }
+        Err(_) => Err(Error::internal(format!("filer at {base} answered {status}: {}", text.trim()))),
+    }
+}
+
+fn transport(base: &str, e: reqwest::Error) -> Error {
+    // The innermost cause says what actually happened (connection refused, DNS, reset).
+    let mut cause: &dyn std::error::Error = &e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    let message = if e.is_connect() {
+        format!(
+            "cannot connect to the filer at {base} ({cause}); is `tidemark server` or `tidemark filer` running there? \
+             Set --filer or TIDEMARK_FILER"
+        )
+    } else if e.is_timeout() {
+        format!("the filer at {base} did not answer in time ({cause})")
+    } else if e.is_decode() {
+        format!("the answer of the filer at {base} could not be decoded ({cause})")
+    } else {
+        format!("request to the filer at {base} failed ({cause})")
+    };
+    Error::Unavailable { message }
 }
 
 #[async_trait]
 impl Filer for HttpFiler {
     async fn health(&self) -> Result<Health> {
-        self.call(self.request(Method::GET, "health")).await
+        self.call(|u| self.request_at(u, Method::GET, "health")).await
     }
 
     async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
         let req = PathsRequest { paths: paths.to_vec() };
-        let out: Vec<Option<Entry>> = self.call(self.request(Method::POST, "entries").json(&req)).await?;
+        let out: Vec<Option<Entry>> = self.call(|u| self.request_at(u, Method::POST, "entries").json(&req)).await?;
         if out.len() != paths.len() {
             return Err(Error::internal(format!(
                 "the filer at {} answered {} entries for {} paths",
-                self.base,
+                self.base_url(),
                 out.len(),
                 paths.len()
             )));
@@ -128,7 +190,7 @@ impl Filer for HttpFiler {
     }
 
     async fn stat(&self, path: &str) -> Result<Option<Entry>> {
-        match self.call(self.request(Method::GET, "entry").query(&[("path", path)])).await {
+        match self.call(|u| self.request_at(u, Method::GET, "entry").query(&[("path", path)])).await {
             Ok(e) => Ok(Some(e)),
             Err(Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -136,36 +198,49 @@ impl Filer for HttpFiler {
     }
 
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
-        let mut rb = self.request(Method::GET, "list").query(&[("dir", dir)]).query(&[("limit", limit)]);
-        if let Some(a) = start_after {
-            rb = rb.query(&[("start_after", a)]);
-        }
-        self.call(rb).await
+        self.call(|u| {
+            let rb = self.request_at(u, Method::GET, "list").query(&[("dir", dir)]).query(&[("limit", limit)]);
+            match start_after {
+                Some(a) => rb.query(&[("start_after", a)]),
+                None => rb,
+            }
+        })
+        .await
     }
 
     async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
-        let mut rb = self.request(Method::GET, "scan").query(&[("dir", dir)]).query(&[("limit", limit)]);
-        if let Some(a) = start_after {
-            rb = rb.query(&[("start_after", a)]);
-        }
-        self.call(rb).await
+        self.call(|u| {
+            let rb = self.request_at(u, Method::GET, "scan").query(&[("dir", dir)]).query(&[("limit", limit)]);
+            match start_after {
+                Some(a) => rb.query(&[("start_after", a)]),
+                None => rb,
+            }
+        })
+        .await
     }
 
     async fn count(&self, dir: &str) -> Result<u64> {
-        self.call(self.request(Method::GET, "count").query(&[("dir", dir)])).await
+        self.call(|u| self.request_at(u, Method::GET, "count").query(&[("dir", dir)])).await
     }
 
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
-        let mut rb = self.request(Method::GET, "content").query(&[("path", path)]);
-        if let Some(r) = range {
-            let spec = match r.length {
+        let spec = match range {
+            Some(r) => Some(match r.length {
                 Some(0) => return Err(Error::invalid_argument("an empty range")),
                 Some(n) => format!("bytes={}-{}", r.offset, r.offset.saturating_add(n - 1)),
                 None => format!("bytes={}-", r.offset),
-            };
-            rb = rb.header(reqwest::header::RANGE, spec);
-        }
-        let resp = rb.send().await.map_err(|e| self.transport(e))?;
+            }),
+            None => None,
+        };
+        let (resp, i) = self
+            .send_with(|u| {
+                let rb = self.request_at(u, Method::GET, "content").query(&[("path", path)]);
+                match &spec {
+                    Some(spec) => rb.header(reqwest::header::RANGE, spec),
+                    None => rb,
+                }
+            })
+            .await?;
         if resp.status() == StatusCode::RANGE_NOT_SATISFIABLE
             && let Some(r) = range
             && let Ok(entry) = entry_of(&resp)
@@ -175,14 +250,32 @@ impl Filer for HttpFiler {
             // entry; the read returns nothing, as the local filer's does.
             return Ok((entry, futures::stream::empty().boxed()));
         }
-        let resp = self.check(resp).await?;
+        let resp = check(self.base_at(i), resp).await?;
         let entry = entry_of(&resp)?;
         let stream = resp.bytes_stream().map_err(std::io::Error::other).boxed();
         Ok((entry, stream))
     }
 
     async fn write(&self, path: &str, body: ByteStream, opts: WriteOptions) -> Result<Entry> {
-        let mut rb = self.request(Method::PUT, "content").query(&[("path", path), ("origin", opts.origin.as_str())]);
+        let extended = match &opts.extended {
+            Some(ext) => {
+                let json = serde_json::to_vec(ext).map_err(Error::internal)?;
+                if json.len() > MAX_EXTENDED_BYTES {
+                    return Err(Error::invalid_argument(format!(
+                        "{} bytes of extended attributes; at most {MAX_EXTENDED_BYTES}",
+                        json.len()
+                    )));
+                }
+                Some(base64::engine::general_purpose::STANDARD.encode(json))
+            }
+            None => None,
+        };
+        // The body streams once: a write is sent to one filer, and never again (on a failure
+        // the next request goes to the next filer).
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        let mut rb = self
+            .request_at(self.base_at(i), Method::PUT, "content")
+            .query(&[("path", path), ("origin", opts.origin.as_str())]);
         match opts.precondition {
             Precondition::Any => {}
             Precondition::Absent => rb = rb.query(&[("if_absent", true)]),
@@ -194,43 +287,49 @@ impl Filer for HttpFiler {
         if let Some(t) = opts.mtime_ms {
             rb = rb.query(&[("mtime_ms", t)]);
         }
-        if let Some(ext) = &opts.extended {
-            let json = serde_json::to_vec(ext).map_err(Error::internal)?;
-            if json.len() > MAX_EXTENDED_BYTES {
-                return Err(Error::invalid_argument(format!(
-                    "{} bytes of extended attributes; at most {MAX_EXTENDED_BYTES}",
-                    json.len()
-                )));
-            }
-            rb = rb.header(EXTENDED_HEADER, base64::engine::general_purpose::STANDARD.encode(json));
+        if let Some(ext) = &extended {
+            rb = rb.header(EXTENDED_HEADER, ext);
         }
-        self.call(rb.body(reqwest::Body::wrap_stream(body))).await
+        let resp = match rb.body(reqwest::Body::wrap_stream(body)).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let err = transport(self.base_at(i), e);
+                self.failover(i);
+                return Err(err);
+            }
+        };
+        let base = self.base_at(i);
+        check(base, resp).await?.json().await.map_err(|e| transport(base, e))
     }
 
     async fn delete(&self, path: &str, opts: DeleteOptions) -> Result<Applied> {
-        let mut rb =
-            self.request(Method::DELETE, "entry").query(&[("path", path)]).query(&[("recursive", opts.recursive)]);
-        match opts.precondition {
-            Precondition::Any => {}
-            Precondition::Version(v) => rb = rb.query(&[("if_version", v)]),
-            Precondition::Absent => {
-                return Err(Error::invalid_argument("a delete cannot require the entry to be absent"));
-            }
+        if opts.precondition == Precondition::Absent {
+            return Err(Error::invalid_argument("a delete cannot require the entry to be absent"));
         }
-        self.call(rb).await
+        self.call(|u| {
+            let rb = self
+                .request_at(u, Method::DELETE, "entry")
+                .query(&[("path", path)])
+                .query(&[("recursive", opts.recursive)]);
+            match opts.precondition {
+                Precondition::Version(v) => rb.query(&[("if_version", v)]),
+                _ => rb,
+            }
+        })
+        .await
     }
 
     async fn apply(&self, txn: Txn) -> Result<Applied> {
-        self.call(self.request(Method::POST, "apply").json(&txn)).await
+        self.call(|u| self.request_at(u, Method::POST, "apply").json(&txn)).await
     }
 
     async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {
         let n = batch.txns.len();
-        let out: Vec<TxnOutcome> = self.call(self.request(Method::POST, "apply-many").json(&batch)).await?;
+        let out: Vec<TxnOutcome> = self.call(|u| self.request_at(u, Method::POST, "apply-many").json(&batch)).await?;
         if out.len() != n {
             return Err(Error::internal(format!(
                 "the filer at {} answered {} results for a batch of {n}",
-                self.base,
+                self.base_url(),
                 out.len()
             )));
         }
@@ -239,52 +338,65 @@ impl Filer for HttpFiler {
 
     async fn lease_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
         let req = AcquireRequest { name: name.into(), holder: holder.into(), ttl_ms: ttl.as_millis() as u64 };
-        self.call(self.request(Method::POST, "lease/acquire").json(&req)).await
+        self.call(|u| self.request_at(u, Method::POST, "lease/acquire").json(&req)).await
     }
 
     async fn lease_renew(&self, fence: &Fence, ttl: Duration) -> Result<Lease> {
         let req = RenewRequest { fence: fence.clone(), ttl_ms: ttl.as_millis() as u64 };
-        self.call(self.request(Method::POST, "lease/renew").json(&req)).await
+        self.call(|u| self.request_at(u, Method::POST, "lease/renew").json(&req)).await
     }
 
     async fn lease_release(&self, fence: &Fence) -> Result<()> {
-        self.send(self.request(Method::POST, "lease/release").json(&ReleaseRequest { fence: fence.clone() })).await?;
+        let req = ReleaseRequest { fence: fence.clone() };
+        self.send(|u| self.request_at(u, Method::POST, "lease/release").json(&req)).await?;
         Ok(())
     }
 
     async fn lease_get(&self, name: &str) -> Result<Option<Lease>> {
-        self.call(self.request(Method::GET, "lease").query(&[("name", name)])).await
+        self.call(|u| self.request_at(u, Method::GET, "lease").query(&[("name", name)])).await
     }
 
     async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>> {
-        let rb = self
-            .request(Method::GET, "changes")
-            .query(&[("after", after), ("limit", limit as u64), ("wait_ms", wait.as_millis() as u64)])
-            .timeout(wait + Duration::from_secs(30));
-        self.call(rb).await
+        let (resp, i) = self
+            .send_with(|u| {
+                self.request_at(u, Method::GET, "changes")
+                    .query(&[("after", after), ("limit", limit as u64), ("wait_ms", wait.as_millis() as u64)])
+                    .timeout(wait + REQUEST_TIMEOUT)
+            })
+            .await?;
+        let base = self.base_at(i);
+        check(base, resp).await?.json().await.map_err(|e| transport(base, e))
     }
 
     async fn cache_status(&self, paths: &[String]) -> Result<Vec<CacheStatus>> {
         let mut out = Vec::with_capacity(paths.len());
         for part in paths.chunks(MAX_STATUS_PATHS) {
             let req = CacheStatusRequest { paths: part.to_vec() };
-            let got: Vec<CacheStatus> = self.call(self.request(Method::POST, "cache/status").json(&req)).await?;
+            let got: Vec<CacheStatus> =
+                self.call(|u| self.request_at(u, Method::POST, "cache/status").json(&req)).await?;
             out.extend(got);
         }
         Ok(out)
     }
 
     async fn cache_fetch(&self, path: &str, wait: bool) -> Result<CacheOutcome> {
-        let rb = self.request(Method::POST, "cache/fetch").query(&[("path", path)]).query(&[("wait", wait)]);
-        self.call(rb).await
+        let ask =
+            |u: &str| self.request_at(u, Method::POST, "cache/fetch").query(&[("path", path)]).query(&[("wait", wait)]);
+        if !wait {
+            return self.call(ask).await;
+        }
+        // Waiting for a whole file's fetch takes as long as the file does.
+        let (resp, i) = self.send_with(ask).await?;
+        let base = self.base_at(i);
+        check(base, resp).await?.json().await.map_err(|e| transport(base, e))
     }
 
     async fn cache_drop(&self, path: &str) -> Result<CacheOutcome> {
-        self.call(self.request(Method::POST, "cache/drop").query(&[("path", path)])).await
+        self.call(|u| self.request_at(u, Method::POST, "cache/drop").query(&[("path", path)])).await
     }
 
     async fn cache_stats(&self) -> Result<CacheStats> {
-        self.call(self.request(Method::GET, "cache/stats")).await
+        self.call(|u| self.request_at(u, Method::GET, "cache/stats")).await
     }
 }
 

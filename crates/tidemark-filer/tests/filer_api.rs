@@ -686,3 +686,25 @@ async fn hostile_requests_never_crash_the_filer() {
     let f = HttpFiler::new(&addr, None).unwrap();
     assert_eq!(f.health().await.unwrap().status, "ok", "still serving");
 }
+
+/// A list of filers (`A,B`): requests go to one that answers; a request whose connection failed
+/// is sent to the next at once; a write that failed is not sent again (its body may have
+/// reached a filer), the next request goes to the next filer.
+#[tokio::test]
+async fn a_list_of_filers_fails_over_to_one_that_answers() {
+    let (s, addr) = over_http(None).await;
+    let dead =
+        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let f = HttpFiler::new(&format!("{dead}, {addr}"), None).unwrap();
+    assert!(f.base_url().ends_with(&dead));
+    f.health().await.expect("the second filer answers");
+    assert!(f.base_url().ends_with(&addr), "requests now go to the filer that answered");
+    f.write("/failover.txt", body(b"via the second"), WriteOptions::default()).await.unwrap();
+    assert_eq!(s.filer.stat("/failover.txt").await.unwrap().unwrap().size, 14);
+    // Both gone: the error names the last one tried; a write is tried once.
+    let f = HttpFiler::new(&format!("{dead},{dead}"), None).unwrap();
+    assert!(f.write("/x", body(b"never"), WriteOptions::default()).await.unwrap_err().is_retryable());
+    let err = f.stat("/x").await.unwrap_err().to_string();
+    assert!(err.contains(&dead) && err.contains("cannot connect"), "{err}");
+    assert!(HttpFiler::new(" , ", None).unwrap_err().to_string().contains("no filer address"));
+}

@@ -156,8 +156,9 @@ fn parse_s3_addr(s: &str) -> Result<S3Addr, String> {
 
 #[derive(Args)]
 pub struct AdminArgs {
-    /// The filer whose subscriptions the admin schedules.
-    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
+    /// The filer whose subscriptions the admin schedules; several filers of one cluster
+    /// (`A,B`): when one cannot be reached, the next.
+    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT[,...]", default_value = "127.0.0.1:8888")]
     filer: String,
     /// Address to listen on (Admin UI, /metrics, the worker API). A non-loopback address requires --token.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
@@ -165,6 +166,15 @@ pub struct AdminArgs {
     /// Drop a worker that has not heart-beaten for this many seconds, and give its slices to others.
     #[arg(long, value_name = "SECS", default_value_t = 15)]
     worker_timeout: u64,
+    /// Any number of admins may run on one cluster: the one holding the lease `admin/active`
+    /// schedules, the others stand by (read-only pages that name the active one) and take over
+    /// this long after it stops renewing the lease (it stopped, was paused or cut off).
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    lease_ttl: u64,
+    /// How workers and browsers reach this admin (its URL), shown by standbys as the active
+    /// admin: default the address it listens on.
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
     /// The workers' token (the filer's --cluster-token): accepted on the worker API only.
     #[arg(long = "cluster-token", env = "TIDEMARK_CLUSTER_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
@@ -179,11 +189,13 @@ pub struct AdminArgs {
 
 #[derive(Args)]
 pub struct WorkerArgs {
-    /// The admin that assigns this worker its slices.
-    #[arg(long, env = "TIDEMARK_ADMIN", value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
+    /// The admin that assigns this worker its slices; several (`A,B`): the active one of them
+    /// (a standby or unreachable admin is passed over for the next).
+    #[arg(long, env = "TIDEMARK_ADMIN", value_name = "HOST:PORT[,...]", default_value = "127.0.0.1:23646")]
     admin: String,
-    /// The filer the slices read and write.
-    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
+    /// The filer the slices read and write; several filers of one cluster (`A,B`): when one
+    /// cannot be reached, the next (a write is never sent twice).
+    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT[,...]", default_value = "127.0.0.1:8888")]
     filer: String,
     /// The worker's id on the admin's Workers page (default: HOST-PID).
     #[arg(long, value_name = "ID")]
@@ -640,8 +652,13 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     keep_home(&filer, home, ttl, stop_rx.clone());
     let admin = tidemark_admin::Admin::new(
         api.clone(),
-        tidemark_admin::AdminConfig { filer_label: filer_bound.clone(), ..Default::default() },
+        tidemark_admin::AdminConfig {
+            filer_label: filer_bound.clone(),
+            advertise: format!("{scheme}://{admin_bound}"),
+            ..Default::default()
+        },
     );
+    let leadership = tokio::spawn(admin.clone().run_leadership(stop_rx.clone()));
     let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
     let admin_http = tokio::spawn(tidemark_admin::serve_tls(
         admin_listener,
@@ -674,6 +691,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     let _ = worker.await;
     let _ = stop_tx.send(true);
     let _ = detection.await;
+    let _ = leadership.await;
     let _ = outbound.await;
     let _ = collector.await;
     let _ = admin_http.await;
@@ -792,6 +810,8 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
             worker_timeout: std::time::Duration::from_secs(a.worker_timeout.max(1)),
             ..Default::default()
         },
+        advertise: a.advertise.clone().unwrap_or_else(|| format!("{scheme}://{bound}")),
+        lease_ttl: std::time::Duration::from_secs(a.lease_ttl),
         ..Default::default()
     };
     let admin = tidemark_admin::Admin::new(filer, config);
@@ -800,9 +820,11 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
+    let leadership = tokio::spawn(admin.clone().run_leadership(stop_rx.clone()));
     let detection = tokio::spawn(admin.clone().run_detection(stop_rx.clone()));
     let served = tidemark_admin::serve_tls(listener, admin, a.token, a.cluster_token, tls, stopped(stop_rx)).await;
     let _ = detection.await;
+    let _ = leadership.await;
     match served {
         Ok(()) => 0,
         Err(e) => fail(1, format!("the admin stopped: {e}")),
