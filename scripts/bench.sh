@@ -65,6 +65,9 @@ echo "== the content cache, the bucket slower than the disk (a proxy capping eac
 echo "== the S3 gateway beside moto: cached 4 KiB GETs, a large cached GET vs a local file, 1 MiB PUTs =="
 "$bin" bench gateway --endpoint "$moto" --size 256M --requests 1000 --puts 64
 
+echo "== file content on a blob store (--blob-store) against moto: a 256 MiB write and cold read vs a plain PUT/GET =="
+"$bin" bench blobs --endpoint "$moto" --size 256M --rounds 3
+
 echo "== the FUSE mount beside the local disk: a 1 GiB sequential read, ls -lR of 10,000 files, small-file reads =="
 "$bin" bench mount --size 1G --files 10000 --small 200
 

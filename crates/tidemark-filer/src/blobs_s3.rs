@@ -135,7 +135,18 @@ impl S3Blobs {
     pub async fn connect(url: &BlobStoreUrl, keys: Option<(&str, &str)>) -> Result<Self> {
         let storage = tidemark_cloud::aws::s3::S3Storage::connect(&url.conf(keys), &url.bucket).await?;
         let blobs = S3Blobs { client: storage.client().clone(), url: url.clone() };
-        blobs.client.head_bucket().bucket(&url.bucket).send().await.map_err(|e| blobs.error("HeadBucket", "", e))?;
+        blobs.client.head_bucket().bucket(&url.bucket).send().await.map_err(|e| {
+            match blobs.error("HeadBucket", "", e) {
+                // A HEAD has no body to name the error: a 404 is the bucket's.
+                Error::NotFound { .. } => Error::Unavailable {
+                    message: format!(
+                        "the blob store's bucket {:?} does not exist; create it, or fix --blob-store",
+                        url.bucket
+                    ),
+                },
+                e => e,
+            }
+        })?;
         Ok(blobs)
     }
 

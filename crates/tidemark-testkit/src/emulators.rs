@@ -422,6 +422,28 @@ impl Postgres {
         Postgres { url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), _cluster: Some(cluster) }
     }
 
+    /// Restarts this test's own cluster as a crash of the database server would (`pg_ctl
+    /// restart -m immediate`: every connection cut, crash recovery at start), and waits until it
+    /// answers again. The shared cluster of a test run cannot be restarted (other tests use it).
+    pub fn restart(&self) -> Result<(), String> {
+        let Some(cluster) = &self._cluster else {
+            return Err("only a private cluster (Postgres::start) can be restarted".into());
+        };
+        let pg_ctl = postgres_bin("pg_ctl");
+        // A log file of its own: without one the server would write to (and hold) our pipe.
+        let log = cluster.dir.path().join("server.log");
+        let log = log.to_str().unwrap_or("server.log");
+        let out = as_postgres(&[pg_ctl.to_str().unwrap_or("pg_ctl"), "-l", log, "-D"], cluster.dir.path())
+            .args(["-m", "immediate", "-w", "-t", "60", "restart"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("pg_ctl restart failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(())
+    }
+
     /// A new, empty database on this cluster (named after `tag`); its URL.
     pub fn fresh_database(&self, tag: &str) -> String {
         let name = unique_name(tag).replace('-', "_");

@@ -44,6 +44,11 @@ pub enum Bench {
     /// local disk: a large file's sequential read, `ls -lR` of a tree of small files, and the
     /// first read of a small file. Needs /dev/fuse and fusermount3.
     Mount(crate::bench_mount::MountBench),
+    /// File content on a blob store (`--blob-store`) against an S3-compatible endpoint (moto in
+    /// `scripts/bench.sh`): a large file's write and cold read through the filer, each beside a
+    /// plain SDK PutObject/GetObject of the same bytes to the same endpoint. Creates a
+    /// `tidemark-bench-blobs-*` bucket.
+    Blobs(crate::bench_blobs::BlobsBench),
     /// Single conditional writes from many tasks at once, each its own transaction (as users'
     /// writes and several slices on one filer are): writes/s on the embedded SQLite or on
     /// PostgreSQL, where the store commits what waits for it together (group commit).
@@ -157,6 +162,7 @@ pub async fn run(bench: Bench) -> i32 {
         Bench::Gateway(b) => crate::bench_gateway::run(b).await,
         Bench::Mount(b) => crate::bench_mount::run(b).await,
         Bench::Writes(b) => writes_bench(b).await,
+        Bench::Blobs(b) => crate::bench_blobs::run(b).await,
     };
     match result {
         Ok(()) => 0,

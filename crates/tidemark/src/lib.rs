@@ -3,6 +3,7 @@
 
 pub mod bench;
 mod bench_apply;
+mod bench_blobs;
 mod bench_cache;
 mod bench_gateway;
 mod bench_mount;

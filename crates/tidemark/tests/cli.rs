@@ -54,8 +54,9 @@ fn quick_start_put_ls_cat() {
     assert_eq!(json["size"], content.len());
     assert_eq!(json["kind"], "file");
 
+    // The system directory holds the cluster's own documents (where its content lives) from start.
     let root = ok(run_shell(bin(), &server.addr, "fs.ls /", &[]));
-    assert_eq!(root.trim(), "docs/");
+    assert_eq!(root.trim(), "docs/\netc/");
 }
 
 #[test]

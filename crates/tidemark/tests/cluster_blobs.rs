@@ -278,3 +278,64 @@ async fn crashes_between_the_steps_lose_nothing_and_leave_only_collectable_garba
     let e = fa.stat("/x/kept.bin").await.unwrap().unwrap();
     assert!(matches!(e.content, Content::Blob { .. }));
 }
+
+/// The content cache of every filer follows changes made through any filer: a remote-backed
+/// file read (and cached) through both filers, overwritten in the bucket and synced through
+/// filer A, reads as the new version through filer B at once — B's cache records were dropped
+/// by the commit A made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_one_filer_is_what_every_filers_cache_serves() {
+    let moto = Moto::get();
+    let pg = Postgres::get();
+    let store = pg.fresh_database("caches");
+    let (data, blob_bucket) = (unique_name("cached"), unique_name("cblobs"));
+    let s3 = S3Storage::connect(&moto.conf("s3"), &data).await.unwrap();
+    for b in [&data, &blob_bucket] {
+        s3.client().create_bucket().bucket(b).send().await.unwrap();
+    }
+    let url = format!("s3://{blob_bucket}?endpoint={}", moto.endpoint);
+    let tmp = tempfile::tempdir().unwrap();
+    let a = filer(&tmp.path().join("a"), &store, Some(&url), &[]);
+    let b = filer(&tmp.path().join("b"), &store, Some(&url), &[]);
+    let sh = |addr: &str, cmd: &str| tidemark_testkit::ok(tidemark_testkit::run_shell(bin(), addr, cmd, &[]));
+    sh(
+        &a.addr,
+        &format!(
+            "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+            moto.endpoint
+        ),
+    );
+    let v1 = pattern(3 * 1024 * 1024, 1);
+    s3.put("big.bin", v1.clone(), Default::default()).await.unwrap();
+    sh(&a.addr, &format!("remote.mount -dir=/mnt/data -remote=s3/{data}"));
+    let (fa, fb) = (HttpFiler::new(&a.addr, None).unwrap(), HttpFiler::new(&b.addr, None).unwrap());
+    let read = |f: &HttpFiler| {
+        let f = f.clone();
+        async move {
+            let (_, s) = f.read("/mnt/data/big.bin", None).await.unwrap();
+            s.map(|c| c.unwrap()).collect::<Vec<Bytes>>().await.concat()
+        }
+    };
+    for f in [&fa, &fb] {
+        assert_eq!(read(f).await, v1);
+    }
+    // Both caches hold it (a read does not wait for the records; they follow at once).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for f in [&fa, &fb] {
+        loop {
+            let st = f.cache_status(&["/mnt/data/big.bin".to_string()]).await.unwrap();
+            if st[0].cached_bytes == v1.len() as u64 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not cached: {st:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let v2 = pattern(3 * 1024 * 1024, 2);
+    s3.put("big.bin", v2.clone(), Default::default()).await.unwrap();
+    assert_eq!(read(&fb).await, v1, "before the change is synced, B serves the version its entry describes");
+    let synced = sh(&a.addr, "remote.meta.sync -dir=/mnt/data");
+    assert!(synced.contains("updated 1"), "{synced}");
+    assert_eq!(read(&fb).await, v2, "once the sync through A committed, B serves the new bytes");
+    assert_eq!(read(&fa).await, v2);
+}
