@@ -791,14 +791,14 @@ async fn inject(
             0 => {
                 p.kill();
                 count(&format!("SIGKILL {kind}"));
-                tokio::time::sleep(Duration::from_millis(300 + rng.below(1500))).await;
+                tokio::time::sleep(Duration::from_millis(200 + rng.below(1000))).await;
                 p.start(&bin)?;
             }
             1 => {
                 p.signal("STOP");
                 p.paused = true;
                 count(&format!("SIGSTOP {kind}"));
-                tokio::time::sleep(Duration::from_millis(1000 + rng.below(5000))).await;
+                tokio::time::sleep(Duration::from_millis(500 + rng.below(3500))).await;
                 p.signal("CONT");
                 p.paused = false;
             }
