@@ -14,16 +14,22 @@ use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use md5::{Digest, Md5};
 
-use tidemark_core::ids::hex;
 use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_core::{ByteRange, ByteStream, Error, Result};
 
-use crate::blobs::{BlobPage, Stored, StoredContent};
+use crate::blobs::{BlobPage, Md5Pipe, Stored, StoredContent};
 
-/// A multipart upload's part: S3's minimum is 5 MiB (all but the last).
-const PART: usize = 8 * 1024 * 1024;
+/// A multipart upload's first parts: S3's minimum is 5 MiB (all but the last). Parts double in
+/// size every [`PARTS_PER_SIZE`] parts, so the 10,000 parts S3 allows carry any object it
+/// allows (5 TiB) while small files stay a few parts.
+pub const PART: usize = 8 * 1024 * 1024;
+const PARTS_PER_SIZE: i32 = 1000;
+
+/// The size of part `number` (from 1).
+pub fn part_size(number: i32) -> usize {
+    PART << ((number - 1) / PARTS_PER_SIZE).clamp(0, 9)
+}
 /// Parts uploaded at once: a few streams beat one against a bucket that serves each stream at a
 /// bounded rate; memory is at most this many parts (and one being filled).
 const PARTS_IN_FLIGHT: usize = 4;
@@ -201,7 +207,7 @@ impl S3Blobs {
 
     /// Writes the rest of a body that outgrew inline content (`head` is what came so far) as
     /// one new object, whole before this returns; on any failure nothing is left behind.
-    pub async fn spill(&self, head: Bytes, mut body: ByteStream, mut md5: Md5) -> Result<StoredContent> {
+    pub(crate) async fn spill(&self, head: Bytes, mut body: ByteStream, md5: Md5Pipe) -> Result<StoredContent> {
         let id = crate::blobs::new_id()?;
         let key = self.key(&id)?;
         let mut buf = BytesMut::with_capacity(PART);
@@ -225,8 +231,8 @@ impl S3Blobs {
                 }
                 // Full parts go out as they fill; the last one (or a body that never filled
                 // one) once the body has ended.
-                while buf.len() >= PART || (ended && upload.is_some() && !buf.is_empty()) {
-                    let part = buf.split_to(buf.len().min(PART)).freeze();
+                while buf.len() >= part_size(next) || (ended && upload.is_some() && !buf.is_empty()) {
+                    let part = buf.split_to(buf.len().min(part_size(next))).freeze();
                     let upload_id = match &upload {
                         Some(u) => u.clone(),
                         None => {
@@ -310,7 +316,7 @@ impl S3Blobs {
             }
             return Err(e);
         }
-        Ok(StoredContent { stored: Stored::Blob { id, size }, md5: hex(&md5.finalize()) })
+        Ok(StoredContent { stored: Stored::Blob { id, size }, md5: md5.finish().await? })
     }
 
     /// Streams `range` of a blob. `NotFound` if it is gone.
@@ -397,6 +403,14 @@ fn joined(r: Option<std::result::Result<Result<(i32, String)>, tokio::task::Join
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_grow_so_ten_thousand_carry_five_tebibytes() {
+        assert_eq!((part_size(1), part_size(1000), part_size(1001)), (PART, PART, 2 * PART));
+        let total: u64 = (1..=10_000).map(|n| part_size(n) as u64).sum();
+        assert!(total >= 5 << 40, "{total}");
+        assert!(part_size(10_000) <= 5 << 30, "S3's largest part is 5 GiB");
+    }
 
     #[test]
     fn urls_parse_or_say_what_is_wrong() {

@@ -42,20 +42,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 impl HttpFiler {
     /// `addr` is `host:port` or a URL (`http://host:port`), or several separated by commas.
     pub fn new(addr: &str, token: Option<String>) -> Result<Self> {
-        let mut bases = Vec::new();
-        for one in addr.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-            let base = if one.starts_with("http://") || one.starts_with("https://") {
-                one.trim_end_matches('/').to_string()
-            } else {
-                format!("http://{one}")
-            };
-            reqwest::Url::parse(&base)
-                .map_err(|e| Error::invalid_argument(format!("bad filer address {one:?}: {e}")))?;
-            bases.push(base);
-        }
-        if bases.is_empty() {
-            return Err(Error::invalid_argument(format!("no filer address in {addr:?}")));
-        }
+        let bases = tidemark_http::base_urls(addr, "filer").map_err(Error::invalid_argument)?;
         let client = tidemark_http::tls::client_builder()
             .connect_timeout(Duration::from_secs(5))
             .build()

@@ -56,6 +56,29 @@ impl Default for Limits {
 
 /// Whether two secrets (tokens) are equal, in a time that depends on their length only, not on
 /// where they first differ.
+/// The base URLs of `addrs`: one address (`host:port` or a URL) or several separated by commas,
+/// as clients that fail over between servers take them (`http://` when no scheme is given).
+/// `what` names the server kind in errors ("filer", "admin").
+pub fn base_urls(addrs: &str, what: &str) -> Result<Vec<String>, String> {
+    let mut bases = Vec::new();
+    for one in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let base = if one.starts_with("http://") || one.starts_with("https://") {
+            one.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{one}")
+        };
+        let parsed = base.parse::<hyper::Uri>().map_err(|e| format!("bad {what} address {one:?}: {e}"))?;
+        if parsed.host().is_none() {
+            return Err(format!("bad {what} address {one:?}: no host"));
+        }
+        bases.push(base);
+    }
+    if bases.is_empty() {
+        return Err(format!("no {what} address in {addrs:?}"));
+    }
+    Ok(bases)
+}
+
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -6,4 +6,4 @@ pub mod process;
 pub mod tls;
 
 pub use emulators::{Azurite, FakeGcs, Moto, Postgres, PubSub, unique_name};
-pub use process::{TidemarkProcess, eventually, fails, free_port, ok, run_shell};
+pub use process::{LogsOnFailure, TidemarkProcess, eventually, fails, free_port, ok, run_shell};

@@ -216,3 +216,26 @@ pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(250));
     }
 }
+
+/// On a failing test (a panic), prints the tail of every `*.log` in a directory: the story of
+/// the processes a test started there. Hold it for the test's length.
+pub struct LogsOnFailure(pub std::path::PathBuf);
+
+impl Drop for LogsOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!("--- {} (last 60 lines)", path.display());
+                for l in &lines[lines.len().saturating_sub(60)..] {
+                    eprintln!("{l}");
+                }
+            }
+        }
+    }
+}

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::{Filer, RemoteStorage};
 use tidemark_filer::HttpFiler;
-use tidemark_testkit::{Moto, TidemarkProcess, ok, run_shell, unique_name};
+use tidemark_testkit::{LogsOnFailure, Moto, TidemarkProcess, ok, run_shell, unique_name};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
@@ -59,28 +59,6 @@ async fn put_until_visible(s3: &S3Storage, filer: &HttpFiler, key: &str, within:
     })
     .await;
     t0.elapsed()
-}
-
-/// On a failure, prints the tail of every process's log in `dir`.
-struct LogsOnFailure(std::path::PathBuf);
-
-impl Drop for LogsOnFailure {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.extension().is_some_and(|e| e == "log") {
-                let text = std::fs::read_to_string(&path).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                eprintln!("--- {} (last 100 lines)", path.display());
-                for l in &lines[lines.len().saturating_sub(100)..] {
-                    eprintln!("{l}");
-                }
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

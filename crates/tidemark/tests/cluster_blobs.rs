@@ -78,6 +78,12 @@ async fn get(s: &S3Storage, key: &str) -> Vec<u8> {
     parts.concat()
 }
 
+/// The whole content of `path`, read through `filer`.
+async fn read_back(filer: &HttpFiler, path: &str) -> Vec<u8> {
+    let (_, s) = filer.read(path, None).await.unwrap();
+    s.map(|c| c.unwrap()).collect::<Vec<Bytes>>().await.concat()
+}
+
 fn pattern(n: usize, seed: u8) -> Bytes {
     (0..n).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect::<Vec<u8>>().into()
 }
@@ -109,8 +115,7 @@ async fn every_filer_reads_every_file_and_a_filer_that_could_not_refuses_to_star
     a.kill();
     assert_eq!(get(&via_b, "big.bin").await, one_mib, "still read through B after A was SIGKILLed");
     let filer_b = HttpFiler::new(&b.addr, None).unwrap();
-    let (_, s) = filer_b.read("/buckets/shared/big.bin", None).await.unwrap();
-    assert_eq!(s.map(|c| c.unwrap()).collect::<Vec<Bytes>>().await.concat(), one_mib);
+    assert_eq!(read_back(&filer_b, "/buckets/shared/big.bin").await, one_mib);
 
     // A filer that could not read them refuses, naming the flag (and the store, where useful).
     let err = refused(&tmp.path().join("c"), &store, None);
@@ -184,8 +189,7 @@ async fn a_second_filer_without_a_blob_store_refuses_and_migrate_moves_the_first
     }
     let b = filer(&tmp.path().join("b"), &store, Some(&url), &[]);
     let filer_b = HttpFiler::new(&b.addr, None).unwrap();
-    let (_, s) = filer_b.read("/docs/big.bin", None).await.unwrap();
-    assert_eq!(s.map(|c| c.unwrap()).collect::<Vec<Bytes>>().await.concat(), body, "moved, read through another filer");
+    assert_eq!(read_back(&filer_b, "/docs/big.bin").await, body, "moved, read through another filer");
 }
 
 /// SIGKILL (a failpoint that aborts the process) between storing a file's bytes and committing
@@ -259,8 +263,7 @@ async fn crashes_between_the_steps_lose_nothing_and_leave_only_collectable_garba
     assert_eq!(blobs().await, 1, "the overwritten version's blob went; the new one is there");
     let a = filer(&tmp.path().join("a"), &store, Some(&url), &[("TIDEMARK_BLOB_GRACE_SECS", "0")]);
     let fa = HttpFiler::new(&a.addr, None).unwrap();
-    let (_, s) = fa.read("/x/kept.bin", None).await.unwrap();
-    assert_eq!(s.map(|c| c.unwrap()).collect::<Vec<Bytes>>().await.concat(), pattern(260_000, 3));
+    assert_eq!(read_back(&fa, "/x/kept.bin").await, pattern(260_000, 3));
     // The collector takes over (once the dead process's lease ran out), repeats the removal it
     // had not recorded, and goes on: the blob of a version overwritten now goes too.
     put(&fa, "/x/other.bin", pattern(100_000, 4)).await.unwrap();
@@ -272,8 +275,7 @@ async fn crashes_between_the_steps_lose_nothing_and_leave_only_collectable_garba
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for (p, body) in [("/x/kept.bin", pattern(260_000, 3)), ("/x/other.bin", pattern(100_001, 5))] {
-        let (_, s) = fa.read(p, None).await.unwrap();
-        assert_eq!(s.map(|c| c.unwrap()).collect::<Vec<Bytes>>().await.concat(), body, "{p}");
+        assert_eq!(read_back(&fa, p).await, body, "{p}");
     }
     let e = fa.stat("/x/kept.bin").await.unwrap().unwrap();
     assert!(matches!(e.content, Content::Blob { .. }));
@@ -311,10 +313,7 @@ async fn a_change_through_one_filer_is_what_every_filers_cache_serves() {
     let (fa, fb) = (HttpFiler::new(&a.addr, None).unwrap(), HttpFiler::new(&b.addr, None).unwrap());
     let read = |f: &HttpFiler| {
         let f = f.clone();
-        async move {
-            let (_, s) = f.read("/mnt/data/big.bin", None).await.unwrap();
-            s.map(|c| c.unwrap()).collect::<Vec<Bytes>>().await.concat()
-        }
+        async move { read_back(&f, "/mnt/data/big.bin").await }
     };
     for f in [&fa, &fb] {
         assert_eq!(read(f).await, v1);
@@ -338,4 +337,20 @@ async fn a_change_through_one_filer_is_what_every_filers_cache_serves() {
     assert!(synced.contains("updated 1"), "{synced}");
     assert_eq!(read(&fb).await, v2, "once the sync through A committed, B serves the new bytes");
     assert_eq!(read(&fa).await, v2);
+
+    // The outbound sync uploads from the blob store: a large file written through B under the
+    // synced mount reaches the bucket, whichever filer runs the sync.
+    sh(&a.addr, "remote.sync.enable -dir=/mnt/data");
+    let local = pattern(300_000, 3);
+    let body = local.clone();
+    fb.write("/mnt/data/up.bin", futures::stream::once(async move { Ok(body) }).boxed(), WriteOptions::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s3.stat("up.bin").await.unwrap().is_none() {
+        assert!(Instant::now() < deadline, "not uploaded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let parts: Vec<Bytes> = s3.get("up.bin", None, None).await.unwrap().map(|c| c.unwrap()).collect().await;
+    assert_eq!(parts.concat(), local, "the bucket holds the blob's bytes");
 }
