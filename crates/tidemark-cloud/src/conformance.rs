@@ -24,6 +24,8 @@ pub struct Capabilities {
     pub directory_markers: bool,
     /// Keys with characters XML 1.0 cannot carry (control characters) can be stored and listed.
     pub xml_unsafe_keys: bool,
+    /// The headers given to `put_with_headers` (Content-Type, ...) come back from `stat`.
+    pub headers: bool,
 }
 
 pub struct Harness {
@@ -39,7 +41,7 @@ macro_rules! remote_storage_conformance {
             put_stat_get_round_trip, tricky_keys_list_in_byte_order_across_pages,
             prefix_and_start_after, ranged_and_conditional_reads, deletes, user_metadata_round_trip,
             directory_markers, hostile_keys_are_kept_verbatim_or_refused,
-            keys_xml_cannot_carry_list_with_the_others);
+            keys_xml_cannot_carry_list_with_the_others, headers_round_trip);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -185,6 +187,39 @@ pub async fn user_metadata_round_trip(h: &Harness) {
     let put_obj = s.put("meta/x", Bytes::from_static(b"m"), meta.clone()).await.unwrap();
     assert_eq!(put_obj.user_metadata.as_ref(), Some(&meta), "put returns the object as stored");
     assert_eq!(s.stat("meta/x").await.unwrap().unwrap().user_metadata, Some(meta));
+}
+
+/// What a reader gets back besides the bytes: given on put, answered by HEAD, and by a listing
+/// where the provider's listing carries it (GCS, Azure; an S3 listing says nothing: `None`).
+pub async fn headers_round_trip(h: &Harness) {
+    if !h.caps.headers {
+        return;
+    }
+    let s = &*h.storage;
+    let given = tidemark_core::remote::ObjectHeaders {
+        content_type: Some("text/plain; charset=utf-8".into()),
+        content_encoding: Some("gzip".into()),
+        content_disposition: Some("attachment; filename=\"x.txt\"".into()),
+        content_language: Some("de".into()),
+        cache_control: Some("max-age=60".into()),
+        ..Default::default()
+    };
+    s.put_with_headers("hdr/x", Bytes::from_static(b"h"), BTreeMap::new(), &given).await.unwrap();
+    let got = s.stat("hdr/x").await.unwrap().unwrap().headers.expect("a HEAD carries the headers");
+    let strip = |h: tidemark_core::remote::ObjectHeaders| tidemark_core::remote::ObjectHeaders {
+        storage_class: None,
+        restore: None,
+        expires: None,
+        ..h
+    };
+    assert_eq!(strip(got.clone()), given, "{got:?}");
+    let page = s.list("hdr/", None, None, 10).await.unwrap();
+    if let Some(listed) = page.objects[0].headers.clone() {
+        // All of it as the HEAD says, or the entry would change back and forth between the
+        // apply's HEAD and a reconcile's listing.
+        assert_eq!(listed, got, "a listing that carries headers carries the HEAD's");
+        assert_eq!(strip(listed), given);
+    }
 }
 
 pub async fn directory_markers(h: &Harness) {

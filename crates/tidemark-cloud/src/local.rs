@@ -132,6 +132,7 @@ fn object_of(key: String, md: &Meta) -> RemoteObject {
         last_modified_ms: (md.mtime_ns / 1_000_000) as i64,
         version_id: None,
         user_metadata: None,
+        headers: None,
     }
 }
 

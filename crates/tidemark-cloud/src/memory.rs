@@ -61,6 +61,7 @@ impl MemoryStorage {
             last_modified_ms: self.clock.now_ms(),
             version_id: None,
             user_metadata: Some(metadata),
+            headers: None,
         };
         self.lock()?.objects.insert(key.to_string(), (body, obj.clone()));
         Ok(obj)

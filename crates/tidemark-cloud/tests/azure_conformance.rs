@@ -39,6 +39,7 @@ async fn blob() -> Harness {
             // Azurite answers 500 to a listing that holds such a name; Azure itself returns it
             // percent-encoded (`<Name Encoded="true">`), which `azure::blob` decodes (unit-tested).
             xml_unsafe_keys: false,
+            headers: true,
             arbitrary_keys: false,
             user_metadata: true,
             lists_directories: false,

@@ -34,6 +34,7 @@ async fn gcs_storage() -> Harness {
         storage: Arc::new(storage),
         caps: Capabilities {
             xml_unsafe_keys: true,
+            headers: true,
             arbitrary_keys: true,
             user_metadata: true,
             lists_directories: false,

@@ -14,6 +14,7 @@ async fn local() -> Harness {
         storage: Arc::new(storage),
         caps: Capabilities {
             xml_unsafe_keys: true,
+            headers: false,
             arbitrary_keys: false,
             user_metadata: false,
             lists_directories: true,
@@ -28,6 +29,7 @@ async fn memory() -> Harness {
         storage: Arc::new(MemoryStorage::default()),
         caps: Capabilities {
             xml_unsafe_keys: true,
+            headers: false,
             arbitrary_keys: true,
             user_metadata: true,
             lists_directories: false,

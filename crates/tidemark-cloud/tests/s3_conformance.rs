@@ -27,6 +27,7 @@ async fn s3() -> Harness {
         storage: Arc::new(storage),
         caps: Capabilities {
             xml_unsafe_keys: true,
+            headers: true,
             arbitrary_keys: true,
             user_metadata: true,
             lists_directories: false,

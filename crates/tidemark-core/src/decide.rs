@@ -18,6 +18,8 @@
 //! 6. a remote-backed entry whose object is gone is deleted (metadata only);
 //! 7. otherwise the entry is in sync.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Content, Entry, EntryKind, NewEntry, RemoteEntry};
@@ -191,7 +193,19 @@ fn is_recorded(recorded: &RemoteEntry, o: &RemoteObject, is_dir_marker: bool) ->
     }
 }
 
-/// The entry a remote object maps to, keeping what is local to the entry (`mode`, `extended`).
+/// The extended attributes of `keep` brought up to date with the object's headers and metadata
+/// (a directory keeps its own: a marker's headers are not the directory's).
+fn attrs_for(remote: RemoteSide<'_>, keep: Option<&Entry>) -> BTreeMap<String, String> {
+    let mut ext = keep.map(|e| e.extended.clone()).unwrap_or_default();
+    if !remote.is_dir_marker {
+        let same = keep.and_then(|e| e.remote.as_ref()).is_some_and(|r| is_recorded(r, remote.object, false));
+        crate::model::object_attrs::refresh(&mut ext, remote.object, same);
+    }
+    ext
+}
+
+/// The entry a remote object maps to, keeping what is local to the entry (`mode`, extended
+/// attributes other than the object's headers and metadata).
 pub fn entry_for(remote: RemoteSide<'_>, storage: &str, keep: Option<&Entry>) -> NewEntry {
     let o = remote.object;
     let is_dir = remote.is_dir_marker;
@@ -211,7 +225,7 @@ pub fn entry_for(remote: RemoteSide<'_>, storage: &str, keep: Option<&Entry>) ->
             dirty_after: None,
         }),
         content: if is_dir || o.size == 0 { Content::Empty } else { Content::Remote },
-        extended: keep.map(|e| e.extended.clone()).unwrap_or_default(),
+        extended: attrs_for(remote, keep),
     }
 }
 
@@ -244,7 +258,13 @@ pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &Decid
             return Action::Skip(SkipReason::Conflict);
         }
         return if is_recorded(recorded, r.object, r.is_dir_marker) {
-            Action::Skip(SkipReason::InSync)
+            // The same bytes, but what a client reads back about them may have changed (S3
+            // metadata replaced in place keeps the ETag; a restore of an archived object).
+            if attrs_for(r, Some(l)) == l.extended {
+                Action::Skip(SkipReason::InSync)
+            } else {
+                Action::Update(entry_for(r, ctx.storage, Some(l)))
+            }
         } else {
             Action::Update(entry_for(r, ctx.storage, Some(l)))
         };
@@ -276,9 +296,8 @@ pub fn needs_metadata(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, tom
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
+    use crate::remote::ObjectHeaders;
 
     fn obj(etag: &str, mtime: i64, size: u64) -> RemoteObject {
         RemoteObject {
@@ -288,6 +307,7 @@ mod tests {
             last_modified_ms: mtime,
             version_id: None,
             user_metadata: None,
+            headers: None,
         }
     }
 
@@ -620,5 +640,54 @@ mod tests {
         assert!(!needs_metadata(None, file(&listed), Some(clean_tomb(5, "x", 0))), "a clean entry's tombstone");
         let in_sync = synced(EntryKind::File, "e", 1, 1, 9);
         assert!(!needs_metadata(Some(&in_sync), file(&listed), Some(t)));
+    }
+
+    fn headed(mut o: RemoteObject, content_type: &str, class: &str, restore: Option<&str>) -> RemoteObject {
+        o.headers = Some(ObjectHeaders {
+            content_type: Some(content_type.into()),
+            content_encoding: Some("gzip".into()),
+            storage_class: Some(class.into()),
+            restore: restore.map(str::to_string),
+            ..Default::default()
+        });
+        let mut meta = upload_metadata("them", "/x", 3);
+        meta.insert("owner".into(), "ops".into());
+        o.user_metadata = Some(meta);
+        o
+    }
+
+    fn ext(e: &NewEntry) -> &BTreeMap<String, String> {
+        &e.extended
+    }
+
+    /// What a reader gets back about an object (headers, metadata, class) follows the bucket:
+    /// taken from a HEAD, refreshed when only it changed (a restore), kept through listings of
+    /// the same object, dropped when a listing shows other bytes.
+    #[test]
+    fn entries_keep_what_the_object_says_of_itself() {
+        use crate::model::object_attrs as a;
+        let glacier = headed(obj("e1", 100, 3), "text/plain", "GLACIER", None);
+        let Action::Create(created) = decide(None, file(&glacier), &CTX) else { panic!() };
+        assert_eq!(ext(&created).get(a::CONTENT_TYPE).map(String::as_str), Some("text/plain"));
+        assert_eq!(ext(&created).get(a::CONTENT_ENCODING).map(String::as_str), Some("gzip"));
+        assert_eq!(ext(&created).get("s3.meta.owner").map(String::as_str), Some("ops"));
+        assert!(!ext(&created).keys().any(|k| k.contains("tidemark-")), "upload bookkeeping is not the file's");
+        assert_eq!(a::archived(ext(&created)), Some("GLACIER"));
+
+        let mut entry = synced(EntryKind::File, "e1", 100, 3, 9);
+        entry.extended = created.extended.clone();
+        entry.extended.insert("user.local".into(), "kept".into());
+        assert_eq!(kind(&decide(Some(&entry), file(&glacier), &CTX)), "skip", "nothing changed");
+        let restored = headed(obj("e1", 100, 3), "text/plain", "GLACIER", Some("ongoing-request=\"false\""));
+        let Action::Update(u) = decide(Some(&entry), file(&restored), &CTX) else { panic!("a restore refreshes") };
+        assert_eq!(a::archived(ext(&u)), None, "readable once restored");
+        assert_eq!(ext(&u).get("user.local").map(String::as_str), Some("kept"), "the entry's own attributes stay");
+
+        let listed_same = obj("e1", 100, 3);
+        assert_eq!(kind(&decide(Some(&entry), file(&listed_same), &CTX)), "skip", "a listing keeps them");
+        let listed_other = obj("e2", 200, 4);
+        let Action::Update(u) = decide(Some(&entry), file(&listed_other), &CTX) else { panic!() };
+        assert!(!ext(&u).keys().any(|k| k.starts_with("s3.")), "they described other bytes: {:?}", ext(&u));
+        assert_eq!(ext(&u).get("user.local").map(String::as_str), Some("kept"));
     }
 }

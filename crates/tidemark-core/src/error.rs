@@ -52,6 +52,11 @@ pub enum Error {
     #[error("unauthorized: {message}")]
     Unauthorized { message: String },
 
+    /// The remote object is in an archival storage class and must be restored before it can be
+    /// read (S3 answers `InvalidObjectState`, Azure `BlobArchived`).
+    #[error("{path}: archived in storage class {storage_class}: {}", crate::remote::archived_hint(.storage_class))]
+    Archived { path: String, storage_class: String },
+
     /// The other side could not be reached or answered with a transient failure; retrying later
     /// may succeed.
     #[error("unavailable: {message}")]
@@ -85,6 +90,7 @@ impl Error {
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Error::Unauthorized { .. } => "unauthorized",
+            Error::Archived { .. } => "archived",
             Error::Unavailable { .. } => "unavailable",
             Error::Io { .. } => "io",
             Error::Internal { .. } => "internal",

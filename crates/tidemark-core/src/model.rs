@@ -234,6 +234,101 @@ pub const MAX_INLINE_BYTES: usize = 64 * 1024;
 /// local content; a remote-backed entry's ETag is its remote object's.
 pub const MD5_ATTR: &str = "md5";
 
+/// The extended attributes that hold what a client reads back about an object besides its
+/// bytes (the headers a GET answers with, user metadata, the storage class): set by the S3
+/// gateway from a PUT's headers for a local file, and from the bucket's object (HEAD or listing)
+/// for a remote-backed one; served by the gateway and the HTTP API.
+pub mod object_attrs {
+    use std::collections::BTreeMap;
+
+    use crate::remote::{ObjectHeaders, RemoteObject};
+
+    pub const CONTENT_TYPE: &str = "s3.content-type";
+    pub const CONTENT_ENCODING: &str = "s3.content-encoding";
+    pub const CONTENT_DISPOSITION: &str = "s3.content-disposition";
+    pub const CONTENT_LANGUAGE: &str = "s3.content-language";
+    pub const CACHE_CONTROL: &str = "s3.cache-control";
+    pub const EXPIRES: &str = "s3.expires";
+    pub const STORAGE_CLASS: &str = "s3.storage-class";
+    pub const RESTORE: &str = "s3.restore";
+    /// User metadata `x-amz-meta-NAME` is kept as `s3.meta.NAME` (name lower-cased).
+    pub const META_PREFIX: &str = "s3.meta.";
+    /// Metadata names Tidemark's outbound sync puts on its uploads: about the upload, not the
+    /// file, so not shown as the file's metadata.
+    const OWN_METADATA_PREFIX: &str = "tidemark-";
+
+    const HEADERS: [&str; 8] = [
+        CONTENT_TYPE,
+        CONTENT_ENCODING,
+        CONTENT_DISPOSITION,
+        CONTENT_LANGUAGE,
+        CACHE_CONTROL,
+        EXPIRES,
+        STORAGE_CLASS,
+        RESTORE,
+    ];
+
+    /// The headers kept in `ext`.
+    pub fn headers(ext: &BTreeMap<String, String>) -> ObjectHeaders {
+        let get = |k: &str| ext.get(k).cloned();
+        ObjectHeaders {
+            content_type: get(CONTENT_TYPE),
+            content_encoding: get(CONTENT_ENCODING),
+            content_disposition: get(CONTENT_DISPOSITION),
+            content_language: get(CONTENT_LANGUAGE),
+            cache_control: get(CACHE_CONTROL),
+            expires: get(EXPIRES),
+            storage_class: get(STORAGE_CLASS),
+            restore: get(RESTORE),
+        }
+    }
+
+    /// The user metadata kept in `ext`.
+    pub fn user_metadata(ext: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        ext.iter().filter_map(|(k, v)| k.strip_prefix(META_PREFIX).map(|n| (n.to_string(), v.clone()))).collect()
+    }
+
+    /// The storage class, if the object cannot be read before it is restored.
+    pub fn archived(ext: &BTreeMap<String, String>) -> Option<&str> {
+        let class = ext.get(STORAGE_CLASS).map(String::as_str);
+        crate::remote::is_archived(class, ext.get(RESTORE).map(String::as_str)).then(|| class.unwrap_or_default())
+    }
+
+    /// Brings `ext` up to date with object `o`: what `o` carries replaces what `ext` held;
+    /// what it does not carry (a listing has no headers) is kept if `o` is the object `ext`
+    /// described (`same_object`), and dropped otherwise, as it described other bytes.
+    pub fn refresh(ext: &mut BTreeMap<String, String>, o: &RemoteObject, same_object: bool) {
+        if o.headers.is_some() || !same_object {
+            ext.retain(|k, _| !HEADERS.contains(&k.as_str()));
+        }
+        if let Some(h) = &o.headers {
+            let pairs = [
+                (CONTENT_TYPE, &h.content_type),
+                (CONTENT_ENCODING, &h.content_encoding),
+                (CONTENT_DISPOSITION, &h.content_disposition),
+                (CONTENT_LANGUAGE, &h.content_language),
+                (CACHE_CONTROL, &h.cache_control),
+                (EXPIRES, &h.expires),
+                (STORAGE_CLASS, &h.storage_class),
+                (RESTORE, &h.restore),
+            ];
+            for (k, v) in pairs {
+                if let Some(v) = v {
+                    ext.insert(k.to_string(), v.clone());
+                }
+            }
+        }
+        if o.user_metadata.is_some() || !same_object {
+            ext.retain(|k, _| !k.starts_with(META_PREFIX));
+        }
+        for (k, v) in o.user_metadata.iter().flatten() {
+            if !k.starts_with(OWN_METADATA_PREFIX) {
+                ext.insert(format!("{META_PREFIX}{}", k.to_ascii_lowercase()), v.clone());
+            }
+        }
+    }
+}
+
 impl Txn {
     pub fn put(path: impl Into<String>, entry: NewEntry, origin: Origin) -> Self {
         Txn {

@@ -25,6 +25,62 @@ pub struct RemoteObject {
     /// User metadata, names lower-cased. A LIST does not return it (`None`); a HEAD does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_metadata: Option<BTreeMap<String, String>>,
+    /// The headers a GET of the object answers with. `None` where the answer does not carry them
+    /// (an S3 listing); a HEAD, and GCS and Azure listings, do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<ObjectHeaders>,
+}
+
+/// What a client reads back about an object besides its bytes: the headers S3, GCS and Azure
+/// answer a GET with, its storage class, and whether an archived object has been restored. Kept
+/// in the entry's extended attributes ([`crate::model::object_attrs`]) and served by the gateway
+/// and the HTTP API as the bucket would.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectHeaders {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_disposition: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_language: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<String>,
+    /// As the provider gave it (an HTTP date).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+    /// The provider's name for it (`STANDARD`, `GLACIER`, `DEEP_ARCHIVE`; GCS `NEARLINE`; Azure's
+    /// access tier `Hot`, `Cool`, `Archive`). `None`: the provider did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<String>,
+    /// The state of a restore of an archived object (S3's `x-amz-restore`, Azure's
+    /// `x-ms-archive-status`), as the provider gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<String>,
+}
+
+/// Whether an object of `storage_class`, in restore state `restore`, cannot be read until it is
+/// restored: S3's GLACIER and DEEP_ARCHIVE (not GLACIER_IR, read at once) without a finished
+/// restore, Azure's Archive tier. GCS's archive class is read at once.
+pub fn is_archived(storage_class: Option<&str>, restore: Option<&str>) -> bool {
+    let restored = restore.is_some_and(|r| r.replace(' ', "").contains("ongoing-request=\"false\""));
+    match storage_class {
+        Some("GLACIER" | "DEEP_ARCHIVE") => !restored,
+        // Azure's tier (GCS's class is `ARCHIVE`, in capitals, and read at once). A rehydrated
+        // blob is in another tier.
+        Some("Archive") => true,
+        _ => false,
+    }
+}
+
+/// What to tell a user who read an archived object.
+pub fn archived_hint(storage_class: &str) -> &'static str {
+    if storage_class == "Archive" {
+        "rehydrate the blob to the Hot or Cool tier (az storage blob set-tier --rehydrate-priority), then read it again"
+    } else {
+        "restore it in the bucket first (aws s3api restore-object --restore-request Days=N), then read it again"
+    }
 }
 
 /// Strips the quotes (and a weak `W/` prefix) from an ETag, so ETags from HEAD (quoted) and from
@@ -69,6 +125,20 @@ pub trait RemoteStorage: Send + Sync + 'static {
     async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream>;
 
     async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject>;
+
+    /// [`put`](Self::put) with the headers a GET of the object should answer with (the storage
+    /// class and restore state are the bucket's to decide and are not sent). Stores that keep
+    /// no headers ignore them.
+    async fn put_with_headers(
+        &self,
+        key: &str,
+        body: Bytes,
+        metadata: BTreeMap<String, String>,
+        headers: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
+        let _ = headers;
+        self.put(key, body, metadata).await
+    }
 
     /// Deleting a missing key is not an error.
     async fn delete(&self, key: &str) -> Result<()>;

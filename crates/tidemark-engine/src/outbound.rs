@@ -14,8 +14,8 @@ use futures::StreamExt;
 
 use tidemark_core::decide::{DecideCtx, RemoteSide, is_entrys_pending_upload, is_locally_dirty, upload_metadata};
 use tidemark_core::keymap::KeyMap;
-use tidemark_core::model::{ChangeRecord, Content, Origin, Precondition, RemoteEntry, Txn};
-use tidemark_core::remote::Mount;
+use tidemark_core::model::{ChangeRecord, Content, Origin, Precondition, RemoteEntry, Txn, object_attrs};
+use tidemark_core::remote::{Mount, ObjectHeaders};
 use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
 
 /// What one change-log record led to.
@@ -116,9 +116,16 @@ pub async fn sync_record(
             while let Some(chunk) = stream.next().await {
                 body.extend_from_slice(&chunk.map_err(|e| Error::io(format!("reading {}", entry.path), e))?);
             }
-            let meta = upload_metadata(cluster_id, &entry.path, entry.version);
-            let object = storage.put(&key, body.freeze(), meta).await?;
+            // What a reader of the object should get back (a PUT through the gateway kept its
+            // headers and metadata); Tidemark's own metadata last, so no user name replaces it.
+            let mut meta = object_attrs::user_metadata(&entry.extended);
+            meta.extend(upload_metadata(cluster_id, &entry.path, entry.version));
+            let headers =
+                ObjectHeaders { storage_class: None, restore: None, ..object_attrs::headers(&entry.extended) };
+            let object = storage.put_with_headers(&key, body.freeze(), meta, &headers).await?;
             let mut synced = entry.to_new();
+            // As the bucket now answers for it (its storage class, too).
+            object_attrs::refresh(&mut synced.extended, &object, false);
             synced.mtime_ms = object.last_modified_ms;
             synced.remote = Some(RemoteEntry {
                 storage: mount.location.storage.clone(),

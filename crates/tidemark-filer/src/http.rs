@@ -88,6 +88,7 @@ pub fn status_of(e: &Error) -> StatusCode {
         Error::InvalidPath { .. } | Error::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
         Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
         Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+        Error::Archived { .. } => StatusCode::FORBIDDEN,
         Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -424,7 +425,21 @@ async fn read(
         *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
     }
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    // What the bucket (or the gateway's PUT) said of the object, as S3 would answer.
+    let o = tidemark_core::model::object_attrs::headers(&entry.extended);
+    let content_type = o.content_type.as_deref().and_then(|v| HeaderValue::from_str(v).ok());
+    h.insert(header::CONTENT_TYPE, content_type.unwrap_or(HeaderValue::from_static("application/octet-stream")));
+    for (name, value) in [
+        (header::CONTENT_ENCODING, &o.content_encoding),
+        (header::CONTENT_DISPOSITION, &o.content_disposition),
+        (header::CONTENT_LANGUAGE, &o.content_language),
+        (header::CACHE_CONTROL, &o.cache_control),
+        (header::EXPIRES, &o.expires),
+    ] {
+        if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+            h.insert(name, v);
+        }
+    }
     h.insert(ENTRY_HEADER, header);
     match range {
         Some(r) => {

@@ -440,7 +440,21 @@ impl Filer for LocalFiler {
                     if let Some(r) = range {
                         check_range(p, entry.size, r)?;
                     }
-                    self.cache.read(&entry, range).await?
+                    match self.cache.read(&entry, range).await {
+                        Ok(s) => s,
+                        // Named by the entry's path and, where known, its class.
+                        Err(Error::Archived { storage_class, .. }) => {
+                            return Err(Error::Archived {
+                                path: p.into(),
+                                storage_class: entry
+                                    .extended
+                                    .get(tidemark_core::model::object_attrs::STORAGE_CLASS)
+                                    .cloned()
+                                    .unwrap_or(storage_class),
+                            });
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 Content::Blob { id } => {
                     if let Some(r) = range {

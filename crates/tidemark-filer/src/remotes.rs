@@ -142,6 +142,11 @@ impl Located {
                     self.path, self.mount_dir
                 ),
             }),
+            // Not a failure to retry: the object must be restored first (the reader names the
+            // entry's storage class).
+            Err(Error::Archived { storage_class, .. }) => {
+                Err(Error::Archived { path: self.path.clone(), storage_class })
+            }
             Err(e) => Err(Error::Unavailable {
                 message: format!(
                     "{}: not cached here, and its bucket {} could not be read: {e}",

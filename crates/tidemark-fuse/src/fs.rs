@@ -94,6 +94,8 @@ fn errno(e: &Error) -> Errno {
         Error::DirectoryNotEmpty { .. } => Errno::ENOTEMPTY,
         Error::InvalidPath { .. } | Error::InvalidArgument { .. } | Error::RangeNotSatisfiable { .. } => Errno::EINVAL,
         Error::Unauthorized { .. } => Errno::EACCES,
+        // "No data available": the bytes are in the bucket's archive until restored.
+        Error::Archived { .. } => Errno::ENODATA,
         _ => Errno::EIO,
     }
 }

@@ -26,12 +26,12 @@ use crate::names::{self, BUCKETS_DIR, NameError};
 const MAX_METADATA_BYTES: usize = 2048;
 const MAX_KEYS: i32 = 1000;
 /// Extended attributes the gateway keeps for an object, by header.
-const ATTR_CONTENT_TYPE: &str = "s3.content-type";
-const ATTR_CACHE_CONTROL: &str = "s3.cache-control";
-const ATTR_CONTENT_DISPOSITION: &str = "s3.content-disposition";
-const ATTR_CONTENT_ENCODING: &str = "s3.content-encoding";
-const ATTR_CONTENT_LANGUAGE: &str = "s3.content-language";
-const ATTR_META: &str = "s3.meta.";
+use tidemark_core::model::object_attrs::{
+    CACHE_CONTROL as ATTR_CACHE_CONTROL, CONTENT_DISPOSITION as ATTR_CONTENT_DISPOSITION,
+    CONTENT_ENCODING as ATTR_CONTENT_ENCODING, CONTENT_LANGUAGE as ATTR_CONTENT_LANGUAGE,
+    CONTENT_TYPE as ATTR_CONTENT_TYPE, EXPIRES as ATTR_EXPIRES, META_PREFIX as ATTR_META, RESTORE as ATTR_RESTORE,
+    STORAGE_CLASS as ATTR_STORAGE_CLASS,
+};
 const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
 pub struct Gateway {
@@ -97,6 +97,8 @@ fn s3_err(e: Error) -> S3Error {
         Error::InvalidArgument { .. } => (S3ErrorCode::InvalidArgument, e.to_string()),
         Error::RangeNotSatisfiable { .. } => (S3ErrorCode::InvalidRange, e.to_string()),
         Error::Unavailable { .. } => (S3ErrorCode::ServiceUnavailable, e.to_string()),
+        // 403, as S3 answers a GET of an object not yet restored; clients do not retry it.
+        Error::Archived { .. } => (S3ErrorCode::InvalidObjectState, e.to_string()),
         Error::Unauthorized { .. } => {
             (S3ErrorCode::InternalError, format!("the gateway's filer refused it: {e} (check the gateway's --token)"))
         }
@@ -244,6 +246,7 @@ struct ReadAsk {
     content_disposition: Option<String>,
     content_encoding: Option<String>,
     content_language: Option<String>,
+    expires: Option<Timestamp>,
 }
 
 macro_rules! read_ask {
@@ -258,6 +261,7 @@ macro_rules! read_ask {
             content_disposition: $i.response_content_disposition.take(),
             content_encoding: $i.response_content_encoding.take(),
             content_language: $i.response_content_language.take(),
+            expires: $i.response_expires.take(),
         }
     };
 }
@@ -269,6 +273,9 @@ struct Shown {
     content_disposition: Option<String>,
     content_encoding: Option<String>,
     content_language: Option<String>,
+    expires: Option<Timestamp>,
+    storage_class: Option<StorageClass>,
+    restore: Option<String>,
     e_tag: Option<ETag>,
     last_modified: Option<Timestamp>,
     metadata: Option<Metadata>,
@@ -298,6 +305,12 @@ impl ReadAsk {
             content_disposition: self.content_disposition.or_else(|| attr(e, ATTR_CONTENT_DISPOSITION)),
             content_encoding: self.content_encoding.or_else(|| attr(e, ATTR_CONTENT_ENCODING)),
             content_language: self.content_language.or_else(|| attr(e, ATTR_CONTENT_LANGUAGE)),
+            expires: self
+                .expires
+                .or_else(|| attr(e, ATTR_EXPIRES).and_then(|v| Timestamp::parse(TimestampFormat::HttpDate, &v).ok())),
+            // STANDARD is left out, as S3 does.
+            storage_class: attr(e, ATTR_STORAGE_CLASS).filter(|c| c != "STANDARD").map(StorageClass::from),
+            restore: attr(e, ATTR_RESTORE),
             e_tag: Some(ETag::Strong(etag_of(e))),
             last_modified: Some(timestamp(e.mtime_ms)),
             metadata: user_metadata(e),
@@ -320,6 +333,9 @@ macro_rules! shown_as {
             content_disposition: s.content_disposition,
             content_encoding: s.content_encoding,
             content_language: s.content_language,
+            expires: s.expires,
+            storage_class: s.storage_class,
+            restore: s.restore,
             e_tag: s.e_tag,
             last_modified: s.last_modified,
             metadata: s.metadata,

@@ -220,6 +220,7 @@ impl EventSource for CheckedQueue {
                             last_modified_ms: e.event_time_ms.unwrap_or(0),
                             version_id: None,
                             user_metadata: None,
+                            headers: None,
                         });
                         p.insert(e.key, obj);
                     }

@@ -294,7 +294,8 @@ fn a_lost_filer_is_eio_not_a_hang_and_a_killed_mount_is_reported() {
     filer.signal("CONT");
     assert!(
         r.is_err() && waited >= Duration::from_secs(2) && waited < Duration::from_secs(15),
-        "{r:?} after {waited:?}"
+        "{r:?} after {waited:?}; the mount's log:\n{}",
+        m.process.stderr()
     );
     assert!(m.process.stderr().contains("did not answer within"), "{}", m.process.stderr());
     // A filer that is gone.

@@ -42,23 +42,28 @@ pub fn overlaps(a: &Rule, b: &Rule) -> bool {
 }
 
 /// The S3 event names a subscription's event types provision (SEMANTICS.md, "Event names"):
-/// `removed` is every way an object leaves — deleted, and expired by a lifecycle rule, which S3
-/// reports as `LifecycleExpiration:*`, not `ObjectRemoved:*`; `other` the changes of an
-/// object's storage state (restores, lifecycle transitions, access tiers), which decide
-/// whether it can be read.
+/// `created` is every way an object appears or changes what a reader gets — put, and also
+/// restored from an archive, its restored copy expired, or moved to another storage class;
+/// `removed` every way it leaves — deleted, and expired by a lifecycle rule, which S3 reports as
+/// `LifecycleExpiration:*`, not `ObjectRemoved:*`; `other` what changes neither (a restore
+/// started, tags, ACLs).
 pub fn s3_events(t: &EventTypes) -> Vec<Event> {
     let mut v = Vec::new();
     if t.created {
         v.push(Event::S3ObjectCreated);
+        v.push(Event::S3ObjectRestoreCompleted);
+        v.push(Event::S3ObjectRestoreDelete);
+        v.push(Event::S3LifecycleTransition);
+        v.push(Event::S3IntelligentTiering);
     }
     if t.removed {
         v.push(Event::S3ObjectRemoved);
         v.push(Event::S3LifecycleExpiration);
     }
     if t.other {
-        v.push(Event::S3ObjectRestore);
-        v.push(Event::S3LifecycleTransition);
-        v.push(Event::S3IntelligentTiering);
+        v.push(Event::S3ObjectRestorePost);
+        v.push(Event::S3ObjectTagging);
+        v.push(Event::S3ObjectAclPut);
     }
     v
 }

@@ -12,7 +12,7 @@ use aws_sdk_s3::primitives::ByteStream as AwsBody;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use tidemark_core::remote::{ListPage, RemoteConf, RemoteObject, normalize_etag};
+use tidemark_core::remote::{ListPage, ObjectHeaders, RemoteConf, RemoteObject, normalize_etag};
 use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result};
 
 pub const SETTINGS: &[(&str, &str)] = &[
@@ -115,6 +115,12 @@ impl S3Storage {
             (SdkError::TimeoutError(_), _, _) => Error::Unavailable {
                 message: format!("{op} {target}: the endpoint of remote {:?} timed out", self.remote),
             },
+            // Before the credentials: S3 answers 403 for it.
+            (_, _, "InvalidObjectState") => Error::Archived {
+                path: target,
+                // The error does not say which class; the reader names it from the entry.
+                storage_class: ARCHIVAL.into(),
+            },
             (_, _, "NoSuchBucket") => Error::NotFound {
                 path: format!(
                     "bucket {:?} of remote {:?} (it does not exist; check -remote=)",
@@ -146,6 +152,9 @@ impl S3Storage {
     }
 }
 
+/// The storage class named in an archived-object error when the reader does not know which.
+pub const ARCHIVAL: &str = "GLACIER or DEEP_ARCHIVE";
+
 fn ms_of(t: Option<&aws_sdk_s3::primitives::DateTime>) -> i64 {
     t.and_then(|t| t.to_millis().ok()).unwrap_or(0)
 }
@@ -169,6 +178,17 @@ impl RemoteStorage for S3Storage {
                         .map(|m| m.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.clone())).collect())
                         .unwrap_or_default(),
                 ),
+                headers: Some(ObjectHeaders {
+                    content_type: h.content_type().map(str::to_string),
+                    content_encoding: h.content_encoding().map(str::to_string),
+                    content_disposition: h.content_disposition().map(str::to_string),
+                    content_language: h.content_language().map(str::to_string),
+                    cache_control: h.cache_control().map(str::to_string),
+                    expires: h.expires_string().map(str::to_string),
+                    // A HEAD leaves the header out for STANDARD; a listing names it.
+                    storage_class: Some(h.storage_class().map_or("STANDARD", |c| c.as_str()).to_string()),
+                    restore: h.restore().map(str::to_string),
+                }),
             })),
             Err(e) => match self.error("HeadObject", key, e) {
                 Error::NotFound { path } if !path.starts_with("bucket ") => Ok(None),
@@ -228,6 +248,7 @@ impl RemoteStorage for S3Storage {
                     last_modified_ms: ms_of(o.last_modified()),
                     version_id: None,
                     user_metadata: None,
+                    headers: None,
                 })
             })
             .filter(|o: &RemoteObject| skip_through.is_none_or(|a| o.key.as_str() > a))
@@ -254,7 +275,32 @@ impl RemoteStorage for S3Storage {
     }
 
     async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject> {
-        let mut req = self.client.put_object().bucket(&self.bucket).key(key).body(AwsBody::from(body));
+        self.put_with_headers(key, body, metadata, &ObjectHeaders::default()).await
+    }
+
+    async fn put_with_headers(
+        &self,
+        key: &str,
+        body: Bytes,
+        metadata: BTreeMap<String, String>,
+        headers: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
+        let h = headers.clone();
+        let expires = h.expires.as_deref().and_then(|e| {
+            aws_sdk_s3::primitives::DateTime::from_str(e, aws_sdk_s3::primitives::DateTimeFormat::HttpDate).ok()
+        });
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .body(AwsBody::from(body))
+            .set_content_type(h.content_type)
+            .set_content_encoding(h.content_encoding)
+            .set_content_disposition(h.content_disposition)
+            .set_content_language(h.content_language)
+            .set_cache_control(h.cache_control)
+            .set_expires(expires);
         for (k, v) in metadata {
             req = req.metadata(k, v);
         }

@@ -9,7 +9,7 @@ use futures::{StreamExt, TryStreamExt};
 use reqwest::Method;
 use serde::Deserialize;
 
-use tidemark_core::remote::{ListPage, RemoteConf, RemoteObject, normalize_etag};
+use tidemark_core::remote::{ListPage, ObjectHeaders, RemoteConf, RemoteObject, normalize_etag};
 use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result};
 
 use super::client::{AzureClient, encode_path, parse_http_date_ms};
@@ -97,6 +97,37 @@ struct BlobProperties {
     etag: String,
     #[serde(rename = "Content-Length")]
     content_length: u64,
+    #[serde(rename = "Content-Type", default)]
+    content_type: Option<String>,
+    #[serde(rename = "Content-Encoding", default)]
+    content_encoding: Option<String>,
+    #[serde(rename = "Content-Disposition", default)]
+    content_disposition: Option<String>,
+    #[serde(rename = "Content-Language", default)]
+    content_language: Option<String>,
+    #[serde(rename = "Cache-Control", default)]
+    cache_control: Option<String>,
+    #[serde(rename = "AccessTier", default)]
+    access_tier: Option<String>,
+    #[serde(rename = "ArchiveStatus", default)]
+    archive_status: Option<String>,
+}
+
+impl BlobProperties {
+    /// Empty elements (`<Content-Encoding />`) are absent headers.
+    fn headers(&self) -> ObjectHeaders {
+        let v = |o: &Option<String>| o.clone().filter(|s| !s.is_empty());
+        ObjectHeaders {
+            content_type: v(&self.content_type),
+            content_encoding: v(&self.content_encoding),
+            content_disposition: v(&self.content_disposition),
+            content_language: v(&self.content_language),
+            cache_control: v(&self.cache_control),
+            expires: None,
+            storage_class: v(&self.access_tier),
+            restore: v(&self.archive_status),
+        }
+    }
 }
 
 /// Azure metadata names must be C# identifiers: Tidemark's `tidemark-origin` is stored as
@@ -179,6 +210,16 @@ impl RemoteStorage for AzureBlobStorage {
             last_modified_ms: get("last-modified").and_then(parse_http_date_ms).unwrap_or(0),
             version_id: get("x-ms-version-id").map(str::to_string),
             user_metadata: Some(meta),
+            headers: Some(ObjectHeaders {
+                content_type: get("content-type").map(str::to_string),
+                content_encoding: get("content-encoding").map(str::to_string),
+                content_disposition: get("content-disposition").map(str::to_string),
+                content_language: get("content-language").map(str::to_string),
+                cache_control: get("cache-control").map(str::to_string),
+                expires: None,
+                storage_class: get("x-ms-access-tier").map(str::to_string),
+                restore: get("x-ms-archive-status").map(str::to_string),
+            }),
         }))
     }
 
@@ -214,6 +255,7 @@ impl RemoteStorage for AzureBlobStorage {
                 last_modified_ms: parse_http_date_ms(&p.last_modified).unwrap_or(0),
                 version_id: None,
                 user_metadata: None,
+                headers: Some(p.headers()),
             })
             .collect();
         Ok(ListPage { objects, next })
@@ -240,7 +282,28 @@ impl RemoteStorage for AzureBlobStorage {
     }
 
     async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject> {
+        self.put_with_headers(key, body, metadata, &ObjectHeaders::default()).await
+    }
+
+    async fn put_with_headers(
+        &self,
+        key: &str,
+        body: Bytes,
+        metadata: BTreeMap<String, String>,
+        blob: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
         let mut headers = vec![("x-ms-blob-type", "BlockBlob".to_string())];
+        for (name, value) in [
+            ("x-ms-blob-content-type", &blob.content_type),
+            ("x-ms-blob-content-encoding", &blob.content_encoding),
+            ("x-ms-blob-content-disposition", &blob.content_disposition),
+            ("x-ms-blob-content-language", &blob.content_language),
+            ("x-ms-blob-cache-control", &blob.cache_control),
+        ] {
+            if let Some(v) = value {
+                headers.push((name, v.clone()));
+            }
+        }
         let meta: Vec<(String, String)> =
             metadata.into_iter().map(|(k, v)| (format!("x-ms-meta-{}", meta_name_to_azure(&k)), v)).collect();
         for (k, v) in &meta {

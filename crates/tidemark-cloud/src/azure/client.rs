@@ -209,6 +209,7 @@ impl AzureClient {
             (StatusCode::PRECONDITION_FAILED, _) | (_, "ConditionNotMet") => {
                 Error::PreconditionFailed { path: target.into(), current: None }
             }
+            (_, "BlobArchived") => Error::Archived { path: target.into(), storage_class: "Archive".into() },
             (StatusCode::FORBIDDEN, _) | (StatusCode::UNAUTHORIZED, _) => Error::Unauthorized {
                 message: format!(
                     "{op} {target} was refused ({code}: {message}); check the account key or SAS token of remote {:?}",

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 
-use tidemark_core::remote::{ListPage, RemoteConf, RemoteObject};
+use tidemark_core::remote::{ListPage, ObjectHeaders, RemoteConf, RemoteObject};
 use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result, parse_rfc3339_ms};
 
 use super::auth::{Auth, check, transport};
@@ -50,6 +50,18 @@ struct ObjectResource {
     updated: Option<String>,
     #[serde(default)]
     metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    content_type: Option<String>,
+    #[serde(default)]
+    content_encoding: Option<String>,
+    #[serde(default)]
+    content_disposition: Option<String>,
+    #[serde(default)]
+    content_language: Option<String>,
+    #[serde(default)]
+    cache_control: Option<String>,
+    #[serde(default)]
+    storage_class: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +95,17 @@ impl ObjectResource {
             last_modified_ms: self.updated.as_deref().and_then(parse_rfc3339_ms).unwrap_or(0),
             version_id: (!generation.is_empty()).then_some(generation),
             user_metadata: with_metadata.then(|| self.metadata.unwrap_or_default()),
+            // Listings carry every field too (the default projection).
+            headers: Some(ObjectHeaders {
+                content_type: self.content_type,
+                content_encoding: self.content_encoding,
+                content_disposition: self.content_disposition,
+                content_language: self.content_language,
+                cache_control: self.cache_control,
+                expires: None,
+                storage_class: self.storage_class,
+                restore: None,
+            }),
         }
     }
 }
@@ -201,10 +224,35 @@ impl RemoteStorage for GcsStorage {
     }
 
     async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject> {
+        self.put_with_headers(key, body, metadata, &ObjectHeaders::default()).await
+    }
+
+    async fn put_with_headers(
+        &self,
+        key: &str,
+        body: Bytes,
+        metadata: BTreeMap<String, String>,
+        headers: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
         let boundary = "tidemark-multipart-boundary-7d0c5b";
-        let meta = serde_json::json!({"name": key, "metadata": metadata});
+        let mut meta = serde_json::json!({"name": key, "metadata": metadata});
+        for (field, value) in [
+            ("contentType", &headers.content_type),
+            ("contentEncoding", &headers.content_encoding),
+            ("contentDisposition", &headers.content_disposition),
+            ("contentLanguage", &headers.content_language),
+            ("cacheControl", &headers.cache_control),
+        ] {
+            if let Some(v) = value {
+                meta[field] = serde_json::Value::String(v.clone());
+            }
+        }
         let mut payload = Vec::with_capacity(body.len() + 512);
-        payload.extend_from_slice(format!("--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes());
+        // The media part's type too: some servers (fake-gcs-server) take it over the metadata's.
+        // A value that could break the framing is sent only in the metadata.
+        let media_type =
+            headers.content_type.as_deref().filter(|t| !t.contains(['\r', '\n'])).unwrap_or("application/octet-stream");
+        payload.extend_from_slice(format!("--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n--{boundary}\r\nContent-Type: {media_type}\r\n\r\n").as_bytes());
         payload.extend_from_slice(&body);
         payload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         let rb = self

@@ -56,8 +56,9 @@ fn trim(b: &[u8]) -> &[u8] {
 /// name a blob; `BlobRenamed` (hierarchical namespace) is the removal of its source and the
 /// creation of its destination; `DirectoryCreated`, `DirectoryDeleted` and `DirectoryRenamed`
 /// name a directory — one event for everything below it — so they are subtrees to reconcile
-/// (a rename: the source's and the destination's); anything else (`BlobTierChanged`,
-/// `AsyncOperationInitiated`, ...) is other.
+/// (a rename: the source's and the destination's); `BlobTierChanged` is created (the blob's
+/// bytes are the same, but it may have moved into or out of the Archive tier, which decides
+/// whether it can be read); anything else (`AsyncOperationInitiated`, ...) is other.
 fn event(v: &Value) -> Result<Option<Vec<BucketEvent>>, String> {
     let s = |k: &str| v.get(k).and_then(Value::as_str);
     // Event Grid schema: eventType/eventTime; CloudEvents: type/time.
@@ -89,7 +90,9 @@ fn event(v: &Value) -> Result<Option<Vec<BucketEvent>>, String> {
         subtree,
     };
     let events = match event_type {
-        "Microsoft.Storage.BlobCreated" => vec![base(named()?, EventKind::Created, false)],
+        "Microsoft.Storage.BlobCreated" | "Microsoft.Storage.BlobTierChanged" => {
+            vec![base(named()?, EventKind::Created, false)]
+        }
         "Microsoft.Storage.BlobDeleted" => vec![base(named()?, EventKind::Removed, false)],
         "Microsoft.Storage.DirectoryCreated" => vec![base(named()?, EventKind::Created, true)],
         "Microsoft.Storage.DirectoryDeleted" => vec![base(named()?, EventKind::Removed, true)],
@@ -217,6 +220,6 @@ mod tests {
         let tier =
             dir("BlobTierChanged", r#"{"api":"SetBlobTier","url":"https://acct.blob.core.windows.net/c/logs/2026"}"#);
         let Decoded::Events { events } = decode(tier.as_bytes()) else { panic!() };
-        assert_eq!(events[0].kind, EventKind::Other("Microsoft.Storage.BlobTierChanged".into()));
+        assert_eq!(events[0].kind, EventKind::Created, "the tier decides whether it reads");
     }
 }

@@ -74,12 +74,20 @@ fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
 /// - `ObjectCreated:*` (put, post, copy, multipart) → created;
 /// - `ObjectRemoved:*` and `LifecycleExpiration:*` (a lifecycle rule expired the object, or
 ///   put a delete marker over it in a versioned bucket) → removed;
-/// - anything else (`ObjectRestore:*`, `LifecycleTransition`, `IntelligentTiering`,
-///   `ObjectTagging:*`, `ObjectAcl:Put`, `Replication:*`, ...) → other: none of them changes
-///   the object's bytes, size or ETag, so none changes what the namespace shows.
+/// - `ObjectRestore:Completed` and `ObjectRestore:Delete` (an archived object became readable,
+///   or its restored copy expired), `LifecycleTransition` and `IntelligentTiering` (it moved to
+///   another storage class or tier, perhaps an archive) → created: the bytes are the same, but
+///   whether they can be read, and the storage class the entry shows, changed;
+/// - anything else (`ObjectRestore:Post`, `ObjectTagging:*`, `ObjectAcl:Put`, `Replication:*`,
+///   ...) → other: none of them changes the object or what the namespace shows of it.
 pub fn kind_of(name: &str) -> EventKind {
     let name = name.strip_prefix("s3:").unwrap_or(name);
-    if name.starts_with("ObjectCreated:") {
+    if name.starts_with("ObjectCreated:")
+        || matches!(
+            name,
+            "ObjectRestore:Completed" | "ObjectRestore:Delete" | "LifecycleTransition" | "IntelligentTiering"
+        )
+    {
         EventKind::Created
     } else if name.starts_with("ObjectRemoved:") || name.starts_with("LifecycleExpiration:") {
         EventKind::Removed
@@ -175,23 +183,25 @@ mod tests {
         for name in ["ObjectCreated:Copy", "ObjectCreated:CompleteMultipartUpload", "ObjectCreated:Post"] {
             assert_eq!(kind_of(name), EventKind::Created, "{name}");
         }
-        for name in [
-            "ObjectTagging:Put",
-            "ObjectAcl:Put",
-            "Replication:OperationFailedReplication",
-            "LifecycleTransition",
-            "IntelligentTiering",
-            "ObjectRestore:Post",
-        ] {
+        for name in
+            ["ObjectTagging:Put", "ObjectAcl:Put", "Replication:OperationFailedReplication", "ObjectRestore:Post"]
+        {
             assert_eq!(kind_of(name), EventKind::Other(name.into()), "{name}");
         }
     }
 
     #[test]
     fn unknown_event_names_are_kept_as_other() {
-        let body = PUT.replace("ObjectCreated:Put", "ObjectRestore:Completed");
+        let body = PUT.replace("ObjectCreated:Put", "ObjectRestore:Post");
         let Decoded::Events { events } = decode(body.as_bytes()) else { panic!() };
-        assert_eq!(events[0].kind, EventKind::Other("ObjectRestore:Completed".into()));
+        assert_eq!(events[0].kind, EventKind::Other("ObjectRestore:Post".into()));
+    }
+
+    #[test]
+    fn restores_and_transitions_change_what_the_entry_shows() {
+        for name in ["ObjectRestore:Completed", "ObjectRestore:Delete", "LifecycleTransition", "IntelligentTiering"] {
+            assert_eq!(kind_of(name), EventKind::Created, "{name}");
+        }
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub async fn cache(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErr
     let filer = &*ctx.filer;
     let started = Instant::now();
     let (files, local) = candidates(filer, &dir, &filter).await?;
+    // Archived objects cannot be read until restored: skipped and counted, not failures.
+    let (archived_files, files): (Vec<Entry>, Vec<Entry>) =
+        files.into_iter().partition(|e| tidemark_core::model::object_attrs::archived(&e.extended).is_some());
+    let mut archived = archived_files.len() as u64;
     // What is cached already: only the rest counts toward the work to do.
     let paths: Vec<String> = files.iter().map(|e| e.path.clone()).collect();
     let status = filer.cache_status(&paths).await?;
@@ -125,6 +129,8 @@ pub async fn cache(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErr
                     b.inc(e.size);
                 }
             }
+            // Its storage class was not known before the read.
+            Err(tidemark_core::Error::Archived { .. }) => archived += 1,
             Err(err) => failed.push(format!("{}: {err}", e.path)),
         }
         if let Some(b) = &bar {
@@ -139,7 +145,7 @@ pub async fn cache(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErr
     }
     writeln!(
         out,
-        "remote.cache {dir}: cached {done} files ({} fetched), {already} already cached, {local} local (never cache), {} failed, in {:.1}s",
+        "remote.cache {dir}: cached {done} files ({} fetched), {already} already cached, {local} local (never cache), {archived} archived (restore them in the bucket first), {} failed, in {:.1}s",
         human_bytes(fetched),
         failed.len(),
         started.elapsed().as_secs_f64()

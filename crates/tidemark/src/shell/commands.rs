@@ -223,7 +223,8 @@ pub static ALL: &[Command] = &[
         summary: "fetch remote-backed files into the filer's content cache, so reads are local",
         details: "Fetches every chunk not cached yet of the files that match (a pattern matches the file's name, or with a `/`\n\
                   its path below -dir; sizes take K/M/G suffixes). Shows bytes and ETA on a terminal, then a summary.\n\
-                  Local and locally written files are never cache and are left alone.",
+                  Local and locally written files are never cache and are left alone; archived objects (S3 GLACIER or\n\
+                  DEEP_ARCHIVE not restored, Azure's Archive tier) cannot be read, and are skipped and counted.",
         flags: &[
             flag("dir", "the directory (or one file)"),
             flag("include", "only files matching this pattern, e.g. *.parquet"),
@@ -287,10 +288,14 @@ fn mode_string(e: &Entry) -> String {
 fn print_entry(out: Out<'_>, e: &Entry, long: Option<&str>) -> std::io::Result<()> {
     let name = if e.path == path::ROOT { "/".into() } else { path::printable(e.name()) };
     let slash = if e.is_dir() && e.path != path::ROOT { "/" } else { "" };
+    // An object that must be restored before it can be read says so, with its class.
+    let archived = tidemark_core::model::object_attrs::archived(&e.extended)
+        .map(|class| format!("  (archived: {class}; restore it to read)"))
+        .unwrap_or_default();
     match long {
         Some(cached) => writeln!(
             out,
-            "{} {:>12} {} {cached:>4} {name}{slash}",
+            "{} {:>12} {} {cached:>4} {name}{slash}{archived}",
             mode_string(e),
             e.size,
             format_rfc3339_ms(e.mtime_ms)
