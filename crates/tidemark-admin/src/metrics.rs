@@ -117,6 +117,17 @@ impl Collector for Live {
             }
         }
         let mut m = enc.encode_descriptor(
+            "tidemark_events_dead_lettered",
+            "Messages waiting in the subscription's dead-letter queue (received too often without being applied).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for v in &snap.subscriptions {
+            if let Some(n) = v.status.as_ref().and_then(|s| s.dead_lettered) {
+                ConstGauge::new(n as i64).encode(m.encode_family(&labels(&v.doc.dir, &v.doc.fingerprint))?)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
             "tidemark_event_lag_max_seconds",
             "The largest event-to-apply lag the subscription has seen.",
             None,

@@ -134,7 +134,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
         return page("Event Subscriptions", "subscriptions", &b, filer);
     }
     b.push_str("<table id=\"subscriptions\"><thead><tr><th>Directory</th><th>Topology</th><th>Queue</th><th>Bucket / prefix</th>\
-                <th>Events</th><th>State</th><th>Received</th><th>Applied</th><th>Failed</th><th>Echo suppressed</th><th title=\"keys a file or directory stands in the way of\">Shadowed</th>\
+                <th>Events</th><th>State</th><th>Received</th><th>Applied</th><th>Failed</th><th>Echo suppressed</th><th title=\"keys a file or directory stands in the way of\">Shadowed</th><th title=\"messages waiting in the dead-letter queue\">Dead letters</th>\
                 <th>Ignored</th><th>Lag (last / max)</th><th>Last reconcile</th><th>Lease</th><th>Slice</th><th>Last error</th>\
                 </tr></thead><tbody>");
     for v in &snap.subscriptions {
@@ -203,7 +203,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
              <td data-field=\"queue\"><code>{queue}</code></td><td data-field=\"bucket\"><code>{bucket}{prefix}</code></td>\
              <td data-field=\"events\">{events}</td><td><span data-field=\"state\" class=\"state {state}\">{state}</span></td>\
              <td class=\"num\" data-field=\"received\">{rec}</td><td class=\"num\" data-field=\"applied\">{app}</td>\
-             <td class=\"num\" data-field=\"failed\">{fail}</td><td class=\"num\" data-field=\"echo_suppressed\">{echo}</td><td class=\"num\" data-field=\"shadowed\">{shadowed}</td>\
+             <td class=\"num\" data-field=\"failed\">{fail}</td><td class=\"num\" data-field=\"echo_suppressed\">{echo}</td><td class=\"num\" data-field=\"shadowed\">{shadowed}</td><td class=\"num\" data-field=\"dead_lettered\">{dead}</td>\
              <td class=\"num\" data-field=\"ignored\">{ign}</td><td class=\"num\" data-field=\"lag\">{lag_last} / {lag_max}</td>\
              <td>{reconcile}</td><td>{lease}</td><td>{slice}</td><td class=\"err\" data-field=\"last-error\">{error}</td></tr>",
             fp = escape(&d.fingerprint),
@@ -218,6 +218,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
             fail = c.failed,
             echo = c.echo_suppressed,
             shadowed = c.shadowed,
+            dead = v.status.as_ref().and_then(|s| s.dead_lettered).map_or("–".to_string(), |n| n.to_string()),
             ign = c.ignored,
             lag_last = lag(c.last_lag_ms),
             lag_max = lag(c.max_lag_ms),

@@ -51,6 +51,7 @@ pub async fn event_notifications(
 pub async fn open_event_source(
     conf: &RemoteConf,
     identity: &tidemark_core::subscription::Identity,
+    managed: &tidemark_core::subscription::ManagedResources,
     visibility: std::time::Duration,
     roots: &local::LocalRoots,
 ) -> Result<(Box<dyn tidemark_core::events::EventSource>, tidemark_core::events::Provider)> {
@@ -58,7 +59,11 @@ pub async fn open_event_source(
     let queue = identity.queue.as_str();
     match conf.kind {
         StorageKind::S3 => {
-            Ok((Box::new(aws::sqs::SqsSource::connect(conf, queue).await?.with_visibility(visibility)), Provider::S3))
+            let source = aws::sqs::SqsSource::connect(conf, queue)
+                .await?
+                .with_visibility(visibility)
+                .with_dead_letter(managed.dead_letter_queue_url.as_deref());
+            Ok((Box::new(source), Provider::S3))
         }
         StorageKind::Gcs => Ok((Box::new(gcp::PubSubSource::open(conf, queue)?), Provider::Gcs)),
         StorageKind::Azure => Ok((Box::new(azure::AzureQueueSource::open(conf, queue, visibility)?), Provider::Azure)),

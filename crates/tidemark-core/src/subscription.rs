@@ -209,7 +209,21 @@ pub struct ManagedResources {
     pub subscription_arn: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notification_id: Option<String>,
+    /// The queue that receives what the subscription's queue could not deliver after
+    /// `max_receives` receives (SQS's redrive policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_queue_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_queue_arn: Option<String>,
+    /// Receives of one message before it is dead-lettered, as provisioned (`-maxReceives`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_receives: Option<u32>,
 }
+
+/// `-maxReceives` when not given: a message that failed this many times is not going to apply.
+pub const DEFAULT_MAX_RECEIVES: u32 = 10;
+/// SQS's largest `maxReceiveCount`.
+pub const MAX_MAX_RECEIVES: u32 = 1000;
 
 impl ManagedResources {
     pub fn is_empty(&self) -> bool {
@@ -240,12 +254,16 @@ pub trait EventNotifications: Send + Sync {
     /// as it exists (so a failure part-way leaves exactly what must be torn down). The new
     /// queue's URL is returned; `fingerprint_of` maps it to the subscription's fingerprint, which
     /// names the bucket's configuration.
+    /// A message received `max_receives` times without being acknowledged moves to a
+    /// dead-letter queue provisioned beside the subscription's (0: none).
+    #[allow(clippy::too_many_arguments)]
     async fn provision(
         &self,
         topology: Topology,
         queue_name: &str,
         prefix: &str,
         events: &EventTypes,
+        max_receives: u32,
         fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
         managed: &mut ManagedResources,
     ) -> crate::Result<String>;

@@ -111,6 +111,10 @@ pub struct StatusBlob {
     pub last_reconcile: Option<(ReconcileKind, i64)>,
     pub lease_holder: String,
     pub lease_generation: u64,
+    /// Messages waiting in the subscription's dead-letter queue, as last seen (at a slice's start
+    /// and end); `None` where there is none or it cannot be seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_lettered: Option<u64>,
 }
 
 /// Which reconcile, if any, a slice must run first.
@@ -241,6 +245,7 @@ impl Slice<'_> {
             last_reconcile: None,
             lease_holder: lease.holder.clone(),
             lease_generation: lease.generation,
+            dead_lettered: self.dead_lettered().await,
         };
         // The lease is renewed beside the whole body (a receive from a slow queue, a baseline
         // reconcile of a large bucket and a batch against a slow store can each outlast it).
@@ -250,6 +255,7 @@ impl Slice<'_> {
             r => r,
         };
         status.slice_ended_at_ms = Some(self.clock.now_ms());
+        status.dead_lettered = self.dead_lettered().await.or(status.dead_lettered);
         let mut outcome = match result {
             Ok(end) => {
                 status.state = if end == SliceEnd::LeaseLost { SliceState::Errored } else { SliceState::Idle };
@@ -283,6 +289,17 @@ impl Slice<'_> {
             counters: status.counters,
             generation: lease.generation,
         })
+    }
+
+    /// The dead-letter queue's depth; a failure to see it is not the slice's (logged, `None`).
+    async fn dead_lettered(&self) -> Option<u64> {
+        match self.source.dead_lettered().await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %self.doc.dir, "cannot read the dead-letter queue's depth");
+                None
+            }
+        }
     }
 
     async fn body(

@@ -54,7 +54,14 @@ async fn world() -> World {
     let queue_url = tidemark_cloud::aws::provision::S3Notifications::connect(&c, &bucket)
         .await
         .unwrap()
-        .provision_sqs_direct(&unique_name("q"), "", &Default::default(), &|u: &str| u.len().to_string(), &mut managed)
+        .provision_sqs_direct(
+            &unique_name("q"),
+            "",
+            &Default::default(),
+            0,
+            &|u: &str| u.len().to_string(),
+            &mut managed,
+        )
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -45,7 +45,14 @@ async fn fixture(objects: &[&str]) -> Fixture {
     let url = tidemark_cloud::aws::provision::S3Notifications::connect(&conf, &bucket)
         .await
         .unwrap()
-        .provision_sqs_direct(&unique_name("q"), "", &Default::default(), &|u: &str| u.len().to_string(), &mut managed)
+        .provision_sqs_direct(
+            &unique_name("q"),
+            "",
+            &Default::default(),
+            0,
+            &|u: &str| u.len().to_string(),
+            &mut managed,
+        )
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -413,6 +413,7 @@ pub async fn run(cfg: SoakConfig) -> Result<SoakReport, String> {
             &unique_name("byo"),
             "",
             &Default::default(),
+            0,
             &|u: &str| u.len().to_string(),
             &mut managed,
         )

@@ -59,7 +59,8 @@ async fn run_slice(
     let storage = tidemark_cloud::open_storage(&conf, &mount.location.bucket, &settings.local_roots).await?;
     let visibility = Duration::from_secs(doc.options.visibility_timeout_secs);
     let (source, provider) =
-        tidemark_cloud::open_event_source(&conf, &doc.identity, visibility, &settings.local_roots).await?;
+        tidemark_cloud::open_event_source(&conf, &doc.identity, &doc.managed, visibility, &settings.local_roots)
+            .await?;
     let cluster = cluster_id(filer).await?;
     let slice = Slice {
         filer,

@@ -297,8 +297,10 @@ pub async fn run(b: S3Bench) -> Result<(), String> {
     let notifications = S3Notifications::connect(&conf, &bucket).await.map_err(err)?;
     let mut managed = ManagedResources::default();
     let types = EventTypes::default();
-    let queue_url =
-        notifications.provision_sqs_direct(&bucket, "", &types, &|_| run.clone(), &mut managed).await.map_err(err)?;
+    let queue_url = notifications
+        .provision_sqs_direct(&bucket, "", &types, 0, &|_| run.clone(), &mut managed)
+        .await
+        .map_err(err)?;
     println!(
         "bench s3: {} ({}), bucket {bucket} with S3 → SQS notifications; {} events per run, concurrencies {:?}",
         b.endpoint.endpoint,
@@ -643,7 +645,7 @@ pub async fn put_to_receive(
     let notifications = S3Notifications::connect(conf, &bucket).await.map_err(err)?;
     let mut managed = ManagedResources::default();
     let url = notifications
-        .provision_sqs_direct(&bucket, "", &EventTypes::default(), &|_| format!("{run}-limit"), &mut managed)
+        .provision_sqs_direct(&bucket, "", &EventTypes::default(), 0, &|_| format!("{run}-limit"), &mut managed)
         .await
         .map_err(err)?;
     let keys: Vec<String> = (0..puts).map(|i| format!("limit/{i:05}.txt")).collect();

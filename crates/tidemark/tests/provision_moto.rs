@@ -102,6 +102,22 @@ async fn sqs_direct_provisions_exactly_and_tears_down_exactly() {
         .unwrap();
     let policy = p.attributes().unwrap()[&QueueAttributeName::Policy].clone();
     assert!(policy.contains("s3.amazonaws.com") && policy.contains(&format!("arn:aws:s3:::{bucket}")), "{policy}");
+    // And a dead-letter queue after 10 receives (the default).
+    let dead_url = doc["managed"]["dead_letter_queue_url"].as_str().unwrap().to_string();
+    assert_eq!(dead_url, format!("{queue_url}-dead"));
+    assert_eq!(doc["managed"]["max_receives"], 10);
+    assert!(enabled.contains(&format!("dead letters after 10 receives to {dead_url}")), "{enabled}");
+    let r = sqs
+        .get_queue_attributes()
+        .queue_url(&queue_url)
+        .attribute_names(QueueAttributeName::RedrivePolicy)
+        .send()
+        .await
+        .unwrap();
+    let redrive: serde_json::Value =
+        serde_json::from_str(&r.attributes().unwrap()[&QueueAttributeName::RedrivePolicy]).unwrap();
+    assert_eq!(redrive["maxReceiveCount"].to_string().trim_matches('"'), "10", "{redrive}");
+    assert_eq!(redrive["deadLetterTargetArn"], doc["managed"]["dead_letter_queue_arn"]);
     // The bucket's configuration: theirs, and ours on the mount's prefix.
     let cfg = s3c.client().get_bucket_notification_configuration().bucket(&bucket).send().await.unwrap();
     let ids: Vec<&str> = cfg.queue_configurations().iter().filter_map(|q| q.id()).collect();
@@ -138,12 +154,19 @@ async fn sqs_direct_provisions_exactly_and_tears_down_exactly() {
     // Teardown: refused without -teardown; with it, exactly ours goes.
     let err = fails(sh("remote.events.disable -dir=/mnt/data"));
     assert!(err.contains("-teardown"), "{err}");
-    assert!(ok(sh("remote.events.disable -dir=/mnt/data -teardown")).contains("removed the provisioned"));
+    let torn = ok(sh("remote.events.disable -dir=/mnt/data -teardown"));
+    assert!(
+        torn.contains(&format!("queue {queue_url}"))
+            && torn.contains(&format!("dead-letter queue {dead_url}"))
+            && torn.contains(&format!("tidemark-{fp}")),
+        "names what it removed: {torn}"
+    );
     let cfg = s3c.client().get_bucket_notification_configuration().bucket(&bucket).send().await.unwrap();
     let ids: Vec<&str> = cfg.queue_configurations().iter().filter_map(|q| q.id()).collect();
     assert_eq!(ids, ["other-team"], "the unrelated configuration survives");
     let queues: Vec<String> = sqs.list_queues().send().await.unwrap().queue_urls().to_vec();
     assert!(!queues.contains(&queue_url), "the provisioned queue is gone");
+    assert!(!queues.contains(&dead_url), "and its dead-letter queue");
     assert!(queues.contains(&theirs_url), "their queue stays");
     assert!(ok(sh("remote.events.list")).contains("no event subscriptions"));
 }

@@ -220,14 +220,48 @@ impl S3Notifications {
         Ok(())
     }
 
-    /// Creates a queue whose policy lets `principal` (a service) send from `source_arn`.
+    /// Creates a queue whose policy lets `principal` (a service) send from `source_arn`, and
+    /// (unless `max_receives` is 0) its dead-letter queue, `NAME-dead`, first: a message received
+    /// `max_receives` times without being acknowledged moves there instead of coming back for ever.
     async fn create_queue(
         &self,
         name: &str,
         principal: &str,
         source_arn: &str,
+        max_receives: u32,
         managed: &mut ManagedResources,
     ) -> Result<(String, String)> {
+        let mut redrive = None;
+        if max_receives > 0 {
+            let dead = format!("{name}-dead");
+            let url = self
+                .sqs
+                .create_queue()
+                .queue_name(&dead)
+                // The longest SQS keeps a message (14 days): time to look at what went there.
+                .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
+                .send()
+                .await
+                .map_err(|e| sqs_err("CreateQueue", &dead, e.into_service_error()))?
+                .queue_url()
+                .unwrap_or_default()
+                .to_string();
+            managed.dead_letter_queue_url = Some(url.clone());
+            let attrs = self
+                .sqs
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+                .map_err(|e| sqs_err("GetQueueAttributes", &url, e.into_service_error()))?;
+            let arn =
+                attrs.attributes().and_then(|a| a.get(&QueueAttributeName::QueueArn)).cloned().unwrap_or_default();
+            managed.dead_letter_queue_arn = Some(arn.clone());
+            managed.max_receives = Some(max_receives);
+            redrive =
+                Some(serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max_receives}).to_string());
+        }
         let url = self
             .sqs
             .create_queue()
@@ -260,20 +294,24 @@ impl S3Notifications {
                 "Condition": {"ArnLike": {"aws:SourceArn": source_arn}}
             }]
         });
-        self.sqs
-            .set_queue_attributes()
-            .queue_url(&url)
-            .attributes(QueueAttributeName::Policy, policy.to_string())
-            .send()
-            .await
-            .map_err(|e| sqs_err("SetQueueAttributes", &url, e.into_service_error()))?;
+        let mut set =
+            self.sqs.set_queue_attributes().queue_url(&url).attributes(QueueAttributeName::Policy, policy.to_string());
+        if let Some(r) = redrive {
+            set = set.attributes(QueueAttributeName::RedrivePolicy, r);
+        }
+        set.send().await.map_err(|e| sqs_err("SetQueueAttributes", &url, e.into_service_error()))?;
         Ok((url, arn))
     }
 
     /// `sns_fanout`: the bucket's shared topic (created, with the bucket's `TopicConfiguration`,
     /// by the first subscriber; found by the next), and this cluster's own queue subscribed to
     /// it. Returns the queue's URL.
-    pub async fn provision_sns_fanout(&self, queue_name: &str, managed: &mut ManagedResources) -> Result<String> {
+    pub async fn provision_sns_fanout(
+        &self,
+        queue_name: &str,
+        max_receives: u32,
+        managed: &mut ManagedResources,
+    ) -> Result<String> {
         let topic_arn = self
             .sns
             .create_topic()
@@ -342,7 +380,7 @@ impl S3Notifications {
             self.put_configuration(merged).await?;
         }
         managed.notification_id = Some(id);
-        let (url, arn) = self.create_queue(queue_name, "sns.amazonaws.com", &topic_arn, managed).await?;
+        let (url, arn) = self.create_queue(queue_name, "sns.amazonaws.com", &topic_arn, max_receives, managed).await?;
         let sub = self
             .sns
             .subscribe()
@@ -365,13 +403,13 @@ impl S3Notifications {
         queue_name: &str,
         prefix: &str,
         events: &EventTypes,
+        max_receives: u32,
         fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
         managed: &mut ManagedResources,
     ) -> Result<String> {
         self.check_overlap(prefix, events).await?;
-        let (url, arn) = self
-            .create_queue(queue_name, "s3.amazonaws.com", &format!("arn:aws:s3:::{}", self.bucket), managed)
-            .await?;
+        let source = format!("arn:aws:s3:::{}", self.bucket);
+        let (url, arn) = self.create_queue(queue_name, "s3.amazonaws.com", &source, max_receives, managed).await?;
         let id = format!("tidemark-{}", fingerprint_of(&url));
         let mut filter = None;
         if !prefix.is_empty() {
@@ -462,6 +500,21 @@ impl S3Notifications {
             managed.queue_url = None;
             managed.queue_arn = None;
         }
+        // After the queue whose redrive policy names it.
+        if let Some(url) = managed.dead_letter_queue_url.clone() {
+            match self.sqs.delete_queue().queue_url(&url).send().await {
+                Ok(_) => {}
+                Err(e) => {
+                    let e = e.into_service_error();
+                    if !e.is_queue_does_not_exist() {
+                        return Err(sqs_err("DeleteQueue", &url, e));
+                    }
+                }
+            }
+            managed.dead_letter_queue_url = None;
+            managed.dead_letter_queue_arn = None;
+        }
+        managed.max_receives = None;
         Ok(())
     }
 
@@ -491,12 +544,15 @@ impl EventNotifications for S3Notifications {
         queue_name: &str,
         prefix: &str,
         events: &EventTypes,
+        max_receives: u32,
         fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
         managed: &mut ManagedResources,
     ) -> Result<String> {
         match topology {
-            Topology::SqsDirect => self.provision_sqs_direct(queue_name, prefix, events, fingerprint_of, managed).await,
-            Topology::SnsFanout => self.provision_sns_fanout(queue_name, managed).await,
+            Topology::SqsDirect => {
+                self.provision_sqs_direct(queue_name, prefix, events, max_receives, fingerprint_of, managed).await
+            }
+            Topology::SnsFanout => self.provision_sns_fanout(queue_name, max_receives, managed).await,
             Topology::ByoQueue => Err(Error::invalid_argument("a bring-your-own queue is not provisioned")),
         }
     }

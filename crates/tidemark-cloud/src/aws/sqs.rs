@@ -31,6 +31,8 @@ pub struct SqsSource {
     backoff: ReceiveBackoff,
     /// The subscription's visibility timeout, asked for on each receive (else the queue's own).
     visibility: Option<Duration>,
+    /// The dead-letter queue Tidemark provisioned beside the queue, whose depth it reports.
+    dead_letter: Option<String>,
 }
 
 /// An SQS client for a remote: `sqs_endpoint` if set, else the remote's `endpoint`.
@@ -45,7 +47,19 @@ pub async fn client(conf: &RemoteConf) -> Result<Client> {
 
 impl SqsSource {
     pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
-        SqsSource { client, queue_url: queue_url.into(), backoff: ReceiveBackoff::default(), visibility: None }
+        SqsSource {
+            client,
+            queue_url: queue_url.into(),
+            backoff: ReceiveBackoff::default(),
+            visibility: None,
+            dead_letter: None,
+        }
+    }
+
+    /// Reports the depth of this dead-letter queue.
+    pub fn with_dead_letter(mut self, url: Option<&str>) -> Self {
+        self.dead_letter = url.map(str::to_string);
+        self
     }
 
     /// Receives with this visibility timeout rather than the queue's default.
@@ -106,6 +120,23 @@ impl SqsSource {
 impl EventSource for SqsSource {
     fn describe(&self) -> String {
         format!("sqs:{}", self.queue_url)
+    }
+
+    async fn dead_lettered(&self) -> Result<Option<u64>> {
+        let Some(url) = &self.dead_letter else { return Ok(None) };
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+            .send()
+            .await
+            .map_err(|e| self.error("GetQueueAttributes", e))?;
+        let n = out
+            .attributes()
+            .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages))
+            .and_then(|v| v.parse().ok());
+        Ok(n)
     }
 
     fn max_batch(&self) -> usize {

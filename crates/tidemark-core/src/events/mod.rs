@@ -93,6 +93,12 @@ pub trait EventSource: Send + Sync + 'static {
 
     /// A full reconcile that started after the last [`EventSource::missed_events`] completed.
     fn caught_up(&self) {}
+
+    /// How many messages wait in the subscription's dead-letter queue (those received too often
+    /// without being applied), where the source knows one; `None` otherwise.
+    async fn dead_lettered(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

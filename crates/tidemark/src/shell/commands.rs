@@ -157,7 +157,10 @@ pub static ALL: &[Command] = &[
                   is a new subscription (new fingerprint, baseline first), refused while provisioned resources exist.\n\
                   -prefetch=GLOB warms the content cache: after an event's create or update of a matching file is applied,\n\
                   the filer fetches the new version in the background, so it is local when read (off by default; `-prefetch=`\n\
-                  turns it off). It never delays the apply of other keys or the slice's lease.",
+                  turns it off). It never delays the apply of other keys or the slice's lease.\n\
+                  A provisioned queue gets a dead-letter queue (NAME-dead): a message received -maxReceives times without\n\
+                  being applied (one that cannot be decoded, a key that keeps failing) moves there rather than coming back\n\
+                  for ever; remote.events.list shows how many wait there (DEAD), and reconciles converge their entries anyway.",
         flags: &[
             flag("dir", "the mounted directory"),
             flag("queue", "the queue to consume (bring your own)"),
@@ -174,6 +177,10 @@ pub static ALL: &[Command] = &[
             ),
             flag("prefetch", "fetch the new version of matching files into the cache on events, e.g. *.parquet"),
             flag("prefetchMaxSize", "only prefetch files of at most this size (e.g. 64M)"),
+            flag(
+                "maxReceives",
+                "receives of one message before it is dead-lettered (default 10; 0: no dead-letter queue)",
+            ),
         ],
         positional: (0, 0),
         run: |ctx, args, out| Box::pin(subscriptions::enable(ctx, args, out)),

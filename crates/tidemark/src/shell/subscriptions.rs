@@ -95,6 +95,16 @@ async fn update_options(
     version: u64,
     out: Out<'_>,
 ) -> Result<(), CmdError> {
+    if let Some(v) = args.get("maxReceives")
+        && old.managed.max_receives.unwrap_or(0) != max_receives_of(Some(v))?
+    {
+        return Err(CmdError::Failed(format!(
+            "{}: -maxReceives is set on the queue Tidemark provisioned ({}); to change it run remote.events.disable -dir={} -teardown, then enable again",
+            old.dir,
+            old.managed.max_receives.map_or("no dead-letter queue".to_string(), |n| n.to_string()),
+            old.dir
+        )));
+    }
     let options = options_from(args, &old.options)?;
     if options == old.options {
         writeln!(out, "events already enabled on {} (fingerprint {}); nothing changed", old.dir, old.fingerprint)?;
@@ -108,6 +118,15 @@ async fn update_options(
         old.dir, old.fingerprint
     )?;
     Ok(())
+}
+
+/// `-maxReceives`: 1 to SQS's 1000, or 0 for no dead-letter queue.
+fn max_receives_of(v: Option<&str>) -> Result<u32, CmdError> {
+    use tidemark_core::subscription::{DEFAULT_MAX_RECEIVES, MAX_MAX_RECEIVES};
+    let Some(v) = v else { return Ok(DEFAULT_MAX_RECEIVES) };
+    v.parse::<u32>().ok().filter(|n| *n <= MAX_MAX_RECEIVES).ok_or_else(|| {
+        CmdError::Usage(format!("-maxReceives={v:?}: give 1 to {MAX_MAX_RECEIVES}, or 0 for no dead-letter queue"))
+    })
 }
 
 fn dir_of(args: &Args) -> Result<String, CmdError> {
@@ -132,6 +151,7 @@ async fn provision_direct(
     let filer = &*ctx.filer;
     // Bad flags are refused before anything is provisioned (nothing to take back).
     let options = options_from(args, &SubscriptionOptions::default())?;
+    let max_receives = max_receives_of(args.get("maxReceives"))?;
     let doc_file = doc_path(dir);
     let existing = read_json::<SubscriptionDoc>(filer, &doc_file).await?;
     if let Some((old, version)) = &existing {
@@ -162,8 +182,9 @@ async fn provision_direct(
     let notifications = capability(conf, bucket, dir).await?;
     let mut managed = ManagedResources::default();
     let fingerprint_of = |url: &str| make(url).fingerprint();
-    let provisioned: Result<String, Error> =
-        notifications.provision(topology, &queue_name, &prefix, &event_types, &fingerprint_of, &mut managed).await;
+    let provisioned: Result<String, Error> = notifications
+        .provision(topology, &queue_name, &prefix, &event_types, max_receives, &fingerprint_of, &mut managed)
+        .await;
     let url = match provisioned {
         Ok(url) => url,
         Err(e) => {
@@ -190,9 +211,13 @@ async fn provision_direct(
         let _ = notifications.teardown(&mut managed).await;
         return Err(e.into());
     }
+    let dead = match (&doc.managed.dead_letter_queue_url, doc.managed.max_receives) {
+        (Some(d), Some(n)) => format!(", dead letters after {n} receives to {d}"),
+        _ => ", no dead-letter queue".to_string(),
+    };
     writeln!(
         out,
-        "events enabled on {dir}: provisioned {} {} for bucket {} (prefix {:?}, events {}), fingerprint {}; the first slice runs a baseline reconcile",
+        "events enabled on {dir}: provisioned {} {} for bucket {} (prefix {:?}, events {}{dead}), fingerprint {}; the first slice runs a baseline reconcile",
         topology.as_str(),
         url,
         bucket,
@@ -228,6 +253,13 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
         prefix.push('/');
     }
     let (topology, queue) = match (args.get("queue"), args.get("via")) {
+        (Some(_), None) if args.get("maxReceives").is_some() => {
+            return Err(CmdError::Usage(
+                "-maxReceives sets up the dead-letter queue of a queue Tidemark provisions; a bring-your-own queue (-queue) is \
+                 consumed only: give it a redrive policy (or dead-letter topic) yourself"
+                    .into(),
+            ));
+        }
         (Some(q), None) if !q.is_empty() => (Topology::ByoQueue, q.to_string()),
         // A local directory's events are its filesystem notifications: nothing to provision.
         (None, None) if conf.kind == StorageKind::Local => {
@@ -406,7 +438,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
     }
     writeln!(
         out,
-        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tECHO\tSHADOWED\tUPDATED\tSLICE"
+        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tECHO\tSHADOWED\tDEAD\tUPDATED\tSLICE"
     )?;
     for d in docs {
         // Slices write a status blob per fingerprint; until one has run, the state is idle.
@@ -415,9 +447,11 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
             Some(s) => (format!("{:?}", s.state).to_lowercase(), s.counters.clone()),
             None => ("idle".to_string(), Default::default()),
         };
+        // `-` where there is no dead-letter queue (or it was not seen yet).
+        let dead = status.as_ref().and_then(|s| s.dead_lettered).map_or("-".to_string(), |n| n.to_string());
         writeln!(
             out,
-            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}\t{dead}\t{}\t{}",
             d.dir,
             d.identity.topology.as_str(),
             d.identity.queue,
@@ -494,11 +528,29 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
             doc.identity.queue
         )?;
     } else {
-        writeln!(
-            out,
-            "events disabled on {dir}: removed the provisioned {} and its notification configuration",
-            doc.identity.queue
-        )?;
+        let m = &doc.managed;
+        let mut removed = Vec::new();
+        if let Some(s) = &m.subscription_arn {
+            removed.push(format!("SNS subscription {s}"));
+        }
+        if let Some(id) = &m.notification_id
+            && m.topic_arn.is_none()
+        {
+            removed.push(format!("the bucket's notification configuration {id:?} (the others kept)"));
+        }
+        if let Some(q) = &m.queue_url {
+            removed.push(format!("queue {q}"));
+        }
+        if let Some(q) = &m.dead_letter_queue_url {
+            removed.push(format!("dead-letter queue {q}"));
+        }
+        let shared = match &m.topic_arn {
+            Some(t) => format!(
+                "; the shared topic {t} and its notification configuration were removed too unless another cluster still subscribes"
+            ),
+            None => String::new(),
+        };
+        writeln!(out, "events disabled on {dir}: removed {}{shared}", removed.join(", "))?;
     }
     Ok(())
 }
