@@ -73,6 +73,10 @@ pub enum Topology {
     SqsDirect,
     /// A shared topic per bucket with a per-cluster queue subscribed to it.
     SnsFanout,
+    /// The bucket's EventBridge delivery, a rule of this cluster's on the default bus, and its
+    /// queue as the rule's target.
+    #[serde(rename = "eventbridge")]
+    EventBridge,
 }
 
 impl Topology {
@@ -81,6 +85,7 @@ impl Topology {
             Topology::ByoQueue => "byo_queue",
             Topology::SqsDirect => "sqs_direct",
             Topology::SnsFanout => "sns_fanout",
+            Topology::EventBridge => "eventbridge",
         }
     }
 }
@@ -218,6 +223,13 @@ pub struct ManagedResources {
     /// Receives of one message before it is dead-lettered, as provisioned (`-maxReceives`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_receives: Option<u32>,
+    /// The EventBridge rule (on the default bus) that sends the bucket's events to the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_name: Option<String>,
+    /// Whether Tidemark turned the bucket's EventBridge delivery on (teardown turns it off
+    /// again only then, and only when no other rule of Tidemark's needs it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eventbridge_turned_on: bool,
 }
 
 /// `-maxReceives` when not given: a message that failed this many times is not going to apply.

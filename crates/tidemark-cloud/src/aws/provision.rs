@@ -6,6 +6,10 @@
 //! S3 allows one configuration per overlapping (event type, prefix/suffix) pair, but not every
 //! S3-compatible (nor moto) enforces it; Tidemark checks before it adds its own, and refuses with
 //! the name of the configuration in the way.
+//!
+//! `eventbridge`: the bucket's EventBridge delivery turned on (every other configuration kept), a
+//! rule of this cluster's on the default bus matching the bucket, prefix and event types, and its
+//! queue as the rule's target, with a policy that lets EventBridge send from that rule.
 
 use aws_sdk_s3::types::{
     Event, FilterRule, FilterRuleName, NotificationConfiguration, NotificationConfigurationFilter, QueueConfiguration,
@@ -109,6 +113,7 @@ pub struct S3Notifications {
     s3: aws_sdk_s3::Client,
     sqs: aws_sdk_sqs::Client,
     sns: aws_sdk_sns::Client,
+    events: aws_sdk_eventbridge::Client,
     bucket: String,
 }
 
@@ -141,6 +146,44 @@ fn sns_err<E: aws_sdk_sns::error::ProvideErrorMetadata>(op: &str, what: &str, e:
     provision_error("sns", op, what, e.code(), e.message())
 }
 
+fn events_err<E: aws_sdk_eventbridge::error::ProvideErrorMetadata>(op: &str, what: &str, e: E) -> Error {
+    provision_error("EventBridge", op, what, e.code(), e.message())
+}
+
+/// The id of the target every Tidemark rule has (its queue).
+const EVENTBRIDGE_TARGET: &str = "tidemark-queue";
+
+/// EventBridge's names (`detail-type`) for a subscription's event types, as S3 sends them.
+pub fn eventbridge_detail_types(t: &EventTypes) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if t.created {
+        v.extend([
+            "Object Created",
+            "Object Restore Completed",
+            "Object Restore Expired",
+            "Object Storage Class Changed",
+            "Object Access Tier Changed",
+        ]);
+    }
+    if t.removed {
+        // Deletes and lifecycle expirations alike (`detail.reason`).
+        v.push("Object Deleted");
+    }
+    if t.other {
+        v.extend(["Object Restore Initiated", "Object Tags Added", "Object Tags Deleted", "Object ACL Updated"]);
+    }
+    v
+}
+
+/// The rule's event pattern: S3's events of this bucket, of these types, below this prefix.
+pub fn eventbridge_pattern(bucket: &str, prefix: &str, t: &EventTypes) -> serde_json::Value {
+    let mut detail = serde_json::json!({"bucket": {"name": [bucket]}});
+    if !prefix.is_empty() {
+        detail["object"] = serde_json::json!({"key": [{"prefix": prefix}]});
+    }
+    serde_json::json!({"source": ["aws.s3"], "detail-type": eventbridge_detail_types(t), "detail": detail})
+}
+
 fn sqs_err<E: aws_sdk_sqs::error::ProvideErrorMetadata>(op: &str, what: &str, e: E) -> Error {
     provision_error("sqs", op, what, e.code(), e.message())
 }
@@ -159,7 +202,12 @@ impl S3Notifications {
             b = b.endpoint_url(ep);
         }
         let sns = aws_sdk_sns::Client::from_conf(b.build());
-        Ok(S3Notifications { s3, sqs, sns, bucket: bucket.to_string() })
+        let mut b = aws_sdk_eventbridge::config::Builder::from(&sdk);
+        if let Some(ep) = conf.setting("events_endpoint") {
+            b = b.endpoint_url(ep);
+        }
+        let events = aws_sdk_eventbridge::Client::from_conf(b.build());
+        Ok(S3Notifications { s3, sqs, sns, events, bucket: bucket.to_string() })
     }
 
     pub async fn configuration(&self) -> Result<NotificationConfiguration> {
@@ -441,6 +489,101 @@ impl S3Notifications {
         Ok(url)
     }
 
+    /// `eventbridge`, step by step, each resource recorded as soon as it exists: the bucket's
+    /// EventBridge delivery (turned on if it was off), this cluster's rule on the default bus, the
+    /// queue (and its dead-letter queue) with a policy for that rule, and the rule's target.
+    pub async fn provision_eventbridge(
+        &self,
+        queue_name: &str,
+        prefix: &str,
+        events: &EventTypes,
+        max_receives: u32,
+        managed: &mut ManagedResources,
+    ) -> Result<String> {
+        let current = self.configuration().await?;
+        if current.event_bridge_configuration().is_none() {
+            let on = NotificationConfiguration::builder()
+                .set_queue_configurations(Some(current.queue_configurations().to_vec()))
+                .set_topic_configurations(Some(current.topic_configurations().to_vec()))
+                .set_lambda_function_configurations(Some(current.lambda_function_configurations().to_vec()))
+                .event_bridge_configuration(aws_sdk_s3::types::EventBridgeConfiguration::builder().build())
+                .build();
+            self.put_configuration(on).await?;
+            managed.eventbridge_turned_on = true;
+        }
+        let pattern = eventbridge_pattern(&self.bucket, prefix, events);
+        let rule_arn = self
+            .events
+            .put_rule()
+            .name(queue_name)
+            .event_pattern(pattern.to_string())
+            .description(format!("Tidemark: events of s3://{}/{prefix} for one cluster's queue", self.bucket))
+            .send()
+            .await
+            .map_err(|e| events_err("PutRule", queue_name, e.into_service_error()))?
+            .rule_arn()
+            .unwrap_or_default()
+            .to_string();
+        managed.rule_name = Some(queue_name.to_string());
+        let (url, arn) =
+            self.create_queue(queue_name, "events.amazonaws.com", &rule_arn, max_receives, managed).await?;
+        let target = aws_sdk_eventbridge::types::Target::builder()
+            .id(EVENTBRIDGE_TARGET)
+            .arn(&arn)
+            .build()
+            .map_err(|e| Error::internal(format!("building the rule's target: {e}")))?;
+        let put = self
+            .events
+            .put_targets()
+            .rule(queue_name)
+            .targets(target)
+            .send()
+            .await
+            .map_err(|e| events_err("PutTargets", queue_name, e.into_service_error()))?;
+        if put.failed_entry_count() > 0 {
+            let why: Vec<String> = put
+                .failed_entries()
+                .iter()
+                .map(|f| format!("{}: {}", f.error_code().unwrap_or("?"), f.error_message().unwrap_or("")))
+                .collect();
+            return Err(Error::Unavailable { message: format!("PutTargets {queue_name}: {}", why.join("; ")) });
+        }
+        Ok(url)
+    }
+
+    /// Whether another rule of Tidemark's on the default bus still matches this bucket.
+    async fn other_rules_need_eventbridge(&self, except: Option<&str>) -> Result<bool> {
+        let mut token = None;
+        loop {
+            let out = self
+                .events
+                .list_rules()
+                .name_prefix("tidemark-")
+                .set_next_token(token)
+                .send()
+                .await
+                .map_err(|e| events_err("ListRules", "tidemark-*", e.into_service_error()))?;
+            for r in out.rules() {
+                let mine = r.name() == except;
+                let for_bucket = r
+                    .event_pattern()
+                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+                    .is_some_and(|p| {
+                        p["detail"]["bucket"]["name"]
+                            .as_array()
+                            .is_some_and(|a| a.iter().any(|b| b == self.bucket.as_str()))
+                    });
+                if !mine && for_bucket {
+                    return Ok(true);
+                }
+            }
+            match out.next_token() {
+                Some(t) => token = Some(t.to_string()),
+                None => return Ok(false),
+            }
+        }
+    }
+
     /// Removes what `managed` lists — Tidemark's configuration (others survive), then its queue —
     /// clearing each as it goes: after an error, `managed` is what remains.
     pub async fn teardown_all(&self, managed: &mut ManagedResources) -> Result<()> {
@@ -486,6 +629,42 @@ impl S3Notifications {
         if managed.notification_id.is_some() {
             self.remove_configuration(managed.notification_id.as_deref()).await?;
             managed.notification_id = None;
+        }
+        // EventBridge: the rule's target, then the rule, before the queue it sends to.
+        if let Some(rule) = managed.rule_name.clone() {
+            match self.events.remove_targets().rule(&rule).ids(EVENTBRIDGE_TARGET).send().await {
+                Ok(_) => {}
+                Err(e) => {
+                    let e = e.into_service_error();
+                    if !e.is_resource_not_found_exception() {
+                        return Err(events_err("RemoveTargets", &rule, e));
+                    }
+                }
+            }
+            match self.events.delete_rule().name(&rule).send().await {
+                Ok(_) => {}
+                Err(e) => {
+                    let e = e.into_service_error();
+                    if !e.is_resource_not_found_exception() {
+                        return Err(events_err("DeleteRule", &rule, e));
+                    }
+                }
+            }
+            managed.rule_name = None;
+        }
+        if managed.eventbridge_turned_on {
+            // Off again only if no other rule of Tidemark's needs it; others' rules are not
+            // Tidemark's to know, which is why it stays on when Tidemark did not turn it on.
+            if !self.other_rules_need_eventbridge(None).await? {
+                let current = self.configuration().await?;
+                let off = NotificationConfiguration::builder()
+                    .set_queue_configurations(Some(current.queue_configurations().to_vec()))
+                    .set_topic_configurations(Some(current.topic_configurations().to_vec()))
+                    .set_lambda_function_configurations(Some(current.lambda_function_configurations().to_vec()))
+                    .build();
+                self.put_configuration(off).await?;
+            }
+            managed.eventbridge_turned_on = false;
         }
         if let Some(url) = managed.queue_url.clone() {
             match self.sqs.delete_queue().queue_url(&url).send().await {
@@ -553,6 +732,9 @@ impl EventNotifications for S3Notifications {
                 self.provision_sqs_direct(queue_name, prefix, events, max_receives, fingerprint_of, managed).await
             }
             Topology::SnsFanout => self.provision_sns_fanout(queue_name, max_receives, managed).await,
+            Topology::EventBridge => {
+                self.provision_eventbridge(queue_name, prefix, events, max_receives, managed).await
+            }
             Topology::ByoQueue => Err(Error::invalid_argument("a bring-your-own queue is not provisioned")),
         }
     }

@@ -24,6 +24,7 @@ pub const SETTINGS: &[(&str, &str)] = &[
     ("force_path_style", "true to address buckets as ENDPOINT/BUCKET (default: true when an endpoint is set)"),
     ("sqs_endpoint", "endpoint URL of SQS (default: the endpoint above, or AWS's)"),
     ("sns_endpoint", "endpoint URL of SNS (default: the endpoint above, or AWS's)"),
+    ("events_endpoint", "endpoint URL of EventBridge (default: the endpoint above, or AWS's)"),
     (
         "queue_integration",
         "false for an S3-compatible store without SQS/SNS: event subscriptions cannot be provisioned",

@@ -38,6 +38,14 @@ fn decode_value(v: &Value, depth: u8) -> Decoded {
     if obj.get("Event").and_then(Value::as_str) == Some("s3:TestEvent") {
         return Decoded::Test;
     }
+    // An S3 event through EventBridge (a rule's SQS target): one event, not `Records`.
+    if obj.get("detail-type").is_some() {
+        return match eventbridge(v) {
+            Ok(Some(e)) => Decoded::Events { events: vec![e] },
+            Ok(None) => Decoded::ignored("an EventBridge event of another source than aws.s3"),
+            Err(why) => Decoded::malformed(format!("EventBridge event: {why}")),
+        };
+    }
     let Some(records) = obj.get("Records") else {
         return Decoded::ignored("a JSON message without Records: not an S3 event notification");
     };
@@ -94,6 +102,47 @@ pub fn kind_of(name: &str) -> EventKind {
     } else {
         EventKind::Other(name.to_string())
     }
+}
+
+/// What an EventBridge `detail-type` of S3's means (the same meanings as [`kind_of`]'s names):
+/// "Object Deleted" is a delete or a lifecycle expiration alike (its `reason` says which).
+pub fn eventbridge_kind_of(detail_type: &str) -> EventKind {
+    match detail_type {
+        "Object Created"
+        | "Object Restore Completed"
+        | "Object Restore Expired"
+        | "Object Storage Class Changed"
+        | "Object Access Tier Changed" => EventKind::Created,
+        "Object Deleted" => EventKind::Removed,
+        other => EventKind::Other(other.to_string()),
+    }
+}
+
+/// One S3 event as EventBridge delivers it; `Ok(None)` for another source's. The key in
+/// `detail.object.key` is percent-encoded (RFC 3986: a space is `%20`, a `+` is itself), unlike
+/// the form encoding of notifications; a key that does not decode so is taken as it is.
+fn eventbridge(v: &Value) -> Result<Option<BucketEvent>, String> {
+    if str_at(v, &["source"]) != Some("aws.s3") {
+        return Ok(None);
+    }
+    let detail_type = str_at(v, &["detail-type"]).ok_or("detail-type is not a string")?;
+    let bucket = str_at(v, &["detail", "bucket", "name"]).ok_or("no detail.bucket.name")?;
+    let raw_key = str_at(v, &["detail", "object", "key"]).ok_or("no detail.object.key")?;
+    let key = crate::events::percent_decode(raw_key).unwrap_or_else(|| raw_key.to_string());
+    let object = v.get("detail").and_then(|d| d.get("object"));
+    let text = |k: &str| object.and_then(|o| o.get(k)).and_then(Value::as_str);
+    Ok(Some(BucketEvent {
+        bucket: bucket.to_string(),
+        key,
+        kind: eventbridge_kind_of(detail_type),
+        event_time_ms: str_at(v, &["time"]).and_then(parse_rfc3339_ms),
+        etag: text("etag").or(text("eTag")).map(crate::remote::normalize_etag),
+        size: object.and_then(|o| o.get("size")).and_then(Value::as_u64),
+        sequencer: text("sequencer").map(str::to_string),
+        generation: None,
+        version_id: text("version-id").map(str::to_string),
+        subtree: false,
+    }))
 }
 
 /// One record; `Ok(None)` for a record of another service.
@@ -195,6 +244,37 @@ mod tests {
         let body = PUT.replace("ObjectCreated:Put", "ObjectRestore:Post");
         let Decoded::Events { events } = decode(body.as_bytes()) else { panic!() };
         assert_eq!(events[0].kind, EventKind::Other("ObjectRestore:Post".into()));
+    }
+
+    /// As S3 sends it through EventBridge (the documented example, with a key needing encoding).
+    #[test]
+    fn eventbridge_events_decode_with_percent_encoded_keys() {
+        let created = r#"{"version":"0","id":"17793124-05d4-b198-2fde-7ededc63b103","detail-type":"Object Created",
+            "source":"aws.s3","account":"111122223333","time":"2021-11-12T00:00:00Z","region":"ca-central-1",
+            "resources":["arn:aws:s3:::b"],"detail":{"version":"0","bucket":{"name":"b"},
+            "object":{"key":"photos/a%20b+c%25%C3%BC.jpg","size":5,"etag":"b1946ac92492d2347c6235b4d2611184",
+            "version-id":"IYV3p45BT0ac8hjHg1houSdS1a.Mro8e","sequencer":"617f08299329d189"},
+            "request-id":"N4N7GDK58NMKJ12R","requester":"123456789012","source-ip-address":"1.2.3.4","reason":"PutObject"}}"#;
+        let Decoded::Events { events } = decode(created.as_bytes()) else { panic!("{:?}", decode(created.as_bytes())) };
+        assert_eq!(events[0].key, "photos/a b+c%ü.jpg");
+        assert_eq!(events[0].kind, EventKind::Created);
+        assert_eq!(events[0].bucket, "b");
+        assert_eq!(events[0].size, Some(5));
+        assert_eq!(events[0].etag.as_deref(), Some("b1946ac92492d2347c6235b4d2611184"));
+        let expired = created.replace("Object Created", "Object Deleted").replace("PutObject", "Lifecycle Expiration");
+        let Decoded::Events { events } = decode(expired.as_bytes()) else { panic!() };
+        assert_eq!(events[0].kind, EventKind::Removed, "an expiration leaves as a delete");
+        // moto sends the key as it is: one that does not percent-decode is kept.
+        let raw = created.replace("photos/a%20b+c%25%C3%BC.jpg", "100% sure.txt");
+        let Decoded::Events { events } = decode(raw.as_bytes()) else { panic!() };
+        assert_eq!(events[0].key, "100% sure.txt");
+        let other = created.replace("aws.s3", "aws.ec2");
+        assert!(matches!(decode(other.as_bytes()), Decoded::Ignored { .. }));
+        let broken = created.replace(r#""bucket":{"name":"b"},"#, "");
+        assert!(
+            matches!(decode(broken.as_bytes()), Decoded::Malformed { reason } if reason.contains("detail.bucket.name"))
+        );
+        assert_eq!(eventbridge_kind_of("Object Tags Added"), EventKind::Other("Object Tags Added".into()));
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub static ALL: &[Command] = &[
         details: "Stored at /etc/tidemark/remote/NAME.conf. Secrets are masked whenever shown.\n\
                   Changing an existing remote merges the settings given into it.\n\
                   s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token\n\
-                  \x20      -s3.force_path_style -s3.sqs_endpoint -s3.sns_endpoint\n\
+                  \x20      -s3.force_path_style -s3.sqs_endpoint -s3.sns_endpoint -s3.events_endpoint\n\
                   gcs:   -gcs.endpoint -gcs.service_account_json | -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
                   azure: -azure.account -azure.account_key | -azure.sas_token -azure.blob_endpoint -azure.queue_endpoint\n\
                   local: -local.root (the directory whose subdirectories are the buckets)\n\
@@ -80,6 +80,7 @@ pub static ALL: &[Command] = &[
             flag("s3.force_path_style", "true: address buckets as ENDPOINT/BUCKET (default with an endpoint)"),
             flag("s3.sqs_endpoint", "endpoint URL of SQS, for events (default: -s3.endpoint)"),
             flag("s3.sns_endpoint", "endpoint URL of SNS, for events (default: -s3.endpoint)"),
+            flag("s3.events_endpoint", "endpoint URL of EventBridge, for -via=eventbridge (default: -s3.endpoint)"),
             flag("s3.queue_integration", "false: an S3-compatible store without SQS/SNS; events cannot be provisioned"),
             flag("local.root", "the directory whose subdirectories are the buckets"),
             flag("gcs.endpoint", "Cloud Storage endpoint (default https://storage.googleapis.com)"),
@@ -146,14 +147,16 @@ pub static ALL: &[Command] = &[
     },
     Command {
         name: "remote.events.enable",
-        synopsis: "-dir=/mnt/data [-queue=URL|NAME | -via=sns] [-events=created,removed] [-prefix=P] [-slice=5m] ...",
+        synopsis: "-dir=/mnt/data [-queue=URL|NAME | -via=sns|eventbridge] [-events=created,removed] [-prefix=P] [-slice=5m] ...",
         summary: "subscribe a mount to its bucket's event notifications",
         details: "-queue: the queue the bucket's notifications already reach (bring your own; consume only): an SQS queue URL,\n\
                   a Pub/Sub subscription (projects/P/subscriptions/S) or an Azure queue name.\n\
                   A local directory mount needs no queue: its filesystem notifications are its events (fs-notify).\n\
                   Without -queue (S3): provision a queue and point the bucket's notification at it (sqs_direct), or with\n\
                   -via=sns a shared topic per bucket and this cluster's queue subscribed to it (several clusters can share\n\
-                  one bucket's events). Enabling the same identity again changes nothing; a new queue, prefix or event types\n\
+                  one bucket's events); with -via=eventbridge the bucket's EventBridge delivery (turned on if off), a rule of\n\
+                  this cluster's on the default bus and its queue as the target (each cluster its own rule). Enabling the\n\
+                  same identity again changes nothing; a new queue, prefix or event types\n\
                   is a new subscription (new fingerprint, baseline first), refused while provisioned resources exist.\n\
                   -prefetch=GLOB warms the content cache: after an event's create or update of a matching file is applied,\n\
                   the filer fetches the new version in the background, so it is local when read (off by default; `-prefetch=`\n\
@@ -164,7 +167,7 @@ pub static ALL: &[Command] = &[
         flags: &[
             flag("dir", "the mounted directory"),
             flag("queue", "the queue to consume (bring your own)"),
-            flag("via", "sns: provision an SNS fan-out (omit for a direct SQS queue)"),
+            flag("via", "sns: an SNS fan-out; eventbridge: an EventBridge rule (omit for a direct SQS queue)"),
             flag("events", "event types: created, removed, other (default created,removed)"),
             flag("prefix", "only keys below this path of the mount"),
             flag("slice", "how long one slice runs before the next is proposed (default 5m)"),

@@ -290,9 +290,10 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
             let topology = match via {
                 None => Topology::SqsDirect,
                 Some("sns") => Topology::SnsFanout,
+                Some("eventbridge") => Topology::EventBridge,
                 Some(v) => {
                     return Err(CmdError::Usage(format!(
-                        "unknown -via={v:?}: use -via=sns, or omit it for a direct SQS queue"
+                        "unknown -via={v:?}: use -via=sns or -via=eventbridge, or omit it for a direct SQS queue"
                     )));
                 }
             };
@@ -538,6 +539,9 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
         {
             removed.push(format!("the bucket's notification configuration {id:?} (the others kept)"));
         }
+        if let Some(r) = &m.rule_name {
+            removed.push(format!("EventBridge rule {r} and its target"));
+        }
         if let Some(q) = &m.queue_url {
             removed.push(format!("queue {q}"));
         }
@@ -550,7 +554,15 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
             ),
             None => String::new(),
         };
-        writeln!(out, "events disabled on {dir}: removed {}{shared}", removed.join(", "))?;
+        let eventbridge = if m.eventbridge_turned_on {
+            "; the bucket's EventBridge delivery, which Tidemark turned on, was turned off unless another rule of Tidemark's \
+             still needs it"
+        } else if m.rule_name.is_some() {
+            "; the bucket's EventBridge delivery was on before and stays on"
+        } else {
+            ""
+        };
+        writeln!(out, "events disabled on {dir}: removed {}{shared}{eventbridge}", removed.join(", "))?;
     }
     Ok(())
 }
