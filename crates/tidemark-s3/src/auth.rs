@@ -30,7 +30,13 @@ fn check_skew(cx: &S3AccessContext<'_>) -> S3Result<()> {
     if cx.credentials().is_none() || cx.uri().query().is_some_and(|q| q.contains("X-Amz-Signature=")) {
         return Ok(());
     }
-    let Some(date) = cx.headers().get("x-amz-date").and_then(|v| v.to_str().ok()) else { return Ok(()) };
+    if let Some((code, message)) = sigv2_time_problem(cx.headers(), std::time::SystemTime::now()) {
+        return Err(S3Error::with_message(code, message));
+    }
+    let sigv2 = cx.headers().get(hyper::header::AUTHORIZATION).is_some_and(|a| a.as_bytes().starts_with(b"AWS "));
+    let Some(date) = cx.headers().get("x-amz-date").and_then(|v| v.to_str().ok()).filter(|_| !sigv2) else {
+        return Ok(());
+    };
     let format = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
     let Ok(t) = time::PrimitiveDateTime::parse(date, format) else {
         return Err(S3Error::with_message(
@@ -168,5 +174,66 @@ impl S3Access for Access {
             return Err(denied(format!("{} may not read the copy source in bucket {sb}", who(&caller))));
         }
         Ok(())
+    }
+}
+
+/// SigV2 header signatures (`Authorization: AWS AK:SIG`) sign the request's time — `x-amz-date`
+/// if present, else `Date`, both HTTP dates — but s3s checks neither, so a captured request would
+/// be good for ever. This is the check S3 makes: the S3 error (code, message) to answer with, or
+/// `None` (for every other kind of request: [`check_skew`] checks SigV4's `x-amz-date`, s3s the
+/// expiry of presigned URLs).
+pub fn sigv2_time_problem(
+    headers: &hyper::HeaderMap,
+    now: std::time::SystemTime,
+) -> Option<(S3ErrorCode, &'static str)> {
+    let auth = headers.get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
+    if !auth.starts_with("AWS ") {
+        return None;
+    }
+    let date = headers.get("x-amz-date").or_else(|| headers.get(hyper::header::DATE));
+    let Some(t) = date.and_then(|d| d.to_str().ok()).and_then(|d| httpdate::parse_http_date(d).ok()) else {
+        return Some((S3ErrorCode::AccessDenied, "AWS authentication requires a valid Date or x-amz-date header"));
+    };
+    let skew = now.duration_since(t).or_else(|e| Ok::<_, ()>(e.duration())).unwrap_or_default();
+    (skew > Duration::from_secs(MAX_SKEW_SECS as u64)).then_some((
+        S3ErrorCode::RequestTimeTooSkewed,
+        "The difference between the request time and the current time is too large.",
+    ))
+}
+
+#[cfg(test)]
+mod sigv2_tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, String)]) -> hyper::HeaderMap {
+        let mut h = hyper::HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn sigv2_requests_are_good_for_fifteen_minutes_around_their_date() {
+        let now = std::time::SystemTime::now();
+        let at = |d: std::time::SystemTime| httpdate::fmt_http_date(d);
+        let v2 = ("authorization", "AWS AK:c2ln".to_string());
+        assert_eq!(sigv2_time_problem(&headers(&[v2.clone(), ("date", at(now))]), now), None);
+        let old = now - Duration::from_secs(3600);
+        let ahead = now + Duration::from_secs(3600);
+        for d in [old, ahead] {
+            let p = sigv2_time_problem(&headers(&[v2.clone(), ("date", at(d))]), now);
+            assert_eq!(p.map(|(c, _)| c), Some(S3ErrorCode::RequestTimeTooSkewed));
+        }
+        // x-amz-date wins over Date, as in the string SigV2 signs.
+        let both = headers(&[v2.clone(), ("date", at(now)), ("x-amz-date", at(old))]);
+        assert_eq!(sigv2_time_problem(&both, now).map(|(c, _)| c), Some(S3ErrorCode::RequestTimeTooSkewed));
+        for bad in [headers(&[v2.clone()]), headers(&[v2.clone(), ("date", "yesterday".into())])] {
+            assert_eq!(sigv2_time_problem(&bad, now).map(|(c, _)| c), Some(S3ErrorCode::AccessDenied));
+        }
+        // SigV4 (checked by s3s) and anonymous requests are not this check's.
+        let v4 = ("authorization", "AWS4-HMAC-SHA256 Credential=AK/...".to_string());
+        assert_eq!(sigv2_time_problem(&headers(&[v4, ("date", at(old))]), now), None);
+        assert_eq!(sigv2_time_problem(&headers(&[]), now), None);
     }
 }

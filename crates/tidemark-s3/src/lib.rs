@@ -91,6 +91,7 @@ pub async fn serve_tls(
         async move {
             let has_body = req.headers().get(hyper::header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
                 || req.headers().contains_key(hyper::header::TRANSFER_ENCODING);
+
             let mut resp = hyper::service::Service::call(&svc, req).await?;
             // An error may answer before the body was read; this connection cannot be
             // trusted to hold the next request where the client thinks it starts.

@@ -400,6 +400,30 @@ def errors_mode(endpoint, ak, sk):
         botocore.auth.datetime.datetime = real
     status, text = raw(endpoint, req)
     assert status == 403 and ("RequestTimeTooSkewed" in text or "AccessDenied" in text), (status, text)
+    # SigV2 header signatures carry their time in Date (or x-amz-date): one signed properly but
+    # an hour ago, in an hour, or with no date at all is a replay, refused like SigV4's.
+    import email.utils
+    import hmac
+
+    def v2(date_header, when):
+        path = f"/{b}/keep.txt"
+        date = email.utils.formatdate(when, usegmt=True) if when is not None else "not a date"
+        amz = date_header == "x-amz-date"
+        to_sign = f"GET\n\n\n{'' if amz else date}\n" + (f"x-amz-date:{date}\n" if amz else "") + path
+        sig = base64.b64encode(hmac.new(sk.encode(), to_sign.encode(), hashlib.sha1).digest()).decode()
+        req = AWSRequest(method="GET", url=endpoint + path, data=b"",
+                         headers={"host": urllib.parse.urlparse(endpoint).netloc, date_header: date,
+                                  "Authorization": f"AWS {ak}:{sig}"})
+        return raw(endpoint, req)
+
+    for header in ("Date", "x-amz-date"):
+        status, text = v2(header, time.time())
+        assert status == 200 and text == "original", ("a fresh SigV2 request works", header, status, text)
+        for skew in (-3600, 3600):
+            status, text = v2(header, time.time() + skew)
+            assert status == 403 and "RequestTimeTooSkewed" in text, ("SigV2 replay", header, skew, status, text)
+        status, text = v2(header, None)
+        assert status == 403 and "AccessDenied" in text and "date" in text.lower(), ("SigV2 without a date", header, status, text)
     # Oversize headers: refused, and the gateway still serves.
     req = signed(endpoint, ak, sk, "GET", f"/{b}/keep.txt", b"", {"x-amz-meta-huge": "y" * 200_000})
     try:
