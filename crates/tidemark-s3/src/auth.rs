@@ -228,7 +228,7 @@ mod sigv2_tests {
         // x-amz-date wins over Date, as in the string SigV2 signs.
         let both = headers(&[v2.clone(), ("date", at(now)), ("x-amz-date", at(old))]);
         assert_eq!(sigv2_time_problem(&both, now).map(|(c, _)| c), Some(S3ErrorCode::RequestTimeTooSkewed));
-        for bad in [headers(&[v2.clone()]), headers(&[v2.clone(), ("date", "yesterday".into())])] {
+        for bad in [headers(std::slice::from_ref(&v2)), headers(&[v2.clone(), ("date", "yesterday".into())])] {
             assert_eq!(sigv2_time_problem(&bad, now).map(|(c, _)| c), Some(S3ErrorCode::AccessDenied));
         }
         // SigV4 (checked by s3s) and anonymous requests are not this check's.
