@@ -78,8 +78,9 @@ pub trait Filer: Send + Sync + 'static {
     /// See [`crate::MetaStore::scan`].
     async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page>;
 
-    /// How many entries lie strictly below `dir`.
-    async fn count(&self, dir: &str) -> Result<u64>;
+    /// How many entries lie strictly below `dir`, leaving out `except` and everything below it
+    /// (in one read: a data client's count of `/` says nothing of the system directory).
+    async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64>;
 
     /// The entry and a stream of its content (or of `range` of it).
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)>;

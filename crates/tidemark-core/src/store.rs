@@ -42,8 +42,9 @@ pub trait MetaStore: Send + Sync + 'static {
     /// at most `limit`. A missing `dir` yields an empty page: a scan is a range read.
     async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page>;
 
-    /// How many entries lie strictly below `dir` (for progress estimates).
-    async fn count_below(&self, dir: &str) -> Result<u64>;
+    /// How many entries lie strictly below `dir` (for progress estimates), leaving out `except`
+    /// and everything below it.
+    async fn count_below(&self, dir: &str, except: Option<&str>) -> Result<u64>;
 
     /// The bytes of an entry whose content is `Inline`; `None` if absent or not inline.
     async fn read_inline(&self, path: &str) -> Result<Option<Bytes>>;

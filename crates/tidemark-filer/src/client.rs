@@ -206,8 +206,15 @@ impl Filer for HttpFiler {
         .await
     }
 
-    async fn count(&self, dir: &str) -> Result<u64> {
-        self.call(|u| self.request_at(u, Method::GET, "count").query(&[("dir", dir)])).await
+    async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64> {
+        self.call(|u| {
+            let mut q = vec![("dir", dir)];
+            if let Some(x) = except {
+                q.push(("except", x));
+            }
+            self.request_at(u, Method::GET, "count").query(&q)
+        })
+        .await
     }
 
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {

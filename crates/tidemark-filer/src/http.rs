@@ -361,13 +361,14 @@ async fn scan(Access(f): Access, q: Result<Query<ListQuery>, QueryRejection>) ->
 }
 
 #[derive(Deserialize)]
-struct DirQuery {
+struct CountQuery {
     dir: String,
+    except: Option<String>,
 }
 
-async fn count(Access(f): Access, q: Result<Query<DirQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+async fn count(Access(f): Access, q: Result<Query<CountQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    Ok(Json(f.count(&q.dir).await?))
+    Ok(Json(f.count(&q.dir, q.except.as_deref()).await?))
 }
 
 /// Parses `Range: bytes=a-b` / `bytes=a-` (one range; suffix ranges are not supported).

@@ -414,8 +414,8 @@ impl Filer for LocalFiler {
         self.store.scan(dir, start_after, limit).await
     }
 
-    async fn count(&self, dir: &str) -> Result<u64> {
-        self.store.count_below(dir).await
+    async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64> {
+        self.store.count_below(dir, except).await
     }
 
     async fn read(&self, p: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {

@@ -69,9 +69,12 @@ impl Filer for DataScope {
         Ok(page)
     }
 
-    async fn count(&self, dir: &str) -> Result<u64> {
+    async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64> {
         readable(dir)?;
-        self.inner.count(dir).await
+        // Above the system directory (`/`, `/etc`), its entries are left out of the count, in the
+        // same read (a count that moved with them would tell a data client they changed).
+        let except = if reaches_system(dir) { Some(system_paths::ROOT) } else { except };
+        self.inner.count(dir, except).await
     }
 
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
@@ -239,8 +242,8 @@ impl Filer for AdminScope {
         self.inner.scan(dir, start_after, limit).await
     }
 
-    async fn count(&self, dir: &str) -> Result<u64> {
-        self.inner.count(dir).await
+    async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64> {
+        self.inner.count(dir, except).await
     }
 
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {

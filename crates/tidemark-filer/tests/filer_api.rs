@@ -142,7 +142,7 @@ async fn listing_with_names_that_need_escaping(s: &Setup) {
     }
     let scanned = f.scan("/esc", None, 100).await.unwrap();
     assert_eq!(scanned.entries.len(), names.len() + 2);
-    assert_eq!(f.count("/esc").await.unwrap(), names.len() as u64 + 2);
+    assert_eq!(f.count("/esc", None).await.unwrap(), names.len() as u64 + 2);
 }
 
 async fn write_preconditions_and_kind_errors(s: &Setup) {
@@ -456,6 +456,15 @@ async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
     assert!(scanned.entries.iter().any(|e| e.path == "/docs/a.txt"));
     assert!(scanned.entries.iter().all(|e| !e.path.starts_with("/etc/tidemark")), "{:?}", scanned.entries);
     assert!(data.list("/etc", None, 10).await.is_ok(), "/etc itself is the namespace's");
+    // Counts above the system directory leave it out, so they do not move with it (the admin
+    // sees it all).
+    let counts = || async { (data.count("/", None).await.unwrap(), data.count("/etc", None).await.unwrap()) };
+    let before = counts().await;
+    assert_eq!(before.1, 0, "nothing of /etc/tidemark in a data client's count of /etc");
+    admin.write("/etc/tidemark/remote/other.conf", body(b"{}"), WriteOptions::default()).await.unwrap();
+    assert_eq!(counts().await, before, "a change in the system directory does not show");
+    assert!(admin.count("/etc", None).await.unwrap() >= 4, "the admin's count has it all");
+    unauthorized_count(data.count("/etc/tidemark", None).await);
 
     // Not the system directory: no read (the secret), no write (a planted document), no delete.
     let unauthorized = |r: Result<(), Error>| match r {
@@ -504,6 +513,10 @@ async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
     assert!(http::Tokens { admin: None, data: vec!["d".into()], cluster: None }.check().is_err());
     let same = http::Tokens { admin: Some("a".into()), data: vec!["a".into()], cluster: None };
     assert!(same.check().is_err());
+}
+
+fn unauthorized_count(r: Result<u64, Error>) {
+    assert!(matches!(r, Err(Error::Unauthorized { .. })), "{r:?}");
 }
 
 /// With a cluster token, only it reads the secrets of system documents; the admin token reads

@@ -78,8 +78,8 @@ impl Filer for FencedFiler {
     async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
         self.inner.scan(dir, start_after, limit).await
     }
-    async fn count(&self, dir: &str) -> Result<u64> {
-        self.inner.count(dir).await
+    async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64> {
+        self.inner.count(dir, except).await
     }
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
         self.inner.read(path, range).await

@@ -179,9 +179,11 @@ pub async fn pagination_boundaries(h: &Harness) {
     let between = s.list("/p", Some("/p/f04x"), 1).await.unwrap();
     assert_eq!(between.entries[0].path, "/p/f05");
     assert!(s.scan("/nowhere", None, 10).await.unwrap().entries.is_empty());
-    assert_eq!(s.count_below("/p").await.unwrap(), 10);
-    assert_eq!(s.count_below("/nowhere").await.unwrap(), 0);
-    assert_eq!(s.count_below("/").await.unwrap(), 11, "the ten files and /p");
+    assert_eq!(s.count_below("/p", None).await.unwrap(), 10);
+    assert_eq!(s.count_below("/nowhere", None).await.unwrap(), 0);
+    assert_eq!(s.count_below("/", None).await.unwrap(), 11, "the ten files and /p");
+    assert_eq!(s.count_below("/", Some("/p")).await.unwrap(), 0, "/p and what is below it left out");
+    assert_eq!(s.count_below("/p", Some("/p/nothing")).await.unwrap(), 10, "leaving out what is not there");
     assert!(matches!(s.list("/nowhere", None, 10).await, Err(Error::NotFound { .. })));
     assert!(matches!(s.list("/p/f00", None, 10).await, Err(Error::NotADirectory { .. })));
 }

@@ -1012,12 +1012,16 @@ impl MetaStore for PgStore {
         Ok(Page::from_rows(entries_of(&rows)?, limit))
     }
 
-    async fn count_below(&self, dir: &str) -> Result<u64> {
+    async fn count_below(&self, dir: &str, except: Option<&str>) -> Result<u64> {
         path::validate(dir)?;
         let (lo, hi) = path::scan_bounds(dir, "");
+        let (x, xlo, xhi) = crate::sqlite::excluded(except)?;
         let c = self.client().await?;
         let n: i64 = c
-            .query_one("SELECT count(*) FROM entries WHERE path > $1 AND path < $2", &[&lo, &hi])
+            .query_one(
+                "SELECT count(*) FROM entries WHERE path > $1 AND path < $2 AND path <> $3 AND NOT (path > $4 AND path < $5)",
+                &[&lo, &hi, &x, &xlo, &xhi],
+            )
             .await
             .map_err(pg_err)?
             .get(0);

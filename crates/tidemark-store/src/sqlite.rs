@@ -522,6 +522,19 @@ fn put_row(conn: &Connection, e: &Entry, data: Option<&[u8]>) -> Result<()> {
     Ok(())
 }
 
+/// The path `except` and the bounds of what lies below it, for a count that leaves them out;
+/// with no `except`, a path no entry has and an empty range.
+pub(crate) fn excluded(except: Option<&str>) -> Result<(String, String, String)> {
+    match except {
+        Some(x) => {
+            path::validate(x)?;
+            let (lo, hi) = path::scan_bounds(x, "");
+            Ok((x.to_string(), lo, hi))
+        }
+        None => Ok((String::new(), String::new(), String::new())),
+    }
+}
+
 #[async_trait]
 impl MetaStore for SqliteStore {
     fn backend(&self) -> &'static str {
@@ -576,12 +589,18 @@ impl MetaStore for SqliteStore {
         self.read(move |c| Ok(Page::from_rows(descendants(c, &dir, &after, limit as i64 + 1)?, limit))).await
     }
 
-    async fn count_below(&self, dir: &str) -> Result<u64> {
+    async fn count_below(&self, dir: &str, except: Option<&str>) -> Result<u64> {
         path::validate(dir)?;
         let (lo, hi) = path::scan_bounds(dir, "");
+        // Nothing is left out when `except` is absent: an empty range after a path no entry has.
+        let (x, xlo, xhi) = excluded(except)?;
         self.read(move |c| {
             let n: i64 = c
-                .query_row("SELECT COUNT(*) FROM entries WHERE path > ?1 AND path < ?2", params![lo, hi], |r| r.get(0))
+                .query_row(
+                    "SELECT COUNT(*) FROM entries WHERE path > ?1 AND path < ?2 AND path <> ?3 AND NOT (path > ?4 AND path < ?5)",
+                    params![lo, hi, x, xlo, xhi],
+                    |r| r.get(0),
+                )
                 .map_err(db_err)?;
             Ok(n as u64)
         })

@@ -119,8 +119,8 @@ impl Filer for TimedFiler {
     async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
         self.0.scan(dir, start_after, limit).await
     }
-    async fn count(&self, dir: &str) -> Result<u64> {
-        self.0.count(dir).await
+    async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64> {
+        self.0.count(dir, except).await
     }
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
         self.0.read(path, range).await

@@ -171,7 +171,7 @@ async fn run_sync(
     out: Out<'_>,
 ) -> Result<ReconcileReport, CmdError> {
     let storage = open(ctx, &mount.location).await?;
-    let expected = if quiet { 0 } else { ctx.filer.count(&mount.dir).await.unwrap_or(0) };
+    let expected = if quiet { 0 } else { ctx.filer.count(&mount.dir, None).await.unwrap_or(0) };
     let bar = progress(quiet, expected);
     let mut lines: Vec<String> = Vec::new();
     let mut sink = |item: &Item| {
