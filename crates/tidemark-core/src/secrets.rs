@@ -34,66 +34,89 @@ pub fn mask_json(v: &mut Value) {
     }
 }
 
-fn secrets_of<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+/// Where a value sits in a document: the keys down to it, with an array's elements named by
+/// what identifies them (`name`, else `access_key`, else their index), so that adding, removing
+/// or reordering elements leaves every other secret's place as it was.
+fn child_place(place: &str, key: &str) -> String {
+    format!("{place}/{key}")
+}
+
+fn element_place(place: &str, i: usize, element: &Value) -> String {
+    let id = ["name", "access_key"]
+        .iter()
+        .find_map(|k| element.get(*k).and_then(Value::as_str).map(|v| format!("{k}={v}")))
+        .unwrap_or_else(|| i.to_string());
+    format!("{place}[{id}]")
+}
+
+fn secrets_of(v: &Value, place: String, out: &mut std::collections::HashMap<String, String>) {
     match v {
         Value::Object(m) => {
             for (k, child) in m {
                 match child {
-                    Value::String(s) if is_secret_key(k) => out.push(s),
-                    other => secrets_of(other, out),
-                }
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|c| secrets_of(c, out)),
-        _ => {}
-    }
-}
-
-/// Puts the stored secrets back where `new` carries their masks. A masked value that matches no
-/// stored secret, or two different ones, is refused: the writer must give the secret itself.
-/// Returns whether anything was restored.
-pub fn unmask_json(new: &mut Value, stored: Option<&Value>) -> Result<bool, String> {
-    let mut known = Vec::new();
-    if let Some(s) = stored {
-        secrets_of(s, &mut known);
-    }
-    let mut restored = false;
-    restore(new, &known, &mut restored)?;
-    Ok(restored)
-}
-
-fn restore(v: &mut Value, known: &[&str], restored: &mut bool) -> Result<(), String> {
-    match v {
-        Value::Object(m) => {
-            for (k, child) in m.iter_mut() {
-                match child {
-                    Value::String(s) if is_secret_key(k) && s.starts_with("****") => {
-                        let mut matches: Vec<&str> = known.iter().copied().filter(|c| mask(c) == *s).collect();
-                        matches.dedup();
-                        match matches.as_slice() {
-                            [one] => {
-                                *s = one.to_string();
-                                *restored = true;
-                            }
-                            [] => {
-                                return Err(format!(
-                                    "{k} is a masked value ({s}) that matches no stored secret: give the secret itself"
-                                ));
-                            }
-                            _ => {
-                                return Err(format!(
-                                    "{k} is a masked value ({s}) that matches several stored secrets: give the secret itself"
-                                ));
-                            }
-                        }
+                    Value::String(s) if is_secret_key(k) => {
+                        out.insert(child_place(&place, k), s.clone());
                     }
-                    other => restore(other, known, restored)?,
+                    other => secrets_of(other, child_place(&place, k), out),
                 }
             }
         }
         Value::Array(a) => {
-            for c in a {
-                restore(c, known, restored)?;
+            for (i, c) in a.iter().enumerate() {
+                secrets_of(c, element_place(&place, i, c), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Puts the stored secrets back where `new` carries their masks, each from the same place in the
+/// stored document (never from another identity's, whatever their last characters). A mask with
+/// no stored secret at its place, or not that secret's mask, is refused: the writer must give the
+/// secret itself. Returns whether anything was restored.
+pub fn unmask_json(new: &mut Value, stored: Option<&Value>) -> Result<bool, String> {
+    let mut known = std::collections::HashMap::new();
+    if let Some(s) = stored {
+        secrets_of(s, String::new(), &mut known);
+    }
+    let mut restored = false;
+    restore(new, String::new(), &known, &mut restored)?;
+    Ok(restored)
+}
+
+fn restore(
+    v: &mut Value,
+    place: String,
+    known: &std::collections::HashMap<String, String>,
+    restored: &mut bool,
+) -> Result<(), String> {
+    match v {
+        Value::Object(m) => {
+            for (k, child) in m.iter_mut() {
+                let here = child_place(&place, k);
+                match child {
+                    Value::String(s) if is_secret_key(k) && s.starts_with("****") => {
+                        match known.get(&here).filter(|stored| mask(stored) == *s) {
+                            Some(stored) => {
+                                *s = stored.clone();
+                                *restored = true;
+                            }
+                            None => {
+                                return Err(format!(
+                                    "{k} at {here} is a masked value ({s}) but no such secret is stored there: give the secret itself"
+                                ));
+                            }
+                        }
+                    }
+                    other => restore(other, here, known, restored)?,
+                }
+            }
+        }
+        Value::Array(a) => {
+            // Places are computed before any element changes (a restored secret is not an id).
+            let places: Vec<String> = a.iter().enumerate().map(|(i, c)| element_place(&place, i, c)).collect();
+            for (c, p) in a.iter_mut().zip(places) {
+                restore(c, p, known, restored)?;
             }
         }
         _ => {}
@@ -130,8 +153,45 @@ mod tests {
         let mut orphan = json!({"settings": {"secret_key": "****zzzz"}});
         assert!(unmask_json(&mut orphan, Some(&stored)).unwrap_err().contains("give the secret itself"));
         let two = json!({"a": {"secret_key": "short1"}, "b": {"secret_key": "short2"}});
-        let mut ambiguous = json!({"a": {"secret_key": "****"}});
-        assert!(unmask_json(&mut ambiguous, Some(&two)).unwrap_err().contains("several"));
+        let mut by_place = json!({"a": {"secret_key": "****"}, "b": {"secret_key": "****"}});
+        assert!(unmask_json(&mut by_place, Some(&two)).unwrap());
+        assert_eq!(by_place, two, "each short secret from its own place");
+        assert!(unmask_json(&mut json!({"c": {"secret_key": "****"}}), Some(&two)).is_err(), "no secret there");
         assert!(unmask_json(&mut json!({"secret_key": "****"}), None).is_err());
+    }
+
+    /// Two identities whose secrets end alike: adding a third, or reordering them, keeps each
+    /// one's own secret (matched by place: identity and access key), and a mask never carries a
+    /// secret from one identity to another.
+    #[test]
+    fn masks_are_matched_by_their_place_not_their_last_characters() {
+        let stored = json!({"identities": [
+            {"name": "alice", "credentials": [{"access_key": "AK1", "secret_key": "alice-secret-WXYZ"}]},
+            {"name": "bob", "credentials": [{"access_key": "AK2", "secret_key": "bobs-secret-WXYZ"}]}
+        ]});
+        let mut shown = stored.clone();
+        mask_json(&mut shown);
+        assert_eq!(shown["identities"][0]["credentials"][0]["secret_key"], "****WXYZ");
+        assert_eq!(shown["identities"][1]["credentials"][0]["secret_key"], "****WXYZ");
+        let mut added = shown.clone();
+        let ids = added["identities"].as_array_mut().unwrap();
+        ids.reverse();
+        ids.insert(
+            0,
+            json!({"name": "carol", "credentials": [{"access_key": "AK3", "secret_key": "carol-new-secret"}]}),
+        );
+        assert!(unmask_json(&mut added, Some(&stored)).unwrap());
+        let secret_of = |doc: &Value, name: &str| {
+            doc["identities"].as_array().unwrap().iter().find(|i| i["name"] == name).unwrap()["credentials"][0]
+                ["secret_key"]
+                .clone()
+        };
+        assert_eq!(secret_of(&added, "alice"), "alice-secret-WXYZ");
+        assert_eq!(secret_of(&added, "bob"), "bobs-secret-WXYZ");
+        assert_eq!(secret_of(&added, "carol"), "carol-new-secret");
+        // A mask put under another access key is not that key's secret: refused.
+        let mut moved = shown.clone();
+        moved["identities"][1]["credentials"][0]["access_key"] = json!("AK9");
+        assert!(unmask_json(&mut moved, Some(&stored)).is_err());
     }
 }

@@ -568,6 +568,26 @@ async fn secrets_are_the_cluster_tokens_alone() {
         other => panic!("{other:?}"),
     }
     assert_eq!(json(read_all(&cluster, conf, None).await)["settings"]["secret_key"], "wJalrXUtnFEMI/K7MDENG");
+    // Two S3 identities whose secrets end alike: the admin adds a third with the others masked
+    // (what s3.configure -apply does), and each keeps its own secret.
+    let ids = "/etc/tidemark/s3/identities.json";
+    let two = serde_json::json!({"identities": [
+        {"name": "alice", "credentials": [{"access_key": "AK1", "secret_key": "alice-secret-WXYZ"}]},
+        {"name": "bob", "credentials": [{"access_key": "AK2", "secret_key": "bobs-secret-WXYZ"}]}]});
+    admin.write(ids, body(&serde_json::to_vec(&two).unwrap()), WriteOptions::default()).await.unwrap();
+    let mut shown = json(read_all(&admin, ids, None).await);
+    shown["identities"].as_array_mut().unwrap().push(
+        serde_json::json!({"name": "carol", "credentials": [{"access_key": "AK3", "secret_key": "carol-secret-0000"}]}),
+    );
+    admin.write(ids, body(&serde_json::to_vec(&shown).unwrap()), WriteOptions::default()).await.unwrap();
+    let now = json(read_all(&cluster, ids, None).await);
+    let secrets: Vec<&str> = now["identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["credentials"][0]["secret_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(secrets, ["alice-secret-WXYZ", "bobs-secret-WXYZ", "carol-secret-0000"]);
     // Files outside the system directory are untouched by all this.
     admin.write("/docs/secret_key.json", body(br#"{"secret_key":"mine"}"#), WriteOptions::default()).await.unwrap();
     assert_eq!(read_all(&admin, "/docs/secret_key.json", None).await, br#"{"secret_key":"mine"}"#);
