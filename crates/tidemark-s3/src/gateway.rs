@@ -266,6 +266,34 @@ macro_rules! read_ask {
     };
 }
 
+/// Refuses a write that asks for what the gateway does not do — encryption at rest (SSE-S3,
+/// SSE-KMS, SSE-C) or object lock (mode, retention, legal hold) — rather than store the object
+/// as if it were honoured (an SSE-C object would then be readable without its key). 501
+/// NotImplemented, as S3-compatibles answer for a header they do not implement.
+macro_rules! refuse_unhonoured {
+    ($i:expr) => {{
+        let i = &$i;
+        let asked = [
+            i.server_side_encryption.as_ref().map(|v| format!("x-amz-server-side-encryption: {}", v.as_str())),
+            i.sse_customer_algorithm.as_ref().map(|_| "SSE-C (x-amz-server-side-encryption-customer-*)".to_string()),
+            i.ssekms_key_id.as_ref().map(|_| "x-amz-server-side-encryption-aws-kms-key-id".to_string()),
+            i.bucket_key_enabled.filter(|b| *b).map(|_| "x-amz-server-side-encryption-bucket-key-enabled".to_string()),
+            i.object_lock_mode.as_ref().map(|v| format!("x-amz-object-lock-mode: {}", v.as_str())),
+            i.object_lock_retain_until_date.as_ref().map(|_| "x-amz-object-lock-retain-until-date".to_string()),
+            i.object_lock_legal_hold_status.as_ref().map(|_| "x-amz-object-lock-legal-hold".to_string()),
+        ];
+        if let Some(what) = asked.into_iter().flatten().next() {
+            return Err(S3Error::with_message(
+                S3ErrorCode::NotImplemented,
+                format!(
+                    "{what}: this gateway neither encrypts objects at rest nor locks them, and stores nothing as if it did; \
+                     send the request without it"
+                ),
+            ));
+        }
+    }};
+}
+
 /// The headers a GET or HEAD answers with for an entry.
 struct Shown {
     content_type: Option<ContentType>,
@@ -771,6 +799,12 @@ impl S3 for Gateway {
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
         let mut i = req.input;
+        if i.sse_customer_algorithm.is_some() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "the object is not encrypted with a customer key (SSE-C is not implemented)"
+            ));
+        }
         let ask = read_ask!(i);
         let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
         ask.check(&e)?;
@@ -781,6 +815,12 @@ impl S3 for Gateway {
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let mut i = req.input;
+        if i.sse_customer_algorithm.is_some() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "the object is not encrypted with a customer key (SSE-C is not implemented)"
+            ));
+        }
         if i.part_number.is_some() {
             return Err(s3_error!(NotImplemented, "GetObject by partNumber"));
         }
@@ -830,6 +870,7 @@ impl S3 for Gateway {
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let i = req.input;
+        refuse_unhonoured!(i);
         self.bucket_entry(&i.bucket).await?;
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
@@ -865,6 +906,10 @@ impl S3 for Gateway {
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
         let i = req.input;
+        refuse_unhonoured!(i);
+        if i.copy_source_sse_customer_algorithm.is_some() {
+            return Err(s3_error!(InvalidRequest, "the source object is not encrypted with a customer key"));
+        }
         self.bucket_entry(&i.bucket).await?;
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
@@ -939,6 +984,7 @@ impl S3 for Gateway {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let i = req.input;
+        refuse_unhonoured!(i);
         self.bucket_entry(&i.bucket).await?;
         let (_, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
@@ -958,6 +1004,12 @@ impl S3 for Gateway {
 
     async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
         let i = req.input;
+        if i.sse_customer_algorithm.is_some() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "the object is not encrypted with a customer key (SSE-C is not implemented)"
+            ));
+        }
         if !(1..=multipart::MAX_PART_NUMBER).contains(&i.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to {}", multipart::MAX_PART_NUMBER));
         }

@@ -432,6 +432,21 @@ def errors_mode(endpoint, ak, sk):
     except (ConnectionError, http.client.HTTPException):
         pass
     expect_code("MetadataTooLarge", lambda: s3.put_object(Bucket=b, Key="meta", Body=b"x", Metadata={"big": "z" * 3000}), "too much metadata")
+    # Encryption and object lock are not done, so never accepted as if they were: refused, and
+    # nothing stored (an SSE-C object would otherwise be readable without its key).
+    key = b"k" * 32
+    for what, extra in [
+        ("SSE-S3", {"ServerSideEncryption": "AES256"}),
+        ("SSE-KMS", {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/x"}),
+        ("SSE-C", {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": key}),
+        ("object lock", {"ObjectLockMode": "GOVERNANCE", "ObjectLockRetainUntilDate": "2030-01-01T00:00:00Z"}),
+        ("legal hold", {"ObjectLockLegalHoldStatus": "ON"}),
+    ]:
+        expect_code("NotImplemented", lambda: s3.put_object(Bucket=b, Key="enc", Body=b"x", **extra), what)
+        expect_code("NotImplemented", lambda: s3.create_multipart_upload(Bucket=b, Key="enc", **extra), what + " (multipart)")
+        expect_code("NotImplemented", lambda: s3.copy_object(Bucket=b, Key="enc", CopySource=f"{b}/keep.txt", **extra), what + " (copy)")
+    expect_code("404", lambda: s3.head_object(Bucket=b, Key="enc"), "nothing stored")
+    expect_code("InvalidRequest", lambda: s3.get_object(Bucket=b, Key="keep.txt", SSECustomerAlgorithm="AES256", SSECustomerKey=key), "SSE-C read")
     # An unsupported operation says so.
     expect_code("NotImplemented", lambda: s3.put_bucket_policy(Bucket=b, Policy="{}"), "an unsupported operation")
     assert s3.get_object(Bucket=b, Key="keep.txt")["Body"].read() == b"original"
