@@ -27,8 +27,12 @@ const MAX_SKEW_SECS: i64 = 15 * 60;
 /// Refuses a header-signed request whose `x-amz-date` is too far from now. (s3s checks the
 /// expiry of presigned URLs, not the age of header signatures.)
 fn check_skew(cx: &S3AccessContext<'_>) -> S3Result<()> {
-    if cx.credentials().is_none() || cx.uri().query().is_some_and(|q| q.contains("X-Amz-Signature=")) {
+    if cx.credentials().is_none() {
         return Ok(());
+    }
+    if let Some(q) = cx.uri().query().filter(|q| q.contains("X-Amz-Signature=")) {
+        // s3s checks that a presigned URL has not expired; S3 also caps how long one may live.
+        return presigned_lifetime(q);
     }
     if let Some((code, message)) = sigv2_time_problem(cx.headers(), std::time::SystemTime::now()) {
         return Err(S3Error::with_message(code, message));
@@ -174,6 +178,22 @@ impl S3Access for Access {
             return Err(denied(format!("{} may not read the copy source in bucket {sb}", who(&caller))));
         }
         Ok(())
+    }
+}
+
+/// The longest a SigV4 presigned URL may be valid, as S3 allows (7 days).
+const MAX_PRESIGNED_SECS: u64 = 7 * 24 * 3600;
+
+/// Refuses a presigned URL that asks to live longer than S3 allows (a leaked URL good for years).
+fn presigned_lifetime(query: &str) -> S3Result<()> {
+    let expires = query.split('&').find_map(|kv| kv.strip_prefix("X-Amz-Expires=")).map(|v| v.parse::<u64>());
+    match expires {
+        Some(Ok(n)) if n <= MAX_PRESIGNED_SECS => Ok(()),
+        Some(_) => Err(S3Error::with_message(
+            S3ErrorCode::AuthorizationQueryParametersError,
+            format!("X-Amz-Expires must be a number of seconds of at most {MAX_PRESIGNED_SECS} (7 days)"),
+        )),
+        None => Ok(()),
     }
 }
 

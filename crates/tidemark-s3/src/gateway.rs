@@ -163,6 +163,15 @@ fn attrs_of(a: Attrs<'_>) -> S3Result<BTreeMap<String, String>> {
             ext.insert(k.to_string(), v.to_string());
         }
     }
+    // `aws-chunked` describes how the request's body was sent, not the object (S3 drops it).
+    if let Some(enc) = ext.get(ATTR_CONTENT_ENCODING) {
+        let kept: Vec<&str> =
+            enc.split(',').map(str::trim).filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("aws-chunked")).collect();
+        match kept.is_empty() {
+            true => ext.remove(ATTR_CONTENT_ENCODING),
+            false => ext.insert(ATTR_CONTENT_ENCODING.to_string(), kept.join(",")),
+        };
+    }
     if let Some(meta) = a.metadata {
         let bytes: usize = meta.iter().map(|(k, v)| k.len() + v.len()).sum();
         if bytes > MAX_METADATA_BYTES {
@@ -224,14 +233,32 @@ fn check_conditions(
     }
     if let Some(c) = if_none_match {
         if matches(c) {
-            return Err(S3Error::new(S3ErrorCode::NotModified));
+            return Err(not_modified(e, &etag));
         }
     } else if let Some(t) = if_modified_since
         && modified <= ts_seconds(t)
     {
-        return Err(S3Error::new(S3ErrorCode::NotModified));
+        return Err(not_modified(e, &etag));
     }
     Ok(())
+}
+
+/// 304 with the validators a cache needs to keep using its copy (RFC 9110 §15.4.5): ETag and
+/// Last-Modified.
+fn not_modified(e: &Entry, etag: &str) -> S3Error {
+    let mut err = S3Error::new(S3ErrorCode::NotModified);
+    let mut h = hyper::HeaderMap::new();
+    if let Ok(v) = format!("\"{etag}\"").parse() {
+        h.insert(hyper::header::ETAG, v);
+    }
+    if let Ok(v) =
+        httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(e.mtime_ms.max(0) as u64))
+            .parse()
+    {
+        h.insert(hyper::header::LAST_MODIFIED, v);
+    }
+    err.set_headers(h);
+    err
 }
 
 /// What a GET or HEAD asks besides the bytes: its conditions and the response headers it

@@ -37,19 +37,28 @@ pub fn bucket_dir(bucket: &str) -> Result<String, NameError> {
 }
 
 /// CreateBucket's rule (S3's): 3 to 63 characters of lowercase letters, digits, `.` and `-`,
-/// starting and ending with a letter or digit.
+/// starting and ending with a letter or digit; each dot-separated label too (no `..`, `-.`, `.-`);
+/// not an IP address; none of the prefixes and suffixes S3 reserves.
 pub fn valid_new_bucket(bucket: &str) -> Result<(), NameError> {
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-';
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    if !(3..=63).contains(&bucket.len())
-        || !bucket.chars().all(ok_char)
-        || !edge(bucket.chars().next())
-        || !edge(bucket.chars().last())
-        || bucket.contains("..")
-    {
+    let labels_ok = bucket.split('.').all(|l| edge(l.chars().next()) && edge(l.chars().last()));
+    if !(3..=63).contains(&bucket.len()) || !bucket.chars().all(ok_char) || !labels_ok {
         return Err(NameError::Bucket(format!(
-            "bucket name {bucket:?}: 3 to 63 lowercase letters, digits, '.' or '-', starting and ending with a letter or digit"
+            "bucket name {bucket:?}: 3 to 63 lowercase letters, digits, '.' or '-', each part between dots starting and \
+             ending with a letter or digit"
         )));
+    }
+    if bucket.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Err(NameError::Bucket(format!("bucket name {bucket:?}: an IP address cannot name a bucket")));
+    }
+    const RESERVED_PREFIXES: [&str; 3] = ["xn--", "sthree-", "amzn-s3-demo-"];
+    const RESERVED_SUFFIXES: [&str; 3] = ["-s3alias", "--ol-s3", "--x-s3"];
+    if let Some(r) = RESERVED_PREFIXES.iter().find(|p| bucket.starts_with(*p)) {
+        return Err(NameError::Bucket(format!("bucket name {bucket:?}: the prefix {r:?} is reserved by S3")));
+    }
+    if let Some(r) = RESERVED_SUFFIXES.iter().find(|p| bucket.ends_with(*p)) {
+        return Err(NameError::Bucket(format!("bucket name {bucket:?}: the suffix {r:?} is reserved by S3")));
     }
     Ok(())
 }
@@ -101,7 +110,22 @@ mod tests {
         for ok in ["abc", "my-bucket.1", "0aa"] {
             valid_new_bucket(ok).unwrap();
         }
-        for bad in ["ab", "Abc", "-abc", "abc-", "a..b", "a_b", &"a".repeat(64)] {
+        for bad in [
+            "ab",
+            "Abc",
+            "-abc",
+            "abc-",
+            "a..b",
+            "a_b",
+            &"a".repeat(64),
+            "foo-.bar",
+            "foo.-bar",
+            "192.168.5.4",
+            "xn--abc",
+            "sthree-x",
+            "data-s3alias",
+            "data--ol-s3",
+        ] {
             assert!(valid_new_bucket(bad).is_err(), "{bad}");
         }
     }

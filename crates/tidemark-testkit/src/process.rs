@@ -70,7 +70,7 @@ impl TidemarkProcess {
         let mut child = Command::new(bin)
             .args(args)
             .envs(env.iter().copied())
-            .env("RUST_LOG", "info")
+            .env_remove("RUST_LOG") // the product's default filter, as a user runs it
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -119,7 +119,7 @@ impl TidemarkProcess {
         let log = std::fs::File::create(log_path).expect("creating the stderr log");
         let child = Command::new(bin)
             .args(args)
-            .env("RUST_LOG", "info")
+            .env_remove("RUST_LOG") // the product's default filter, as a user runs it
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

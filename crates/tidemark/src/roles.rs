@@ -326,8 +326,11 @@ pub struct ShellArgs {
 }
 
 fn init_logging() {
+    // s3s logs every refused request at ERROR, twice: a client without credentials could fill
+    // the disk. The gateway logs what is the server's fault itself (InternalError, as a warning);
+    // `RUST_LOG=info,s3s=error` brings the refusals back for debugging.
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,s3s=off"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -109,6 +109,24 @@ fn bad_input_gets_the_s3_error_it_should_and_changes_nothing() {
     let out = python(&["errors", &endpoint(&server), "tidemark", "tidemark"], &server);
     assert!(out.contains("every bad input refused"), "{out}");
     assert!(!server.stderr().contains("panicked"), "{}", server.stderr());
+    // Refused requests do not grow the log (a client without credentials could fill the disk).
+    let before = server.stderr().lines().count();
+    for _ in 0..200 {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&server.s3_addr).unwrap();
+        write!(
+            c,
+            "GET /gw-errors/keep.txt HTTP/1.1\r\nHost: {}\r\nAuthorization: AWS nobody:bm9wZQ==\r\n\
+             Date: Thu, 01 Jan 2026 00:00:00 GMT\r\nConnection: close\r\n\r\n",
+            server.s3_addr
+        )
+        .unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    }
+    let grew = server.stderr().lines().count() - before;
+    assert!(grew < 5, "200 refused requests wrote {grew} log lines:\n{}", server.stderr());
 }
 
 #[test]

@@ -95,6 +95,9 @@ def boto3_mode(endpoint, ak, sk):
     assert r["Body"].read() == body[7:] and r["ContentRange"] == f"bytes 7-{len(body)-1}/{len(body)}", r["ContentRange"]
     expect_code("InvalidRange", lambda: s3.get_object(Bucket=b, Key="hello.txt", Range=f"bytes={len(body)}-"), "range past the end")
     expect_code("304", lambda: s3.get_object(Bucket=b, Key="hello.txt", IfNoneMatch=f'"{md5}"'), "if-none-match")
+    # A 304 carries the validators a cache keeps using its copy with.
+    resp = raw_response(endpoint, signed(endpoint, ak, sk, "GET", f"/{b}/hello.txt", b"", {"If-None-Match": f'"{md5}"'}))
+    assert resp.status == 304 and resp.getheader("ETag") == f'"{md5}"' and resp.getheader("Last-Modified"), (resp.status, resp.getheaders())
     expect_code("PreconditionFailed", lambda: s3.get_object(Bucket=b, Key="hello.txt", IfMatch='"nope"'), "if-match")
     s3.get_object(Bucket=b, Key="hello.txt", IfMatch=f'"{md5}"')
     past = h["LastModified"].replace(year=2000)
@@ -262,6 +265,19 @@ def boto3_mode(endpoint, ak, sk):
     except urllib.error.HTTPError as e:
         text = e.read().decode()
         assert e.code == 403 and "AccessDenied" in text, (e.code, text)
+    # S3 lets a presigned URL live 7 days at most; longer is refused, not honoured.
+    url = v4.generate_presigned_url("get_object", Params={"Bucket": b, "Key": "hello.txt"}, ExpiresIn=8 * 86400)
+    try:
+        urllib.request.urlopen(url)
+        raise AssertionError("a presigned URL valid for 8 days worked")
+    except urllib.error.HTTPError as e:
+        text = e.read().decode()
+        assert e.code == 400 and "AuthorizationQueryParametersError" in text, (e.code, text)
+    # Content-Encoding: aws-chunked is how a body was sent, not what the object is.
+    req = signed(endpoint, ak, sk, "PUT", f"/{b}/chunked-enc", b"plain", {"Content-Encoding": "aws-chunked,gzip"})
+    status, text = raw(endpoint, req)
+    assert status == 200, (status, text)
+    assert s3.head_object(Bucket=b, Key="chunked-enc").get("ContentEncoding") == "gzip"
     put_url = v4.generate_presigned_url("put_object", Params={"Bucket": b, "Key": "presigned-put"}, ExpiresIn=60)
     req = urllib.request.Request(put_url, data=b"via url", method="PUT")
     urllib.request.urlopen(req).read()
@@ -447,6 +463,9 @@ def errors_mode(endpoint, ak, sk):
         expect_code("NotImplemented", lambda: s3.copy_object(Bucket=b, Key="enc", CopySource=f"{b}/keep.txt", **extra), what + " (copy)")
     expect_code("404", lambda: s3.head_object(Bucket=b, Key="enc"), "nothing stored")
     expect_code("InvalidRequest", lambda: s3.get_object(Bucket=b, Key="keep.txt", SSECustomerAlgorithm="AES256", SSECustomerKey=key), "SSE-C read")
+    # Bucket names S3 refuses.
+    for bad in ("foo-.bar", "foo.-bar", "192.168.5.4", "xn--abc"):
+        expect_code("InvalidBucketName", lambda: s3.create_bucket(Bucket=bad), bad)
     # An unsupported operation says so.
     expect_code("NotImplemented", lambda: s3.put_bucket_policy(Bucket=b, Policy="{}"), "an unsupported operation")
     assert s3.get_object(Bucket=b, Key="keep.txt")["Body"].read() == b"original"
