@@ -420,13 +420,21 @@ fn encode_key(k: &str, url: bool) -> String {
     out
 }
 
-fn object_of(key: &str, e: &Entry, url: bool) -> Object {
+/// The one owner every object has here (identities own no buckets yet).
+fn owner() -> Owner {
+    Owner { display_name: Some("tidemark".into()), id: Some("tidemark".into()) }
+}
+
+/// A listed object; `with_owner` for ListObjects (always) and ListObjectsV2 with FetchOwner.
+fn object_of(key: &str, e: &Entry, url: bool, with_owner: bool) -> Object {
+    let class = attr(e, ATTR_STORAGE_CLASS).unwrap_or_else(|| ObjectStorageClass::STANDARD.to_string());
     Object {
         key: Some(encode_key(key, url)),
         size: Some(e.size as i64),
         e_tag: Some(ETag::Strong(etag_of(e))),
         last_modified: Some(timestamp(e.mtime_ms)),
-        storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+        storage_class: Some(ObjectStorageClass::from(class)),
+        owner: with_owner.then(owner),
         ..Default::default()
     }
 }
@@ -574,19 +582,33 @@ impl Gateway {
         }
     }
 
-    async fn delete_one(&self, bucket: &str, key: &str) -> S3Result<()> {
+    /// Deletes one key; with `if_match` (a conditional delete) only while the object's ETag is
+    /// that one — atomically: a write in between fails the delete, not the other way round.
+    async fn delete_one(&self, bucket: &str, key: &str, if_match: Option<&ETag>) -> S3Result<()> {
         let (bucket_dir, _) = self.bucket_entry(bucket).await?;
         let (p, marker) = names::object_path(bucket, key).map_err(name_err)?;
-        let Some(e) = self.filer.stat(&p).await.map_err(s3_err)? else { return Ok(()) };
-        if e.is_dir() != marker {
-            // `a` when a/ is a directory, or `a/` when a is an object: no such key; S3 says done.
-            return Ok(());
+        let e = self.filer.stat(&p).await.map_err(s3_err)?.filter(|e| e.is_dir() == marker);
+        let Some(e) = e else {
+            // No such key (or `a` when a/ is a directory, or `a/` when a is an object): S3 says
+            // done, unless the delete was conditional on what it would delete.
+            return match if_match {
+                Some(_) => Err(no_such_key(key)),
+                None => Ok(()),
+            };
+        };
+        if let Some(t) = if_match
+            && t.value() != etag_of(&e)
+        {
+            return Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {}", etag_of(&e)));
         }
         let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
         match self.filer.delete(&p, opts).await {
             Ok(_) | Err(Error::NotFound { .. }) => {}
             Err(Error::DirectoryNotEmpty { .. }) => {
                 return Err(s3_error!(InvalidRequest, "{key:?} is a directory with objects below it; delete those"));
+            }
+            Err(Error::PreconditionFailed { .. }) if if_match.is_some() => {
+                return Err(s3_error!(PreconditionFailed, "If-Match: {key:?} changed while it was being deleted"));
             }
             Err(Error::PreconditionFailed { .. }) => {
                 return Err(s3_error!(ServiceUnavailable, "{key:?} changed while it was being deleted; retry"));
@@ -663,16 +685,29 @@ impl S3 for Gateway {
         let ids = self.shared.identities().await;
         let ak = req.credentials.as_ref().map(|c| c.access_key.as_str());
         let caller = ids.caller(ak, self.shared.dev_key_allowed());
+        let i = &req.input;
+        let max = match i.max_buckets {
+            None => usize::MAX,
+            Some(n) if (1..=10_000).contains(&n) => n as usize,
+            Some(n) => return Err(s3_error!(InvalidArgument, "max-buckets {n}: give 1 to 10000")),
+        };
+        let prefix = i.prefix.clone().unwrap_or_default();
         let mut buckets = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
+        let mut more = false;
+        // The continuation token is the last bucket name of the previous page.
+        let mut after: Option<String> = i.continuation_token.as_deref().map(|t| path::join(BUCKETS_DIR, t));
+        'pages: loop {
             let page = match self.filer.list(BUCKETS_DIR, after.as_deref(), 1000).await {
                 Ok(p) => p,
                 Err(Error::NotFound { .. }) => break,
                 Err(e) => return Err(s3_err(e)),
             };
-            for e in page.entries.iter().filter(|e| e.is_dir()) {
+            for e in page.entries.iter().filter(|e| e.is_dir() && e.name().starts_with(prefix.as_str())) {
                 if caller.as_ref().is_some_and(|c| c.sees_bucket(e.name())) {
+                    if buckets.len() == max {
+                        more = true;
+                        break 'pages;
+                    }
                     buckets.push(Bucket {
                         name: Some(e.name().to_string()),
                         creation_date: Some(timestamp(e.mtime_ms)),
@@ -685,8 +720,13 @@ impl S3 for Gateway {
                 None => break,
             }
         }
-        let owner = Owner { display_name: Some("tidemark".into()), id: Some("tidemark".into()) };
-        Ok(S3Response::new(ListBucketsOutput { buckets: Some(buckets), owner: Some(owner), ..Default::default() }))
+        let next = more.then(|| buckets.last().and_then(|b| b.name.clone())).flatten();
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(owner()),
+            continuation_token: next,
+            prefix: i.prefix.clone(),
+        }))
     }
 
     async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
@@ -762,20 +802,23 @@ impl S3 for Gateway {
             (None, s) => s.clone(),
         };
         let prefix = i.prefix.clone().unwrap_or_default();
-        let q = list::Query { prefix: &prefix, delimiter: i.delimiter.as_deref(), after: after.as_deref(), max };
+        // An empty delimiter is no delimiter (and is not echoed), as S3 does.
+        let delimiter = i.delimiter.filter(|d| !d.is_empty());
+        let q = list::Query { prefix: &prefix, delimiter: delimiter.as_deref(), after: after.as_deref(), max };
         let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
         let next = listing.truncated.then(|| listing.items.last().map(|it| token_encode(it.key()))).flatten();
+        let with_owner = i.fetch_owner.unwrap_or(false);
         let (mut contents, mut prefixes) = (Vec::new(), Vec::new());
         for it in &listing.items {
             match it {
-                Item::Object { key, entry } => contents.push(object_of(key, entry, url)),
+                Item::Object { key, entry } => contents.push(object_of(key, entry, url, with_owner)),
                 Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
             }
         }
         let out = ListObjectsV2Output {
             name: Some(i.bucket),
             prefix: Some(encode_key(&prefix, url)),
-            delimiter: i.delimiter.map(|d| encode_key(&d, url)),
+            delimiter: delimiter.map(|d| encode_key(&d, url)),
             max_keys: Some(max as i32),
             key_count: Some(listing.items.len() as i32),
             continuation_token: i.continuation_token,
@@ -796,22 +839,23 @@ impl S3 for Gateway {
         let url = wants_url(&i.encoding_type)?;
         let max = max_keys(i.max_keys)?;
         let prefix = i.prefix.clone().unwrap_or_default();
-        let q = list::Query { prefix: &prefix, delimiter: i.delimiter.as_deref(), after: i.marker.as_deref(), max };
+        let delimiter = i.delimiter.filter(|d| !d.is_empty());
+        let q = list::Query { prefix: &prefix, delimiter: delimiter.as_deref(), after: i.marker.as_deref(), max };
         let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
-        let next_marker = (listing.truncated && i.delimiter.is_some())
+        let next_marker = (listing.truncated && delimiter.is_some())
             .then(|| listing.items.last().map(|it| encode_key(it.key(), url)))
             .flatten();
         let (mut contents, mut prefixes) = (Vec::new(), Vec::new());
         for it in &listing.items {
             match it {
-                Item::Object { key, entry } => contents.push(object_of(key, entry, url)),
+                Item::Object { key, entry } => contents.push(object_of(key, entry, url, true)),
                 Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
             }
         }
         let out = ListObjectsOutput {
             name: Some(i.bucket),
             prefix: Some(encode_key(&prefix, url)),
-            delimiter: i.delimiter.map(|d| encode_key(&d, url)),
+            delimiter: delimiter.map(|d| encode_key(&d, url)),
             marker: Some(i.marker.map(|m| encode_key(&m, url)).unwrap_or_default()),
             max_keys: Some(max as i32),
             is_truncated: Some(listing.truncated),
@@ -970,7 +1014,16 @@ impl S3 for Gateway {
         if i.version_id.is_some() {
             return Err(s3_error!(NotImplemented, "deleting a version: the namespace keeps one version per key"));
         }
-        self.delete_one(&i.bucket, &i.key).await?;
+        let if_match = match &i.if_match {
+            None => None,
+            Some(ETagCondition::ETag(t)) => Some(t),
+            // `If-Match: *`: only if the key exists.
+            Some(ETagCondition::Any) => {
+                self.object_entry(&i.bucket, &i.key).await?;
+                None
+            }
+        };
+        self.delete_one(&i.bucket, &i.key, if_match).await?;
         Ok(S3Response::new(DeleteObjectOutput::default()))
     }
 
@@ -986,7 +1039,7 @@ impl S3 for Gateway {
             let r = if o.version_id.is_some() {
                 Err(s3_error!(NotImplemented, "deleting a version"))
             } else {
-                self.delete_one(&i.bucket, &o.key).await
+                self.delete_one(&i.bucket, &o.key, o.e_tag.as_ref()).await
             };
             match r {
                 Ok(()) if !quiet => deleted.push(DeletedObject { key: Some(o.key.clone()), ..Default::default() }),

@@ -448,6 +448,32 @@ def errors_mode(endpoint, ak, sk):
     except (ConnectionError, http.client.HTTPException):
         pass
     expect_code("MetadataTooLarge", lambda: s3.put_object(Bucket=b, Key="meta", Body=b"x", Metadata={"big": "z" * 3000}), "too much metadata")
+    # Listing details: an empty delimiter is none, FetchOwner brings owners, ListBuckets pages.
+    r = s3.list_objects_v2(Bucket=b, Delimiter="")
+    assert "Delimiter" not in r and all("Owner" not in o for o in r["Contents"]), r
+    r = s3.list_objects_v2(Bucket=b, FetchOwner=True)
+    assert all(o["Owner"]["ID"] for o in r["Contents"]), r
+    for n in ("page-a1", "page-a2", "page-a3"):
+        s3.create_bucket(Bucket=n)
+    seen, token = [], None
+    while True:
+        kw = {"MaxBuckets": 2, "Prefix": "page-a"} | ({"ContinuationToken": token} if token else {})
+        r = s3.list_buckets(**kw)
+        seen += [x["Name"] for x in r["Buckets"]]
+        token = r.get("ContinuationToken")
+        if not token:
+            break
+    assert seen == ["page-a1", "page-a2", "page-a3"], seen
+    # Conditional deletes: only while the ETag is the one asked for.
+    s3.put_object(Bucket=b, Key="cond.txt", Body=b"v1")
+    etag = s3.head_object(Bucket=b, Key="cond.txt")["ETag"]
+    expect_code("PreconditionFailed", lambda: s3.delete_object(Bucket=b, Key="cond.txt", IfMatch='"0123"'), "delete if-match, other etag")
+    assert s3.get_object(Bucket=b, Key="cond.txt")["Body"].read() == b"v1", "kept"
+    expect_code("NoSuchKey", lambda: s3.delete_object(Bucket=b, Key="absent.txt", IfMatch=etag), "delete if-match, no such key")
+    r = s3.delete_objects(Bucket=b, Delete={"Objects": [{"Key": "cond.txt", "ETag": '"0123"'}]})
+    assert [e["Code"] for e in r.get("Errors", [])] == ["PreconditionFailed"], r
+    s3.delete_object(Bucket=b, Key="cond.txt", IfMatch=etag)
+    expect_code("404", lambda: s3.head_object(Bucket=b, Key="cond.txt"), "deleted when the etag matched")
     # Encryption and object lock are not done, so never accepted as if they were: refused, and
     # nothing stored (an SSE-C object would otherwise be readable without its key).
     key = b"k" * 32
