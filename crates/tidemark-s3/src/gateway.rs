@@ -420,6 +420,9 @@ fn encode_key(k: &str, url: bool) -> String {
     out
 }
 
+/// The version id S3 gives every object of an unversioned bucket (the only kind here).
+const NULL_VERSION: &str = "null";
+
 /// The one owner every object has here (identities own no buckets yet).
 fn owner() -> Owner {
     Owner { display_name: Some("tidemark".into()), id: Some("tidemark".into()) }
@@ -833,6 +836,59 @@ impl S3 for Gateway {
         Ok(S3Response::new(out))
     }
 
+    /// The namespace keeps one version per key, so a bucket lists as S3 lists an unversioned one:
+    /// each object once, version `null`, latest; no delete markers. (Tools that clean buckets —
+    /// and the public S3 test suite — list versions to delete them.)
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let i = req.input;
+        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let url = wants_url(&i.encoding_type)?;
+        let max = max_keys(i.max_keys)?;
+        let prefix = i.prefix.clone().unwrap_or_default();
+        let delimiter = i.delimiter.filter(|d| !d.is_empty());
+        let q = list::Query { prefix: &prefix, delimiter: delimiter.as_deref(), after: i.key_marker.as_deref(), max };
+        let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
+        let (mut versions, mut prefixes) = (Vec::new(), Vec::new());
+        for it in &listing.items {
+            match it {
+                Item::Object { key, entry } => {
+                    let o = object_of(key, entry, url, true);
+                    versions.push(ObjectVersion {
+                        key: o.key,
+                        version_id: Some(NULL_VERSION.into()),
+                        is_latest: Some(true),
+                        e_tag: o.e_tag,
+                        size: o.size,
+                        last_modified: o.last_modified,
+                        owner: o.owner,
+                        storage_class: o.storage_class.map(|c| ObjectVersionStorageClass::from(c.as_str().to_string())),
+                        ..Default::default()
+                    });
+                }
+                Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
+            }
+        }
+        let next = listing.truncated.then(|| listing.items.last().map(|it| encode_key(it.key(), url))).flatten();
+        Ok(S3Response::new(ListObjectVersionsOutput {
+            name: Some(i.bucket),
+            prefix: Some(encode_key(&prefix, url)),
+            delimiter: delimiter.map(|d| encode_key(&d, url)),
+            key_marker: Some(i.key_marker.map(|m| encode_key(&m, url)).unwrap_or_default()),
+            version_id_marker: i.version_id_marker,
+            max_keys: Some(max as i32),
+            is_truncated: Some(listing.truncated),
+            next_version_id_marker: next.as_ref().map(|_| NULL_VERSION.to_string()),
+            next_key_marker: next,
+            encoding_type: i.encoding_type,
+            versions: Some(versions),
+            common_prefixes: (!prefixes.is_empty()).then_some(prefixes),
+            ..Default::default()
+        }))
+    }
+
     async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
         let i = req.input;
         let (dir, _) = self.bucket_entry(&i.bucket).await?;
@@ -1011,7 +1067,7 @@ impl S3 for Gateway {
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
         let i = req.input;
-        if i.version_id.is_some() {
+        if i.version_id.as_deref().is_some_and(|v| v != NULL_VERSION) {
             return Err(s3_error!(NotImplemented, "deleting a version: the namespace keeps one version per key"));
         }
         let if_match = match &i.if_match {
@@ -1036,7 +1092,7 @@ impl S3 for Gateway {
         let quiet = i.delete.quiet.unwrap_or(false);
         let (mut deleted, mut errors) = (Vec::new(), Vec::new());
         for o in &i.delete.objects {
-            let r = if o.version_id.is_some() {
+            let r = if o.version_id.as_deref().is_some_and(|v| v != NULL_VERSION) {
                 Err(s3_error!(NotImplemented, "deleting a version"))
             } else {
                 self.delete_one(&i.bucket, &o.key, o.e_tag.as_ref()).await

@@ -464,6 +464,12 @@ def errors_mode(endpoint, ak, sk):
         if not token:
             break
     assert seen == ["page-a1", "page-a2", "page-a3"], seen
+    # Versions as an unversioned bucket has them: each object once, version "null", which deletes.
+    s3.put_object(Bucket=b, Key="v/one", Body=b"1")
+    r = s3.list_object_versions(Bucket=b, Prefix="v/")
+    assert [(v["Key"], v["VersionId"], v["IsLatest"]) for v in r["Versions"]] == [("v/one", "null", True)], r
+    s3.delete_objects(Bucket=b, Delete={"Objects": [{"Key": "v/one", "VersionId": "null"}]})
+    assert "Versions" not in s3.list_object_versions(Bucket=b, Prefix="v/") or not s3.list_object_versions(Bucket=b, Prefix="v/")["Versions"]
     # Conditional deletes: only while the ETag is the one asked for.
     s3.put_object(Bucket=b, Key="cond.txt", Body=b"v1")
     etag = s3.head_object(Bucket=b, Key="cond.txt")["ETag"]
