@@ -268,6 +268,39 @@ impl S3Notifications {
         Ok(())
     }
 
+    /// Creates a queue (with this message retention, in seconds) and returns its URL.
+    async fn new_queue(&self, name: &str, retention_secs: Option<&str>) -> Result<String> {
+        let mut req = self.sqs.create_queue().queue_name(name);
+        if let Some(r) = retention_secs {
+            req = req.attributes(QueueAttributeName::MessageRetentionPeriod, r);
+        }
+        let out = req.send().await.map_err(|e| sqs_err("CreateQueue", name, e.into_service_error()))?;
+        Ok(out.queue_url().unwrap_or_default().to_string())
+    }
+
+    async fn queue_arn(&self, url: &str) -> Result<String> {
+        let attrs = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| sqs_err("GetQueueAttributes", url, e.into_service_error()))?;
+        Ok(attrs.attributes().and_then(|a| a.get(&QueueAttributeName::QueueArn)).cloned().unwrap_or_default())
+    }
+
+    /// Deletes a queue; one already gone is fine.
+    async fn delete_queue(&self, url: &str) -> Result<()> {
+        match self.sqs.delete_queue().queue_url(url).send().await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let e = e.into_service_error();
+                if e.is_queue_does_not_exist() { Ok(()) } else { Err(sqs_err("DeleteQueue", url, e)) }
+            }
+        }
+    }
+
     /// Creates a queue whose policy lets `principal` (a service) send from `source_arn`, and
     /// (unless `max_receives` is 0) its dead-letter queue, `NAME-dead`, first: a message received
     /// `max_receives` times without being acknowledged moves there instead of coming back for ever.
@@ -282,54 +315,18 @@ impl S3Notifications {
         let mut redrive = None;
         if max_receives > 0 {
             let dead = format!("{name}-dead");
-            let url = self
-                .sqs
-                .create_queue()
-                .queue_name(&dead)
-                // The longest SQS keeps a message (14 days): time to look at what went there.
-                .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
-                .send()
-                .await
-                .map_err(|e| sqs_err("CreateQueue", &dead, e.into_service_error()))?
-                .queue_url()
-                .unwrap_or_default()
-                .to_string();
+            // The longest SQS keeps a message (14 days): time to look at what went there.
+            let url = self.new_queue(&dead, Some("1209600")).await?;
             managed.dead_letter_queue_url = Some(url.clone());
-            let attrs = self
-                .sqs
-                .get_queue_attributes()
-                .queue_url(&url)
-                .attribute_names(QueueAttributeName::QueueArn)
-                .send()
-                .await
-                .map_err(|e| sqs_err("GetQueueAttributes", &url, e.into_service_error()))?;
-            let arn =
-                attrs.attributes().and_then(|a| a.get(&QueueAttributeName::QueueArn)).cloned().unwrap_or_default();
+            let arn = self.queue_arn(&url).await?;
             managed.dead_letter_queue_arn = Some(arn.clone());
             managed.max_receives = Some(max_receives);
             redrive =
                 Some(serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max_receives}).to_string());
         }
-        let url = self
-            .sqs
-            .create_queue()
-            .queue_name(name)
-            .send()
-            .await
-            .map_err(|e| sqs_err("CreateQueue", name, e.into_service_error()))?
-            .queue_url()
-            .unwrap_or_default()
-            .to_string();
+        let url = self.new_queue(name, None).await?;
         managed.queue_url = Some(url.clone());
-        let attrs = self
-            .sqs
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
-            .await
-            .map_err(|e| sqs_err("GetQueueAttributes", &url, e.into_service_error()))?;
-        let arn = attrs.attributes().and_then(|a| a.get(&QueueAttributeName::QueueArn)).cloned().unwrap_or_default();
+        let arn = self.queue_arn(&url).await?;
         managed.queue_arn = Some(arn.clone());
         let policy = serde_json::json!({
             "Version": "2012-10-17",
@@ -667,29 +664,13 @@ impl S3Notifications {
             managed.eventbridge_turned_on = false;
         }
         if let Some(url) = managed.queue_url.clone() {
-            match self.sqs.delete_queue().queue_url(&url).send().await {
-                Ok(_) => {}
-                Err(e) => {
-                    let e = e.into_service_error();
-                    if !e.is_queue_does_not_exist() {
-                        return Err(sqs_err("DeleteQueue", &url, e));
-                    }
-                }
-            }
+            self.delete_queue(&url).await?;
             managed.queue_url = None;
             managed.queue_arn = None;
         }
         // After the queue whose redrive policy names it.
         if let Some(url) = managed.dead_letter_queue_url.clone() {
-            match self.sqs.delete_queue().queue_url(&url).send().await {
-                Ok(_) => {}
-                Err(e) => {
-                    let e = e.into_service_error();
-                    if !e.is_queue_does_not_exist() {
-                        return Err(sqs_err("DeleteQueue", &url, e));
-                    }
-                }
-            }
+            self.delete_queue(&url).await?;
             managed.dead_letter_queue_url = None;
             managed.dead_letter_queue_arn = None;
         }
