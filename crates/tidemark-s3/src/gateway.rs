@@ -420,6 +420,16 @@ fn encode_key(k: &str, url: bool) -> String {
     out
 }
 
+fn completed_output(done: &multipart::Completed) -> CompleteMultipartUploadOutput {
+    CompleteMultipartUploadOutput {
+        bucket: Some(done.bucket.clone()),
+        key: Some(done.key.clone()),
+        e_tag: Some(ETag::Strong(done.etag.clone())),
+        location: Some(format!("/{}/{}", done.bucket, done.key)),
+        ..Default::default()
+    }
+}
+
 /// The version id S3 gives every object of an unversioned bucket (the only kind here).
 const NULL_VERSION: &str = "null";
 
@@ -620,6 +630,35 @@ impl Gateway {
         }
         self.prune(&bucket_dir, &p).await;
         Ok(())
+    }
+
+    /// Records what upload `id` made (and forgets completions older than a day); a failure only
+    /// costs a retried Complete its answer, so it is logged, not returned.
+    async fn remember_completed(&self, id: &str, done: &multipart::Completed) {
+        if let Err(e) = docs::write_json(&*self.filer, &multipart::completed_doc(id), done, None).await {
+            tracing::warn!(upload = %id, error = %e, "completed, but not remembered for a retried Complete");
+        }
+        let Ok(page) = self.filer.list(multipart::COMPLETED, None, 1000).await else { return };
+        let old = now_ms() - multipart::COMPLETED_KEPT_MS;
+        for e in page.entries.iter().filter(|e| e.mtime_ms < old) {
+            let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+            let _ = self.filer.delete(&e.path, opts).await;
+        }
+    }
+
+    /// The answer of a CompleteMultipartUpload of `id` sent again, if it completed lately and its
+    /// object is still the one it made (as S3 answers 200 then).
+    async fn completed_again(&self, bucket: &str, key: &str, id: &str) -> Option<CompleteMultipartUploadOutput> {
+        if !multipart::valid_upload_id(id) {
+            return None;
+        }
+        let (done, _) =
+            docs::read_json::<multipart::Completed>(&*self.filer, &multipart::completed_doc(id)).await.ok()??;
+        if done.bucket != bucket || done.key != key {
+            return None;
+        }
+        let (_, e) = self.object_entry(bucket, key).await.ok()?;
+        (etag_of(&e) == done.etag).then(|| completed_output(&done))
     }
 
     async fn upload(&self, bucket: &str, key: &str, id: &str) -> S3Result<Upload> {
@@ -1191,7 +1230,10 @@ impl S3 for Gateway {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let i = req.input;
-        let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let upload = match self.upload(&i.bucket, &i.key, &i.upload_id).await {
+            Ok(u) => u,
+            Err(e) => return self.completed_again(&i.bucket, &i.key, &i.upload_id).await.ok_or(e).map(S3Response::new),
+        };
         // The bucket may have been deleted since the upload began: never recreate it implicitly.
         self.bucket_entry(&i.bucket).await?;
         let (p, _) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
@@ -1246,17 +1288,13 @@ impl S3 for Gateway {
         let (stream, verdict) = body::checked(stream, None, Some(total));
         let opts = WriteOptions { precondition, extended: Some(upload.extended.clone()), ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
+        let done = multipart::Completed { bucket: i.bucket.clone(), key: i.key.clone(), etag: etag_of(&e) };
+        self.remember_completed(&i.upload_id, &done).await;
         let opts = DeleteOptions { recursive: true, precondition: Precondition::Any };
         if let Err(err) = self.filer.delete(&multipart::upload_dir(&i.upload_id), opts).await {
             tracing::warn!(upload = %i.upload_id, error = %err, "completed, but its staged parts stay behind");
         }
-        Ok(S3Response::new(CompleteMultipartUploadOutput {
-            bucket: Some(i.bucket.clone()),
-            key: Some(i.key.clone()),
-            e_tag: Some(ETag::Strong(etag_of(&e))),
-            location: Some(format!("/{}/{}", i.bucket, i.key)),
-            ..Default::default()
-        }))
+        Ok(S3Response::new(completed_output(&done)))
     }
 
     async fn abort_multipart_upload(

@@ -48,6 +48,25 @@ pub fn part_number(name: &str) -> Option<i32> {
     name.strip_prefix("part-").and_then(|n| n.parse().ok()).filter(|n| (1..=MAX_PART_NUMBER).contains(n))
 }
 
+/// Uploads completed lately: a CompleteMultipartUpload sent again — a client retrying after the
+/// answer was lost, as the AWS SDKs do — answers as the first did while the object is still
+/// the one it made. Outside `UPLOADS`, so they are not uploads in progress.
+pub const COMPLETED: &str = "/etc/tidemark/s3/completed";
+/// How long a completion is remembered.
+pub const COMPLETED_KEPT_MS: i64 = 24 * 3600 * 1000;
+
+pub fn completed_doc(id: &str) -> String {
+    path::join(COMPLETED, &format!("{id}.json"))
+}
+
+/// What a completed upload made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Completed {
+    pub bucket: String,
+    pub key: String,
+    pub etag: String,
+}
+
 pub fn new_upload_id() -> tidemark_core::Result<String> {
     tidemark_core::ids::random_hex(16, "an upload id")
 }

@@ -227,6 +227,13 @@ def boto3_mode(endpoint, ak, sk):
     assert got["Body"].read() == whole and got["ContentType"] == "application/x-big" and got["Metadata"] == {"m": "v"}
     assert r["ETag"] == f'"{hashlib.md5(whole).hexdigest()}"', r["ETag"]
     expect_code("NoSuchUpload", lambda: s3.list_parts(Bucket=mb, Key="big/file.bin", UploadId=uid), "a completed upload")
+    # Completed again (a retry after a lost answer): the same answer, as S3 gives.
+    again = s3.complete_multipart_upload(Bucket=mb, Key="big/file.bin", UploadId=uid,
+                                         MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    assert again["ETag"] == r["ETag"], (again, r)
+    assert uid not in [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=mb).get("Uploads", [])]
+    expect_code("NoSuchUpload", lambda: s3.complete_multipart_upload(Bucket=mb, Key="other-key", UploadId=uid,
+                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}]}), "another key's completed upload")
     # UploadPartCopy: a range of an object as a part.
     up2 = s3.create_multipart_upload(Bucket=mb, Key="copy.bin")["UploadId"]
     pc = s3.upload_part_copy(Bucket=mb, Key="copy.bin", UploadId=up2, PartNumber=1,
