@@ -56,6 +56,7 @@ impl Action {
         match op {
             "GetObject" | "HeadObject" => Action::Read,
             "PutObject"
+            | "PostObject"
             | "CopyObject"
             | "DeleteObject"
             | "DeleteObjects"
@@ -67,6 +68,7 @@ impl Action {
             "ListBuckets"
             | "ListObjects"
             | "ListObjectsV2"
+            | "ListObjectVersions"
             | "HeadBucket"
             | "GetBucketLocation"
             | "ListMultipartUploads"
@@ -362,6 +364,8 @@ mod tests {
         assert!(!shown.contains("AKME-secret-key") && shown.contains("AK***********ey"), "{shown}");
         assert_eq!(Action::of_operation("GetObject"), Action::Read);
         assert_eq!(Action::of_operation("UploadPartCopy"), Action::Write);
+        assert_eq!(Action::of_operation("PostObject"), Action::Write, "a browser upload form writes");
+        assert_eq!(Action::of_operation("ListObjectVersions"), Action::List);
         assert_eq!(Action::of_operation("ListObjectsV2"), Action::List);
         assert_eq!(Action::of_operation("PutBucketPolicy"), Action::Admin);
         assert_eq!(Action::parse(" write "), Some(Action::Write));
