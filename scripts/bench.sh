@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 puts="${1:-1000}"
 
 ./scripts/setup.sh >/dev/null
-cargo build --release -q -p tidemark
+cargo build --release -q -p tidemark -p tidemark-bench
 bin=./target/release/tidemark
+bench=./target/release/tidemark-bench
 work=$(mktemp -d -t tidemark-bench-XXXXXX)
 pids=()
 . scripts/postgres.sh
@@ -21,30 +22,30 @@ wait_line() { # FILE PATTERN
 }
 
 echo "== engine overhead (in-process bucket and queue) =="
-"$bin" bench apply --events 10000 --concurrency 1
-"$bin" bench apply --events 10000 --concurrency 8
+"$bench" apply --events 10000 --concurrency 1
+"$bench" apply --events 10000 --concurrency 8
 echo "== engine overhead on the shared store (a throwaway PostgreSQL, fsync on like SQLite's FULL) =="
 start_postgres on
 for c in 1 8; do
   db="bench_apply_$c"
   psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"
-  "$bin" bench apply --events 10000 --concurrency "$c" --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
+  "$bench" apply --events 10000 --concurrency "$c" --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
 done
 echo "== one filer, then two filers writing into the same PostgreSQL at once =="
 for f in 1 2 1 2; do
   db="bench_filers_$RANDOM$f"
   psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"
-  "$bin" bench apply --events 40000 --filers "$f" --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
+  "$bench" apply --events 40000 --filers "$f" --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
 done
 echo "== single conditional writes from 1 and 16 tasks at once, PostgreSQL and SQLite (group commit) =="
 for t in 1 16; do
   db="bench_writes_$RANDOM$t"
   psql -X -q -d "$TIDEMARK_TEST_POSTGRES" -c "CREATE DATABASE $db"
-  "$bin" bench writes --tasks "$t" --writes 5000 --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
-  "$bin" bench writes --tasks "$t" --writes 5000
+  "$bench" writes --tasks "$t" --writes 5000 --store "${TIDEMARK_TEST_POSTGRES%/*}/$db"
+  "$bench" writes --tasks "$t" --writes 5000
 done
 echo "== coalescing: a burst of 10,000 notifications over 100 keys =="
-"$bin" bench apply --events 10000 --keys 100
+"$bench" apply --events 10000 --keys 100
 
 port=$(free_port)
 python3 -m moto.server -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
@@ -55,21 +56,21 @@ moto="http://127.0.0.1:$port"
 echo "== end to end against moto: apply throughput, API cost, reconcile vs the raw LIST =="
 # Backlogs of 300: moto's ReceiveMessage scans the whole queue, so its cost grows with the
 # backlog (docs/BENCHMARKS.md); 300 keeps the figures about Tidemark, not about moto.
-"$bin" bench s3 --endpoint "$moto" --events 300 --concurrency 1,4,16 --objects 10000
+"$bench" s3 --endpoint "$moto" --events 300 --concurrency 1,4,16 --objects 10000
 
 echo "== the content cache against moto: cold read vs a plain GET, warm read vs a local file, small-file latency =="
-"$bin" bench cache --endpoint "$moto" --size 256M --small 200 --rounds 5
+"$bench" cache --endpoint "$moto" --size 256M --small 200 --rounds 5
 echo "== the content cache, the bucket slower than the disk (a proxy capping each connection) =="
-"$bin" bench cache --endpoint "$moto" --size 256M --small 50 --rounds 2 --throttle 100
+"$bench" cache --endpoint "$moto" --size 256M --small 50 --rounds 2 --throttle 100
 
 echo "== the S3 gateway beside moto: cached 4 KiB GETs, a large cached GET vs a local file, 1 MiB PUTs =="
-"$bin" bench gateway --endpoint "$moto" --size 256M --requests 1000 --puts 64
+"$bench" gateway --endpoint "$moto" --size 256M --requests 1000 --puts 64
 
 echo "== file content on a blob store (--blob-store) against moto: a 256 MiB write and cold read vs a plain PUT/GET =="
-"$bin" bench blobs --endpoint "$moto" --size 256M --rounds 3
+"$bench" blobs --endpoint "$moto" --size 256M --rounds 3
 
 echo "== the FUSE mount beside the local disk: a 1 GiB sequential read, ls -lR of 10,000 files, small-file reads =="
-"$bin" bench mount --size 1G --files 10000 --small 200
+"$bench" mount --size 1G --files 10000 --small 200
 
 # Starts a `tidemark server` in the background and sets `filer` to its address. Not run in a
 # command substitution: a subshell would keep the pid to itself, and the server would outlive the
@@ -95,20 +96,20 @@ urllib.request.urlopen(req).read()
 PY
 "$bin" shell --filer "$filer" -c "remote.configure -name=s3 -type=s3 -s3.endpoint=$moto -s3.access_key=testing -s3.secret_key=testing; \
   remote.mount -dir=/mnt/s3 -remote=s3/$bucket; remote.events.enable -dir=/mnt/s3" >/dev/null
-"$bin" bench latency --filer "$filer" --dir /mnt/s3 --puts "$puts"
+"$bench" latency --filer "$filer" --dir /mnt/s3 --puts "$puts"
 # 10 a second keeps moto at about a quarter of a core; at 40 it is saturated (one core), which the
 # figures then show: docs/BENCHMARKS.md.
 for rate in 10 40; do
   echo "== put → visible against moto at a sustained $rate puts a second =="
-  "$bin" bench latency --filer "$filer" --dir /mnt/s3 --puts "$puts" --rate "$rate"
+  "$bench" latency --filer "$filer" --dir /mnt/s3 --puts "$puts" --rate "$rate"
 done
 
 echo "== put → visible for a local bucket (filesystem notifications) =="
 start_server local --local-bucket "$work/buckets/demo"
 wait_line "$work/local.out" "mounted at"
-"$bin" bench latency --filer "$filer" --dir /buckets/demo --puts "$puts"
-"$bin" bench latency --filer "$filer" --dir /buckets/demo --puts "$puts" --rate 40
+"$bench" latency --filer "$filer" --dir /buckets/demo --puts "$puts"
+"$bench" latency --filer "$filer" --dir /buckets/demo --puts "$puts" --rate 40
 
 echo "== reconcile: 100,000 and 1,000,000 objects against the in-process bucket =="
-"$bin" bench reconcile --objects 100000
-"$bin" bench reconcile --objects 1000000
+"$bench" reconcile --objects 100000
+"$bench" reconcile --objects 1000000

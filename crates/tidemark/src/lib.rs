@@ -1,13 +1,6 @@
 //! The `tidemark` binary's library half: each role's start-up and the operator shell, kept out
 //! of `main.rs` so integration tests and other crates can drive them in-process.
 
-pub mod bench;
-mod bench_apply;
-mod bench_blobs;
-mod bench_cache;
-mod bench_gateway;
-mod bench_mount;
-mod bench_s3;
 pub mod blobs_cmd;
 pub mod events_cmd;
 pub mod quickstart;

@@ -45,9 +45,6 @@ enum Role {
     /// Tools for bucket event notifications.
     #[command(subcommand)]
     Events(tidemark::events_cmd::EventsCmd),
-    /// Benchmarks that print their figures (docs/BENCHMARKS.md).
-    #[command(subcommand)]
-    Bench(tidemark::bench::Bench),
 }
 
 fn main() {
@@ -74,7 +71,6 @@ fn main() {
             Role::Admin(a) => roles::run_admin(a).await,
             Role::Worker(a) => roles::run_worker(a).await,
             Role::Shell(a) => roles::run_shell(a).await,
-            Role::Bench(b) => tidemark::bench::run(b).await,
             Role::Events(e) => tidemark::events_cmd::run(e),
             Role::Blobs(b) => tidemark::blobs_cmd::run(b).await,
         }

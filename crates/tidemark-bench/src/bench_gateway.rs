@@ -1,4 +1,4 @@
-//! `tidemark bench gateway`: the S3 gateway (in process, as `tidemark server` runs it) beside
+//! `tidemark-bench gateway`: the S3 gateway (in process, as `tidemark server` runs it) beside
 //! an S3-compatible endpoint (moto in `scripts/bench.sh`), the same SDK client against both in
 //! the same run:
 //!

@@ -1,4 +1,4 @@
-//! `tidemark bench apply`: what Tidemark itself costs per event. The real applier runs against
+//! `tidemark-bench apply`: what Tidemark itself costs per event. The real applier runs against
 //! the in-process memory bucket and queue (zero latency), into a fresh SQLite namespace, so the
 //! figure is decode + coalesce + HEAD (a map lookup) + decide + conditional write + ack. Timing
 //! wrappers around the bucket, the filer and the queue split the time by stage.

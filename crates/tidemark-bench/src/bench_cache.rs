@@ -1,4 +1,4 @@
-//! `tidemark bench cache`: the content cache against an S3-compatible endpoint (moto in
+//! `tidemark-bench cache`: the content cache against an S3-compatible endpoint (moto in
 //! `scripts/bench.sh`), each figure beside its limit measured in the same run:
 //!
 //! - cold read of a large object through the filer ÷ a plain SDK GetObject of the same object;

@@ -1,4 +1,4 @@
-//! `tidemark bench blobs`: file content on a blob store (`--blob-store`) against an
+//! `tidemark-bench blobs`: file content on a blob store (`--blob-store`) against an
 //! S3-compatible endpoint (moto in `scripts/bench.sh`), each figure beside its limit in the same
 //! run: a file written through the filer (streamed in 1 MiB pieces, stored as a multipart upload
 //! of 8 MiB parts, four in flight) ÷ a plain SDK PutObject of the same bytes to the same

@@ -1,4 +1,4 @@
-//! `tidemark bench mount`: the FUSE mount beside the local disk, in one run. A fresh filer (over
+//! `tidemark-bench mount`: the FUSE mount beside the local disk, in one run. A fresh filer (over
 //! its HTTP API on loopback, as `tidemark mount` talks to it) holds a large file and a tree of
 //! small ones; the mount runs in this process:
 //!

@@ -6,16 +6,23 @@ use std::process::Command;
 
 use tidemark_testkit::{Moto, TidemarkProcess, run_shell, unique_name};
 
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+fn bench_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark-bench"))
+}
+
+/// The product binary, built beside this one by a workspace build (`cargo nextest run --workspace`).
+fn bin() -> std::path::PathBuf {
+    let p = bench_bin().with_file_name("tidemark");
+    assert!(p.exists(), "{} is not built: build the workspace (cargo build -p tidemark) first", p.display());
+    p
 }
 
 fn bench(args: &[&str]) -> String {
-    let out = Command::new(bin()).arg("bench").args(args).output().expect("running tidemark bench");
+    let out = Command::new(bench_bin()).args(args).output().expect("running tidemark-bench");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "tidemark bench {args:?} failed:\n{stdout}\n{}",
+        "tidemark-bench {args:?} failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
@@ -29,7 +36,7 @@ fn in_process_benchmarks_print_their_figures() {
     assert!(burst.contains("for 5 distinct keys"), "{burst}");
     let writes = bench(&["writes", "--writes", "64", "--tasks", "4"]);
     assert!(writes.contains("64 single conditional writes from 4 tasks") && writes.contains("writes/s"), "{writes}");
-    let refused = Command::new(bin()).args(["bench", "apply", "--filers", "2"]).output().unwrap();
+    let refused = Command::new(bench_bin()).args(["apply", "--filers", "2"]).output().unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("needs --store postgres"), "{refused:?}");
     let pg = tidemark_testkit::Postgres::get();
@@ -97,14 +104,13 @@ fn the_moto_benchmarks_print_each_figure_beside_its_limit() {
     {
         assert!(mount.contains(expected), "no {expected:?} in:\n{mount}");
     }
-    let bad =
-        Command::new(bin()).args(["bench", "s3", "--endpoint", &moto.endpoint, "--events", "0"]).output().unwrap();
+    let bad = Command::new(bench_bin()).args(["s3", "--endpoint", &moto.endpoint, "--events", "0"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("at least 1"));
 
     // Latency through a running server, one put at a time and at a rate, with the S3 → SQS limit.
     let tmp = tempfile::tempdir().unwrap();
-    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let server = TidemarkProcess::server(&bin(), &tmp.path().join("data"), &[]);
     let bucket = unique_name("bench");
     let created = Command::new("curl")
         .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", &format!("{}/{bucket}", moto.endpoint)])
@@ -112,7 +118,7 @@ fn the_moto_benchmarks_print_each_figure_beside_its_limit() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&created.stdout), "200");
     let setup = run_shell(
-        bin(),
+        &bin(),
         &server.addr,
         &format!(
             "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing; \

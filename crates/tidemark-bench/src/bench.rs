@@ -1,4 +1,4 @@
-//! `tidemark bench ...`: benchmarks that print their figures (see docs/BENCHMARKS.md).
+//! `tidemark-bench ...`: benchmarks that print their figures (see docs/BENCHMARKS.md).
 
 use std::sync::Arc;
 use std::time::Instant;

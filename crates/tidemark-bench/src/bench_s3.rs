@@ -1,4 +1,4 @@
-//! `tidemark bench s3`: the end-to-end figures against an S3-compatible endpoint that also serves
+//! `tidemark-bench s3`: the end-to-end figures against an S3-compatible endpoint that also serves
 //! SQS (moto in `scripts/bench.sh`), each reported as a ratio to what a plain client achieves
 //! against the same server in the same run — absolute times on shared machines drift, ratios
 //! measured side by side do not.
