@@ -420,6 +420,18 @@ fn encode_key(k: &str, url: bool) -> String {
     out
 }
 
+/// Refuses a declared body larger than one upload may be, before anything is read.
+fn too_large(len: Option<u64>) -> S3Result<()> {
+    match len {
+        Some(n) if n > multipart::MAX_SINGLE_UPLOAD_BYTES => Err(s3_error!(
+            EntityTooLarge,
+            "{n} bytes declared; one PutObject or UploadPart carries at most {} (use a multipart upload)",
+            multipart::MAX_SINGLE_UPLOAD_BYTES
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn completed_output(done: &multipart::Completed) -> CompleteMultipartUploadOutput {
     CompleteMultipartUploadOutput {
         bucket: Some(done.bucket.clone()),
@@ -1060,6 +1072,7 @@ impl S3 for Gateway {
         let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
+        too_large(len)?;
         let (stream, verdict) = body::checked(body::from_request(i.body), md5, len);
         let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
@@ -1188,9 +1201,10 @@ impl S3 for Gateway {
         if !(1..=multipart::MAX_PART_NUMBER).contains(&i.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to {}", multipart::MAX_PART_NUMBER));
         }
+        let len = i.content_length.map(|n| n.max(0) as u64);
+        too_large(len)?;
         self.upload(&i.bucket, &i.key, &i.upload_id).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
-        let len = i.content_length.map(|n| n.max(0) as u64);
         let (stream, verdict) = body::checked(body::from_request(i.body), md5, len);
         let opts = WriteOptions { origin: Origin::System, ..Default::default() };
         let e = self.write(&multipart::part_path(&i.upload_id, i.part_number), stream, &verdict, opts).await?;

@@ -16,6 +16,9 @@ pub const UPLOADS: &str = "/etc/tidemark/s3/uploads";
 /// S3's limits.
 pub const MAX_PART_NUMBER: i32 = 10_000;
 pub const MIN_PART_BYTES: u64 = 5 * 1024 * 1024;
+/// The most one PutObject or UploadPart may carry (S3's limit): a larger declared length is
+/// refused before a byte is read or spooled.
+pub const MAX_SINGLE_UPLOAD_BYTES: u64 = 5 * 1024 * 1024 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Upload {

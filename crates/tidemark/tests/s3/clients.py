@@ -502,6 +502,20 @@ def errors_mode(endpoint, ak, sk):
         expect_code("NotImplemented", lambda: s3.copy_object(Bucket=b, Key="enc", CopySource=f"{b}/keep.txt", **extra), what + " (copy)")
     expect_code("404", lambda: s3.head_object(Bucket=b, Key="enc"), "nothing stored")
     expect_code("InvalidRequest", lambda: s3.get_object(Bucket=b, Key="keep.txt", SSECustomerAlgorithm="AES256", SSECustomerKey=key), "SSE-C read")
+    # A declared body larger than S3 allows in one request is refused before it is read (the
+    # client sends only the head: nothing is spooled).
+    u = urllib.parse.urlparse(endpoint)
+    req = AWSRequest(method="PUT", url=f"{endpoint}/{b}/huge", data=b"",
+                     headers={"host": u.netloc, "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "Content-Length": str(6 * 10**12)})
+    SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.putrequest("PUT", f"/{b}/huge", skip_accept_encoding=True, skip_host=True)
+    for k, v in req.headers.items():
+        conn.putheader(k, v)
+    conn.endheaders()
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    assert resp.status == 400 and "EntityTooLarge" in text, (resp.status, text)
     # Bucket names S3 refuses.
     for bad in ("foo-.bar", "foo.-bar", "192.168.5.4", "xn--abc"):
         expect_code("InvalidBucketName", lambda: s3.create_bucket(Bucket=bad), bad)
