@@ -17,6 +17,37 @@ use crate::model::{Applied, ChangeRecord, Entry, Fence, Lease, Origin, Page, Pre
 /// A stream of content bytes. Content is streamed, never buffered whole.
 pub type ByteStream = BoxStream<'static, std::io::Result<Bytes>>;
 
+/// How long a request body may send nothing before the request is given up: a stalled upload
+/// cannot hold a connection, and what it spooled, for ever. `TIDEMARK_BODY_IDLE_SECS` overrides
+/// the default of 30 s (tests use a short one).
+pub fn body_idle_limit() -> std::time::Duration {
+    static LIMIT: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let secs = std::env::var("TIDEMARK_BODY_IDLE_SECS").ok().and_then(|v| v.parse::<u64>().ok());
+        std::time::Duration::from_secs(secs.filter(|s| *s > 0).unwrap_or(30))
+    })
+}
+
+/// `stream`, failing with `TimedOut` once it sends nothing for `idle` (after which it ends).
+pub fn idle_limited(stream: ByteStream, idle: std::time::Duration) -> ByteStream {
+    use futures::StreamExt;
+    futures::stream::unfold(Some(stream), move |s| async move {
+        let mut s = s?;
+        match tokio::time::timeout(idle, s.next()).await {
+            Ok(Some(item)) => Some((item, Some(s))),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the request body sent nothing for {} s; the request is given up", idle.as_secs()),
+                )),
+                None,
+            )),
+        }
+    })
+    .boxed()
+}
+
 /// A byte range of a file's content: `length: None` reads to the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ByteRange {
@@ -132,4 +163,25 @@ pub trait Filer: Send + Sync + 'static {
 
 fn no_cache() -> Error {
     Error::invalid_argument("this filer has no content cache")
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::*;
+    use futures::StreamExt;
+
+    #[tokio::test]
+    async fn a_body_that_stalls_is_given_up() {
+        let chunks = futures::stream::iter([Ok(Bytes::from_static(b"a"))]).chain(futures::stream::pending()).boxed();
+        let mut s = idle_limited(chunks, std::time::Duration::from_millis(200));
+        assert_eq!(s.next().await.unwrap().unwrap(), Bytes::from_static(b"a"));
+        let err = s.next().await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(s.next().await.is_none(), "and then it ends");
+        let whole = idle_limited(
+            futures::stream::iter([Ok(Bytes::from_static(b"b"))]).boxed(),
+            std::time::Duration::from_secs(5),
+        );
+        assert_eq!(whole.collect::<Vec<_>>().await.len(), 1, "a body that ends is untouched");
+    }
 }

@@ -492,7 +492,10 @@ async fn write(
         origin: q.origin.unwrap_or(Origin::Local),
         extended,
     };
-    let stream = Box::pin(body.into_data_stream().map_err(std::io::Error::other));
+    let stream = tidemark_core::filer::idle_limited(
+        Box::pin(body.into_data_stream().map_err(std::io::Error::other)),
+        tidemark_core::filer::body_idle_limit(),
+    );
     Ok(Json(f.write(&q.path, stream, opts).await?))
 }
 

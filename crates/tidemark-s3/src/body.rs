@@ -27,7 +27,10 @@ impl Verdict {
 /// A request body as the filer's stream.
 pub fn from_request(body: Option<StreamingBlob>) -> ByteStream {
     match body {
-        Some(b) => b.map(|r| r.map_err(|e| std::io::Error::other(e.to_string()))).boxed(),
+        Some(b) => tidemark_core::filer::idle_limited(
+            b.map(|r| r.map_err(|e| std::io::Error::other(e.to_string()))).boxed(),
+            tidemark_core::filer::body_idle_limit(),
+        ),
         None => futures::stream::empty().boxed(),
     }
 }

@@ -354,3 +354,48 @@ fn the_gateway_reads_secrets_with_the_cluster_token_only() {
     let out = Command::new("python3").args(["-c", &code]).output().unwrap();
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), gw.stderr());
 }
+
+/// An upload whose body stops is given up after the idle-body deadline (2 s here, 30 s by
+/// default): the connection is answered and closed, and nothing is stored.
+#[test]
+fn a_stalled_body_is_given_up_and_stores_nothing() {
+    use std::io::{Read, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let args = [
+        "server",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--filer-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--s3-addr",
+        "127.0.0.1:0",
+    ];
+    let server = TidemarkProcess::start_with_env(bin(), &data, &args, 3, &[("TIDEMARK_BODY_IDLE_SECS", "2")]);
+    let sh = |cmd: &str| tidemark_testkit::run_shell(bin(), &server.addr, cmd, &[]);
+    // The filer's API (the gateway reads bodies through the same limit, `body::from_request`).
+    let cases = [(
+        server.addr.clone(),
+        format!(
+            "PUT /api/v1/content?path=/stall/api.bin HTTP/1.1\r\nHost: {}\r\nContent-Length: 1000\r\n\r\n",
+            server.addr
+        ),
+    )];
+    for (addr, head) in cases {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(head.as_bytes()).unwrap();
+        c.write_all(b"only ten b").unwrap();
+        let t = std::time::Instant::now();
+        let mut answer = Vec::new();
+        let _ = c.read_to_end(&mut answer);
+        let waited = t.elapsed();
+        assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10), "answered after {waited:?}");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(!answer.starts_with("HTTP/1.1 2"), "a stalled body is not stored: {answer}");
+    }
+    let ls = String::from_utf8_lossy(&sh("fs.ls /").stdout).into_owned();
+    assert!(!ls.contains("stall"), "{ls}");
+}
