@@ -259,8 +259,10 @@ pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &Decid
         }
         return if is_recorded(recorded, r.object, r.is_dir_marker) {
             // The same bytes, but what a client reads back about them may have changed (S3
-            // metadata replaced in place keeps the ETag; a restore of an archived object).
-            if attrs_for(r, Some(l)) == l.extended {
+            // metadata replaced in place keeps the ETag; a restore of an archived object). An
+            // answer without headers or metadata (a listing) changes none of them.
+            let carries = r.object.headers.is_some() || r.object.user_metadata.is_some();
+            if !carries || attrs_for(r, Some(l)) == l.extended {
                 Action::Skip(SkipReason::InSync)
             } else {
                 Action::Update(entry_for(r, ctx.storage, Some(l)))

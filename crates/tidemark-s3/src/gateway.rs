@@ -193,8 +193,7 @@ fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
 }
 
 fn user_metadata(e: &Entry) -> Option<Metadata> {
-    let m: Metadata =
-        e.extended.iter().filter_map(|(k, v)| k.strip_prefix(ATTR_META).map(|n| (n.to_string(), v.clone()))).collect();
+    let m: Metadata = tidemark_core::model::object_attrs::user_metadata(&e.extended).into_iter().collect();
     (!m.is_empty()).then_some(m)
 }
 
@@ -448,6 +447,18 @@ const NULL_VERSION: &str = "null";
 /// The one owner every object has here (identities own no buckets yet).
 fn owner() -> Owner {
     Owner { display_name: Some("tidemark".into()), id: Some("tidemark".into()) }
+}
+
+/// A listing's items as S3 shows them: the objects, and the common prefixes of a delimiter.
+fn listed(items: &[Item], url: bool, with_owner: bool) -> (Vec<Object>, Vec<CommonPrefix>) {
+    let (mut objects, mut prefixes) = (Vec::new(), Vec::new());
+    for it in items {
+        match it {
+            Item::Object { key, entry } => objects.push(object_of(key, entry, url, with_owner)),
+            Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
+        }
+    }
+    (objects, prefixes)
 }
 
 /// A listed object; `with_owner` for ListObjects (always) and ListObjectsV2 with FetchOwner.
@@ -862,13 +873,7 @@ impl S3 for Gateway {
         let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
         let next = listing.truncated.then(|| listing.items.last().map(|it| token_encode(it.key()))).flatten();
         let with_owner = i.fetch_owner.unwrap_or(false);
-        let (mut contents, mut prefixes) = (Vec::new(), Vec::new());
-        for it in &listing.items {
-            match it {
-                Item::Object { key, entry } => contents.push(object_of(key, entry, url, with_owner)),
-                Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
-            }
-        }
+        let (contents, prefixes) = listed(&listing.items, url, with_owner);
         let out = ListObjectsV2Output {
             name: Some(i.bucket),
             prefix: Some(encode_key(&prefix, url)),
@@ -902,26 +907,21 @@ impl S3 for Gateway {
         let delimiter = i.delimiter.filter(|d| !d.is_empty());
         let q = list::Query { prefix: &prefix, delimiter: delimiter.as_deref(), after: i.key_marker.as_deref(), max };
         let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
-        let (mut versions, mut prefixes) = (Vec::new(), Vec::new());
-        for it in &listing.items {
-            match it {
-                Item::Object { key, entry } => {
-                    let o = object_of(key, entry, url, true);
-                    versions.push(ObjectVersion {
-                        key: o.key,
-                        version_id: Some(NULL_VERSION.into()),
-                        is_latest: Some(true),
-                        e_tag: o.e_tag,
-                        size: o.size,
-                        last_modified: o.last_modified,
-                        owner: o.owner,
-                        storage_class: o.storage_class.map(|c| ObjectVersionStorageClass::from(c.as_str().to_string())),
-                        ..Default::default()
-                    });
-                }
-                Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
-            }
-        }
+        let (objects, prefixes) = listed(&listing.items, url, true);
+        let versions: Vec<ObjectVersion> = objects
+            .into_iter()
+            .map(|o| ObjectVersion {
+                key: o.key,
+                version_id: Some(NULL_VERSION.into()),
+                is_latest: Some(true),
+                e_tag: o.e_tag,
+                size: o.size,
+                last_modified: o.last_modified,
+                owner: o.owner,
+                storage_class: o.storage_class.map(|c| ObjectVersionStorageClass::from(c.as_str().to_string())),
+                ..Default::default()
+            })
+            .collect();
         let next = listing.truncated.then(|| listing.items.last().map(|it| encode_key(it.key(), url))).flatten();
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(i.bucket),
@@ -952,13 +952,7 @@ impl S3 for Gateway {
         let next_marker = (listing.truncated && delimiter.is_some())
             .then(|| listing.items.last().map(|it| encode_key(it.key(), url)))
             .flatten();
-        let (mut contents, mut prefixes) = (Vec::new(), Vec::new());
-        for it in &listing.items {
-            match it {
-                Item::Object { key, entry } => contents.push(object_of(key, entry, url, true)),
-                Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
-            }
-        }
+        let (contents, prefixes) = listed(&listing.items, url, true);
         let out = ListObjectsOutput {
             name: Some(i.bucket),
             prefix: Some(encode_key(&prefix, url)),

@@ -58,6 +58,14 @@ impl Moto {
     }
 
     /// A `remote.configure` record for this moto: S3, SQS and SNS on one endpoint, any keys.
+    /// The shell command that configures this moto as remote `name`.
+    pub fn configure_command(&self, name: &str) -> String {
+        format!(
+            "remote.configure -name={name} -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
+            self.endpoint
+        )
+    }
+
     pub fn conf(&self, name: &str) -> tidemark_core::remote::RemoteConf {
         let settings = [
             ("endpoint", self.endpoint.as_str()),

@@ -37,10 +37,7 @@ async fn a_message_that_never_applies_is_dead_lettered_and_shown() {
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
     // Short slices, so each one's start and end samples the dead-letter queue soon; a short
     // visibility, so a failed message comes back at once.
@@ -103,13 +100,7 @@ async fn a_change_made_as_the_server_stops_is_seen_right_after_it_restarts() {
     let data = tmp.path().join("data");
     let mut server = TidemarkProcess::server(bin(), &data, &[]);
     let sh = |addr: &str, cmd: &str| run_shell(bin(), addr, cmd, &[]);
-    ok(sh(
-        &server.addr,
-        &format!(
-            "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-            moto.endpoint
-        ),
-    ));
+    ok(sh(&server.addr, &moto.configure_command("s3")));
     ok(sh(&server.addr, &format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
     // The default visibility (60 s): a message a dead poll took would stay hidden that long.
     ok(sh(&server.addr, "remote.events.enable -dir=/mnt/data"));

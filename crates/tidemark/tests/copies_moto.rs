@@ -56,10 +56,7 @@ async fn copies_of_own_uploads_and_restored_versions_are_changes_not_echoes() {
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/a -remote=s3/{bucket_a}")));
     ok(sh("remote.sync.enable -dir=/a"));
     ok(sh("remote.events.enable -dir=/a"));

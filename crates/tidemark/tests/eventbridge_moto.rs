@@ -53,10 +53,7 @@ async fn eventbridge_provisions_delivers_and_tears_down() {
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/mnt/eb -remote=s3/{bucket}")));
     ok(sh(&format!("remote.mount -dir=/mnt/direct -remote=s3/{direct_bucket}")));
     let enabled = ok(sh("remote.events.enable -dir=/mnt/eb -via=eventbridge"));

@@ -25,10 +25,7 @@ async fn bucket_changes_reach_the_namespace_through_events() {
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
     ok(sh("remote.events.enable -dir=/mnt/data"));
 

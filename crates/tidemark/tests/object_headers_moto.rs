@@ -44,10 +44,7 @@ async fn entries_keep_the_objects_headers_and_archived_objects_say_so() {
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/buckets/hdr -remote=s3/{bucket}")));
     ok(sh("remote.events.enable -dir=/buckets/hdr"));
     eventually("the subscription tailing", || ok(sh("remote.events.list")).contains("tailing"));

@@ -76,10 +76,7 @@ async fn sqs_direct_provisions_exactly_and_tears_down_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}/photos")));
     let enabled = ok(sh("remote.events.enable -dir=/mnt/data"));
     assert!(enabled.contains("provisioned sqs_direct"), "{enabled}");
@@ -183,10 +180,7 @@ async fn a_teardown_that_fails_part_way_keeps_what_remains_and_a_retry_finishes(
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
     ok(sh("remote.events.enable -dir=/mnt/data"));
 
@@ -228,10 +222,7 @@ async fn two_clusters_share_a_bucket_through_sns_fanout() {
     let mut queues = Vec::new();
     for c in &clusters {
         let sh = |cmd: &str| run_shell(bin(), &c.addr, cmd, &[]);
-        ok(sh(&format!(
-            "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-            moto.endpoint
-        )));
+        ok(sh(&moto.configure_command("s3")));
         ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
         assert!(ok(sh("remote.events.enable -dir=/mnt/data -via=sns")).contains("sns_fanout"));
         let docs: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();

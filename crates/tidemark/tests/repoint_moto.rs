@@ -32,10 +32,7 @@ async fn a_repointed_subscription_runs_a_baseline_first() {
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
     s3.put("before-first.txt", Bytes::from_static(b"1"), Default::default()).await.unwrap();
     ok(sh(&format!("remote.events.enable -dir=/mnt/data -queue={}", queues[0])));

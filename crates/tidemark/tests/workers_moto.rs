@@ -90,10 +90,7 @@ async fn two_workers_tail_across_slices_through_a_pause_and_a_kill() {
     );
     let (f, a) = (filer_p.addr.clone(), admin_p.addr.clone());
     let sh = |cmd: &str| run_shell(bin(), &f, cmd, &[]);
-    ok(sh(&format!(
-        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key=testing",
-        moto.endpoint
-    )));
+    ok(sh(&moto.configure_command("s3")));
     ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
     ok(sh("remote.events.enable -dir=/mnt/data -slice=6s -visibility=5s"));
 
