@@ -59,19 +59,91 @@ pub struct Options {
     pub timeout: Duration,
 }
 
-/// The unit a read fetches from the filer, and how many of them an open file keeps.
+/// What a read at a fresh offset (not 0, not continuing the last one) fetches: one ranged read,
+/// so that random access does not stream the file.
 const BLOCK: u64 = 4 << 20;
-const BLOCKS_KEPT: usize = 4;
+/// Recent bytes a reader keeps: the kernel sends its read-ahead requests out of order, on
+/// several threads.
+const WINDOW: u64 = 16 << 20;
+/// How far past what it has a read may land and still continue the stream (the skipped bytes
+/// are read and dropped) rather than start a new one.
+const SKIP: u64 = 8 << 20;
+/// The pieces a stream holds ahead of the reader, and their size: the task that reads the
+/// filer's stream stays at most this far ahead.
+const PIECES_AHEAD: usize = 16;
+const PIECE: usize = 1 << 20;
 
 struct Handle {
     path: String,
     /// Bytes written through this handle, uploaded at flush/fsync/close.
     spool: Option<std::fs::File>,
     dirty: bool,
-    /// Blocks read through this handle, oldest first.
-    blocks: Vec<(u64, Bytes)>,
-    /// The block after the last one fetched, being fetched in the background.
-    ahead: Option<(u64, tokio::task::JoinHandle<Result<Bytes, Errno>>)>,
+    /// Bytes read through this handle from the filer.
+    reader: Option<Reader>,
+}
+
+impl Handle {
+    fn new(path: String, spool: Option<std::fs::File>, dirty: bool) -> Handle {
+        Handle { path, spool, dirty, reader: None }
+    }
+}
+
+/// A handle's reads from the filer: a window of recent bytes and, once reads continue where
+/// the last one ended, one stream to the end of the file that a task reads ahead of the
+/// reader. A whole-file read (`cat`, `cp`, `rsync`) is thus one ranged read of the filer (and
+/// one GET of the bucket when the filer's cache misses), not one per block.
+struct Reader {
+    /// Recent bytes, contiguous, oldest first.
+    window: std::collections::VecDeque<Bytes>,
+    /// The file offset of the window's first byte, and just past its last.
+    start: u64,
+    end: u64,
+    /// The stream's pieces from `end` on; `None` while the reader holds one block.
+    rx: Option<tokio::sync::mpsc::Receiver<Result<Bytes, Errno>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+impl Reader {
+    fn held(&self) -> u64 {
+        self.end - self.start
+    }
+
+    fn push(&mut self, b: Bytes, keep_from: u64) {
+        self.end += b.len() as u64;
+        self.window.push_back(b);
+        // Old bytes go, but never those the read in hand still needs.
+        while self.held() > WINDOW {
+            let first = self.window.front().map_or(0, |f| f.len() as u64);
+            if self.start + first > keep_from {
+                break;
+            }
+            self.window.pop_front();
+            self.start += first;
+        }
+    }
+
+    /// Bytes `from..to` (within the window) into `out`.
+    fn copy(&self, from: u64, to: u64, out: &mut Vec<u8>) {
+        let mut at = self.start;
+        for b in &self.window {
+            let (lo, hi) = (at, at + b.len() as u64);
+            if hi > from && lo < to {
+                out.extend_from_slice(&b[(from.max(lo) - lo) as usize..(to.min(hi) - lo) as usize]);
+            }
+            at = hi;
+            if at >= to {
+                break;
+            }
+        }
+    }
 }
 
 pub struct TidemarkFs {
@@ -295,9 +367,10 @@ impl TidemarkFs {
         Ok(e)
     }
 
-    /// Reads `size` bytes at `offset`: from the handle's spool if it writes, else from the blocks
-    /// it holds, fetching a missing block (`BLOCK` bytes, one ranged read) when needed. The
-    /// kernel's read-ahead sends reads out of order on several threads; blocks make that cheap.
+    /// Reads `size` bytes at `offset`: from the handle's spool if it writes, else through its
+    /// reader (`Reader`), which continues its stream when the read is at or a little past what
+    /// it holds, and starts afresh otherwise: a stream to the end for a read near the start,
+    /// one block elsewhere (a stream follows if the next read continues it).
     fn read_at(&self, h: &mut Handle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         if let Some(spool) = &h.spool {
             let mut buf = vec![0u8; size as usize];
@@ -307,77 +380,147 @@ impl TidemarkFs {
         }
         let e = self.stat(&h.path)?;
         let end = (offset + size as u64).min(e.size);
-        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
-        let mut pos = offset;
-        while pos < end {
-            let k = pos / BLOCK;
-            let block = match h.blocks.iter().find(|(i, _)| *i == k) {
-                Some((_, b)) => b.clone(),
-                None => {
-                    let b = match h.ahead.take() {
-                        Some((i, task)) if i == k => self.rt.block_on(task).map_err(|_| Errno::EIO).and_then(|r| r)?,
-                        other => {
-                            if let Some((_, task)) = other {
-                                task.abort();
-                            }
-                            self.counters.reads.fetch_add(1, Ordering::Relaxed);
-                            let fetch = fetch_block(self.filer.clone(), h.path.clone(), k, e.size, self.opts.timeout);
-                            self.rt.block_on(fetch)?
-                        }
-                    };
-                    if h.blocks.len() >= BLOCKS_KEPT {
-                        h.blocks.remove(0);
-                    }
-                    h.blocks.push((k, b.clone()));
-                    // Read one block ahead, while the kernel consumes this one.
-                    let next = k + 1;
-                    if next * BLOCK < e.size && h.ahead.is_none() && !h.blocks.iter().any(|(i, _)| *i == next) {
-                        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-                        let fetch = fetch_block(self.filer.clone(), h.path.clone(), next, e.size, self.opts.timeout);
-                        h.ahead = Some((next, self.rt.spawn(fetch)));
-                    }
-                    b
-                }
-            };
-            let from = (pos - k * BLOCK) as usize;
-            let to = ((end - k * BLOCK) as usize).min(block.len());
-            if from >= to {
-                break;
-            }
-            out.extend_from_slice(&block[from..to]);
-            pos = k * BLOCK + to as u64;
+        if offset >= end {
+            return Ok(Vec::new());
         }
+        let fits = |r: &Reader| offset >= r.start && (end <= r.end || offset <= r.end + SKIP);
+        if !h.reader.as_ref().is_some_and(fits) {
+            h.reader = None;
+            // A read near the start opens a stream from 0: a file is most often read whole,
+            // and the kernel's read-ahead may ask for a later offset before the first one.
+            let r = if offset <= SKIP {
+                self.stream_from(&h.path, Reader { window: Default::default(), start: 0, end: 0, rx: None, task: None })
+            } else {
+                self.counters.reads.fetch_add(1, Ordering::Relaxed);
+                let range = ByteRange { offset, length: Some(BLOCK.min(e.size - offset)) };
+                let block =
+                    self.rt.block_on(read_range(self.filer.clone(), h.path.clone(), range, self.opts.timeout))?;
+                let end = offset + block.len() as u64;
+                Reader { window: [block].into(), start: offset, end, rx: None, task: None }
+            };
+            h.reader = Some(r);
+        }
+        let Some(r) = h.reader.as_mut() else { return Err(Errno::EIO) };
+        if end > r.end && r.rx.is_none() {
+            let held =
+                std::mem::replace(r, Reader { window: Default::default(), start: 0, end: 0, rx: None, task: None });
+            *r = self.stream_from(&h.path, held);
+        }
+        while r.end < end {
+            let Some(rx) = r.rx.as_mut() else { break };
+            // The timer is made inside the runtime: FUSE's threads are not its.
+            let timeout = self.opts.timeout;
+            match self.rt.block_on(async { tokio::time::timeout(timeout, rx.recv()).await }) {
+                Ok(Some(Ok(b))) => r.push(b, offset),
+                // The end of the file as the filer has it (it may have shrunk since the stat).
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    h.reader = None;
+                    return Err(e);
+                }
+                Err(_) => {
+                    tracing::warn!(path = h.path, "read: the filer sent nothing for {:?}", self.opts.timeout);
+                    h.reader = None;
+                    return Err(Errno::EIO);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        r.copy(offset, end.min(r.end), &mut out);
         Ok(out)
+    }
+
+    /// `held` with a stream from its end to the end of the file, read ahead by a task.
+    fn stream_from(&self, p: &str, mut held: Reader) -> Reader {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::mpsc::channel(PIECES_AHEAD);
+        let range = ByteRange { offset: held.end, length: None };
+        let task = self.rt.spawn(pump(self.filer.clone(), p.to_string(), range, self.opts.timeout, tx));
+        held.rx = Some(rx);
+        held.task = Some(task);
+        held
     }
 }
 
-/// Block `k` of the file at `p` (of `size` bytes): one ranged read.
-async fn fetch_block(filer: Arc<dyn Filer>, p: String, k: u64, size: u64, timeout: Duration) -> Result<Bytes, Errno> {
-    let offset = k * BLOCK;
-    let range = ByteRange { offset, length: Some(BLOCK.min(size - offset)) };
+/// How a read of the filer failed, for the log and as an errno.
+fn read_failed(p: &str, timeout: Duration, e: Option<&Error>) -> Errno {
+    match e {
+        Some(e) => {
+            tracing::warn!(error = %e, path = p, "read failed");
+            errno(e)
+        }
+        None => {
+            tracing::warn!(path = p, "read: the filer did not answer within {timeout:?}");
+            Errno::EIO
+        }
+    }
+}
+
+/// `range` of the file at `p`, whole: one ranged read.
+async fn read_range(filer: Arc<dyn Filer>, p: String, range: ByteRange, timeout: Duration) -> Result<Bytes, Errno> {
     let mut stream = match tokio::time::timeout(timeout, filer.read(&p, Some(range))).await {
         Ok(Ok((_, s))) => s,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, path = p, "read failed");
-            return Err(errno(&e));
-        }
-        Err(_) => {
-            tracing::warn!(path = p, "read: the filer did not answer within {timeout:?}");
-            return Err(Errno::EIO);
-        }
+        Ok(Err(e)) => return Err(read_failed(&p, timeout, Some(&e))),
+        Err(_) => return Err(read_failed(&p, timeout, None)),
     };
     let mut buf = BytesMut::with_capacity(range.length.unwrap_or(BLOCK) as usize);
     loop {
         match tokio::time::timeout(timeout, stream.next()).await {
             Ok(Some(Ok(b))) => buf.extend_from_slice(&b),
             Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(Err(e))) => return Err(read_failed(&p, timeout, Some(&Error::internal(e.to_string())))),
+            Err(_) => return Err(read_failed(&p, timeout, None)),
+        }
+    }
+}
+
+/// Reads `range` of the file at `p` from the filer into `tx`, in pieces of about `PIECE`
+/// bytes, until the end, an error (sent on) or the reader going away.
+async fn pump(
+    filer: Arc<dyn Filer>,
+    p: String,
+    range: ByteRange,
+    timeout: Duration,
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, Errno>>,
+) {
+    let mut stream = match tokio::time::timeout(timeout, filer.read(&p, Some(range))).await {
+        Ok(Ok((_, s))) => s,
+        Ok(Err(e)) => {
+            let _ = tx.send(Err(read_failed(&p, timeout, Some(&e)))).await;
+            return;
+        }
+        Err(_) => {
+            let _ = tx.send(Err(read_failed(&p, timeout, None))).await;
+            return;
+        }
+    };
+    let mut piece = BytesMut::new();
+    loop {
+        let next = tokio::time::timeout(timeout, stream.next()).await;
+        let done = !matches!(next, Ok(Some(Ok(_))));
+        if let Ok(Some(Ok(b))) = &next {
+            if piece.is_empty() && b.len() >= PIECE {
+                // Already a piece: no copy.
+                if tx.send(Ok(b.clone())).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            piece.extend_from_slice(b);
+        }
+        if (piece.len() >= PIECE || done) && !piece.is_empty() && tx.send(Ok(piece.split().freeze())).await.is_err() {
+            return;
+        }
+        match next {
+            Ok(Some(Ok(_))) => {}
+            Ok(None) => return,
             Ok(Some(Err(e))) => {
-                tracing::warn!(error = %e, path = p, "read failed");
-                return Err(Errno::EIO);
+                let _ = tx.send(Err(read_failed(&p, timeout, Some(&Error::internal(e.to_string()))))).await;
+                return;
             }
             Err(_) => {
-                tracing::warn!(path = p, "read: the filer did not answer within {timeout:?}");
-                return Err(Errno::EIO);
+                let _ = tx.send(Err(read_failed(&p, timeout, None))).await;
+                return;
             }
         }
     }
@@ -479,8 +622,7 @@ impl Filesystem for TidemarkFs {
                                 self.download(&p)?
                             }),
                             dirty: true,
-                            blocks: Vec::new(),
-                            ahead: None,
+                            reader: None,
                         };
                         h.spool.as_ref().ok_or(Errno::EIO)?.set_len(size).map_err(|_| Errno::EIO)?;
                         self.upload(&mut h)?;
@@ -605,7 +747,7 @@ impl Filesystem for TidemarkFs {
             }
             let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
             let trunc = flags.0 & libc::O_TRUNC != 0;
-            let mut h = Handle { path: p.clone(), spool: None, dirty: false, blocks: Vec::new(), ahead: None };
+            let mut h = Handle::new(p.clone(), None, false);
             if write {
                 self.writable()?;
                 h.spool = Some(if trunc || e.size == 0 {
@@ -647,8 +789,7 @@ impl Filesystem for TidemarkFs {
             self.forget(&p);
             self.inodes().remember(e.clone());
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
-            let fh =
-                self.add_handle(Handle { path: p, spool: Some(spool), dirty: false, blocks: Vec::new(), ahead: None });
+            let fh = self.add_handle(Handle::new(p, Some(spool), false));
             Ok((self.attr(&e), fh))
         })();
         match r {
@@ -733,9 +874,7 @@ impl Filesystem for TidemarkFs {
         let r = match h {
             Some(h) => {
                 let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some((_, task)) = h.ahead.take() {
-                    task.abort();
-                }
+                h.reader = None;
                 self.upload(&mut h)
             }
             None => Ok(()),

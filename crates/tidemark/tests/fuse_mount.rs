@@ -131,6 +131,45 @@ fn ordinary_tools_work_on_the_mount_byte_for_byte() {
         "dd if=/dev/urandom of='{t_s}/large' bs=1M count=48 status=none && dd if='{t_s}/large' of='{mnt_s}/large' bs=1M status=none && cmp '{t_s}/large' '{mnt_s}/large' && dd if='{mnt_s}/large' of='{t_s}/back' bs=4M status=none && cmp '{t_s}/large' '{t_s}/back'"
     ));
     assert_eq!(sh(&format!("head -c 5 '{mnt_s}/large' | wc -c")).trim(), "5");
+    // A whole-file read is one read of the filer (a stream), not one per block.
+    let reads = |m: &Mounted| -> u64 {
+        let line = m.counters();
+        let n = line.split(", ").find_map(|p| p.strip_suffix(" reads")).expect("a reads counter");
+        n.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    // (A copy whose pages the kernel does not hold yet: it keeps those of files read before.)
+    sh(&format!("cp '{t_s}/large' '{mnt_s}/large2'"));
+    let before = reads(&m);
+    sh(&format!("cat '{mnt_s}/large2' | cmp - '{t_s}/large'"));
+    assert_eq!(reads(&m) - before, 1, "cat of 48 MiB reads the filer once");
+    // Reads at any offset, in any order, with and without the kernel's read-ahead, and a
+    // stream that skips forward: each returns the file's bytes (fresh copies, so that the
+    // reads reach the mount rather than the kernel's pages).
+    sh(&format!("cp '{t_s}/large' '{mnt_s}/large3' && cp '{t_s}/large' '{mnt_s}/large4'"));
+    sh(&format!(
+        "python3 -c \"
+import os, random
+src = open('{t_s}/large', 'rb').read()
+rnd = random.Random(7)
+for advice in (os.POSIX_FADV_RANDOM, os.POSIX_FADV_NORMAL):
+    fd = os.open('{mnt_s}/large3', os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, advice)
+    for _ in range(150):
+        off = rnd.randrange(len(src)); n = rnd.choice([1, 4096, 131072, 1 << 20, 5 << 20])
+        assert os.pread(fd, n, off) == src[off:off + n], (advice, off, n)
+    os.close(fd)
+fd = os.open('{mnt_s}/large4', os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+for off in range(len(src) - (1 << 20), -1, -(3 << 20)):
+    assert os.pread(fd, 1 << 20, off) == src[off:off + (1 << 20)], ('backwards', off)
+off = 1000
+while off < len(src):
+    assert os.pread(fd, 65536, off) == src[off:off + 65536], ('skipping', off)
+    off += 65536 + rnd.choice([0, 1, 1 << 20, 7 << 20, 20 << 20])
+assert os.pread(fd, 10, len(src) - 3) == src[-3:] and os.pread(fd, 10, len(src) + 5) == b''
+os.close(fd)
+\""
+    ));
     // Overwrite, truncate, chmod, touch, rename, unlink, rmdir — each what the namespace shows.
     sh(&format!(
         "cd '{mnt_s}' && echo first > f && echo second > f && test \"$(cat f)\" = second && truncate -s 3 f && test \"$(cat f)\" = sec \
