@@ -116,7 +116,7 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
     }
     let mut b = b;
     if let Some(rate) = b.throttle {
-        let proxy = throttling_proxy(&b.endpoint.endpoint, rate).await?;
+        let proxy = tidemark_testkit::throttling_proxy(&b.endpoint.endpoint, rate)?;
         println!("bench cache: {} through a proxy serving at most {rate} MiB/s per connection", b.endpoint.endpoint);
         b.endpoint.endpoint = format!("http://{proxy}");
     }
@@ -255,60 +255,6 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
 
 /// Seconds to write `bytes` into `dir` as files of `chunk` bytes, each fsynced, and the
 /// directory after them (as the cache places a chunk).
-/// A TCP proxy on loopback in front of `endpoint` (`http://HOST:PORT`) that passes requests as
-/// they come and answers at most `mib_s` MiB/s per connection (no credit saved while idle).
-async fn throttling_proxy(endpoint: &str, mib_s: f64) -> Result<std::net::SocketAddr, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    if mib_s <= 0.0 || mib_s.is_nan() {
-        return Err("--throttle must be a positive rate in MiB/s".into());
-    }
-    let authority = endpoint.split("://").nth(1).unwrap_or(endpoint).trim_end_matches('/');
-    let target = tokio::net::lookup_host(authority)
-        .await
-        .map_err(|e| format!("--endpoint {endpoint}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("--endpoint {endpoint}: no address"))?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
-    let addr = listener.local_addr().map_err(err)?;
-    let bytes_per_s = mib_s * 1024.0 * 1024.0;
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(server) = tokio::net::TcpStream::connect(target).await else { return };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let up = async move {
-                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                    let _ = sw.shutdown().await;
-                };
-                let down = async move {
-                    let mut buf = vec![0u8; 64 << 10];
-                    let mut next = tokio::time::Instant::now();
-                    loop {
-                        let n = match sr.read(&mut buf).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        if cw.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                        let now = tokio::time::Instant::now();
-                        next = next.max(now) + std::time::Duration::from_secs_f64(n as f64 / bytes_per_s);
-                        // The timer ticks in milliseconds: sleep only once a few are owed, or a
-                        // sleep per read would cap the rate at a read per tick.
-                        if next > now + std::time::Duration::from_millis(5) {
-                            tokio::time::sleep_until(next).await;
-                        }
-                    }
-                    let _ = cw.shutdown().await;
-                };
-                tokio::join!(up, down);
-            });
-        }
-    });
-    Ok(addr)
-}
-
 fn write_chunks(dir: &std::path::Path, bytes: &[u8], chunk: usize) -> Result<f64, String> {
     use std::io::Write;
     std::fs::create_dir_all(dir).map_err(err)?;

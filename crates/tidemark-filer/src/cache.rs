@@ -25,7 +25,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
@@ -107,6 +107,18 @@ struct FlightEntry {
 const RUN_AHEAD: u64 = 4;
 /// How long a run waits for a reader to ask for more before it gives up the rest.
 const RUN_IDLE: Duration = Duration::from_secs(15);
+
+/// A run whose stream brings less than this gives the rest of its chunks to several shorter
+/// runs that fetch them at once: a bucket serves one stream at roughly 80–100 MB/s, several in
+/// parallel at many times that. A faster stream (a bucket near by, or the object cached in
+/// front of it) stays one GET: each GET costs a round trip and, on some stores, much more.
+const SLOW_STREAM_BYTES_PER_S: f64 = 200.0 * 1024.0 * 1024.0;
+/// The chunks of one of those shorter runs, and how many of them fetch at once ahead of the
+/// reader (per file; `MAX_FETCHES` bounds them per filer).
+const SPLIT_CHUNKS: u64 = 4;
+const PARALLEL_RUNS: u64 = 4;
+/// How many bytes of a stream (after its first chunk) its rate is measured over.
+const RATE_SAMPLE_BYTES: u64 = 1 << 20;
 
 /// Chunk fetches in flight at once, per filer: bounds the memory cold reads hold (each holds its
 /// chunk until it is written) whatever the number of readers.
@@ -581,7 +593,8 @@ impl Inner {
                             flights.insert((id.to_string(), j), FlightEntry { rx, run: run.clone() });
                             senders.push(tx);
                         }
-                        let task = self.clone().fetch_run(senders, k, run.clone(), source.clone(), entry.clone());
+                        let task =
+                            self.clone().fetch_run(senders, k, run.clone(), source.clone(), entry.clone(), false);
                         tokio::spawn(task);
                         match mine {
                             Some(rx) => (rx, run),
@@ -650,6 +663,10 @@ impl Inner {
     /// the furthest chunk a reader asked for, and gives up the rest when nobody asks for
     /// `RUN_IDLE` (a reader that stopped early does not fetch the whole object). Runs as its own
     /// task, so a reader going away does not cut the chunks it was waiting for.
+    ///
+    /// When its stream turns out slower than `SLOW_STREAM_BYTES_PER_S`, a long run keeps
+    /// `SPLIT_CHUNKS` more and hands the rest to `helper` runs of that length, which fetch up to
+    /// `PARALLEL_RUNS` runs' worth ahead of the reader, each with its own GET, and do not split.
     async fn fetch_run(
         self: Arc<Self>,
         senders: Vec<watch::Sender<Flight>>,
@@ -657,8 +674,21 @@ impl Inner {
         run: Arc<Run>,
         source: Arc<Source>,
         entry: Arc<Entry>,
+        helper: bool,
     ) {
         let id = content_id(&entry).unwrap_or_default();
+        let ahead = if helper { SPLIT_CHUNKS * PARALLEL_RUNS } else { RUN_AHEAD };
+        let mut wanted = run.wanted.subscribe();
+        if helper {
+            // No connection is opened before the reader comes near.
+            let near = tokio::time::timeout(RUN_IDLE, wanted.wait_for(|w| first <= w.saturating_add(ahead)))
+                .await
+                .is_ok_and(|r| r.is_ok());
+            if !near {
+                self.abandon(&id, first, senders.into_iter());
+                return;
+            }
+        }
         let last = first + senders.len() as u64 - 1;
         let range = chunk_range(entry.size, first, self.config.chunk_bytes).start
             ..chunk_range(entry.size, last, self.config.chunk_bytes).end;
@@ -670,32 +700,35 @@ impl Inner {
             located.get(Some(ByteRange { offset: range.start, length: Some(range.end - range.start) })).await
         }
         .await;
-        let mut senders = senders.into_iter().enumerate();
+        let mut senders: std::collections::VecDeque<_> = senders.into();
         let mut stream = match opened {
             Ok(s) => s,
             Err(e) => {
-                if let Some((_, tx)) = senders.next() {
+                if let Some(tx) = senders.pop_front() {
                     self.finish_failed(&id, first, tx, e);
                 }
-                self.abandon(&id, first + 1, senders.map(|(_, tx)| tx));
+                self.abandon(&id, first + 1, senders.into_iter());
                 return;
             }
         };
-        let mut wanted = run.wanted.subscribe();
         let mut carry = BytesMut::new();
-        while let Some((i, tx)) = senders.next() {
-            let k = first + i as u64;
-            let asked = tokio::time::timeout(RUN_IDLE, wanted.wait_for(|w| k <= w.saturating_add(RUN_AHEAD)))
+        let mut k = first;
+        // Bytes and seconds of the stream measured so far, and whether they were enough.
+        let (mut measured, mut rated) = ((0u64, 0f64), false);
+        while let Some(tx) = senders.pop_front() {
+            let asked = tokio::time::timeout(RUN_IDLE, wanted.wait_for(|w| k <= w.saturating_add(ahead)))
                 .await
                 .is_ok_and(|r| r.is_ok());
             if !asked {
-                self.abandon(&id, k, std::iter::once(tx).chain(senders.map(|(_, tx)| tx)));
+                self.abandon(&id, k, std::iter::once(tx).chain(senders));
                 return;
             }
             // Held until the chunk is written (or given up): its bytes are in memory until then.
             let permit = self.fetch_permits.clone().acquire_owned().await.ok();
             let r = chunk_range(entry.size, k, self.config.chunk_bytes);
             let want = (r.end - r.start) as usize;
+            // Only the time spent waiting on the bucket: not the waits for a reader above.
+            let streaming = Instant::now();
             while carry.len() < want {
                 match stream.next().await {
                     Some(Ok(part)) => carry.extend_from_slice(&part),
@@ -704,7 +737,7 @@ impl Inner {
                             message: format!("{}: reading from the bucket failed mid-object: {e}", entry.path),
                         };
                         self.finish_failed(&id, k, tx, e);
-                        self.abandon(&id, k + 1, senders.map(|(_, tx)| tx));
+                        self.abandon(&id, k + 1, senders.into_iter());
                         return;
                     }
                     None => {
@@ -715,17 +748,54 @@ impl Inner {
                             ),
                         };
                         self.finish_failed(&id, k, tx, e);
-                        self.abandon(&id, k + 1, senders.map(|(_, tx)| tx));
+                        self.abandon(&id, k + 1, senders.into_iter());
                         return;
                     }
                 }
             }
+            let took = streaming.elapsed().as_secs_f64();
             let bytes = carry.split_to(want).freeze();
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
             self.counters.bytes_fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             tx.send_replace(Flight::Fetched(Ok(bytes.clone())));
             tokio::spawn(self.clone().keep(tx, entry.clone(), (id.clone(), k), bytes, permit));
+            // The first chunk's time holds the GET's round trip; the ones after it, once they
+            // are enough bytes not to be noise, the stream's rate: decided once per run.
+            if !helper && !rated && k > first {
+                measured.0 += want as u64;
+                measured.1 += took;
+                rated = measured.0 >= RATE_SAMPLE_BYTES;
+                let slow = (measured.0 as f64) < SLOW_STREAM_BYTES_PER_S * measured.1;
+                if rated && slow && senders.len() as u64 > SPLIT_CHUNKS {
+                    // This run keeps its connection for `SPLIT_CHUNKS` more chunks.
+                    let handed = senders.split_off(SPLIT_CHUNKS as usize);
+                    let mut from = k + 1 + senders.len() as u64;
+                    tracing::debug!(path = %entry.path, chunk = k, mib_s = measured.0 as f64 / measured.1 / 1048576.0,
+                        "a slow stream: the rest of the run goes to parallel runs");
+                    let mut handed = handed.into_iter().peekable();
+                    while handed.peek().is_some() {
+                        let group: Vec<_> = handed.by_ref().take(SPLIT_CHUNKS as usize).collect();
+                        let n = group.len() as u64;
+                        tokio::spawn(self.clone().helper_run(group, from, run.clone(), source.clone(), entry.clone()));
+                        from += n;
+                    }
+                }
+            }
+            k += 1;
         }
+    }
+
+    /// A helper run of `fetch_run`, boxed: a future that spawns its own kind needs a named type
+    /// to be `Send`.
+    fn helper_run(
+        self: Arc<Self>,
+        senders: Vec<watch::Sender<Flight>>,
+        first: u64,
+        run: Arc<Run>,
+        source: Arc<Source>,
+        entry: Arc<Entry>,
+    ) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(self.fetch_run(senders, first, run, source, entry, true))
     }
 
     /// Makes a fetched chunk durable and records it, then tells its readers.

@@ -3,7 +3,9 @@
 
 pub mod emulators;
 pub mod process;
+pub mod throttle;
 pub mod tls;
 
 pub use emulators::{Azurite, FakeGcs, Moto, Postgres, PubSub, unique_name};
 pub use process::{LogsOnFailure, TidemarkProcess, eventually, fails, free_port, ok, run_shell};
+pub use throttle::throttling_proxy;

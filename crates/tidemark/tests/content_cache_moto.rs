@@ -3,7 +3,8 @@
 //! and a private moto that is then stopped); 32 readers of a cold object fetch each chunk once,
 //! with one GET; an overwrite in the bucket is what the next read returns once its event is applied or
 //! `remote.meta.sync` ran; `remote.cache`/`remote.uncache` with filters; eviction within a small
-//! `--cache-size`; a SIGKILL during a large fetch leaves no bytes that a read would serve.
+//! `--cache-size`; a SIGKILL during a large fetch leaves no bytes that a read would serve; a
+//! slow stream is read with parallel ranged GETs.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -170,6 +171,33 @@ async fn reads_are_local_once_cached_and_survive_the_bucket_going() {
     let metrics = reqwest::get(format!("http://{}/metrics", w.server.addr)).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("tidemark_cache_hits_total"), "{metrics}");
     assert!(metrics.contains("tidemark_cache_resident_bytes"), "{metrics}");
+}
+
+/// A bucket that streams slowly (a proxy serving 4 MiB/s per connection) is read with several
+/// ranged GETs at once once the first stream has shown its rate; the reader gets the object's
+/// bytes in order, and every chunk is cached once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_stream_is_read_with_parallel_ranged_gets() {
+    let moto = Moto::start();
+    let w = world(&moto, &[]).await;
+    let proxy = tidemark_testkit::throttling_proxy(&moto.endpoint, 4.0).unwrap();
+    w.sh_ok(&format!(
+        "remote.configure -name=s3 -type=s3 -s3.endpoint=http://{proxy} -s3.access_key=testing -s3.secret_key=testing"
+    ));
+    let big = pattern(64 * CHUNK, 3);
+    w.put("slow/big.bin", &big).await;
+    w.sh_ok(&format!("remote.mount -dir=/mnt/slow -remote=s3/{}/slow", w.bucket));
+    let before = w.stats().await;
+    let t = Instant::now();
+    assert_eq!(w.read("/mnt/slow/big.bin").await, big);
+    let took = t.elapsed();
+    w.settle("/mnt/slow/big.bin", big.len() as u64).await;
+    let after = w.stats().await;
+    assert_eq!(after.misses - before.misses, 64, "each chunk fetched once: {after:?}");
+    // One stream for the 1 MiB that shows its rate and 4 chunks more, then runs of 4 chunks.
+    let requests = after.requests - before.requests;
+    assert!(requests >= 8, "{requests} GETs for 64 chunks of a slow stream: {after:?}");
+    eprintln!("4 MiB at 4 MiB/s per connection: {took:?} with {requests} GETs");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
