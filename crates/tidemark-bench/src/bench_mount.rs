@@ -22,22 +22,35 @@ use tidemark_core::{Filer, WriteOptions};
 use tidemark_filer::{DataDir, HttpFiler, LocalFiler};
 
 use crate::bench_cache::{best, mib_s, ms_p50_p99, pattern, read_local};
-use crate::bench_s3::err;
+use crate::bench_s3::{Endpoint, err};
 
 #[derive(Args)]
 pub struct MountBench {
-    /// The large file's size (K/M/G suffixes).
-    #[arg(long, default_value = "1G")]
-    size: String,
-    /// Files in the tree `ls -lR` walks (in directories of 100).
-    #[arg(long, default_value_t = 10_000)]
-    files: usize,
+    /// The large file's size (K/M/G suffixes): 1G for a local file, 256M for an object.
+    #[arg(long)]
+    size: Option<String>,
+    /// Files in the tree `ls -lR` walks (in directories of 100): 10,000 local, 1,000 objects.
+    #[arg(long)]
+    files: Option<usize>,
     /// Small files read once each for the latency figures.
     #[arg(long, default_value_t = 200)]
     small: usize,
+    /// Measure a bucket-backed mount instead: the large file and the tree are objects in a
+    /// fresh bucket on this S3 endpoint (moto in scripts/bench.sh), mounted on the filer, read
+    /// through the mount beside a plain SDK GET of the same object.
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// With --endpoint: the peer that mounts the same bucket in the same run (rclone, with
+    /// `--vfs-cache-mode full`).
+    #[arg(long, requires = "endpoint", value_parser = ["rclone"])]
+    peer: Option<String>,
+    /// With --endpoint: serve the bucket's answers at most this many MiB/s per connection (a
+    /// proxy in front of it, for every client alike).
+    #[arg(long, value_name = "MIB_S", requires = "endpoint")]
+    throttle: Option<f64>,
 }
 
-fn walk(dir: &Path) -> std::io::Result<usize> {
+pub(crate) fn walk(dir: &Path) -> std::io::Result<usize> {
     let mut n = 0;
     for e in std::fs::read_dir(dir)? {
         let e = e?;
@@ -50,7 +63,7 @@ fn walk(dir: &Path) -> std::io::Result<usize> {
     Ok(n)
 }
 
-fn timed<T>(f: impl FnOnce() -> std::io::Result<T>) -> Result<(f64, T), String> {
+pub(crate) fn timed<T>(f: impl FnOnce() -> std::io::Result<T>) -> Result<(f64, T), String> {
     let t = Instant::now();
     let v = f().map_err(err)?;
     Ok((t.elapsed().as_secs_f64(), v))
@@ -75,8 +88,30 @@ async fn put(filer: &dyn Filer, p: String, bytes: Bytes) -> Result<(), String> {
 }
 
 pub async fn run(b: MountBench) -> Result<(), String> {
-    let size = parse_size(&b.size).map_err(err)?;
-    if size == 0 || b.files == 0 || b.small == 0 || b.small > b.files {
+    if let Some(url) = b.endpoint {
+        let size = parse_size(b.size.as_deref().unwrap_or("256M")).map_err(err)?;
+        let files = b.files.unwrap_or(1_000);
+        if size == 0 || files == 0 {
+            return Err("--size and --files must be at least 1".into());
+        }
+        let endpoint = Endpoint {
+            endpoint: url,
+            access_key: "testing".into(),
+            secret_key: "testing".into(),
+            region: "us-east-1".into(),
+        };
+        return crate::bench_mount_remote::run(crate::bench_mount_remote::RemoteArgs {
+            endpoint,
+            size,
+            files,
+            peer: b.peer,
+            throttle: b.throttle,
+        })
+        .await;
+    }
+    let size = parse_size(b.size.as_deref().unwrap_or("1G")).map_err(err)?;
+    let n_files = b.files.unwrap_or(10_000);
+    if size == 0 || n_files == 0 || b.small == 0 || b.small > n_files {
         return Err("--size and --files must be at least 1, --small between 1 and --files".into());
     }
     let tmp = tempfile::tempdir().map_err(err)?;
@@ -106,7 +141,7 @@ pub async fn run(b: MountBench) -> Result<(), String> {
     }
     // The tree: 4 KiB files in directories of 100, and the same locally.
     let small = Bytes::from(vec![b's'; 4096]);
-    let names: Vec<String> = (0..b.files).map(|i| format!("d{:03}/f{:05}", i / 100, i)).collect();
+    let names: Vec<String> = (0..n_files).map(|i| format!("d{:03}/f{:05}", i / 100, i)).collect();
     futures::stream::iter(&names)
         .map(|n| put(&*filer, format!("/bench/tree/{n}"), small.clone()))
         .buffer_unordered(16)
@@ -156,11 +191,11 @@ pub async fn run(b: MountBench) -> Result<(), String> {
     println!(
         "bench mount: {} file and {} files of 4 KiB through a FUSE mount of a filer on {addr} (loopback HTTP)",
         human_bytes(size),
-        b.files
+        n_files
     );
 
     let (mnt2, local2, local_tree2) = (mnt.clone(), local.clone(), local_tree.clone());
-    let (small_n, files) = (b.small, b.files);
+    let (small_n, files) = (b.small, n_files);
     let report = tokio::task::spawn_blocking(move || -> Result<(), String> {
         // Large file: the first read through the filer, the second from the kernel's pages.
         let large = mnt2.join("large.bin");

@@ -57,7 +57,7 @@ pub struct S3Bench {
 }
 
 /// An S3-compatible endpoint and its credentials.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct Endpoint {
     /// The S3 endpoint (for `bench s3`, one that serves SQS too, as moto does).
     #[arg(long, env = "TIDEMARK_BENCH_S3_ENDPOINT")]

@@ -9,4 +9,5 @@ mod bench_blobs;
 mod bench_cache;
 mod bench_gateway;
 mod bench_mount;
+mod bench_mount_remote;
 mod bench_s3;

@@ -1,0 +1,280 @@
+//! `tidemark-bench mount --endpoint URL`: a bucket-backed file through the mount, beside a plain
+//! SDK GET of the same object and (with `--peer rclone`) rclone's mount of the same bucket, in
+//! one run:
+//!
+//! - first read of a large object through each mount (`cat`-like, 1 MiB reads) ÷ the plain GET;
+//! - the same read again (Tidemark: its content cache, then the kernel's pages; rclone: its VFS
+//!   cache);
+//! - `ls -lR` of a tree of small objects, first and again.
+//!
+//! `--throttle MIB_S` puts a proxy that serves each connection at most that rate in front of the
+//! bucket, for every client alike: a real bucket serves one stream at 80–100 MB/s, where an
+//! emulator on loopback is faster than any disk.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use tidemark_core::cache::human_bytes;
+use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
+use tidemark_core::{Filer, RemoteStorage};
+use tidemark_engine::docs::write_json;
+use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
+use tidemark_filer::{CacheConfig, HttpFiler};
+
+use crate::bench_cache::{best, mib_s, pattern, read_local, sdk_get};
+use crate::bench_mount::{timed, walk};
+use crate::bench_s3::{Endpoint, err, fresh_filer};
+
+const DIR: &str = "/mnt/bench";
+
+/// What the remote part of the mount bench measures.
+pub struct RemoteArgs {
+    pub endpoint: Endpoint,
+    pub size: u64,
+    pub files: usize,
+    pub peer: Option<String>,
+    pub throttle: Option<f64>,
+}
+
+/// A FUSE mount of `root` on the filer at `addr`, in this process, until the sender is used.
+pub(crate) async fn mount_in_process(
+    addr: &str,
+    root: &str,
+    mnt: &Path,
+    probe: &str,
+) -> Result<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), String>>), String> {
+    std::fs::create_dir_all(mnt).map_err(err)?;
+    let client: Arc<dyn Filer> = Arc::new(HttpFiler::new(addr, None).map_err(err)?);
+    let args = tidemark_fuse::MountArgs {
+        mountpoint: mnt.to_path_buf(),
+        root: root.into(),
+        read_only: false,
+        allow_other: false,
+        ttl: Duration::from_secs(60),
+        timeout: Duration::from_secs(30),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (report_tx, report_rx) = tokio::sync::mpsc::channel(1);
+    let mounted = tokio::spawn(async move {
+        // Held for as long as the mount runs: the mount stops reporting when it is dropped.
+        let _report = report_tx;
+        tidemark_fuse::mount(
+            client,
+            args,
+            async {
+                let _ = stop_rx.await;
+            },
+            report_rx,
+        )
+        .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !mnt.join(probe).exists() {
+        if Instant::now() > deadline || mounted.is_finished() {
+            return Err(format!(
+                "the mount at {} did not come up (is /dev/fuse there, fusermount3 installed?)",
+                mnt.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok((stop_tx, mounted))
+}
+
+/// rclone's mount of the bucket, as its users run it for reading (`--vfs-cache-mode full`),
+/// unmounted when dropped.
+struct Rclone {
+    child: Child,
+    mnt: PathBuf,
+}
+
+impl Drop for Rclone {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("fusermount3").arg("-uz").arg(&self.mnt).stderr(Stdio::null()).status();
+    }
+}
+
+fn rclone_mount(endpoint: &Endpoint, url: &str, bucket: &str, work: &Path, probe: &str) -> Result<Rclone, String> {
+    let mnt = work.join("rclone-mnt");
+    std::fs::create_dir_all(&mnt).map_err(err)?;
+    let log = std::fs::File::create(work.join("rclone.log")).map_err(err)?;
+    let child = Command::new("rclone")
+        .args(["mount", &format!("bench:{bucket}")])
+        .arg(&mnt)
+        .args(["--vfs-cache-mode", "full", "--cache-dir"])
+        .arg(work.join("rclone-cache"))
+        .args(["--config", "/dev/null", "--log-level", "NOTICE"])
+        .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
+        .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
+        .env("RCLONE_CONFIG_BENCH_ENDPOINT", url)
+        .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", &endpoint.access_key)
+        .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", &endpoint.secret_key)
+        .env("RCLONE_CONFIG_BENCH_REGION", &endpoint.region)
+        // The AWS SDK in rclone 1.60 fails on a CA bundle with its own transport, and loopback
+        // needs none.
+        .env_remove("AWS_CA_BUNDLE")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("--peer rclone: cannot run rclone ({e}); scripts/setup.sh installs it"))?;
+    let mut rclone = Rclone { child, mnt: mnt.clone() };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !mnt.join(probe).exists() {
+        if Instant::now() > deadline || rclone.child.try_wait().ok().flatten().is_some() {
+            let log = std::fs::read_to_string(work.join("rclone.log")).unwrap_or_default();
+            return Err(format!("rclone's mount did not come up:\n{log}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(rclone)
+}
+
+/// The figures of one mount: first read, read again, `ls -lR` first and again.
+struct Figures {
+    first: f64,
+    again: f64,
+    ls_first: f64,
+    ls_again: f64,
+}
+
+fn measure(mnt: &Path, files: usize) -> Result<Figures, String> {
+    let large = mnt.join("large.bin");
+    let first = read_local(&large, 1 << 20)?;
+    let again = read_local(&large, 1 << 20)?;
+    let tree = mnt.join("tree");
+    let (ls_first, n) = timed(|| walk(&tree))?;
+    let (ls_again, _) = timed(|| walk(&tree))?;
+    let want = files + files.div_ceil(100);
+    if n != want {
+        return Err(format!("{}: the walk found {n} entries, expected {want}", tree.display()));
+    }
+    Ok(Figures { first, again, ls_first, ls_again })
+}
+
+pub async fn run(r: RemoteArgs) -> Result<(), String> {
+    let mut endpoint = r.endpoint;
+    let direct = endpoint.endpoint.clone();
+    if let Some(rate) = r.throttle {
+        let proxy = tidemark_testkit::throttling_proxy(&endpoint.endpoint, rate)?;
+        endpoint.endpoint = format!("http://{proxy}");
+    }
+    let conf = endpoint.conf();
+    let (_, bucket, storage) = endpoint.fresh_bucket("tidemark-bench-mount").await?;
+    let s3 = storage.client().clone();
+    let t = Instant::now();
+    storage.put("large.bin", pattern(r.size), Default::default()).await.map_err(err)?;
+    let names: Vec<String> = (0..r.files).map(|i| format!("tree/d{:03}/f{:05}", i / 100, i)).collect();
+    futures::stream::iter(&names)
+        .map(|k| storage.put(k, Bytes::from_static(b"small"), Default::default()))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    println!(
+        "bench mount, bucket-backed: {direct} ({bucket}{}): a {} object and {} small ones, put in {:.1} s",
+        r.throttle.map(|t| format!(", through a proxy serving {t} MiB/s per connection")).unwrap_or_default(),
+        human_bytes(r.size),
+        r.files,
+        t.elapsed().as_secs_f64()
+    );
+
+    // A filer with the bucket mounted, its metadata imported, serving its API on loopback.
+    let tmp = tempfile::tempdir().map_err(err)?;
+    let mount = Mount {
+        dir: DIR.into(),
+        location: RemoteLocation { storage: conf.name.clone(), bucket: bucket.clone(), path: String::new() },
+        sync: false,
+    };
+    let cache = CacheConfig { budget_bytes: r.size * 2 + (64 << 20), ..Default::default() };
+    let filer = fresh_filer(&tmp.path().join("data"), &mount, Some(cache)).await?;
+    write_json(&*filer, &system_paths::remote_conf(&conf.name), &conf, None).await.map_err(err)?;
+    write_json(&*filer, system_paths::MOUNT_MAPPING, &MountMapping { mounts: vec![mount.clone()] }, None)
+        .await
+        .map_err(err)?;
+    reconcile(&*filer, &storage, &mount, &ReconcileOptions::default(), &mut |_| {}).await.map_err(err)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?.to_string();
+    let served: Arc<dyn Filer> = filer.clone();
+    let server = tokio::spawn(tidemark_filer::http::serve(listener, served, None, std::future::pending()));
+
+    let (sdk1, n) = sdk_get(&s3, &bucket, "large.bin").await?;
+    if n != r.size {
+        return Err(format!("GetObject returned {n} bytes of {}", r.size));
+    }
+    let mnt = tmp.path().join("mnt");
+    let (stop, mounted) = mount_in_process(&addr, DIR, &mnt, "large.bin").await?;
+    let files = r.files;
+    let ours = {
+        let mnt = mnt.clone();
+        tokio::task::spawn_blocking(move || measure(&mnt, files)).await.map_err(err)?
+    };
+    let _ = stop.send(());
+    let unmounted = mounted.await.map_err(err)?;
+    let ours = ours?;
+    unmounted?;
+    let peer = match r.peer.as_deref() {
+        None => None,
+        Some("rclone") => {
+            let (endpoint, url, bucket, work) =
+                (endpoint.clone(), endpoint.endpoint.clone(), bucket.clone(), tmp.path().to_path_buf());
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    let rclone = rclone_mount(&endpoint, &url, &bucket, &work, "large.bin")?;
+                    measure(&rclone.mnt, files)
+                })
+                .await
+                .map_err(err)??,
+            )
+        }
+        Some(other) => return Err(format!("--peer {other}: the peers measured are: rclone")),
+    };
+    let (sdk2, _) = sdk_get(&s3, &bucket, "large.bin").await?;
+    let sdk = best(&[sdk1, sdk2]);
+    let size = r.size;
+    println!(
+        "  plain SDK GET of the {} object: {:.0} MiB/s (best of {sdk1:.2} / {sdk2:.2} s)",
+        human_bytes(size),
+        mib_s(size, sdk)
+    );
+    println!(
+        "  Tidemark mount: first read {:.0} MiB/s ({:.2} s), again {:.0} MiB/s ({:.3} s); ls -lR first {:.3} s, again {:.3} s | first read ÷ GET {:.2}",
+        mib_s(size, ours.first),
+        ours.first,
+        mib_s(size, ours.again),
+        ours.again,
+        ours.ls_first,
+        ours.ls_again,
+        sdk / ours.first
+    );
+    if let Some(p) = peer {
+        println!(
+            "  rclone mount (--vfs-cache-mode full): first read {:.0} MiB/s ({:.2} s), again {:.0} MiB/s ({:.3} s); ls -lR first {:.3} s, again {:.3} s | first read ÷ GET {:.2}",
+            mib_s(size, p.first),
+            p.first,
+            mib_s(size, p.again),
+            p.again,
+            p.ls_first,
+            p.ls_again,
+            sdk / p.first
+        );
+        println!(
+            "  Tidemark ÷ rclone (speed, higher is better): first read {:.2}, again {:.2}, ls -lR first {:.2}, again {:.2}",
+            p.first / ours.first,
+            p.again / ours.again,
+            p.ls_first / ours.ls_first,
+            p.ls_again / ours.ls_again
+        );
+    }
+    server.abort();
+    println!("  (the bucket {bucket} is left on the endpoint)");
+    Ok(())
+}
