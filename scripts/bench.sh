@@ -71,6 +71,10 @@ echo "== file content on a blob store (--blob-store) against moto: a 256 MiB wri
 
 echo "== the FUSE mount beside the local disk: a 1 GiB sequential read, ls -lR of 10,000 files, small-file reads =="
 "$bench" mount --size 1G --files 10000 --small 200
+echo "== the FUSE mount of a bucket (moto) beside a plain GET and rclone's mount: first read of 256 MiB, ls -lR of 1,000 objects =="
+"$bench" mount --endpoint "$moto" --size 256M --files 1000 --peer rclone
+echo "== the same, the bucket behind a proxy serving 100 MiB/s per connection (for every client alike) =="
+"$bench" mount --endpoint "$moto" --size 256M --files 200 --peer rclone --throttle 100
 
 # Starts a `tidemark server` in the background and sets `filer` to its address. Not run in a
 # command substitution: a subshell would keep the pid to itself, and the server would outlive the

@@ -104,6 +104,22 @@ fn the_moto_benchmarks_print_each_figure_beside_its_limit() {
     {
         assert!(mount.contains(expected), "no {expected:?} in:\n{mount}");
     }
+    let remote = bench(&[
+        "mount",
+        "--endpoint",
+        &moto.endpoint,
+        "--size",
+        "4M",
+        "--files",
+        "20",
+        "--peer",
+        "rclone",
+        "--throttle",
+        "200",
+    ]);
+    for expected in ["plain SDK GET", "Tidemark mount: first read", "rclone mount", "Tidemark ÷ rclone"] {
+        assert!(remote.contains(expected), "no {expected:?} in:\n{remote}");
+    }
     let bad = Command::new(bench_bin()).args(["s3", "--endpoint", &moto.endpoint, "--events", "0"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("at least 1"));

@@ -33,8 +33,6 @@ pub fn part_size(number: i32) -> usize {
 /// Parts uploaded at once: a few streams beat one against a bucket that serves each stream at a
 /// bounded rate; memory is at most this many parts (and one being filled).
 const PARTS_IN_FLIGHT: usize = 4;
-/// The pieces a read streams in.
-const READ_PIECE: usize = 256 * 1024;
 
 /// `--blob-store s3://BUCKET[/PREFIX][?endpoint=URL&region=R&force_path_style=true]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -330,7 +328,7 @@ impl S3Blobs {
             });
         }
         let out = req.send().await.map_err(|e| self.error("GetObject", id, e))?;
-        Ok(tokio_util::io::ReaderStream::with_capacity(out.body.into_async_read(), READ_PIECE).boxed())
+        Ok(tidemark_cloud::aws::s3::body_stream(out.body))
     }
 
     /// Removes a blob; a missing one is fine.

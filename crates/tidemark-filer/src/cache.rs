@@ -115,7 +115,7 @@ const RUN_IDLE: Duration = Duration::from_secs(15);
 const SLOW_STREAM_BYTES_PER_S: f64 = 200.0 * 1024.0 * 1024.0;
 /// The chunks of one of those shorter runs, and how many of them fetch at once ahead of the
 /// reader (per file; `MAX_FETCHES` bounds them per filer).
-const SPLIT_CHUNKS: u64 = 4;
+const SPLIT_CHUNKS: u64 = 8;
 const PARALLEL_RUNS: u64 = 4;
 /// How many bytes of a stream (after its first chunk) its rate is measured over.
 const RATE_SAMPLE_BYTES: u64 = 1 << 20;

@@ -499,12 +499,15 @@ async fn pump(
         let next = tokio::time::timeout(timeout, stream.next()).await;
         let done = !matches!(next, Ok(Some(Ok(_))));
         if let Ok(Some(Ok(b))) = &next {
-            if piece.is_empty() && b.len() >= PIECE {
-                // Already a piece: no copy.
+            if piece.is_empty() && b.len() >= PIECE / 4 {
+                // Large enough as it came: no copy.
                 if tx.send(Ok(b.clone())).await.is_err() {
                     return;
                 }
                 continue;
+            }
+            if piece.is_empty() {
+                piece.reserve(PIECE);
             }
             piece.extend_from_slice(b);
         }

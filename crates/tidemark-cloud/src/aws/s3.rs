@@ -272,7 +272,7 @@ impl RemoteStorage for S3Storage {
             req = req.if_match(format!("\"{e}\""));
         }
         let out = req.send().await.map_err(|e| self.error("GetObject", key, e))?;
-        Ok(tokio_util::io::ReaderStream::new(out.body.into_async_read()).boxed())
+        Ok(body_stream(out.body))
     }
 
     async fn put(&self, key: &str, body: Bytes, metadata: BTreeMap<String, String>) -> Result<RemoteObject> {
@@ -321,4 +321,13 @@ impl RemoteStorage for S3Storage {
             .map_err(|e| self.error("DeleteObject", key, e))?;
         Ok(())
     }
+}
+
+/// An object's body as the frames the connection delivers them: no copy, and no 4 KiB pieces
+/// (`ReaderStream`'s default, which held a cold read of 256 MiB to ~500 MiB/s).
+pub fn body_stream(body: aws_sdk_s3::primitives::ByteStream) -> ByteStream {
+    futures::stream::unfold(body, |mut body| async move {
+        body.next().await.map(|frame| (frame.map_err(std::io::Error::other), body))
+    })
+    .boxed()
 }
