@@ -17,13 +17,11 @@ use clap::Args;
 use futures::StreamExt;
 
 use tidemark_core::cache::{human_bytes, parse_size};
-use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
+use tidemark_core::remote::{Mount, RemoteLocation};
 use tidemark_core::{ByteStream, Filer, RemoteStorage};
-use tidemark_engine::docs::write_json;
-use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
 use tidemark_filer::{CacheConfig, HttpFiler};
 
-use crate::bench_s3::{Endpoint, err, fresh_filer, sdk_err};
+use crate::bench_s3::{Endpoint, err, filer_with_bucket, sdk_err};
 
 #[derive(Args)]
 pub struct CacheBench {
@@ -135,14 +133,7 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
         human_bytes(chunk)
     );
     let small_keys: Vec<String> = (0..b.small).map(|i| format!("small/{i:05}.bin")).collect();
-    futures::stream::iter(&small_keys)
-        .map(|k| storage.put(k, Bytes::from(vec![b's'; SMALL_BYTES]), Default::default()))
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(err)?;
+    put_all(&storage, &small_keys, Bytes::from(vec![b's'; SMALL_BYTES])).await?;
 
     // A filer whose cache holds everything, with the bucket mounted and its metadata imported.
     let tmp = tempfile::tempdir().map_err(err)?;
@@ -152,12 +143,8 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
         sync: false,
     };
     let budget = size * 2 + (b.small * SMALL_BYTES) as u64 + (64 << 20);
-    let filer = fresh_filer(tmp.path(), &mount, Some(CacheConfig { budget_bytes: budget, chunk_bytes: chunk })).await?;
-    write_json(&*filer, &system_paths::remote_conf(&conf.name), &conf, None).await.map_err(err)?;
-    write_json(&*filer, system_paths::MOUNT_MAPPING, &MountMapping { mounts: vec![mount.clone()] }, None)
-        .await
-        .map_err(err)?;
-    reconcile(&*filer, &storage, &mount, &ReconcileOptions::default(), &mut |_| {}).await.map_err(err)?;
+    let cache = CacheConfig { budget_bytes: budget, chunk_bytes: chunk };
+    let filer = filer_with_bucket(tmp.path(), &conf, &mount, &storage, cache).await?;
     let path = format!("{DIR}/large.bin");
 
     // Cold: the filer's first read beside the plain client's GET, before and after it.
@@ -254,6 +241,23 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
     );
     server.abort();
     println!("  (the bucket {bucket} is left on the endpoint)");
+    Ok(())
+}
+
+/// Puts `body` at each of `keys`, 16 at a time.
+pub(crate) async fn put_all<S: tidemark_core::RemoteStorage>(
+    storage: &S,
+    keys: &[String],
+    body: Bytes,
+) -> Result<(), String> {
+    futures::stream::iter(keys)
+        .map(|k| storage.put(k, body.clone(), Default::default()))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
     Ok(())
 }
 

@@ -17,14 +17,12 @@ use clap::Args;
 use futures::StreamExt;
 
 use tidemark_core::cache::{human_bytes, parse_size};
-use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
+use tidemark_core::remote::{Mount, RemoteLocation};
 use tidemark_core::{Filer, RemoteStorage};
-use tidemark_engine::docs::write_json;
-use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
 use tidemark_filer::CacheConfig;
 
 use crate::bench_cache::{best, mib_s, ms_p50_p99, pattern, read_local, sdk_get};
-use crate::bench_s3::{Endpoint, err, fresh_filer, sdk_err};
+use crate::bench_s3::{Endpoint, err, filer_with_bucket, sdk_err};
 
 #[derive(Args)]
 pub struct GatewayBench {
@@ -113,12 +111,7 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
         sync: false,
     };
     let cache = CacheConfig { budget_bytes: size * 2 + (64 << 20), chunk_bytes: 8 << 20 };
-    let filer = fresh_filer(tmp.path(), &mount, Some(cache)).await?;
-    write_json(&*filer, &system_paths::remote_conf(&conf.name), &conf, None).await.map_err(err)?;
-    write_json(&*filer, system_paths::MOUNT_MAPPING, &MountMapping { mounts: vec![mount.clone()] }, None)
-        .await
-        .map_err(err)?;
-    reconcile(&*filer, &storage, &mount, &ReconcileOptions::default(), &mut |_| {}).await.map_err(err)?;
+    let filer = filer_with_bucket(tmp.path(), &conf, &mount, &storage, cache).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
     let addr = listener.local_addr().map_err(err)?;
     let api: Arc<dyn Filer> = filer.clone();

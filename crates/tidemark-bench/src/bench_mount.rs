@@ -11,7 +11,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use clap::Args;
@@ -19,7 +19,7 @@ use futures::StreamExt;
 
 use tidemark_core::cache::{human_bytes, parse_size};
 use tidemark_core::{Filer, WriteOptions};
-use tidemark_filer::{DataDir, HttpFiler, LocalFiler};
+use tidemark_filer::{DataDir, LocalFiler};
 
 use crate::bench_cache::{best, mib_s, ms_p50_p99, pattern, read_local};
 use crate::bench_s3::{Endpoint, err};
@@ -158,36 +158,8 @@ pub async fn run(b: MountBench) -> Result<(), String> {
 
     // The mount, in this process, over the HTTP API.
     let mnt = tmp.path().join("mnt");
-    std::fs::create_dir_all(&mnt).map_err(err)?;
-    let client: Arc<dyn Filer> = Arc::new(HttpFiler::new(&addr.to_string(), None).map_err(err)?);
-    let args = tidemark_fuse::MountArgs {
-        mountpoint: mnt.clone(),
-        root: "/bench".into(),
-        read_only: false,
-        allow_other: false,
-        ttl: Duration::from_secs(60),
-        timeout: Duration::from_secs(30),
-    };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (_report_tx, report_rx) = tokio::sync::mpsc::channel(1);
-    let mounted = tokio::spawn(tidemark_fuse::mount(
-        client,
-        args,
-        async {
-            let _ = stop_rx.await;
-        },
-        report_rx,
-    ));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !mnt.join("large.bin").exists() {
-        if Instant::now() > deadline || mounted.is_finished() {
-            return Err(format!(
-                "the mount at {} did not come up (is /dev/fuse there, fusermount3 installed?)",
-                mnt.display()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (stop_tx, mounted) =
+        crate::bench_mount_remote::mount_in_process(&addr.to_string(), "/bench", &mnt, "large.bin").await?;
     println!(
         "bench mount: {} file and {} files of 4 KiB through a FUSE mount of a filer on {addr} (loopback HTTP)",
         human_bytes(size),

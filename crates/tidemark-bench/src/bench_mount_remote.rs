@@ -17,18 +17,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
 
 use tidemark_core::cache::human_bytes;
-use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
+use tidemark_core::remote::{Mount, RemoteLocation};
 use tidemark_core::{Filer, RemoteStorage};
-use tidemark_engine::docs::write_json;
-use tidemark_engine::reconcile::{ReconcileOptions, reconcile};
 use tidemark_filer::{CacheConfig, HttpFiler};
 
-use crate::bench_cache::{best, mib_s, pattern, read_local, sdk_get};
+use crate::bench_cache::{best, mib_s, pattern, put_all, read_local, sdk_get};
 use crate::bench_mount::{timed, walk};
-use crate::bench_s3::{Endpoint, err, fresh_filer};
+use crate::bench_s3::{Endpoint, err, filer_with_bucket};
 
 const DIR: &str = "/mnt/bench";
 
@@ -144,6 +141,19 @@ struct Figures {
     ls_again: f64,
 }
 
+fn print_figures(name: &str, size: u64, sdk: f64, f: &Figures) {
+    println!(
+        "  {name}: first read {:.0} MiB/s ({:.2} s), again {:.0} MiB/s ({:.3} s); ls -lR first {:.3} s, again {:.3} s | first read ÷ GET {:.2}",
+        mib_s(size, f.first),
+        f.first,
+        mib_s(size, f.again),
+        f.again,
+        f.ls_first,
+        f.ls_again,
+        sdk / f.first
+    );
+}
+
 fn measure(mnt: &Path, files: usize) -> Result<Figures, String> {
     let large = mnt.join("large.bin");
     let first = read_local(&large, 1 << 20)?;
@@ -171,14 +181,7 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
     let t = Instant::now();
     storage.put("large.bin", pattern(r.size), Default::default()).await.map_err(err)?;
     let names: Vec<String> = (0..r.files).map(|i| format!("tree/d{:03}/f{:05}", i / 100, i)).collect();
-    futures::stream::iter(&names)
-        .map(|k| storage.put(k, Bytes::from_static(b"small"), Default::default()))
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(err)?;
+    put_all(&storage, &names, Bytes::from_static(b"small")).await?;
     println!(
         "bench mount, bucket-backed: {direct} ({bucket}{}): a {} object and {} small ones, put in {:.1} s",
         r.throttle.map(|t| format!(", through a proxy serving {t} MiB/s per connection")).unwrap_or_default(),
@@ -195,12 +198,7 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
         sync: false,
     };
     let cache = CacheConfig { budget_bytes: r.size * 2 + (64 << 20), ..Default::default() };
-    let filer = fresh_filer(&tmp.path().join("data"), &mount, Some(cache)).await?;
-    write_json(&*filer, &system_paths::remote_conf(&conf.name), &conf, None).await.map_err(err)?;
-    write_json(&*filer, system_paths::MOUNT_MAPPING, &MountMapping { mounts: vec![mount.clone()] }, None)
-        .await
-        .map_err(err)?;
-    reconcile(&*filer, &storage, &mount, &ReconcileOptions::default(), &mut |_| {}).await.map_err(err)?;
+    let filer = filer_with_bucket(&tmp.path().join("data"), &conf, &mount, &storage, cache).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
     let addr = listener.local_addr().map_err(err)?.to_string();
     let served: Arc<dyn Filer> = filer.clone();
@@ -245,27 +243,9 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
         human_bytes(size),
         mib_s(size, sdk)
     );
-    println!(
-        "  Tidemark mount: first read {:.0} MiB/s ({:.2} s), again {:.0} MiB/s ({:.3} s); ls -lR first {:.3} s, again {:.3} s | first read ÷ GET {:.2}",
-        mib_s(size, ours.first),
-        ours.first,
-        mib_s(size, ours.again),
-        ours.again,
-        ours.ls_first,
-        ours.ls_again,
-        sdk / ours.first
-    );
+    print_figures("Tidemark mount", size, sdk, &ours);
     if let Some(p) = peer {
-        println!(
-            "  rclone mount (--vfs-cache-mode full): first read {:.0} MiB/s ({:.2} s), again {:.0} MiB/s ({:.3} s); ls -lR first {:.3} s, again {:.3} s | first read ÷ GET {:.2}",
-            mib_s(size, p.first),
-            p.first,
-            mib_s(size, p.again),
-            p.again,
-            p.ls_first,
-            p.ls_again,
-            sdk / p.first
-        );
+        print_figures("rclone mount (--vfs-cache-mode full)", size, sdk, &p);
         println!(
             "  Tidemark ÷ rclone (speed, higher is better): first read {:.2}, again {:.2}, ls -lR first {:.2}, again {:.2}",
             p.first / ours.first,

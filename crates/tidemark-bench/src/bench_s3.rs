@@ -261,6 +261,27 @@ async fn wait_queued(sqs: &aws_sdk_sqs::Client, url: &str, n: usize) -> Result<(
 }
 
 /// A fresh filer in `dir` with the mount's directory (and, if given, that cache set-up).
+/// A fresh filer in `dir` with the bucket of `storage` mounted at `mount.dir`: its remote's
+/// configuration and the mount mapping written, its metadata imported, content cached per
+/// `cache`.
+pub(crate) async fn filer_with_bucket(
+    dir: &std::path::Path,
+    conf: &RemoteConf,
+    mount: &Mount,
+    storage: &S3Storage,
+    cache: CacheConfig,
+) -> Result<Arc<LocalFiler>, String> {
+    use tidemark_core::remote::{MountMapping, system_paths};
+    let filer = fresh_filer(dir, mount, Some(cache)).await?;
+    tidemark_engine::docs::write_json(&*filer, &system_paths::remote_conf(&conf.name), conf, None)
+        .await
+        .map_err(err)?;
+    let mapping = MountMapping { mounts: vec![mount.clone()] };
+    tidemark_engine::docs::write_json(&*filer, system_paths::MOUNT_MAPPING, &mapping, None).await.map_err(err)?;
+    reconcile(&*filer, storage, mount, &ReconcileOptions::default(), &mut |_| {}).await.map_err(err)?;
+    Ok(filer)
+}
+
 pub(crate) async fn fresh_filer(
     dir: &std::path::Path,
     mount: &Mount,
