@@ -492,11 +492,31 @@ async fn write(
         origin: q.origin.unwrap_or(Origin::Local),
         extended,
     };
-    let stream = tidemark_core::filer::idle_limited(
-        Box::pin(body.into_data_stream().map_err(std::io::Error::other)),
-        tidemark_core::filer::body_idle_limit(),
-    );
-    Ok(Json(f.write(&q.path, stream, opts).await?))
+    let idle = tidemark_core::filer::body_idle_limit();
+    // Whether the write failed because the body stalled: that is the client's 408, not our 500.
+    let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = stalled.clone();
+    let stream =
+        tidemark_core::filer::idle_limited(Box::pin(body.into_data_stream().map_err(std::io::Error::other)), idle)
+            .inspect_err(move |e| {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+    match f.write(&q.path, Box::pin(stream), opts).await {
+        Ok(e) => Ok(Json(e).into_response()),
+        Err(_) if stalled.load(std::sync::atomic::Ordering::Relaxed) => {
+            let e = Error::InvalidArgument {
+                message: format!(
+                    "{}: the request body sent nothing for {} s; nothing was stored, send it again",
+                    q.path,
+                    idle.as_secs()
+                ),
+            };
+            Ok((StatusCode::REQUEST_TIMEOUT, [(header::CONNECTION, "close")], Json(ErrorBody::from(e))).into_response())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn apply(Access(f): Access, j: Result<Json<Txn>, JsonRejection>) -> ApiResult<impl IntoResponse> {

@@ -85,10 +85,18 @@ pub fn checked(inner: ByteStream, expected_md5: Option<[u8; 16]>, expected_len: 
                 }
                 Some(Err(e)) => {
                     s.done = true;
-                    v.set(S3Error::with_message(
-                        S3ErrorCode::IncompleteBody,
-                        format!("the request body broke off after {} bytes: {e}", s.len),
-                    ));
+                    // S3's own answer to a body that stops: RequestTimeout (400).
+                    v.set(if e.kind() == std::io::ErrorKind::TimedOut {
+                        S3Error::with_message(
+                            S3ErrorCode::RequestTimeout,
+                            format!("{e} (after {} bytes); nothing was stored, send it again", s.len),
+                        )
+                    } else {
+                        S3Error::with_message(
+                            S3ErrorCode::IncompleteBody,
+                            format!("the request body broke off after {} bytes: {e}", s.len),
+                        )
+                    });
                     Some((Err(e), s))
                 }
                 None => {
@@ -118,4 +126,24 @@ pub fn checked(inner: ByteStream, expected_md5: Option<[u8; 16]>, expected_len: 
         }
     });
     (stream.boxed(), verdict)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that stops sending is S3's RequestTimeout, one that breaks is IncompleteBody.
+    #[tokio::test]
+    async fn a_body_that_stalls_is_s3s_request_timeout() {
+        for (kind, code) in [
+            (std::io::ErrorKind::TimedOut, S3ErrorCode::RequestTimeout),
+            (std::io::ErrorKind::Other, S3ErrorCode::IncompleteBody),
+        ] {
+            let inner =
+                futures::stream::iter(vec![Ok(Bytes::from_static(b"ten bytes!")), Err(std::io::Error::new(kind, "x"))]);
+            let (mut s, verdict) = checked(inner.boxed(), None, Some(1000));
+            while s.next().await.is_some() {}
+            assert_eq!(verdict.take().map(|e| e.code().clone()), Some(code));
+        }
+    }
 }

@@ -375,7 +375,8 @@ fn a_stalled_body_is_given_up_and_stores_nothing() {
     ];
     let server = TidemarkProcess::start_with_env(bin(), &data, &args, 3, &[("TIDEMARK_BODY_IDLE_SECS", "2")]);
     let sh = |cmd: &str| tidemark_testkit::run_shell(bin(), &server.addr, cmd, &[]);
-    // The filer's API (the gateway reads bodies through the same limit, `body::from_request`).
+    // The filer's API answers 408 (the gateway reads bodies through the same limit and answers
+    // S3's RequestTimeout: `tidemark-s3 body::tests::a_body_that_stalls_is_s3s_request_timeout`).
     let cases = [(
         server.addr.clone(),
         format!(
@@ -394,7 +395,8 @@ fn a_stalled_body_is_given_up_and_stores_nothing() {
         let waited = t.elapsed();
         assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10), "answered after {waited:?}");
         let answer = String::from_utf8_lossy(&answer);
-        assert!(!answer.starts_with("HTTP/1.1 2"), "a stalled body is not stored: {answer}");
+        assert!(answer.starts_with("HTTP/1.1 408"), "a stalled body is not stored, and says why: {answer}");
+        assert!(answer.contains("sent nothing for 2 s"), "{answer}");
     }
     let ls = String::from_utf8_lossy(&sh("fs.ls /").stdout).into_owned();
     assert!(!ls.contains("stall"), "{ls}");
