@@ -65,6 +65,8 @@ echo "== the content cache, the bucket slower than the disk (a proxy capping eac
 
 echo "== the S3 gateway beside moto: cached 4 KiB GETs, a large cached GET vs a local file, 1 MiB PUTs =="
 "$bench" gateway --endpoint "$moto" --size 256M --requests 1000 --puts 64
+echo "== the S3 gateway, the bucket behind a proxy serving 100 MiB/s per connection: a cold GET vs a plain GET =="
+"$bench" gateway --endpoint "$moto" --size 256M --requests 100 --puts 8 --throttle 100
 
 echo "== file content on a blob store (--blob-store) against moto: a 256 MiB write and cold read vs a plain PUT/GET =="
 "$bench" blobs --endpoint "$moto" --size 256M --rounds 3

@@ -3,6 +3,8 @@
 //! the same run:
 //!
 //! - GET of a cached 4 KiB object: p50/p99 one at a time, and requests/s at concurrency 1 and 16;
+//! - GET of a large object through the gateway, its cache empty, ÷ a plain GET from the endpoint
+//!   (`--throttle MIB_S`: both behind a proxy serving that much per connection);
 //! - GET of a large cached object ÷ reading the same bytes from a local file;
 //! - PUT throughput of 1 MiB objects into a local bucket, beside PUTs to the endpoint.
 //!
@@ -37,6 +39,11 @@ pub struct GatewayBench {
     /// PUTs of 1 MiB per side.
     #[arg(long, default_value_t = 64)]
     puts: usize,
+    /// Serve the endpoint's answers at most this many MiB/s per connection (a local proxy in
+    /// front of it), for the gateway's bucket and the plain client alike: a bucket as slow per
+    /// stream as a real one.
+    #[arg(long, value_name = "MIB_S")]
+    throttle: Option<f64>,
 }
 
 const BUCKET_DIR: &str = "/buckets/bench";
@@ -96,6 +103,12 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
     if size == 0 || b.requests == 0 || b.puts == 0 {
         return Err("--size, --requests and --puts must be at least 1".into());
     }
+    let mut b = b;
+    if let Some(rate) = b.throttle {
+        let proxy = tidemark_testkit::throttling_proxy(&b.endpoint.endpoint, rate)?;
+        println!("bench gateway: {} through a proxy serving at most {rate} MiB/s per connection", b.endpoint.endpoint);
+        b.endpoint.endpoint = format!("http://{proxy}");
+    }
     let conf = b.endpoint.conf();
     let (_, bucket, storage) = b.endpoint.fresh_bucket("tidemark-bench-gw").await?;
     let remote = storage.client().clone();
@@ -127,10 +140,21 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
         human_bytes(size)
     );
 
-    // Warm the cache: one read of each.
-    for key in [SMALL, LARGE] {
-        sdk_get(&gw, "bench", key).await?;
+    // Cold: the gateway's first GET of the large object (its cache empty) beside a plain GET of
+    // it from the endpoint; then warm the cache with one read of the small one.
+    let (cold_ep, _) = sdk_get(&remote, &bucket, LARGE).await?;
+    let (cold_gw, n) = sdk_get(&gw, "bench", LARGE).await?;
+    if n != size {
+        return Err(format!("the gateway returned {n} bytes of {size}"));
     }
+    println!(
+        "  GET {} (cold, the gateway's cache empty): gateway {:.0} MiB/s ({cold_gw:.2} s) | plain GET from the endpoint {:.0} MiB/s ({cold_ep:.2} s) | gateway ÷ GET {:.2}",
+        human_bytes(size),
+        mib_s(size, cold_gw),
+        mib_s(size, cold_ep),
+        cold_ep / cold_gw
+    );
+    sdk_get(&gw, "bench", SMALL).await?;
     filer.cache().idle().await;
 
     // Small GETs: latency one at a time, then throughput at 1 and 16.
