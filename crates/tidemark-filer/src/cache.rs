@@ -768,8 +768,8 @@ impl Inner {
             self.counters.bytes_fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             tx.send_replace(Flight::Fetched(Ok(bytes.clone())));
             tokio::spawn(self.clone().keep(tx, entry.clone(), (id.clone(), k), bytes, permit));
-            // The first chunk's time holds the GET's round trip; the ones after it, once they
-            // are enough bytes not to be noise, the stream's rate: decided once per run.
+            // The stream's rate over the chunks after the first (a fresh connection starts
+            // slow), once they are enough bytes not to be noise: decided once per run.
             if !helper && !rated && k > first {
                 measured.0 += want as u64;
                 measured.1 += took;
@@ -856,7 +856,8 @@ impl Inner {
         let part = self.tmp.join(random_hex(16)?);
         let dest = self.chunk_file(id, k);
         let (p, d) = (part.clone(), dest.clone());
-        let _writing = self.write_permits.acquire().await.ok(); // CHUNK_WRITERS
+        // At most `CHUNK_WRITERS` at once, across the filer.
+        let _writing = self.write_permits.acquire().await.ok();
         blocking(move || {
             let write = || -> std::io::Result<()> {
                 let mut f = std::fs::File::create(&p)?;

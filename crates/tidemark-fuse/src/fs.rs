@@ -83,8 +83,8 @@ struct Handle {
 }
 
 impl Handle {
-    fn new(path: String, spool: Option<std::fs::File>, dirty: bool) -> Handle {
-        Handle { path, spool, dirty, reader: None }
+    fn new(path: String, spool: Option<std::fs::File>) -> Handle {
+        Handle { path, spool, dirty: false, reader: None }
     }
 }
 
@@ -92,22 +92,27 @@ impl Handle {
 /// the last one ended, one stream to the end of the file that a task reads ahead of the
 /// reader. A whole-file read (`cat`, `cp`, `rsync`) is thus one ranged read of the filer (and
 /// one GET of the bucket when the filer's cache misses), not one per block.
+#[derive(Default)]
 struct Reader {
     /// Recent bytes, contiguous, oldest first.
     window: std::collections::VecDeque<Bytes>,
     /// The file offset of the window's first byte, and just past its last.
     start: u64,
     end: u64,
-    /// The stream's pieces from `end` on; `None` while the reader holds one block.
-    rx: Option<tokio::sync::mpsc::Receiver<Result<Bytes, Errno>>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    /// The stream from `end` on; `None` while the reader holds one block.
+    stream: Option<Stream>,
 }
 
-impl Drop for Reader {
+/// The pieces of a stream from the filer, and the task that reads them ahead (stopped when
+/// the stream is dropped).
+struct Stream {
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, Errno>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Stream {
     fn drop(&mut self) {
-        if let Some(t) = &self.task {
-            t.abort();
-        }
+        self.task.abort();
     }
 }
 
@@ -389,25 +394,23 @@ impl TidemarkFs {
             // A read near the start opens a stream from 0: a file is most often read whole,
             // and the kernel's read-ahead may ask for a later offset before the first one.
             let r = if offset <= SKIP {
-                self.stream_from(&h.path, Reader { window: Default::default(), start: 0, end: 0, rx: None, task: None })
+                self.stream_from(&h.path, Reader::default())
             } else {
                 self.counters.reads.fetch_add(1, Ordering::Relaxed);
                 let range = ByteRange { offset, length: Some(BLOCK.min(e.size - offset)) };
                 let block =
                     self.rt.block_on(read_range(self.filer.clone(), h.path.clone(), range, self.opts.timeout))?;
                 let end = offset + block.len() as u64;
-                Reader { window: [block].into(), start: offset, end, rx: None, task: None }
+                Reader { window: [block].into(), start: offset, end, stream: None }
             };
             h.reader = Some(r);
         }
         let Some(r) = h.reader.as_mut() else { return Err(Errno::EIO) };
-        if end > r.end && r.rx.is_none() {
-            let held =
-                std::mem::replace(r, Reader { window: Default::default(), start: 0, end: 0, rx: None, task: None });
-            *r = self.stream_from(&h.path, held);
+        if end > r.end && r.stream.is_none() {
+            *r = self.stream_from(&h.path, std::mem::take(r));
         }
         while r.end < end {
-            let Some(rx) = r.rx.as_mut() else { break };
+            let Some(Stream { rx, .. }) = r.stream.as_mut() else { break };
             // The timer is made inside the runtime: FUSE's threads are not its.
             let timeout = self.opts.timeout;
             match self.rt.block_on(async { tokio::time::timeout(timeout, rx.recv()).await }) {
@@ -436,13 +439,12 @@ impl TidemarkFs {
         let (tx, rx) = tokio::sync::mpsc::channel(PIECES_AHEAD);
         let range = ByteRange { offset: held.end, length: None };
         let task = self.rt.spawn(pump(self.filer.clone(), p.to_string(), range, self.opts.timeout, tx));
-        held.rx = Some(rx);
-        held.task = Some(task);
+        held.stream = Some(Stream { rx, task });
         held
     }
 }
 
-/// How a read of the filer failed, for the log and as an errno.
+/// How a read of the filer failed (`None`: it did not answer in time), logged, as an errno.
 fn read_failed(p: &str, timeout: Duration, e: Option<&Error>) -> Errno {
     match e {
         Some(e) => {
@@ -456,26 +458,38 @@ fn read_failed(p: &str, timeout: Duration, e: Option<&Error>) -> Errno {
     }
 }
 
-/// `range` of the file at `p`, whole: one ranged read.
-async fn read_range(filer: Arc<dyn Filer>, p: String, range: ByteRange, timeout: Duration) -> Result<Bytes, Errno> {
-    let mut stream = match tokio::time::timeout(timeout, filer.read(&p, Some(range))).await {
-        Ok(Ok((_, s))) => s,
-        Ok(Err(e)) => return Err(read_failed(&p, timeout, Some(&e))),
-        Err(_) => return Err(read_failed(&p, timeout, None)),
-    };
-    let mut buf = BytesMut::with_capacity(range.length.unwrap_or(BLOCK) as usize);
-    loop {
-        match tokio::time::timeout(timeout, stream.next()).await {
-            Ok(Some(Ok(b))) => buf.extend_from_slice(&b),
-            Ok(None) => return Ok(buf.freeze()),
-            Ok(Some(Err(e))) => return Err(read_failed(&p, timeout, Some(&Error::internal(e.to_string())))),
-            Err(_) => return Err(read_failed(&p, timeout, None)),
-        }
+/// Opens `range` of the file at `p` on the filer.
+async fn open_range(filer: &dyn Filer, p: &str, range: ByteRange, timeout: Duration) -> Result<ByteStream, Errno> {
+    match tokio::time::timeout(timeout, filer.read(p, Some(range))).await {
+        Ok(Ok((_, s))) => Ok(s),
+        Ok(Err(e)) => Err(read_failed(p, timeout, Some(&e))),
+        Err(_) => Err(read_failed(p, timeout, None)),
     }
 }
 
+/// The stream's next frame (`None` at its end), within `timeout`.
+async fn next_frame(stream: &mut ByteStream, p: &str, timeout: Duration) -> Result<Option<Bytes>, Errno> {
+    match tokio::time::timeout(timeout, stream.next()).await {
+        Ok(Some(Ok(b))) => Ok(Some(b)),
+        Ok(None) => Ok(None),
+        Ok(Some(Err(e))) => Err(read_failed(p, timeout, Some(&Error::internal(e.to_string())))),
+        Err(_) => Err(read_failed(p, timeout, None)),
+    }
+}
+
+/// `range` of the file at `p`, whole: one ranged read.
+async fn read_range(filer: Arc<dyn Filer>, p: String, range: ByteRange, timeout: Duration) -> Result<Bytes, Errno> {
+    let mut stream = open_range(&*filer, &p, range, timeout).await?;
+    let mut buf = BytesMut::with_capacity(range.length.unwrap_or(BLOCK) as usize);
+    while let Some(b) = next_frame(&mut stream, &p, timeout).await? {
+        buf.extend_from_slice(&b);
+    }
+    Ok(buf.freeze())
+}
+
 /// Reads `range` of the file at `p` from the filer into `tx`, in pieces of about `PIECE`
-/// bytes, until the end, an error (sent on) or the reader going away.
+/// bytes (frames of at least a quarter of that as they come), until the end, an error (sent
+/// on, after the bytes before it) or the reader going away.
 async fn pump(
     filer: Arc<dyn Filer>,
     p: String,
@@ -483,46 +497,35 @@ async fn pump(
     timeout: Duration,
     tx: tokio::sync::mpsc::Sender<Result<Bytes, Errno>>,
 ) {
-    let mut stream = match tokio::time::timeout(timeout, filer.read(&p, Some(range))).await {
-        Ok(Ok((_, s))) => s,
-        Ok(Err(e)) => {
-            let _ = tx.send(Err(read_failed(&p, timeout, Some(&e)))).await;
-            return;
-        }
-        Err(_) => {
-            let _ = tx.send(Err(read_failed(&p, timeout, None))).await;
+    let mut stream = match open_range(&*filer, &p, range, timeout).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tx.send(Err(e)).await;
             return;
         }
     };
     let mut piece = BytesMut::new();
     loop {
-        let next = tokio::time::timeout(timeout, stream.next()).await;
-        let done = !matches!(next, Ok(Some(Ok(_))));
-        if let Ok(Some(Ok(b))) = &next {
-            if piece.is_empty() && b.len() >= PIECE / 4 {
-                // Large enough as it came: no copy.
-                if tx.send(Ok(b.clone())).await.is_err() {
-                    return;
-                }
-                continue;
+        let frame = next_frame(&mut stream, &p, timeout).await;
+        let send = match &frame {
+            Ok(Some(b)) if piece.is_empty() && b.len() >= PIECE / 4 => Some(b.clone()),
+            Ok(Some(b)) => {
+                piece.reserve(PIECE.saturating_sub(piece.len()));
+                piece.extend_from_slice(b);
+                (piece.len() >= PIECE).then(|| piece.split().freeze())
             }
-            if piece.is_empty() {
-                piece.reserve(PIECE);
-            }
-            piece.extend_from_slice(b);
-        }
-        if (piece.len() >= PIECE || done) && !piece.is_empty() && tx.send(Ok(piece.split().freeze())).await.is_err() {
+            Ok(None) | Err(_) => (!piece.is_empty()).then(|| piece.split().freeze()),
+        };
+        if let Some(b) = send
+            && tx.send(Ok(b)).await.is_err()
+        {
             return;
         }
-        match next {
-            Ok(Some(Ok(_))) => {}
+        match frame {
+            Ok(Some(_)) => {}
             Ok(None) => return,
-            Ok(Some(Err(e))) => {
-                let _ = tx.send(Err(read_failed(&p, timeout, Some(&Error::internal(e.to_string()))))).await;
-                return;
-            }
-            Err(_) => {
-                let _ = tx.send(Err(read_failed(&p, timeout, None))).await;
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
                 return;
             }
         }
@@ -750,7 +753,7 @@ impl Filesystem for TidemarkFs {
             }
             let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
             let trunc = flags.0 & libc::O_TRUNC != 0;
-            let mut h = Handle::new(p.clone(), None, false);
+            let mut h = Handle::new(p.clone(), None);
             if write {
                 self.writable()?;
                 h.spool = Some(if trunc || e.size == 0 {
@@ -792,7 +795,7 @@ impl Filesystem for TidemarkFs {
             self.forget(&p);
             self.inodes().remember(e.clone());
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
-            let fh = self.add_handle(Handle::new(p, Some(spool), false));
+            let fh = self.add_handle(Handle::new(p, Some(spool)));
             Ok((self.attr(&e), fh))
         })();
         match r {
