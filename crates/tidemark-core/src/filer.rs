@@ -91,6 +91,12 @@ pub struct Health {
     pub version: String,
     pub store: String,
     pub last_seq: u64,
+    /// Where the filer keeps its local cluster credential, when it made one (`tidemark server`
+    /// without tokens): a 0600 file in its data directory. Whoever can read it may read the
+    /// secrets whole — its owner, who could read them from the store anyway; every other client
+    /// sees them masked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_token_file: Option<String>,
 }
 
 #[async_trait]

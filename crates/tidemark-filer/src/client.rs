@@ -55,6 +55,37 @@ impl HttpFiler {
         })
     }
 
+    /// The same filer reached with the cluster token it keeps in its data directory, when it is
+    /// `tidemark server` without tokens on this machine and this user may read that file (the
+    /// data directory's owner, who could read the secrets from its store anyway): how a shell on
+    /// the server's machine reads a remote's secrets whole to open the remote, while every other
+    /// client sees them masked. `None` otherwise.
+    ///
+    /// The file the filer names is read only if it is a loopback filer's, is called
+    /// `cluster.token`, is this user's own with mode 0600, and holds a token's 64 hex digits: a
+    /// filer cannot have this client read any other file and send it back.
+    pub async fn with_local_cluster_token(&self) -> Option<HttpFiler> {
+        use std::os::unix::fs::MetadataExt;
+        let base = reqwest::Url::parse(self.base_url()).ok()?;
+        if !tidemark_http::loopback_host_allowed(Some(base.host_str()?)) {
+            return None;
+        }
+        let file = std::path::PathBuf::from(self.health().await.ok()?.cluster_token_file?);
+        if file.file_name()? != "cluster.token" {
+            return None;
+        }
+        let meta = std::fs::symlink_metadata(&file).ok()?;
+        let me = rustix::process::geteuid().as_raw();
+        if !meta.is_file() || meta.mode() & 0o777 != 0o600 || meta.uid() != me || meta.len() != 64 {
+            return None;
+        }
+        let token = std::fs::read_to_string(&file).ok()?;
+        if token.len() != 64 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        Some(HttpFiler { token: Some(token), ..self.clone() })
+    }
+
     /// The filer requests go to now.
     pub fn base_url(&self) -> &str {
         self.base_at(self.current.load(std::sync::atomic::Ordering::Relaxed))

@@ -74,6 +74,28 @@ impl DataDir {
     }
 }
 
+/// A fresh cluster credential for this run, written to `cluster.token` (0600, replaced
+/// atomically) in the data directory `root` (held by this process): the credential of
+/// `tidemark server` without tokens. Reading it proves what reading the data directory proves
+/// (its owner, who could read the secrets from the store anyway), so the file is the whole
+/// authentication. Returns the token and the file.
+pub fn fresh_cluster_token(root: &Path) -> Result<(String, PathBuf)> {
+    let token = tidemark_core::ids::random_hex(32, "the cluster token")?;
+    let file = root.join("cluster.token");
+    let tmp = root.join("cluster.token.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    OpenOptions::new()
+        .mode(0o600)
+        .create_new(true)
+        .write(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(token.as_bytes()).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, &file))
+        .map_err(|e| Error::io(format!("writing {}", file.display()), e))?;
+    let file = std::fs::canonicalize(&file).unwrap_or(file);
+    Ok((token, file))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,6 +108,19 @@ mod tests {
         assert!(err.contains("in use by another tidemark process"), "{err}");
         drop(first);
         DataDir::open(root.path()).unwrap();
+    }
+
+    #[test]
+    fn a_cluster_token_is_fresh_each_time_and_the_owners_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = DataDir::open(dir.path().join("data")).unwrap();
+        let (a, file) = fresh_cluster_token(d.root()).unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), a);
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        let (b, again) = fresh_cluster_token(d.root()).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(file, again);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), b);
     }
 
     #[test]

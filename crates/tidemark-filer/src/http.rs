@@ -134,15 +134,19 @@ fn json<T>(j: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
 }
 
 /// The credentials the API accepts. Without any, every request may do everything (the
-/// loopback default). With `admin`, requests must carry `Authorization: Bearer TOKEN`: the admin
-/// token may do everything, each `data` token what [`DataScope`] allows (the namespace outside
-/// `/etc/tidemark/`). With a `cluster` token too, only it reads the secrets in system documents
-/// (workers, the S3 gateway); the admin token reads them masked ([`AdminScope`]).
+/// loopback default of a bare `filer`). With `admin`, requests must carry `Authorization: Bearer
+/// TOKEN`: the admin token may do everything, each `data` token what [`DataScope`] allows (the
+/// namespace outside `/etc/tidemark/`). With a `cluster` token too, only it reads the secrets in
+/// system documents (workers, the S3 gateway); the admin token reads them masked
+/// ([`AdminScope`]). A `cluster` token without an admin token is `tidemark server`'s default:
+/// every request may do everything, the secrets masked, except one carrying the cluster token
+/// (kept in `cluster_file`, which the health answer names so that the machine's owner finds it).
 #[derive(Clone, Debug, Default)]
 pub struct Tokens {
     pub admin: Option<String>,
     pub data: Vec<String>,
     pub cluster: Option<String>,
+    pub cluster_file: Option<String>,
 }
 
 impl Tokens {
@@ -251,16 +255,28 @@ pub fn router_with(filer: Arc<dyn Filer>, tokens: Tokens) -> Router {
         .with_state(state)
 }
 
+/// The request's bearer token ("" without one).
+fn bearer(req: &Request) -> &str {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+}
+
 async fn authorize(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let role = match &state.tokens.admin {
-        None => Some(Role::Cluster),
+        None => match &state.tokens.cluster {
+            None => Some(Role::Cluster),
+            // The open default of `tidemark server`: only the cluster token reads secrets whole.
+            Some(cluster) => Some(if tidemark_http::constant_time_eq(bearer(&req).as_bytes(), cluster.as_bytes()) {
+                Role::Cluster
+            } else {
+                Role::Admin
+            }),
+        },
         Some(admin) => {
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .unwrap_or("");
+            let given = bearer(&req);
             // Every token is compared, whichever matches, so the time taken says nothing.
             let is_admin = tidemark_http::constant_time_eq(given.as_bytes(), admin.as_bytes());
             let is_data = state
@@ -304,8 +320,10 @@ pub fn check_bind(addr: SocketAddr, token: Option<&str>) -> Result<(), Error> {
     Ok(())
 }
 
-async fn health(Access(f): Access) -> ApiResult<impl IntoResponse> {
-    Ok(Json(f.health().await?))
+async fn health(State(s): State<AppState>, Access(f): Access) -> ApiResult<impl IntoResponse> {
+    let mut h = f.health().await?;
+    h.cluster_token_file = s.tokens.cluster_file.clone();
+    Ok(Json(h))
 }
 
 #[derive(Deserialize)]

@@ -395,6 +395,7 @@ impl Filer for LocalFiler {
             version: env!("CARGO_PKG_VERSION").into(),
             store: self.store.backend().into(),
             last_seq: self.store.last_seq().await?,
+            cluster_token_file: None,
         })
     }
 

@@ -437,7 +437,12 @@ async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
     let Setup { filer, _dir, .. } = local();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let tokens = http::Tokens { admin: Some("adm".into()), data: vec!["dat".into(), "dat2".into()], cluster: None };
+    let tokens = http::Tokens {
+        admin: Some("adm".into()),
+        data: vec!["dat".into(), "dat2".into()],
+        cluster: None,
+        cluster_file: None,
+    };
     tokens.check().unwrap();
     let _server =
         tokio::spawn(async move { http::serve_with(listener, filer, tokens, None, std::future::pending()).await });
@@ -510,8 +515,8 @@ async fn a_data_token_reaches_the_namespace_not_the_control_plane() {
         Err(Error::Unauthorized { .. })
     ));
     // Data tokens alone would leave the control plane open.
-    assert!(http::Tokens { admin: None, data: vec!["d".into()], cluster: None }.check().is_err());
-    let same = http::Tokens { admin: Some("a".into()), data: vec!["a".into()], cluster: None };
+    assert!(http::Tokens { admin: None, data: vec!["d".into()], cluster: None, cluster_file: None }.check().is_err());
+    let same = http::Tokens { admin: Some("a".into()), data: vec!["a".into()], cluster: None, cluster_file: None };
     assert!(same.check().is_err());
 }
 
@@ -526,7 +531,8 @@ async fn secrets_are_the_cluster_tokens_alone() {
     let Setup { filer, _dir, .. } = local();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let tokens = http::Tokens { admin: Some("adm".into()), data: vec![], cluster: Some("clu".into()) };
+    let tokens =
+        http::Tokens { admin: Some("adm".into()), data: vec![], cluster: Some("clu".into()), cluster_file: None };
     tokens.check().unwrap();
     let _server =
         tokio::spawn(async move { http::serve_with(listener, filer, tokens, None, std::future::pending()).await });

@@ -28,8 +28,12 @@ fn server() -> &'static str {
                 let filer = Arc::new(LocalFiler::open(DataDir::open(dir.path()).unwrap()).unwrap());
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 tx.send(listener.local_addr().unwrap().to_string()).unwrap();
-                let tokens =
-                    http::Tokens { admin: Some("adm".into()), data: vec!["dat".into()], cluster: Some("clu".into()) };
+                let tokens = http::Tokens {
+                    admin: Some("adm".into()),
+                    data: vec!["dat".into()],
+                    cluster: Some("clu".into()),
+                    cluster_file: None,
+                };
                 http::serve_with(listener, filer, tokens, None, std::future::pending()).await.unwrap();
                 drop(dir);
             });

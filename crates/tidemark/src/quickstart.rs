@@ -48,7 +48,7 @@ impl LocalBucket {
 
     /// Configures the remote, mounts it (first time) and enables events; says what it did.
     pub async fn set_up(&self, filer: Arc<dyn Filer>) -> Result<String, String> {
-        let ctx = Context { filer: filer.clone(), admin: None };
+        let ctx = Context { filer: filer.clone(), admin: None, http: None };
         let dir = self.mount_dir();
         // One remote per parent directory, named after it, so two buckets side by side share it.
         let remote = format!("local-{}", short_hash(&self.root.to_string_lossy()));

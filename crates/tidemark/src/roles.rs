@@ -285,6 +285,7 @@ impl StoreArgs {
             admin: self.token.clone().filter(|t| !t.is_empty()),
             data: self.data_tokens.clone(),
             cluster: self.cluster_token.clone().filter(|t| !t.is_empty()),
+            cluster_file: None,
         };
         t.check().map_err(|e| e.to_string())?;
         Ok(t)
@@ -574,7 +575,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     if let Err(e) = http::check_bind(a.filer_addr, a.common.token.as_deref()) {
         return fail(2, e);
     }
-    let tokens = match a.common.tokens() {
+    let mut tokens = match a.common.tokens() {
         Ok(t) => t,
         Err(e) => return fail(2, e),
     };
@@ -613,6 +614,18 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok((f, home)) => (Arc::new(f), home),
         Err(e) => return fail(1, e),
     };
+    if tokens.admin.is_none() && tokens.cluster.is_none() {
+        // Without tokens, the roles in this process read the secrets in-process and every HTTP
+        // client sees them masked, but for one that reads the data directory's cluster.token
+        // (the shell opening a remote on this machine, as the data directory's owner).
+        match tidemark_filer::datadir::fresh_cluster_token(&a.data_dir) {
+            Ok((token, file)) => {
+                tokens.cluster = Some(token);
+                tokens.cluster_file = Some(file.display().to_string());
+            }
+            Err(e) => return fail(1, e),
+        }
+    }
     let ttl = std::time::Duration::from_secs(a.common.task_lease_ttl);
     filer.remotes().allow_local(local_roots.clone());
     let (filer_listener, filer_bound) = match bind(a.filer_addr, "filer").await {
@@ -708,12 +721,24 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     }
 }
 
+/// The filer at `addr` for a role that reads secrets whole (a worker opens remotes, a gateway
+/// checks signatures): with `token`, or — given none, on the machine of a `tidemark server`
+/// without tokens — with the cluster token in its data directory, when this user may read it.
+async fn own_filer(addr: &str, token: Option<String>) -> Result<Arc<dyn Filer>, String> {
+    let given = token.is_some();
+    let filer = HttpFiler::new(addr, token).map_err(|e| e.to_string())?;
+    if !given && let Some(cluster) = filer.with_local_cluster_token().await {
+        return Ok(Arc::new(cluster));
+    }
+    Ok(Arc::new(filer))
+}
+
 /// The S3 gateway alone, in front of a filer (`tidemark s3`).
 pub async fn run_s3(a: S3Args) -> i32 {
     init_logging();
     let shutdown = shutdown_signal();
-    let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
-        Ok(f) => Arc::new(f),
+    let filer: Arc<dyn Filer> = match own_filer(&a.filer, a.token.clone()).await {
+        Ok(f) => f,
         Err(e) => return fail(2, e),
     };
     if let Err(e) = filer.health().await {
@@ -837,8 +862,8 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
 pub async fn run_worker(a: WorkerArgs) -> i32 {
     init_logging();
     let shutdown = shutdown_signal();
-    let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
-        Ok(f) => Arc::new(f),
+    let filer: Arc<dyn Filer> = match own_filer(&a.filer, a.token.clone()).await {
+        Ok(f) => f,
         Err(e) => return fail(2, e),
     };
     let client = match tidemark_worker::AdminClient::new(&a.admin, a.token.clone()) {
@@ -869,5 +894,5 @@ pub async fn run_shell(a: ShellArgs) -> i32 {
         }
     };
     let admin = Some(shell::AdminRef { addr: a.admin, token: a.token.clone() });
-    shell::main(shell::Context { filer: Arc::new(filer), admin }, a.command).await
+    shell::main(shell::Context { filer: Arc::new(filer.clone()), admin, http: Some(filer) }, a.command).await
 }

@@ -429,3 +429,71 @@ async fn a_local_remote_reaches_only_what_the_operator_allowed() {
     tidemark_testkit::eventually("the upload of /ok/mine.txt", || allowed.join("bkt/mine.txt").exists());
     assert!(!outside.join("planted.txt").exists(), "nothing written through a link");
 }
+
+/// `tidemark server` as the quick start runs it (no token): no HTTP client reads a secret it
+/// configured — the shell's `fs.cat`, the API, `remote.configure` all see masks — while the
+/// roles in the server read them whole and the shell of the data directory's owner still opens
+/// the bucket (it reads the cluster token kept there). A shell that cannot read that file is
+/// told what to do instead of sending masks to the bucket as credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_server_shows_no_client_a_secret() {
+    let b = s3_bucket().await;
+    let bucket = &b.name;
+    let moto = Moto::get();
+    put(&b, "photos/a.txt", "content of a").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    let secret = "moto-accepts-any-secret-WXYZ";
+    ok(sh(&format!(
+        "remote.configure -name=s3 -type=s3 -s3.endpoint={} -s3.access_key=testing -s3.secret_key={secret}",
+        moto.endpoint
+    )));
+    let conf = "/etc/tidemark/remote/s3.conf";
+    // The shell, the API and remote.configure: masks only.
+    let shown = ok(sh(&format!("fs.cat {conf}")));
+    assert!(shown.contains("****WXYZ") && !shown.contains(secret), "{shown}");
+    let api = reqwest::get(format!("http://{}/api/v1/content?path={conf}", server.addr)).await.unwrap();
+    let api = api.text().await.unwrap();
+    assert!(api.contains("****WXYZ") && !api.contains(secret), "{api}");
+    assert!(!ok(sh("remote.configure")).contains(secret));
+    // The health answer names the credential file; it is the data directory's owner's alone.
+    let health: serde_json::Value =
+        reqwest::get(format!("http://{}/api/v1/health", server.addr)).await.unwrap().json().await.unwrap();
+    let file = std::path::PathBuf::from(health["cluster_token_file"].as_str().unwrap());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    let token = std::fs::read_to_string(&file).unwrap();
+    let whole = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/content?path={conf}", server.addr))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(whole.contains(secret), "the cluster token reads it whole");
+    // The owner's shell mounts and syncs the bucket; a setting changed with the masks in place
+    // keeps the secret; the server's own roles read the content.
+    ok(sh(&format!("remote.mount -dir=/mnt/s -remote=s3/{bucket}/photos")));
+    ok(sh("remote.configure -name=s3 -s3.region=us-east-1"));
+    put(&b, "photos/b.txt", "content of b").await;
+    let synced = ok(sh("remote.meta.sync -dir=/mnt/s"));
+    assert!(synced.contains("b.txt") || synced.contains("1 created"), "{synced}");
+    assert_eq!(ok(sh("fs.cat /mnt/s/b.txt")), "content of b");
+    let stored = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/content?path={conf}", server.addr))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(stored.contains(secret), "remote.configure kept the secret: {stored}");
+    // A shell that cannot use the file (another user's, here: no longer 0600) is told what to do.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = fails(sh("remote.meta.sync -dir=/mnt/s"));
+    assert!(err.contains("secret_key masked") && err.contains("cluster.token"), "{err}");
+}

@@ -73,10 +73,7 @@ fn access_keys_decide_who_may_do_what() {
         "s3.configure -user=reader -access_key=AKREADER -secret_key=reader-secret-1 -actions=Read,List -buckets=gw-public -apply",
     ));
     let shown = ok(sh(&server, "s3.configure"));
-    assert!(
-        shown.contains("AKREADER") && !shown.contains("reader-secret-1") && shown.contains("re***********-1"),
-        "{shown}"
-    );
+    assert!(shown.contains("AKREADER") && !shown.contains("reader-secret-1") && shown.contains("****et-1"), "{shown}");
     let bad = sh(&server, "s3.configure -user=x -access_key=AKX -secret_key=s3cretkey -actions=Fly -apply");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("-actions"), "{bad:?}");
     // Gateways re-read the identities within 2 s.

@@ -24,6 +24,39 @@ pub struct Context {
     pub filer: Arc<dyn Filer>,
     /// The admin (`--admin`), asked for what only it knows: which worker runs which slice.
     pub admin: Option<AdminRef>,
+    /// The filer over HTTP, when `filer` is one: a remote's secrets are read through it with
+    /// the local cluster token when the filer keeps one (see [`Context::remote_conf`]).
+    pub http: Option<tidemark_filer::client::HttpFiler>,
+}
+
+impl Context {
+    /// Remote `name`'s configuration with its secrets whole, to open the remote: the shell
+    /// talks to the bucket itself (listings, provisioning). A `tidemark server` without tokens
+    /// shows every HTTP client masked secrets; the shell of the user who owns its data
+    /// directory reads them with the cluster token kept there. Masked secrets are refused here
+    /// with what to do, rather than sent to the bucket as credentials.
+    pub async fn remote_conf(&self, name: &str) -> Result<Option<(tidemark_core::remote::RemoteConf, u64)>, CmdError> {
+        use tidemark_core::remote::{RemoteConf, SECRET_SETTINGS, system_paths};
+        let path = system_paths::remote_conf(name);
+        let cluster = match &self.http {
+            Some(h) => h.with_local_cluster_token().await,
+            None => None,
+        };
+        let found = match &cluster {
+            Some(c) => tidemark_engine::docs::read_json::<RemoteConf>(c, &path).await?,
+            None => tidemark_engine::docs::read_json::<RemoteConf>(&*self.filer, &path).await?,
+        };
+        if let Some((conf, _)) = &found
+            && let Some(k) = SECRET_SETTINGS.iter().find(|k| conf.setting(k).is_some_and(|v| v.starts_with("****")))
+        {
+            return Err(CmdError::Failed(format!(
+                "the filer shows this shell remote {name:?}'s {k} masked, and the shell needs it to reach the bucket: \
+                 run the shell on the server's machine as the user who owns its data directory (it then reads \
+                 cluster.token there), or give it the cluster token (--token, TIDEMARK_TOKEN)"
+            )));
+        }
+        Ok(found)
+    }
 }
 
 /// Where the admin is, and its token.

@@ -209,7 +209,7 @@ async fn open(
     ctx: &Context,
     loc: &RemoteLocation,
 ) -> Result<std::sync::Arc<dyn tidemark_core::RemoteStorage>, CmdError> {
-    let (conf, _) = conf_of(&*ctx.filer, &loc.storage).await?.ok_or_else(|| {
+    let (conf, _) = ctx.remote_conf(&loc.storage).await?.ok_or_else(|| {
         CmdError::Failed(format!(
             "no remote {:?}; add it with remote.configure -name={} -type=...",
             loc.storage, loc.storage

@@ -235,10 +235,9 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
     let mount = mapping.find_dir(&dir).ok_or_else(|| {
         CmdError::Failed(format!("{dir} is not a mount; mount it first (remote.mount -dir={dir} -remote=...)"))
     })?;
-    let (conf, _) =
-        read_json::<RemoteConf>(filer, &system_paths::remote_conf(&mount.location.storage)).await?.ok_or_else(
-            || CmdError::Failed(format!("the remote {:?} of {dir} is not configured", mount.location.storage)),
-        )?;
+    let (conf, _) = ctx.remote_conf(&mount.location.storage).await?.ok_or_else(|| {
+        CmdError::Failed(format!("the remote {:?} of {dir} is not configured", mount.location.storage))
+    })?;
     let event_types = match args.get("events") {
         Some(e) => EventTypes::parse(e).map_err(CmdError::Usage)?,
         None => EventTypes::default(),
@@ -496,7 +495,8 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
                 "{dir} is no longer a mount, so its remote's credentials are unknown: mount it again to tear down"
             ))
         })?;
-        let (conf, _) = read_json::<RemoteConf>(&*ctx.filer, &system_paths::remote_conf(&storage))
+        let (conf, _) = ctx
+            .remote_conf(&storage)
             .await?
             .ok_or_else(|| CmdError::Failed(format!("the remote {storage:?} is not configured")))?;
         let notifications = capability(&conf, &doc.identity.bucket, &dir).await?;
