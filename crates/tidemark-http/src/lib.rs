@@ -1,14 +1,16 @@
 //! How every Tidemark listener (the filer's API, the admin, the S3 gateway) serves HTTP: one
-//! accept loop with a bound on connections, a deadline for each request head and a cap on its
-//! size, graceful shutdown, and — on a loopback listener — the `Host` check that keeps web pages
-//! out (DNS rebinding: a page from `evil.example` whose name later resolves to 127.0.0.1 can
-//! reach a loopback port, but its requests still say `Host: evil.example`).
+//! accept loop within the process's connection budget (the oldest idle connection gives way
+//! when it is spent, see [`slots`]), deadlines for a first byte and for each request head, a
+//! cap on a head's size, graceful shutdown, and — on a loopback listener — the `Host` check that
+//! keeps web pages out (DNS rebinding: a page from `evil.example` whose name later resolves to
+//! 127.0.0.1 can reach a loopback port, but its requests still say `Host: evil.example`).
 //!
 //! With a [`tls::acceptor`], the listener speaks HTTPS only (the handshake is bounded by the same
 //! deadline as a request head).
 //!
 //! The servers keep their own routing and error formats; this crate sits under them.
 
+mod slots;
 pub mod tls;
 
 use std::error::Error as StdError;
@@ -32,9 +34,13 @@ type Answer = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response
 /// What one listener allows its clients.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Connections served at once; more wait in the kernel's listen queue until one ends.
+    /// Connections this listener holds at most; beyond that, or beyond the process's budget
+    /// (sized from its file-descriptor limit, shared by its listeners), the oldest idle
+    /// connection gives way to a new one. Unbounded by default: the process's budget decides.
     pub max_connections: usize,
-    /// A client that has not sent a whole request head this long after connecting (or after
+    /// A client that has sent nothing this long after connecting is disconnected.
+    pub first_byte_timeout: Duration,
+    /// A client that has not sent a whole request head this long after it began (or after
     /// its previous response) is disconnected: an idle or trickling client cannot hold a slot.
     pub header_timeout: Duration,
     /// The most bytes a request head may have; a larger one is answered 431 and closed.
@@ -46,12 +52,30 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_connections: 1024,
+            max_connections: usize::MAX,
+            first_byte_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(30),
             max_head_bytes: 64 * 1024,
             drain: Duration::from_secs(10),
         }
     }
+}
+
+/// A listener on `addr` whose queue of connections not yet accepted is as long as the system
+/// allows (`net.core.somaxconn`), not tokio's 1,024: under a flood of clients reconnecting as
+/// fast as they are shed, a shorter queue overflows and a new client's connection waits a
+/// second for its SYN to be sent again.
+pub fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(65_535)
+}
+
+/// Connections the process may hold at once (its file-descriptor limit, raised to what the
+/// system allows, less a reserve for everything else it opens).
+pub fn connection_budget() -> usize {
+    slots::registry().cap
 }
 
 /// Whether two secrets (tokens) are equal, in a time that depends on their length only, not on
@@ -171,18 +195,27 @@ where
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(limits.max_head_bytes.max(8192));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let registry = slots::registry();
+    static LISTENERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let listener_id = LISTENERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let listener_open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.map_err(std::io::Error::other)?,
-            () = shutdown.as_mut() => break,
-        };
+    'accept: loop {
         let (stream, _) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
+                Err(e) if out_of_descriptors(&e) => {
+                    // The process ran out of descriptors: an idle connection gives way (the
+                    // client waiting in the listen queue is accepted next time round).
+                    if registry.shed_oldest() {
+                        let _ = tokio::time::timeout(Duration::from_millis(100), registry.freed.notified()).await;
+                    } else {
+                        tracing::warn!(error = %e, addr = %local, "accept failed and every connection is busy");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    continue;
+                }
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
                     tracing::warn!(error = %e, addr = %local, "accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
@@ -190,38 +223,81 @@ where
             },
             () = shutdown.as_mut() => break,
         };
+        let slot = loop {
+            // Registered before looking, so a connection that ends in between still wakes us.
+            let mut freed = std::pin::pin!(registry.freed.notified());
+            freed.as_mut().enable();
+            match registry.admit(listener_id, &listener_open, limits.max_connections) {
+                Ok(slot) => break slot,
+                Err(slots::Full::Shed) => {}
+                Err(slots::Full::AllBusy) => {
+                    tracing::debug!(addr = %local, "every connection has a request in progress; waiting for one to end");
+                }
+            }
+            tokio::select! {
+                () = freed => {}
+                () = shutdown.as_mut() => break 'accept,
+            }
+        };
         let svc = service.clone();
+        let state = slot.state.clone();
         let guarded = hyper::service::service_fn(move |req: Request<Incoming>| -> Answer {
             let svc = svc.clone();
+            let state = state.clone();
             Box::pin(async move {
+                use std::sync::atomic::Ordering;
+                if state.compare_exchange(slots::IDLE, slots::BUSY, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                    // Shed just before its head arrived: it is being closed.
+                    return Ok(busy_answer());
+                }
+                let busy = Busy(state);
                 if check_host && let Some(host) = host_of(&req).filter(|h| !loopback_host_allowed(Some(h))) {
                     tracing::warn!(host = %host.escape_debug(), "refused a request for another host on a loopback listener");
-                    return Ok(refused(&host).map(|b| b.map_err(|never| match never {}).boxed_unsync()));
+                    let body = refused(&host).map(|b| b.map_err(|never| match never {}).boxed_unsync());
+                    return Ok(body.map(|b| Tracked { body: b, _busy: busy }.boxed_unsync()));
                 }
                 match svc.call(req).await {
-                    Ok(resp) => Ok(resp.map(|b| b.map_err(Into::into).boxed_unsync())),
+                    // Busy until the answer's last byte is sent (its body dropped).
+                    Ok(resp) => Ok(resp
+                        .map(|b| Tracked { body: b.map_err(Into::into).boxed_unsync(), _busy: busy }.boxed_unsync())),
                     Err(e) => Err(e.into()),
                 }
             })
         });
-        let (watcher, tls, http, deadline) = (graceful.watcher(), tls.clone(), http.clone(), limits.header_timeout);
+        let (watcher, tls, http) = (graceful.watcher(), tls.clone(), http.clone());
+        let (first_byte, deadline) = (limits.first_byte_timeout, limits.header_timeout);
         tokio::spawn(async move {
-            let _slot = permit;
-            let conn = match tls {
-                None => connection(&http, stream, guarded, watcher),
-                // A client that does not finish its handshake in time holds no slot.
-                Some(acceptor) => match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => connection(&http, s, guarded, watcher),
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => return,
-                },
+            let served = async move {
+                // A client that sends nothing is given up sooner than one sending a head; until
+                // its first byte it costs no buffer.
+                // (`peek`, not `readable`: an accepted stream is assumed readable until a read
+                // finds it is not.)
+                match tokio::time::timeout(first_byte, stream.peek(&mut [0u8; 1])).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => return,
+                }
+                let conn = match tls {
+                    None => connection(&http, stream, guarded, watcher),
+                    // A client that does not finish its handshake in time holds no slot.
+                    Some(acceptor) => match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => connection(&http, s, guarded, watcher),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    },
+                };
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
             };
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            tokio::select! {
+                () = served => {}
+                () = slot.shed.notified() => tracing::debug!("an idle connection gave way to a newer one"),
             }
+            // The slot is freed only once the connection is gone.
+            drop(slot);
         });
     }
     tokio::select! {
@@ -231,6 +307,57 @@ where
         }
     }
     Ok(())
+}
+
+/// Whether accept failed for want of file descriptors (the process's or the system's).
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(rustix::io::Errno::from_io_error(e), Some(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE))
+}
+
+/// The answer to a request that arrived on a connection already chosen to give way.
+fn busy_answer() -> Response<Body> {
+    let body = Full::new(Bytes::from_static(b"the server is shedding idle connections; retry\n"));
+    let mut resp = Response::new(body.map_err(|never| match never {}).boxed_unsync());
+    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    resp.headers_mut().insert(hyper::header::RETRY_AFTER, hyper::header::HeaderValue::from_static("1"));
+    resp
+}
+
+/// Marks a connection busy while it lives: from a request head until its answer is sent.
+struct Busy(Arc<std::sync::atomic::AtomicU8>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        let _ = self.0.compare_exchange(slots::BUSY, slots::IDLE, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// An answer's body that keeps its connection busy until it is sent (or dropped).
+struct Tracked {
+    body: Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// An axum router as a service for [`serve`].

@@ -28,8 +28,8 @@ async fn request(addr: std::net::SocketAddr, host: &str) -> String {
 }
 
 #[tokio::test]
-async fn idle_clients_cannot_hold_the_listener() {
-    let limits = Limits { max_connections: 4, header_timeout: Duration::from_secs(1), ..Limits::default() };
+async fn idle_clients_give_way_to_new_ones() {
+    let limits = Limits { max_connections: 4, header_timeout: Duration::from_secs(20), ..Limits::default() };
     let (addr, _stop) = start(limits).await;
     // Four clients take every slot and never finish their request heads.
     let mut stalled = Vec::new();
@@ -38,33 +38,98 @@ async fn idle_clients_cannot_hold_the_listener() {
         s.write_all(b"GET / HTTP/1.1\r\nHost: loc").await.unwrap();
         stalled.push(s);
     }
-    // A real client still gets its answer once the header deadline frees the slots.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A real client is answered at once: the oldest stalled one gives way, not after a deadline.
     let began = Instant::now();
-    let answer = tokio::time::timeout(Duration::from_secs(10), request(addr, "127.0.0.1")).await.unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert!(answer.ends_with("hello"), "{answer}");
-    assert!(began.elapsed() >= Duration::from_millis(500), "it waited for a slot: {:?}", began.elapsed());
-    // The stalled clients were disconnected (EOF, or a 408 and then EOF).
-    for mut s in stalled {
+    let answer = tokio::time::timeout(Duration::from_secs(5), request(addr, "127.0.0.1")).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"), "{answer}");
+    assert!(began.elapsed() < Duration::from_secs(2), "answered without waiting: {:?}", began.elapsed());
+    let closed = |mut s: TcpStream| async move {
         let mut rest = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await.unwrap().ok();
+        tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut rest)).await.is_ok()
+    };
+    let open = |s: &mut TcpStream| {
+        let mut buf = [0u8; 1];
+        let read = s.try_read(&mut buf);
+        matches!(read, Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    };
+    let mut stalled = stalled.into_iter();
+    assert!(closed(stalled.next().unwrap()).await, "the oldest gave way");
+    let mut rest: Vec<TcpStream> = stalled.collect();
+    assert!(rest.iter_mut().all(open), "the others still wait on their deadline");
+    // Three newer stalled clients: the first takes the free slot, the next two shed the two
+    // oldest, in order.
+    let mut newer = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: loc").await.unwrap();
+        newer.push(s);
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let mut last = rest.pop().unwrap();
+    for s in rest {
+        assert!(closed(s).await, "shed oldest first");
+    }
+    assert!(open(&mut last), "the youngest of the first four is still served");
+}
+
+#[tokio::test]
+async fn a_request_in_progress_is_never_shed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" })).route(
+        "/slow",
+        axum::routing::get(|| async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            "slow answer"
+        }),
+    );
+    let limits = Limits { max_connections: 2, ..Limits::default() };
+    let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(listener, tower(app), limits, None, async move {
+        let _ = rx.await;
+    }));
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /slow HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Two more clients, one after the other: each takes the second slot from the one before; the
+    // slow request keeps its own.
+    for _ in 0..2 {
+        assert!(request(addr, "localhost").await.starts_with("HTTP/1.1 200"));
+    }
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("slow answer"), "{answer}");
 }
 
 #[tokio::test]
 async fn silent_and_idle_keep_alive_clients_are_dropped_too() {
-    let limits = Limits { max_connections: 2, header_timeout: Duration::from_secs(1), ..Limits::default() };
+    let limits = Limits {
+        first_byte_timeout: Duration::from_millis(300),
+        header_timeout: Duration::from_secs(2),
+        ..Limits::default()
+    };
     let (addr, _stop) = start(limits).await;
-    // One connects and says nothing; one is served and then idles on its kept-alive connection.
-    let _silent = TcpStream::connect(addr).await.unwrap();
+    // One connects and says nothing; one trickles a head; one is served and then idles on its
+    // kept-alive connection.
+    let began = Instant::now();
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut trickling = TcpStream::connect(addr).await.unwrap();
+    trickling.write_all(b"GET / HT").await.unwrap();
     let mut idle = TcpStream::connect(addr).await.unwrap();
     idle.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
     let mut buf = [0u8; 256];
     let n = idle.read(&mut buf).await.unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
-    // Both slots are taken; the deadline frees them.
-    let answer = tokio::time::timeout(Duration::from_secs(10), request(addr, "127.0.0.1")).await.unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The silent one goes at the first-byte deadline, the others at the head deadline.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut rest)).await.unwrap().ok();
+    assert!(began.elapsed() < Duration::from_millis(1500), "silent: {:?}", began.elapsed());
+    for s in [&mut trickling, &mut idle] {
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await.unwrap().ok();
+    }
+    assert!(began.elapsed() >= Duration::from_millis(1500), "the head deadline: {:?}", began.elapsed());
 }
 
 #[tokio::test]

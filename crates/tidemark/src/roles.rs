@@ -493,8 +493,7 @@ fn fail(code: i32, message: impl std::fmt::Display) -> i32 {
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> Result<(tokio::net::TcpListener, String), String> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
+    let listener = tidemark_http::listen(addr)
         .map_err(|e| format!("cannot listen on {addr}: {e} (is another {what} running? choose another address)"))?;
     let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
     Ok((listener, bound))
