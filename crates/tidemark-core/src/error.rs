@@ -57,6 +57,11 @@ pub enum Error {
     #[error("{path}: archived in storage class {storage_class}: {}", crate::remote::archived_hint(.storage_class))]
     Archived { path: String, storage_class: String },
 
+    /// A write larger than where its content goes can hold (the data directory's free space,
+    /// an object store's largest object), refused before its body was read.
+    #[error("{path}: too large: {message}")]
+    TooLarge { path: String, message: String },
+
     /// The other side could not be reached or answered with a transient failure; retrying later
     /// may succeed.
     #[error("unavailable: {message}")]
@@ -91,6 +96,7 @@ impl Error {
             Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Error::Unauthorized { .. } => "unauthorized",
             Error::Archived { .. } => "archived",
+            Error::TooLarge { .. } => "too_large",
             Error::Unavailable { .. } => "unavailable",
             Error::Io { .. } => "io",
             Error::Internal { .. } => "internal",

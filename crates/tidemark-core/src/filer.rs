@@ -65,6 +65,10 @@ pub struct WriteOptions {
     /// [`MD5_ATTR`](crate::model::MD5_ATTR) itself, from the bytes it stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extended: Option<BTreeMap<String, String>>,
+    /// The body's length as the client declared it (`Content-Length`), if it did: a write the
+    /// content store has no room for is refused ([`Error::TooLarge`]) before a byte is spooled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_len: Option<u64>,
 }
 
 impl Default for WriteOptions {
@@ -75,6 +79,7 @@ impl Default for WriteOptions {
             mtime_ms: None,
             origin: Origin::Local,
             extended: None,
+            declared_len: None,
         }
     }
 }

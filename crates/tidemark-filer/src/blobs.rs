@@ -112,6 +112,48 @@ impl Blobs {
         matches!(self, Blobs::S3(_))
     }
 
+    /// Refuses a write of `len` declared bytes that cannot fit where blobs go: the data
+    /// directory's free space (less a margin for the store and the cache), or an object store's
+    /// largest object (5 TiB). Free space can change before the body arrives; this only spares
+    /// the spooling of a body that certainly cannot be kept.
+    pub fn room_for(&self, path: &str, len: u64) -> Result<()> {
+        if len <= MAX_INLINE_BYTES as u64 {
+            return Ok(());
+        }
+        match self {
+            Blobs::Dir(d) => {
+                const MARGIN: u64 = 64 << 20;
+                let vfs = rustix::fs::statvfs(&d.tmp)
+                    .map_err(|e| Error::io(format!("the free space of {}", d.tmp.display()), e))?;
+                let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+                if len.saturating_add(MARGIN) > free {
+                    return Err(Error::TooLarge {
+                        path: path.into(),
+                        message: format!(
+                            "the request declares {len} bytes, and {} has {free} bytes free (64 MiB of them kept for the store); \
+                             nothing was stored: free space there, or write it where there is room",
+                            self.describe()
+                        ),
+                    });
+                }
+                Ok(())
+            }
+            Blobs::S3(_) => {
+                const LARGEST_OBJECT: u64 = 5 << 40;
+                if len > LARGEST_OBJECT {
+                    return Err(Error::TooLarge {
+                        path: path.into(),
+                        message: format!(
+                            "the request declares {len} bytes; the blob store {} holds objects of at most 5 TiB",
+                            self.describe()
+                        ),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Consumes `body`; returns its bytes inline if small, else as a durable blob.
     pub async fn store(&self, mut body: ByteStream) -> Result<StoredContent> {
         let mut head = BytesMut::new();

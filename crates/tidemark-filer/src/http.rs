@@ -89,6 +89,7 @@ pub fn status_of(e: &Error) -> StatusCode {
         Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
         Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
         Error::Archived { .. } => StatusCode::FORBIDDEN,
+        Error::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -509,6 +510,7 @@ async fn write(
         mtime_ms: q.mtime_ms,
         origin: q.origin.unwrap_or(Origin::Local),
         extended,
+        declared_len: headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()),
     };
     let idle = tidemark_core::filer::body_idle_limit();
     // Whether the write failed because the body stalled: that is the client's 408, not our 500.

@@ -500,6 +500,9 @@ impl Filer for LocalFiler {
         if !opts.precondition.holds(before.as_ref().map(|e| e.version)) {
             return Err(Error::PreconditionFailed { path: p.into(), current: before.map(|e| e.version) });
         }
+        if let Some(len) = opts.declared_len {
+            self.blobs.room_for(p, len)?;
+        }
         let StoredContent { stored, md5 } = self.blobs.store(body).await?;
         let stored_at = std::time::Instant::now();
         if matches!(stored, Stored::Blob { .. }) {

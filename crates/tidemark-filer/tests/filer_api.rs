@@ -747,3 +747,36 @@ async fn a_list_of_filers_fails_over_to_one_that_answers() {
     assert!(err.contains(&dead) && err.contains("cannot connect"), "{err}");
     assert!(HttpFiler::new(" , ", None).unwrap_err().to_string().contains("no filer address"));
 }
+
+/// A PUT declaring more bytes than the data directory has free is refused at once with 413 and
+/// a reason, before a byte of its body is read or spooled; one that fits is stored as before.
+#[tokio::test]
+async fn a_declared_length_beyond_the_free_space_is_refused_before_the_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (setup, addr) = over_http(None).await;
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // 6 TB declared, no body sent.
+    s.write_all(
+        b"PUT /api/v1/content?path=/huge.bin HTTP/1.1\r\nHost: localhost\r\nContent-Length: 6000000000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut answer)).await.unwrap().unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("too_large") && answer.contains("6000000000000") && answer.contains("free"), "{answer}");
+    assert!(setup.filer.stat("/huge.bin").await.unwrap().is_none());
+    let tmp = setup._dir.path().join("tmp");
+    assert_eq!(std::fs::read_dir(&tmp).map_or(0, |d| d.count()), 0, "nothing spooled");
+    // A body that fits, declared.
+    let big = vec![7u8; 200_000];
+    let r = reqwest::Client::new()
+        .put(format!("http://{addr}/api/v1/content?path=/fits.bin"))
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    assert_eq!(read_all(&*setup.filer, "/fits.bin", None).await, big);
+}

@@ -173,6 +173,7 @@ fn errno(e: &Error) -> Errno {
         Error::Unauthorized { .. } => Errno::EACCES,
         // "No data available": the bytes are in the bucket's archive until restored.
         Error::Archived { .. } => Errno::ENODATA,
+        Error::TooLarge { .. } => Errno::EFBIG,
         _ => Errno::EIO,
     }
 }

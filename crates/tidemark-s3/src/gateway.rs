@@ -99,6 +99,7 @@ fn s3_err(e: Error) -> S3Error {
         Error::Unavailable { .. } => (S3ErrorCode::ServiceUnavailable, e.to_string()),
         // 403, as S3 answers a GET of an object not yet restored; clients do not retry it.
         Error::Archived { .. } => (S3ErrorCode::InvalidObjectState, e.to_string()),
+        Error::TooLarge { .. } => (S3ErrorCode::EntityTooLarge, e.to_string()),
         Error::Unauthorized { .. } => {
             (S3ErrorCode::InternalError, format!("the gateway's filer refused it: {e} (check the gateway's --token)"))
         }
@@ -1068,7 +1069,7 @@ impl S3 for Gateway {
         let len = i.content_length.map(|n| n.max(0) as u64);
         too_large(len)?;
         let (stream, verdict) = body::checked(body::from_request(i.body), md5, len);
-        let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
+        let opts = WriteOptions { precondition, extended: Some(extended), declared_len: len, ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(ETag::Strong(etag_of(&e))),
@@ -1200,7 +1201,7 @@ impl S3 for Gateway {
         self.upload(&i.bucket, &i.key, &i.upload_id).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let (stream, verdict) = body::checked(body::from_request(i.body), md5, len);
-        let opts = WriteOptions { origin: Origin::System, ..Default::default() };
+        let opts = WriteOptions { origin: Origin::System, declared_len: len, ..Default::default() };
         let e = self.write(&multipart::part_path(&i.upload_id, i.part_number), stream, &verdict, opts).await?;
         Ok(S3Response::new(UploadPartOutput { e_tag: Some(ETag::Strong(etag_of(&e))), ..Default::default() }))
     }
