@@ -36,6 +36,16 @@ fn refused(what: &str) -> Error {
     }
 }
 
+/// A continuation past every path below the system directory: its prefix, then more of the
+/// greatest character than any valid path has room for (paths are at most
+/// [`MAX_PATH_BYTES`](tidemark_core::path::MAX_PATH_BYTES), ordered by their UTF-8 bytes, which
+/// is code point order).
+fn past_system_subtree() -> String {
+    let mut s = format!("{}/", system_paths::ROOT);
+    s.extend(std::iter::repeat_n('\u{10FFFF}', tidemark_core::path::MAX_PATH_BYTES / 4 + 1));
+    s
+}
+
 fn readable(p: &str) -> Result<()> {
     if is_system(p) { Err(refused(p)) } else { Ok(()) }
 }
@@ -62,11 +72,34 @@ impl Filer for DataScope {
 
     async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
         readable(dir)?;
-        let mut page = self.inner.scan(dir, start_after, limit).await?;
-        // A scan of `/` or `/etc` passes through the system directory: its entries are left out
-        // (the continuation still points past them).
-        page.entries.retain(|e| !is_system(&e.path));
-        Ok(page)
+        if !reaches_system(dir) {
+            return self.inner.scan(dir, start_after, limit).await;
+        }
+        // A scan of `/` or `/etc` passes the system directory. Its subtree is stepped over in
+        // one seek and the page filled from beyond it, so neither a page's size nor the time it
+        // took says how many entries lie there (uploads in progress, subscriptions).
+        let limit = limit.max(1);
+        let mut entries = Vec::with_capacity(limit.min(1024));
+        let mut after = start_after.map(str::to_string);
+        loop {
+            let page = self.inner.scan(dir, after.as_deref(), limit - entries.len()).await?;
+            let mut stepped = false;
+            for e in page.entries {
+                if is_system(&e.path) {
+                    // The directory itself sorts before names like `/etc/tidemark-x` that are
+                    // not in it; only its subtree is contiguous.
+                    after = Some(if e.path == system_paths::ROOT { e.path } else { past_system_subtree() });
+                    stepped = true;
+                    break;
+                }
+                after = Some(e.path.clone());
+                entries.push(e);
+            }
+            if !stepped {
+                let next = page.next.and_then(|_| entries.last().map(|e| e.path.clone()));
+                return Ok(Page { entries, next });
+            }
+        }
     }
 
     async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64> {
