@@ -34,15 +34,24 @@ pub fn known_settings(kind: StorageKind) -> &'static [(&'static str, &'static st
 }
 
 /// The event-notification capability of a remote's provider, where it has one: S3 with queue
-/// integration (SQS and SNS). `None` for the others, which keep polling or a bring-your-own queue.
+/// integration (SQS, SNS, EventBridge) and Cloud Storage (Pub/Sub). `None` for the others, which
+/// keep polling or a bring-your-own queue.
+/// `topic`: an existing topic to use (`-topic=`, Google Cloud only).
 pub async fn event_notifications(
     conf: &RemoteConf,
     bucket: &str,
+    topic: Option<&str>,
 ) -> Result<Option<Box<dyn tidemark_core::subscription::EventNotifications>>> {
     match conf.kind {
         StorageKind::S3 if conf.setting("queue_integration") != Some("false") => {
+            if topic.is_some() {
+                return Err(tidemark_core::Error::invalid_argument(
+                    "-topic= names an existing Pub/Sub topic (Google Cloud); on S3 Tidemark makes the SNS topic of -via=sns",
+                ));
+            }
             Ok(Some(Box::new(aws::provision::S3Notifications::connect(conf, bucket).await?)))
         }
+        StorageKind::Gcs => Ok(Some(Box::new(gcp::GcsNotifications::open(conf, bucket, topic)?))),
         _ => Ok(None),
     }
 }

@@ -230,6 +230,17 @@ pub struct ManagedResources {
     /// again only then, and only when no other rule of Tidemark's needs it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub eventbridge_turned_on: bool,
+    /// GCS: the Pub/Sub topic Tidemark created for the bucket's notifications
+    /// (`projects/P/topics/T`; none when the subscription uses an existing topic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pubsub_topic: Option<String>,
+    /// GCS: the topic on which Tidemark granted the bucket's service agent the publisher role
+    /// (an existing topic's policy; a topic Tidemark created goes with its policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher_binding: Option<String>,
+    /// GCS: this cluster's Pub/Sub subscription (`projects/P/subscriptions/S`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pubsub_subscription: Option<String>,
 }
 
 /// `-maxReceives` when not given: a message that failed this many times is not going to apply.

@@ -2,10 +2,12 @@
 //! when its handle drops, even when the test fails (a panic unwinds through the drop).
 
 pub mod emulators;
+pub mod gcp_double;
 pub mod process;
 pub mod throttle;
 pub mod tls;
 
 pub use emulators::{Azurite, FakeGcs, Moto, Postgres, PubSub, unique_name};
+pub use gcp_double::GcpDouble;
 pub use process::{LogsOnFailure, TidemarkProcess, eventually, fails, free_port, ok, run_shell};
 pub use throttle::throttling_proxy;

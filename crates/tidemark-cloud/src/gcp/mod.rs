@@ -7,7 +7,9 @@
 
 pub mod auth;
 pub mod gcs;
+pub mod provision;
 pub mod pubsub;
 
 pub use gcs::GcsStorage;
+pub use provision::GcsNotifications;
 pub use pubsub::PubSubSource;

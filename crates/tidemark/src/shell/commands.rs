@@ -147,7 +147,7 @@ pub static ALL: &[Command] = &[
     },
     Command {
         name: "remote.events.enable",
-        synopsis: "-dir=/mnt/data [-queue=URL|NAME | -via=sns|eventbridge] [-events=created,removed] [-prefix=P] [-slice=5m] ...",
+        synopsis: "-dir=/mnt/data [-queue=URL|NAME | -via=sns|eventbridge | -topic=T] [-events=created,removed] [-prefix=P] [-slice=5m] ...",
         summary: "subscribe a mount to its bucket's event notifications",
         details: "-queue: the queue the bucket's notifications already reach (bring your own; consume only): an SQS queue URL,\n\
                   a Pub/Sub subscription (projects/P/subscriptions/S) or an Azure queue name.\n\
@@ -155,7 +155,12 @@ pub static ALL: &[Command] = &[
                   Without -queue (S3): provision a queue and point the bucket's notification at it (sqs_direct), or with\n\
                   -via=sns a shared topic per bucket and this cluster's queue subscribed to it (several clusters can share\n\
                   one bucket's events); with -via=eventbridge the bucket's EventBridge delivery (turned on if off), a rule of\n\
-                  this cluster's on the default bus and its queue as the target (each cluster its own rule). Enabling the\n\
+                  this cluster's on the default bus and its queue as the target (each cluster its own rule).\n\
+                  Without -queue (Cloud Storage, needs -gcs.project): a Pub/Sub topic of the subscription's own (recorded as\n\
+                  sqs_direct), the publisher role on it for the bucket's service agent, this cluster's subscription, and the\n\
+                  bucket's notification configuration (JSON_API_V1, the event types, the prefix); with -topic=T an existing\n\
+                  topic instead, which several clusters can share, each with its own subscription (recorded as sns_fanout;\n\
+                  Tidemark never deletes that topic). -via is S3's. No dead-letter topic on Cloud Storage yet. Enabling the\n\
                   same identity again changes nothing; a new queue, prefix or event types\n\
                   is a new subscription (new fingerprint, baseline first), refused while provisioned resources exist.\n\
                   -prefetch=GLOB warms the content cache: after an event's create or update of a matching file is applied,\n\
@@ -168,6 +173,7 @@ pub static ALL: &[Command] = &[
             flag("dir", "the mounted directory"),
             flag("queue", "the queue to consume (bring your own)"),
             flag("via", "sns: an SNS fan-out; eventbridge: an EventBridge rule (omit for a direct SQS queue)"),
+            flag("topic", "Cloud Storage: an existing Pub/Sub topic to subscribe to (projects/P/topics/T or T)"),
             flag("events", "event types: created, removed, other (default created,removed)"),
             flag("prefix", "only keys below this path of the mount"),
             flag("slice", "how long one slice runs before the next is proposed (default 5m)"),

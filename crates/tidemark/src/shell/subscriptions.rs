@@ -21,8 +21,9 @@ async fn capability(
     conf: &RemoteConf,
     bucket: &str,
     dir: &str,
+    topic: Option<&str>,
 ) -> Result<Box<dyn tidemark_core::subscription::EventNotifications>, CmdError> {
-    tidemark_cloud::event_notifications(conf, bucket).await?.ok_or_else(|| {
+    tidemark_cloud::event_notifications(conf, bucket, topic).await?.ok_or_else(|| {
         CmdError::Failed(format!(
             "remote {:?} cannot provision event notifications: keep {dir} in sync with remote.meta.sync, or pass -queue= \
              if its notifications reach a queue",
@@ -179,7 +180,7 @@ async fn provision_direct(
     };
     let now = now_ms();
     let queue_name = format!("tidemark-{}", &make(&format!("{dir}@{now}")).fingerprint()[..12]);
-    let notifications = capability(conf, bucket, dir).await?;
+    let notifications = capability(conf, bucket, dir, args.get("topic")).await?;
     let mut managed = ManagedResources::default();
     let fingerprint_of = |url: &str| make(url).fingerprint();
     let provisioned: Result<String, Error> = notifications
@@ -251,6 +252,12 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
         prefix.push_str(p);
         prefix.push('/');
     }
+    if args.get("queue").is_some() && args.get("topic").is_some() {
+        return Err(CmdError::Usage(
+            "-queue (bring your own subscription) and -topic (provision a subscription to that topic) exclude each other"
+                .into(),
+        ));
+    }
     let (topology, queue) = match (args.get("queue"), args.get("via")) {
         (Some(_), None) if args.get("maxReceives").is_some() => {
             return Err(CmdError::Usage(
@@ -277,6 +284,38 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
                      its notifications do reach a queue",
                     conf.name
                 )));
+            }
+            if conf.kind == StorageKind::Gcs {
+                if via.is_some() {
+                    return Err(CmdError::Usage(
+                        "-via is S3's: Cloud Storage events come through Pub/Sub; omit it for a topic of this subscription's own, \
+                         or give -topic= for an existing one"
+                            .into(),
+                    ));
+                }
+                if args.get("maxReceives").is_some() {
+                    return Err(CmdError::Usage(
+                        "-maxReceives: Tidemark does not provision dead-letter topics on Cloud Storage yet".into(),
+                    ));
+                }
+                let topology = if args.get("topic").is_some() { Topology::SnsFanout } else { Topology::SqsDirect };
+                return provision_direct(
+                    ctx,
+                    &dir,
+                    &conf,
+                    &mount.location.bucket,
+                    prefix,
+                    event_types,
+                    topology,
+                    &args,
+                    out,
+                )
+                .await;
+            }
+            if args.get("topic").is_some() {
+                return Err(CmdError::Usage(
+                    "-topic names an existing Pub/Sub topic, for Cloud Storage mounts; on S3 use -via=sns".into(),
+                ));
             }
             if conf.kind != StorageKind::S3 && conf.kind != StorageKind::Local {
                 return Err(CmdError::Failed(format!(
@@ -499,7 +538,7 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
             .remote_conf(&storage)
             .await?
             .ok_or_else(|| CmdError::Failed(format!("the remote {storage:?} is not configured")))?;
-        let notifications = capability(&conf, &doc.identity.bucket, &dir).await?;
+        let notifications = capability(&conf, &doc.identity.bucket, &dir, None).await?;
         let mut left = doc.managed.clone();
         if let Err(e) = notifications.teardown(&mut left).await {
             // Keep the document, with what remains, so the teardown can be retried.

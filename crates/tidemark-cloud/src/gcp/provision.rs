@@ -1,0 +1,365 @@
+//! Event notifications provisioned on Google Cloud (the reference's "GCS uses Pub/Sub
+//! notifications"): a Pub/Sub topic (Tidemark's own, or an existing one), the publisher role
+//! on it for the bucket's Cloud Storage service agent, this cluster's subscription to it, and
+//! the bucket's notification configuration (`JSON_API_V1`, the subscription's event types, its
+//! prefix as `object_name_prefix`). The subscription exists before the notification
+//! configuration, so no event of the new configuration is published to nobody. Each resource is
+//! recorded in [`ManagedResources`] as soon as it exists; teardown goes in reverse, forgiving
+//! what is already gone.
+//!
+//! `-via` on GCS: omitted, a topic of the subscription's own (recorded as `sqs_direct`: one
+//! topic, one consumer); `-topic=T`, an existing topic shared by several clusters, each with its
+//! own subscription (recorded as `sns_fanout`), which Tidemark never deletes.
+//!
+//! Dead letters are not provisioned on GCS yet: Pub/Sub's dead-letter policy also needs roles
+//! for the Pub/Sub service agent, which are granted per project.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use tidemark_core::remote::RemoteConf;
+use tidemark_core::subscription::{EventNotifications, EventTypes, ManagedResources, Topology};
+use tidemark_core::{Error, Result};
+
+use super::auth::{Auth, check, transport};
+
+const PUBLISHER: &str = "roles/pubsub.publisher";
+/// How long Pub/Sub waits for an acknowledgement before redelivering (the consumer extends it
+/// per message to its visibility option).
+const ACK_DEADLINE_SECS: u64 = 60;
+
+pub struct GcsNotifications {
+    http: reqwest::Client,
+    storage: String,
+    pubsub: String,
+    project: String,
+    bucket: String,
+    /// `projects/P/topics/T` of an existing topic (`-topic=`), if one was named.
+    existing_topic: Option<String>,
+    storage_auth: Auth,
+    pubsub_auth: Auth,
+}
+
+/// The GCS event types that carry `events` (see docs/SEMANTICS.md "Event names": a metadata
+/// update is a change of the object, an archived object is gone from its live version).
+pub fn event_types_of(events: &EventTypes) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if events.created {
+        out.extend(["OBJECT_FINALIZE", "OBJECT_METADATA_UPDATE"]);
+    }
+    if events.removed {
+        out.extend(["OBJECT_DELETE", "OBJECT_ARCHIVE"]);
+    }
+    out
+}
+
+/// A Pub/Sub resource name's last part: 3 to 255 letters, digits and `-_.~+%`, starting with a
+/// letter, not starting with `goog`.
+fn check_resource_name(kind: &str, name: &str) -> Result<()> {
+    let ok = (3..=255).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && !name.starts_with("goog")
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~+%".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_argument(format!(
+            "{kind} name {name:?}: 3 to 255 letters, digits and - _ . ~ + %, starting with a letter, not with \"goog\""
+        )))
+    }
+}
+
+impl GcsNotifications {
+    /// `topic`: an existing topic to use (`projects/P/topics/T`, or `T` in the remote's project).
+    pub fn open(conf: &RemoteConf, bucket: &str, topic: Option<&str>) -> Result<Self> {
+        let project = conf
+            .setting("project")
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "remote {:?} has no -gcs.project: the project of the Pub/Sub topic and subscription Tidemark provisions",
+                    conf.name
+                ))
+            })?
+            .to_string();
+        let existing_topic = match topic {
+            None => None,
+            Some(t) if t.starts_with("projects/") => {
+                let mut parts = t.split('/');
+                match (parts.next(), parts.next(), parts.next(), parts.next(), parts.next()) {
+                    (Some("projects"), Some(p), Some("topics"), Some(name), None) if !p.is_empty() => {
+                        check_resource_name("topic", name)?;
+                        Some(t.to_string())
+                    }
+                    _ => return Err(Error::invalid_argument(format!("-topic={t:?}: give projects/P/topics/T, or T"))),
+                }
+            }
+            Some(t) => {
+                check_resource_name("topic", t)?;
+                Some(format!("projects/{project}/topics/{t}"))
+            }
+        };
+        let storage_set = conf.setting("endpoint").map(|e| e.trim_end_matches('/').to_string());
+        let (pubsub, pubsub_emulated) = super::pubsub::endpoint_of(conf);
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        Ok(GcsNotifications {
+            http,
+            storage_auth: Auth::from_conf(conf, storage_set.is_some())?,
+            pubsub_auth: Auth::from_conf(conf, pubsub_emulated)?,
+            storage: storage_set.unwrap_or_else(|| "https://storage.googleapis.com".into()),
+            pubsub,
+            project,
+            bucket: bucket.to_string(),
+            existing_topic,
+        })
+    }
+
+    /// One call to Google; `Ok(None)` for a 404 when `missing_ok` (teardown of what is gone).
+    async fn call(
+        &self,
+        method: Method,
+        url: String,
+        body: Option<Value>,
+        (op, target): (&str, &str),
+        missing_ok: bool,
+    ) -> Result<Option<Value>> {
+        let pubsub = url.starts_with(&self.pubsub);
+        let (endpoint, auth) =
+            if pubsub { (&self.pubsub, &self.pubsub_auth) } else { (&self.storage, &self.storage_auth) };
+        let mut rb = self.http.request(method, &url);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let rb = auth.apply(&self.http, rb).await?;
+        let resp = rb.send().await.map_err(|e| transport(op, target, endpoint, e))?;
+        if missing_ok && resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let resp = check(resp, op, target).await?;
+        if resp.status() == reqwest::StatusCode::NO_CONTENT {
+            return Ok(Some(Value::Null));
+        }
+        let text = resp.text().await.map_err(|e| transport(op, target, endpoint, e))?;
+        if text.trim().is_empty() {
+            return Ok(Some(Value::Null));
+        }
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| Error::internal(format!("{op} {target}: the answer is not JSON ({e})")))
+    }
+
+    /// The bucket's Cloud Storage service agent, which publishes its notifications.
+    async fn service_agent(&self) -> Result<String> {
+        let url = format!("{}/storage/v1/projects/{}/serviceAccount", self.storage, self.project);
+        let v = self
+            .call(Method::GET, url, None, ("reading the Cloud Storage service agent of", &self.project), false)
+            .await?;
+        v.and_then(|v| v.get("email_address").and_then(Value::as_str).map(str::to_string)).ok_or_else(|| {
+            Error::internal(format!("the service agent of project {} has no email_address", self.project))
+        })
+    }
+
+    /// Adds (`grant`) or removes the publisher role of `member` on `topic`; whether the policy
+    /// changed. The policy's etag makes a concurrent change fail rather than be overwritten.
+    async fn publisher(&self, topic: &str, member: &str, grant: bool) -> Result<bool> {
+        let get = format!("{}/v1/{topic}:getIamPolicy", self.pubsub);
+        let Some(mut policy) =
+            self.call(Method::POST, get, Some(json!({})), ("reading the access policy of", topic), !grant).await?
+        else {
+            return Ok(false);
+        };
+        if !policy.is_object() {
+            policy = json!({});
+        }
+        let bindings = policy.as_object_mut().expect("an object").entry("bindings").or_insert_with(|| json!([]));
+        let Some(list) = bindings.as_array_mut() else {
+            return Err(Error::internal(format!("the access policy of {topic} has bindings that are not a list")));
+        };
+        let had = list
+            .iter()
+            .any(|b| b["role"] == PUBLISHER && b["members"].as_array().is_some_and(|m| m.iter().any(|x| x == member)));
+        if had == grant {
+            return Ok(false);
+        }
+        if grant {
+            match list.iter_mut().find(|b| b["role"] == PUBLISHER) {
+                Some(b) => b["members"].as_array_mut().into_iter().for_each(|m| m.push(json!(member))),
+                None => list.push(json!({"role": PUBLISHER, "members": [member]})),
+            }
+        } else {
+            for b in list.iter_mut().filter(|b| b["role"] == PUBLISHER) {
+                if let Some(m) = b["members"].as_array_mut() {
+                    m.retain(|x| x != member);
+                }
+            }
+            list.retain(|b| b["members"].as_array().is_none_or(|m| !m.is_empty()));
+        }
+        let set = format!("{}/v1/{topic}:setIamPolicy", self.pubsub);
+        self.call(
+            Method::POST,
+            set,
+            Some(json!({ "policy": policy })),
+            ("changing the access policy of", topic),
+            !grant,
+        )
+        .await?;
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl EventNotifications for GcsNotifications {
+    async fn provision(
+        &self,
+        topology: Topology,
+        queue_name: &str,
+        prefix: &str,
+        events: &EventTypes,
+        _max_receives: u32,
+        _fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
+        managed: &mut ManagedResources,
+    ) -> Result<String> {
+        let event_types = event_types_of(events);
+        if event_types.is_empty() {
+            return Err(Error::invalid_argument(
+                "Cloud Storage notifies of objects created (finalize, metadata update) and removed (delete, archive) only: \
+                 choose -events=created and/or removed",
+            ));
+        }
+        match (topology, &self.existing_topic) {
+            (Topology::SqsDirect, None) | (Topology::SnsFanout, Some(_)) => {}
+            _ => {
+                return Err(Error::invalid_argument(format!(
+                    "Cloud Storage events come through Pub/Sub: omit -via for a topic of this subscription's own, or give -topic= \
+                     for an existing one several clusters share (not {})",
+                    topology.as_str()
+                )));
+            }
+        }
+        check_resource_name("subscription", queue_name)?;
+        // 1. The topic.
+        let topic = match &self.existing_topic {
+            Some(t) => {
+                let url = format!("{}/v1/{t}", self.pubsub);
+                if self.call(Method::GET, url, None, ("reading the topic", t), true).await?.is_none() {
+                    return Err(Error::invalid_argument(format!(
+                        "the topic {t} does not exist: create it, or leave out -topic= and Tidemark makes one"
+                    )));
+                }
+                t.clone()
+            }
+            None => {
+                let t = format!("projects/{}/topics/{queue_name}", self.project);
+                self.call(
+                    Method::PUT,
+                    format!("{}/v1/{t}", self.pubsub),
+                    Some(json!({})),
+                    ("creating the topic", &t),
+                    false,
+                )
+                .await?;
+                managed.pubsub_topic = Some(t.clone());
+                t
+            }
+        };
+        // 2. Cloud Storage may publish to it.
+        let agent = format!("serviceAccount:{}", self.service_agent().await?);
+        if self.publisher(&topic, &agent, true).await? && self.existing_topic.is_some() {
+            managed.publisher_binding = Some(topic.clone());
+        }
+        // 3. This cluster's subscription, before anything is published.
+        let sub = format!("projects/{}/subscriptions/{queue_name}", self.project);
+        let body = json!({ "topic": topic, "ackDeadlineSeconds": ACK_DEADLINE_SECS });
+        self.call(
+            Method::PUT,
+            format!("{}/v1/{sub}", self.pubsub),
+            Some(body),
+            ("creating the subscription", &sub),
+            false,
+        )
+        .await?;
+        managed.pubsub_subscription = Some(sub.clone());
+        // 4. The bucket's notification configuration.
+        let mut config = json!({
+            "topic": format!("//pubsub.googleapis.com/{topic}"),
+            "payload_format": "JSON_API_V1",
+            "event_types": event_types,
+        });
+        if !prefix.is_empty() {
+            config["object_name_prefix"] = json!(prefix);
+        }
+        let url = format!("{}/storage/v1/b/{}/notificationConfigs", self.storage, self.bucket);
+        let target = format!("gs://{}", self.bucket);
+        let made = self
+            .call(Method::POST, url, Some(config), ("adding a notification configuration to", &target), false)
+            .await?
+            .unwrap_or_default();
+        let id = made.get("id").and_then(Value::as_str).ok_or_else(|| {
+            Error::internal(format!("the notification configuration of {target} came back without an id: {made}"))
+        })?;
+        managed.notification_id = Some(id.to_string());
+        Ok(sub)
+    }
+
+    async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
+        if let Some(id) = managed.notification_id.clone() {
+            let url = format!("{}/storage/v1/b/{}/notificationConfigs/{id}", self.storage, self.bucket);
+            let target = format!("notification configuration {id} of gs://{}", self.bucket);
+            self.call(Method::DELETE, url, None, ("removing the", &target), true).await?;
+            managed.notification_id = None;
+        }
+        if let Some(sub) = managed.pubsub_subscription.clone() {
+            self.call(
+                Method::DELETE,
+                format!("{}/v1/{sub}", self.pubsub),
+                None,
+                ("removing the subscription", &sub),
+                true,
+            )
+            .await?;
+            managed.pubsub_subscription = None;
+        }
+        if let Some(topic) = managed.publisher_binding.clone() {
+            let agent = format!("serviceAccount:{}", self.service_agent().await?);
+            self.publisher(&topic, &agent, false).await?;
+            managed.publisher_binding = None;
+        }
+        if let Some(topic) = managed.pubsub_topic.clone() {
+            self.call(
+                Method::DELETE,
+                format!("{}/v1/{topic}", self.pubsub),
+                None,
+                ("removing the topic", &topic),
+                true,
+            )
+            .await?;
+            managed.pubsub_topic = None;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_types_and_names() {
+        let all = EventTypes { created: true, removed: true, other: true };
+        assert_eq!(
+            event_types_of(&all),
+            ["OBJECT_FINALIZE", "OBJECT_METADATA_UPDATE", "OBJECT_DELETE", "OBJECT_ARCHIVE"]
+        );
+        assert!(event_types_of(&EventTypes { created: false, removed: false, other: true }).is_empty());
+        assert!(check_resource_name("topic", "tidemark-0123abcd").is_ok());
+        for bad in ["ab", "1abc", "goog-x", "a b c", &"a".repeat(256)] {
+            assert!(check_resource_name("topic", bad).is_err(), "{bad}");
+        }
+    }
+}
