@@ -34,7 +34,8 @@ pub fn known_settings(kind: StorageKind) -> &'static [(&'static str, &'static st
 }
 
 /// The event-notification capability of a remote's provider, where it has one: S3 with queue
-/// integration (SQS, SNS, EventBridge) and Cloud Storage (Pub/Sub). `None` for the others, which
+/// integration (SQS, SNS, EventBridge), Cloud Storage (Pub/Sub) and Azure (Event Grid through
+/// Resource Manager). `None` for the others, which
 /// keep polling or a bring-your-own queue.
 /// `topic`: an existing topic to use (`-topic=`, Google Cloud only).
 pub async fn event_notifications(
@@ -52,6 +53,7 @@ pub async fn event_notifications(
             Ok(Some(Box::new(aws::provision::S3Notifications::connect(conf, bucket).await?)))
         }
         StorageKind::Gcs => Ok(Some(Box::new(gcp::GcsNotifications::open(conf, bucket, topic)?))),
+        StorageKind::Azure if topic.is_none() => Ok(Some(Box::new(azure::AzureNotifications::open(conf, bucket)?))),
         _ => Ok(None),
     }
 }
@@ -75,7 +77,11 @@ pub async fn open_event_source(
             Ok((Box::new(source), Provider::S3))
         }
         StorageKind::Gcs => Ok((Box::new(gcp::PubSubSource::open(conf, queue)?), Provider::Gcs)),
-        StorageKind::Azure => Ok((Box::new(azure::AzureQueueSource::open(conf, queue, visibility)?), Provider::Azure)),
+        StorageKind::Azure => {
+            let source = azure::AzureQueueSource::open(conf, queue, visibility)?
+                .with_poison(managed.dead_letter_queue_url.as_deref(), managed.max_receives);
+            Ok((Box::new(source), Provider::Azure))
+        }
         StorageKind::Local if queue == local_events::WATCH_QUEUE => {
             let root = conf.setting("root").ok_or_else(|| {
                 tidemark_core::Error::invalid_argument(format!("remote {:?} has no -local.root", conf.name))

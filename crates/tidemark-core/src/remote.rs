@@ -186,8 +186,15 @@ pub struct RemoteConf {
 }
 
 /// Settings whose values are never printed, logged or returned unmasked.
-pub const SECRET_SETTINGS: &[&str] =
-    &["secret_key", "session_token", "account_key", "sas_token", "service_account_json", "access_token"];
+pub const SECRET_SETTINGS: &[&str] = &[
+    "secret_key",
+    "session_token",
+    "account_key",
+    "sas_token",
+    "service_account_json",
+    "access_token",
+    "client_secret",
+];
 
 impl RemoteConf {
     pub fn setting(&self, name: &str) -> Option<&str> {

@@ -241,6 +241,17 @@ pub struct ManagedResources {
     /// GCS: this cluster's Pub/Sub subscription (`projects/P/subscriptions/S`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pubsub_subscription: Option<String>,
+    /// Azure: the storage account's Event Grid system topic (its ARM resource id) that this
+    /// subscription's event subscription hangs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_topic: Option<String>,
+    /// Azure: whether Tidemark created that system topic (teardown removes it only then, and
+    /// only once no event subscription is left on it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub system_topic_created: bool,
+    /// Azure: this cluster's event subscription (its ARM resource id), delivering to the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_subscription: Option<String>,
 }
 
 /// `-maxReceives` when not given: a message that failed this many times is not going to apply.

@@ -23,6 +23,13 @@ pub const SETTINGS: &[(&str, &str)] = &[
         "blob endpoint URL (default https://ACCOUNT.blob.core.windows.net; Azurite: http://127.0.0.1:10000/devstoreaccount1)",
     ),
     ("queue_endpoint", "queue endpoint URL, for events (default https://ACCOUNT.queue.core.windows.net)"),
+    ("subscription_id", "the Azure subscription of the storage account, to provision Event Grid delivery"),
+    ("resource_group", "the resource group of the storage account, to provision Event Grid delivery"),
+    ("tenant_id", "the Microsoft Entra tenant of the service principal that provisions Event Grid delivery"),
+    ("client_id", "the service principal's application (client) id"),
+    ("client_secret", "the service principal's client secret"),
+    ("arm_endpoint", "Azure Resource Manager (default https://management.azure.com)"),
+    ("login_endpoint", "Microsoft Entra sign-in (default https://login.microsoftonline.com)"),
 ];
 
 #[derive(Clone)]

@@ -4,7 +4,9 @@
 
 pub mod blob;
 pub mod client;
+pub mod provision;
 pub mod queue;
 
 pub use blob::AzureBlobStorage;
+pub use provision::AzureNotifications;
 pub use queue::AzureQueueSource;

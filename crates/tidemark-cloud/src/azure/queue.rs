@@ -51,6 +51,9 @@ pub struct AzureQueueSource {
     /// message id -> its newest pop receipt, for messages in flight.
     receipts: Mutex<HashMap<String, String>>,
     backoff: ReceiveBackoff,
+    /// The poison queue and the dequeue count past which a message moves there (Azure has no
+    /// redrive policy: the consumer moves it, as Azure Functions do).
+    poison: Option<(String, u32)>,
 }
 
 /// `ack_id` = message id + `\n` + the pop receipt it was delivered with.
@@ -69,7 +72,44 @@ impl AzureQueueSource {
             visibility: visibility.max(Duration::from_secs(1)),
             receipts: Mutex::default(),
             backoff: ReceiveBackoff::default(),
+            poison: None,
         })
+    }
+
+    /// Messages dequeued more than `max_receives` times move to the queue `poison`.
+    pub fn with_poison(mut self, poison: Option<&str>, max_receives: Option<u32>) -> Self {
+        if let (Some(q), Some(n)) = (poison, max_receives.filter(|n| *n > 0)) {
+            self.poison = Some((q.to_string(), n));
+        }
+        self
+    }
+
+    /// Moves a message received too often to the poison queue: put there, then deleted here (a
+    /// crash in between leaves it in both, never in neither).
+    async fn to_poison(&self, poison: &str, m: &QueueMessage) -> Result<()> {
+        let body = format!("<QueueMessage><MessageText>{}</MessageText></QueueMessage>", xml_escape(&m.message_text));
+        let rb = self
+            .client
+            .request(
+                Method::POST,
+                &format!("/{}/messages", encode_path(poison)),
+                &[],
+                &[("content-type", "application/xml".into())],
+                body.len() as u64,
+            )
+            .body(body);
+        self.client.send(rb, "PutMessage", &format!("azure-queue:{poison}")).await?;
+        let rb = self.client.request(
+            Method::DELETE,
+            &format!("/{}/messages/{}", encode_path(&self.queue), encode_path(&m.message_id)),
+            &[("popreceipt", m.pop_receipt.clone())],
+            &[],
+            0,
+        );
+        match self.client.send(rb, "DeleteMessage", &self.target()).await {
+            Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn target(&self) -> String {
@@ -80,6 +120,22 @@ impl AzureQueueSource {
     pub async fn create_queue(&self) -> Result<()> {
         let rb = self.client.request(Method::PUT, &format!("/{}", encode_path(&self.queue)), &[], &[], 0);
         self.client.send(rb, "CreateQueue", &self.target()).await.map(|_| ())
+    }
+
+    /// Whether the queue exists.
+    pub async fn exists(&self) -> Result<bool> {
+        let rb = self.client.request(
+            Method::GET,
+            &format!("/{}", encode_path(&self.queue)),
+            &[("comp", "metadata".into())],
+            &[],
+            0,
+        );
+        match self.client.send(rb, "GetQueueMetadata", &self.target()).await {
+            Ok(_) => Ok(true),
+            Err(Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Puts a message on the queue (what Event Grid does; for tests).
@@ -137,6 +193,19 @@ impl EventSource for AzureQueueSource {
         MAX_BATCH
     }
 
+    async fn dead_lettered(&self) -> Result<Option<u64>> {
+        let Some((poison, _)) = &self.poison else { return Ok(None) };
+        let rb = self.client.request(
+            Method::GET,
+            &format!("/{}", encode_path(poison)),
+            &[("comp", "metadata".into())],
+            &[],
+            0,
+        );
+        let resp = self.client.send(rb, "GetQueueMetadata", &format!("azure-queue:{poison}")).await?;
+        Ok(resp.headers().get("x-ms-approximate-messages-count").and_then(|v| v.to_str().ok()?.parse().ok()))
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         self.backoff.pause().await;
         let deadline = Instant::now() + wait;
@@ -156,8 +225,18 @@ impl EventSource for AzureQueueSource {
                 Err(e) => Err(e),
             };
             let xml = self.backoff.record(&self.describe(), result)?;
-            let list: QueueMessagesList = quick_xml::de::from_str(&xml)
+            let mut list: QueueMessagesList = quick_xml::de::from_str(&xml)
                 .map_err(|e| Error::internal(format!("GetMessages: unreadable answer ({e})")))?;
+            if let Some((poison, max)) = &self.poison {
+                let (keep, dead): (Vec<_>, Vec<_>) = list.messages.into_iter().partition(|m| m.dequeue_count <= *max);
+                for m in &dead {
+                    tracing::warn!(queue = %self.queue, message = %m.message_id, receives = m.dequeue_count, "moved to the poison queue {poison}");
+                    if let Err(e) = self.to_poison(poison, m).await {
+                        tracing::warn!(error = %e, "moving a message to the poison queue failed; it comes back later");
+                    }
+                }
+                list.messages = keep;
+            }
             if !list.messages.is_empty() || Instant::now() >= deadline {
                 let mut receipts = self.receipts.lock().map_err(|_| Error::internal("receipts poisoned"))?;
                 return Ok(list

@@ -66,6 +66,8 @@ pub static ALL: &[Command] = &[
                   \x20      -s3.force_path_style -s3.sqs_endpoint -s3.sns_endpoint -s3.events_endpoint\n\
                   gcs:   -gcs.endpoint -gcs.service_account_json | -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
                   azure: -azure.account -azure.account_key | -azure.sas_token -azure.blob_endpoint -azure.queue_endpoint\n\
+                  \x20      (to provision events) -azure.subscription_id -azure.resource_group -azure.tenant_id\n\
+                  \x20      -azure.client_id -azure.client_secret -azure.arm_endpoint -azure.login_endpoint\n\
                   local: -local.root (the directory whose subdirectories are the buckets)\n\
                   example: remote.configure -name=aws1 -type=s3 -s3.region=eu-west-1 -s3.access_key=AK -s3.secret_key=SK",
         flags: &[
@@ -90,7 +92,7 @@ pub static ALL: &[Command] = &[
             ),
             flag("gcs.access_token", "an OAuth2 access token, instead of a service account"),
             flag("gcs.pubsub_endpoint", "Pub/Sub endpoint, for events (default https://pubsub.googleapis.com)"),
-            flag("gcs.project", "the project of the Pub/Sub subscription, for events"),
+            flag("gcs.project", "the project of the Pub/Sub topic and subscription, for events"),
             flag("azure.account", "the storage account name"),
             flag("azure.account_key", "the account's shared key (base64)"),
             flag("azure.sas_token", "a SAS token, instead of the account key"),
@@ -99,6 +101,13 @@ pub static ALL: &[Command] = &[
                 "azure.queue_endpoint",
                 "queue endpoint URL, for events (default https://ACCOUNT.queue.core.windows.net)",
             ),
+            flag("azure.subscription_id", "the storage account's Azure subscription, to provision Event Grid delivery"),
+            flag("azure.resource_group", "the storage account's resource group, to provision Event Grid delivery"),
+            flag("azure.tenant_id", "the tenant of the service principal that provisions Event Grid delivery"),
+            flag("azure.client_id", "the service principal's application (client) id"),
+            flag("azure.client_secret", "the service principal's client secret"),
+            flag("azure.arm_endpoint", "Azure Resource Manager (default https://management.azure.com)"),
+            flag("azure.login_endpoint", "Microsoft Entra sign-in (default https://login.microsoftonline.com)"),
         ],
         positional: (0, 0),
         run: |ctx, args, out| Box::pin(remote::configure(ctx, args, out)),
@@ -160,7 +169,11 @@ pub static ALL: &[Command] = &[
                   sqs_direct), the publisher role on it for the bucket's service agent, this cluster's subscription, and the\n\
                   bucket's notification configuration (JSON_API_V1, the event types, the prefix); with -topic=T an existing\n\
                   topic instead, which several clusters can share, each with its own subscription (recorded as sns_fanout;\n\
-                  Tidemark never deletes that topic). -via is S3's. No dead-letter topic on Cloud Storage yet. Enabling the\n\
+                  Tidemark never deletes that topic). -via is S3's. No dead-letter topic on Cloud Storage yet.\n\
+                  Without -queue (Azure; needs -azure.subscription_id, -azure.resource_group and a service principal:\n\
+                  -azure.tenant_id, -azure.client_id, -azure.client_secret): a storage queue (and NAME-poison), the account's\n\
+                  Event Grid system topic (the existing one, or a new one) and an event subscription of this cluster's on it,\n\
+                  filtered to the container and prefix, delivering to the queue. Enabling the\n\
                   same identity again changes nothing; a new queue, prefix or event types\n\
                   is a new subscription (new fingerprint, baseline first), refused while provisioned resources exist.\n\
                   -prefetch=GLOB warms the content cache: after an event's create or update of a matching file is applied,\n\

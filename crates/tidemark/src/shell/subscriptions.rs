@@ -317,6 +317,26 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
                     "-topic names an existing Pub/Sub topic, for Cloud Storage mounts; on S3 use -via=sns".into(),
                 ));
             }
+            if conf.kind == StorageKind::Azure {
+                if via.is_some() {
+                    return Err(CmdError::Usage(
+                        "-via is S3's: Azure blob events come through Event Grid to a storage queue Tidemark provisions; omit it"
+                            .into(),
+                    ));
+                }
+                return provision_direct(
+                    ctx,
+                    &dir,
+                    &conf,
+                    &mount.location.bucket,
+                    prefix,
+                    event_types,
+                    Topology::SqsDirect,
+                    &args,
+                    out,
+                )
+                .await;
+            }
             if conf.kind != StorageKind::S3 && conf.kind != StorageKind::Local {
                 return Err(CmdError::Failed(format!(
                     "remote {:?} is of type {}: give the queue its notifications reach with -queue= (a Pub/Sub subscription or an \

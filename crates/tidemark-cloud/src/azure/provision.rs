@@ -1,0 +1,338 @@
+//! Event notifications provisioned on Azure (the reference's "Azure uses Event Grid"): the
+//! storage queue (and its poison queue), the storage account's Event Grid system topic (the
+//! existing one — Azure allows one per account — or a new one), and an event subscription of
+//! this cluster's on it that delivers the container's blob events under the mount's prefix to
+//! the queue. Through Azure Resource Manager, signed in as a service principal (client
+//! credentials). The queue exists before the event subscription, so nothing is delivered to
+//! nothing. Each resource is recorded in [`ManagedResources`] as soon as it exists; teardown
+//! goes in reverse, forgiving what is already gone, and removes the system topic only if
+//! Tidemark created it and no event subscription is left on it.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use tidemark_core::remote::RemoteConf;
+use tidemark_core::subscription::{EventNotifications, EventTypes, ManagedResources, Topology};
+use tidemark_core::{Error, Result};
+
+use super::client::{AzureClient, encode_path};
+
+const EVENT_GRID_API: &str = "2022-06-15";
+const STORAGE_API: &str = "2023-01-01";
+
+pub struct AzureNotifications {
+    http: reqwest::Client,
+    queues: AzureClient,
+    account: String,
+    container: String,
+    subscription_id: String,
+    resource_group: String,
+    tenant_id: String,
+    client_id: String,
+    client_secret: String,
+    arm: String,
+    login: String,
+    token: tokio::sync::Mutex<Option<String>>,
+}
+
+/// The Event Grid event types that carry `events` (docs/SEMANTICS.md "Event names": a rename is
+/// a removal and a creation, a tier change a change, directory events bounded reconciles).
+pub fn event_types_of(events: &EventTypes) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut add = |t: &'static str| {
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    };
+    if events.created {
+        for t in ["BlobCreated", "BlobTierChanged", "BlobRenamed", "DirectoryCreated", "DirectoryRenamed"] {
+            add(t);
+        }
+    }
+    if events.removed {
+        for t in ["BlobDeleted", "BlobRenamed", "DirectoryDeleted", "DirectoryRenamed"] {
+            add(t);
+        }
+    }
+    out.into_iter().map(|t| format!("Microsoft.Storage.{t}")).collect()
+}
+
+fn setting(conf: &RemoteConf, name: &str) -> Result<String> {
+    conf.setting(name).map(str::to_string).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "remote {:?} has no -azure.{name}: provisioning Event Grid delivery needs -azure.subscription_id, \
+             -azure.resource_group and a service principal (-azure.tenant_id, -azure.client_id, -azure.client_secret) \
+             allowed to create Event Grid resources on the storage account; or pass -queue= for a queue Event Grid \
+             already delivers to",
+            conf.name
+        ))
+    })
+}
+
+impl AzureNotifications {
+    pub fn open(conf: &RemoteConf, container: &str) -> Result<Self> {
+        let queues = AzureClient::new(conf, "queue")?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        Ok(AzureNotifications {
+            http,
+            queues,
+            account: setting(conf, "account")?,
+            container: container.to_string(),
+            subscription_id: setting(conf, "subscription_id")?,
+            resource_group: setting(conf, "resource_group")?,
+            tenant_id: setting(conf, "tenant_id")?,
+            client_id: setting(conf, "client_id")?,
+            client_secret: setting(conf, "client_secret")?,
+            arm: conf
+                .setting("arm_endpoint")
+                .unwrap_or("https://management.azure.com")
+                .trim_end_matches('/')
+                .to_string(),
+            login: conf
+                .setting("login_endpoint")
+                .unwrap_or("https://login.microsoftonline.com")
+                .trim_end_matches('/')
+                .to_string(),
+            token: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    fn account_id(&self) -> String {
+        format!(
+            "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Storage/storageAccounts/{}",
+            self.subscription_id, self.resource_group, self.account
+        )
+    }
+
+    fn topics(&self) -> String {
+        format!(
+            "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.EventGrid/systemTopics",
+            self.subscription_id, self.resource_group
+        )
+    }
+
+    /// A token for Resource Manager (client credentials), kept for the provisioning's length.
+    async fn token(&self) -> Result<String> {
+        let mut cached = self.token.lock().await;
+        if let Some(t) = cached.as_ref() {
+            return Ok(t.clone());
+        }
+        let url = format!("{}/{}/oauth2/v2.0/token", self.login, self.tenant_id);
+        let resp = self
+            .http
+            .post(&url)
+            .form(&[
+                ("grant_type", "client_credentials"),
+                ("client_id", self.client_id.as_str()),
+                ("client_secret", self.client_secret.as_str()),
+                ("scope", &format!("{}/.default", self.arm)),
+            ])
+            .send()
+            .await
+            .map_err(|e| Error::Unavailable { message: format!("signing in at {url}: {e}") })?;
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or_default();
+        let Some(token) = body["access_token"].as_str().filter(|_| status.is_success()) else {
+            let why = body["error_description"].as_str().or(body["error"].as_str()).unwrap_or("no token");
+            return Err(Error::Unauthorized {
+                message: format!(
+                    "signing in as the service principal {} of tenant {} was refused ({status}: {why}); check -azure.tenant_id, \
+                     -azure.client_id and -azure.client_secret",
+                    self.client_id, self.tenant_id
+                ),
+            });
+        };
+        *cached = Some(token.to_string());
+        Ok(token.to_string())
+    }
+
+    /// One Resource Manager call on `id` (a resource id, or a collection); `Ok(None)` for a 404
+    /// when `missing_ok`.
+    async fn arm(
+        &self,
+        method: Method,
+        id: &str,
+        api: &str,
+        body: Option<Value>,
+        missing_ok: bool,
+    ) -> Result<Option<Value>> {
+        let url = format!("{}{id}?api-version={api}", self.arm);
+        let mut rb = self.http.request(method.clone(), &url).bearer_auth(self.token().await?);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let resp = rb.send().await.map_err(|e| Error::Unavailable {
+            message: format!("{method} {id}: cannot reach {} ({e}); check -azure.arm_endpoint", self.arm),
+        })?;
+        let status = resp.status();
+        if missing_ok && (status == reqwest::StatusCode::NOT_FOUND || status == reqwest::StatusCode::NO_CONTENT) {
+            return Ok(None);
+        }
+        let text = resp.text().await.unwrap_or_default();
+        if !status.is_success() {
+            let v: Value = serde_json::from_str(&text).unwrap_or_default();
+            let (code, message) =
+                (v["error"]["code"].as_str().unwrap_or(""), v["error"]["message"].as_str().unwrap_or(&text));
+            let what = format!("{method} {id}: Azure answered {status} {code}: {message}");
+            return Err(match status.as_u16() {
+                401 | 403 => Error::Unauthorized {
+                    message: format!(
+                        "{what}; the service principal needs rights on the storage account and Event Grid"
+                    ),
+                },
+                404 => Error::NotFound { path: what },
+                409 | 429 | 500.. => Error::Unavailable { message: what },
+                _ => Error::invalid_argument(what),
+            });
+        }
+        Ok(Some(serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    async fn queue(&self, name: &str, create: bool) -> Result<()> {
+        let method = if create { Method::PUT } else { Method::DELETE };
+        let rb = self.queues.request(method, &format!("/{}", encode_path(name)), &[], &[], 0);
+        match self
+            .queues
+            .send(rb, if create { "CreateQueue" } else { "DeleteQueue" }, &format!("azure-queue:{name}"))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Error::NotFound { .. }) if !create => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The account's system topic (its resource id), if it has one.
+    async fn existing_topic(&self) -> Result<Option<String>> {
+        let list = self.arm(Method::GET, &self.topics(), EVENT_GRID_API, None, true).await?.unwrap_or_default();
+        let source = self.account_id().to_ascii_lowercase();
+        Ok(list["value"].as_array().into_iter().flatten().find_map(|t| {
+            let same = t["properties"]["source"].as_str().is_some_and(|s| s.to_ascii_lowercase() == source);
+            same.then(|| t["id"].as_str().map(str::to_string)).flatten()
+        }))
+    }
+}
+
+#[async_trait]
+impl EventNotifications for AzureNotifications {
+    async fn provision(
+        &self,
+        topology: Topology,
+        queue_name: &str,
+        prefix: &str,
+        events: &EventTypes,
+        max_receives: u32,
+        _fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
+        managed: &mut ManagedResources,
+    ) -> Result<String> {
+        if topology != Topology::SqsDirect {
+            return Err(Error::invalid_argument(format!(
+                "Azure blob events come through Event Grid to a storage queue: omit -via (not {})",
+                topology.as_str()
+            )));
+        }
+        let types = event_types_of(events);
+        if types.is_empty() {
+            return Err(Error::invalid_argument(
+                "Event Grid delivers blobs created and removed (and renames, tier changes, directories) only: choose \
+                 -events=created and/or removed",
+            ));
+        }
+        // The storage account: where it is, and that the principal may see it.
+        let account = self.arm(Method::GET, &self.account_id(), STORAGE_API, None, false).await?.unwrap_or_default();
+        let location = account["location"].as_str().unwrap_or("global").to_string();
+        // 1. The queue, and the poison queue for what is received too often.
+        self.queue(queue_name, true).await?;
+        managed.queue_url = Some(queue_name.to_string());
+        if max_receives > 0 {
+            let poison = format!("{queue_name}-poison");
+            self.queue(&poison, true).await?;
+            managed.dead_letter_queue_url = Some(poison);
+            managed.max_receives = Some(max_receives);
+        }
+        // 2. The account's system topic: Azure allows one per account, shared by every cluster.
+        let topic = match self.existing_topic().await? {
+            Some(t) => t,
+            None => {
+                let id = format!("{}/tidemark-{}", self.topics(), self.account);
+                let body = json!({
+                    "location": location,
+                    "properties": {"source": self.account_id(), "topicType": "Microsoft.Storage.StorageAccounts"},
+                });
+                self.arm(Method::PUT, &id, EVENT_GRID_API, Some(body), false).await?;
+                managed.system_topic_created = true;
+                id
+            }
+        };
+        managed.system_topic = Some(topic.clone());
+        // 3. This cluster's event subscription, into the queue.
+        let id = format!("{topic}/eventSubscriptions/{queue_name}");
+        let body = json!({"properties": {
+            "destination": {"endpointType": "StorageQueue", "properties": {
+                "resourceId": self.account_id(), "queueName": queue_name, "queueMessageTimeToLiveInSeconds": -1,
+            }},
+            "filter": {
+                "includedEventTypes": types,
+                "subjectBeginsWith": format!("/blobServices/default/containers/{}/blobs/{prefix}", self.container),
+            },
+            "eventDeliverySchema": "EventGridSchema",
+        }});
+        self.arm(Method::PUT, &id, EVENT_GRID_API, Some(body), false).await?;
+        managed.event_subscription = Some(id);
+        Ok(queue_name.to_string())
+    }
+
+    async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
+        if let Some(id) = managed.event_subscription.clone() {
+            self.arm(Method::DELETE, &id, EVENT_GRID_API, None, true).await?;
+            managed.event_subscription = None;
+        }
+        if let Some(topic) = managed.system_topic.clone() {
+            if managed.system_topic_created {
+                let subs = self
+                    .arm(Method::GET, &format!("{topic}/eventSubscriptions"), EVENT_GRID_API, None, true)
+                    .await?
+                    .unwrap_or_default();
+                if subs["value"].as_array().is_none_or(|v| v.is_empty()) {
+                    self.arm(Method::DELETE, &topic, EVENT_GRID_API, None, true).await?;
+                }
+            }
+            managed.system_topic = None;
+            managed.system_topic_created = false;
+        }
+        if let Some(q) = managed.queue_url.clone() {
+            self.queue(&q, false).await?;
+            managed.queue_url = None;
+        }
+        if let Some(q) = managed.dead_letter_queue_url.clone() {
+            self.queue(&q, false).await?;
+            managed.dead_letter_queue_url = None;
+            managed.max_receives = None;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_types() {
+        let created = event_types_of(&EventTypes { created: true, removed: false, other: false });
+        assert!(
+            created.iter().any(|t| t == "Microsoft.Storage.BlobCreated")
+                && !created.iter().any(|t| t == "Microsoft.Storage.BlobDeleted")
+        );
+        let both = event_types_of(&EventTypes::default());
+        assert_eq!(both.iter().filter(|t| *t == "Microsoft.Storage.BlobRenamed").count(), 1, "{both:?}");
+        assert!(event_types_of(&EventTypes { created: false, removed: false, other: true }).is_empty());
+    }
+}

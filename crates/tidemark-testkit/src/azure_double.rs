@@ -1,0 +1,391 @@
+//! A test double for Azure Resource Manager, which no emulator serves (Azurite serves the
+//! storage data plane only): the Microsoft Entra token endpoint for a service principal
+//! (client credentials) and the Resource Manager operations Tidemark provisions Event Grid
+//! delivery with — a storage account's `GET`, Event Grid `systemTopics` and their
+//! `eventSubscriptions` (list, get, create or update, delete).
+//!
+//! It follows the published REST reference: `api-version` required (400
+//! `MissingApiVersionParameter`), a bearer token required (401 `AuthenticationFailed`), 404
+//! `ResourceNotFound` / `ParentResourceNotFound`, one system topic per source (400, as Azure
+//! refuses a second), an event subscription's destination and filter checked (a `StorageQueue`
+//! destination on a known account; `subjectBeginsWith` under `/blobServices/default/`), 201 on
+//! create and 200 on update with `provisioningState: Succeeded`, 200 on delete and 204 when
+//! there was nothing to delete. Operations complete at once (no `Azure-AsyncOperation` polling).
+//! It delivers nothing: [`AzureArmDouble::deliveries`] says which queues an event would reach,
+//! so a test can put it there as Event Grid would.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+#[derive(Default)]
+struct Arm {
+    /// resource id (lower-cased) -> resource
+    topics: BTreeMap<String, Value>,
+    /// resource id (lower-cased) -> resource
+    event_subscriptions: BTreeMap<String, Value>,
+    tokens: Vec<String>,
+}
+
+struct Shared {
+    tenant: String,
+    client_id: String,
+    client_secret: String,
+    /// storage account name -> location
+    accounts: BTreeMap<String, String>,
+    arm: Mutex<Arm>,
+}
+
+pub struct AzureArmDouble {
+    /// Use it as `-azure.arm_endpoint` and `-azure.login_endpoint`.
+    pub endpoint: String,
+    shared: Arc<Shared>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl AzureArmDouble {
+    /// A double that signs in `client_id`/`client_secret` of `tenant` and knows the storage
+    /// `accounts` (name, location) of every subscription and resource group.
+    pub fn start(tenant: &str, client_id: &str, client_secret: &str, accounts: &[(&str, &str)]) -> AzureArmDouble {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port for the ARM double");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let endpoint = format!("http://{}", listener.local_addr().expect("its address"));
+        let shared = Arc::new(Shared {
+            tenant: tenant.into(),
+            client_id: client_id.into(),
+            client_secret: client_secret.into(),
+            accounts: accounts.iter().map(|(a, l)| (a.to_string(), l.to_string())).collect(),
+            arm: Mutex::default(),
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = axum::Router::new().fallback(handle).with_state(shared.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+        });
+        AzureArmDouble { endpoint, shared, _stop: stop }
+    }
+
+    /// The system topics, as the double holds them.
+    pub fn system_topics(&self) -> Vec<Value> {
+        self.shared.arm.lock().unwrap().topics.values().cloned().collect()
+    }
+
+    /// The event subscriptions, as the double holds them.
+    pub fn event_subscriptions(&self) -> Vec<Value> {
+        self.shared.arm.lock().unwrap().event_subscriptions.values().cloned().collect()
+    }
+
+    /// The queues (account, queue) an event of `event_type` about `subject` would be delivered
+    /// to: every event subscription whose filter takes it.
+    pub fn deliveries(&self, event_type: &str, subject: &str) -> Vec<(String, String)> {
+        let arm = self.shared.arm.lock().unwrap();
+        arm.event_subscriptions
+            .values()
+            .filter(|s| {
+                let f = &s["properties"]["filter"];
+                let typed = f["includedEventTypes"].as_array().is_none_or(|t| t.iter().any(|t| t == event_type));
+                let under = f["subjectBeginsWith"].as_str().is_none_or(|p| subject.starts_with(p));
+                typed && under
+            })
+            .filter_map(|s| {
+                let d = &s["properties"]["destination"]["properties"];
+                let account = d["resourceId"].as_str()?.rsplit('/').next()?.to_string();
+                Some((account, d["queueName"].as_str()?.to_string()))
+            })
+            .collect()
+    }
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    (status, axum::Json(json!({"error": {"code": code, "message": message}}))).into_response()
+}
+
+async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let bearer = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let body = axum::body::to_bytes(req.into_body(), 1 << 20).await.unwrap_or_default();
+    if path.ends_with("/oauth2/v2.0/token") {
+        return token(&s, &path, &body);
+    }
+    if !query.split('&').any(|kv| kv.starts_with("api-version=") && kv.len() > "api-version=".len()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "MissingApiVersionParameter",
+            "The api-version query parameter (?api-version=) is required for all requests.",
+        );
+    }
+    if !bearer.is_some_and(|t| s.arm.lock().unwrap().tokens.contains(&t)) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "AuthenticationFailed",
+            "Authentication failed. The 'Authorization' header is missing or invalid.",
+        );
+    }
+    let body: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap_or(Value::Null) };
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let lower: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
+    let l: Vec<&str> = lower.iter().map(String::as_str).collect();
+    match l.as_slice() {
+        ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.storage", "storageaccounts", _] => {
+            let name = parts[7];
+            match (method, s.accounts.get(name)) {
+                (Method::GET, Some(location)) => (
+                    StatusCode::OK,
+                    axum::Json(json!({
+                        "id": path, "name": name, "type": "Microsoft.Storage/storageAccounts", "location": location,
+                        "kind": "StorageV2",
+                    })),
+                )
+                    .into_response(),
+                (Method::GET, None) => error(
+                    StatusCode::NOT_FOUND,
+                    "ResourceNotFound",
+                    &format!("The Resource 'Microsoft.Storage/storageAccounts/{name}' was not found."),
+                ),
+                _ => error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "not served by the double"),
+            }
+        }
+        ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.eventgrid", "systemtopics", rest @ ..] => {
+            let base = parts[..7].join("/");
+            topics(&s, method, &format!("/{base}"), rest, &parts[7..], body)
+        }
+        _ => error(StatusCode::NOT_FOUND, "InvalidResourceType", &format!("not served by the double: {path}")),
+    }
+}
+
+fn token(s: &Shared, path: &str, body: &[u8]) -> Response {
+    let form: BTreeMap<String, String> = String::from_utf8_lossy(body)
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), percent_decode(v)))
+        .collect();
+    let tenant = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    if tenant != s.tenant {
+        return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "invalid_request", "error_description": format!("AADSTS90002: Tenant '{tenant}' not found.")}))).into_response();
+    }
+    let ok = form.get("grant_type").map(String::as_str) == Some("client_credentials")
+        && form.get("client_id") == Some(&s.client_id)
+        && form.get("client_secret") == Some(&s.client_secret)
+        && form.get("scope").is_some_and(|sc| sc.ends_with("/.default"));
+    if !ok {
+        return (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret provided."}))).into_response();
+    }
+    let token = format!("arm-token-{}", s.arm.lock().unwrap().tokens.len() + 1);
+    s.arm.lock().unwrap().tokens.push(token.clone());
+    (StatusCode::OK, axum::Json(json!({"token_type": "Bearer", "expires_in": 3599, "access_token": token})))
+        .into_response()
+}
+
+fn percent_decode(v: &str) -> String {
+    let bytes = v.replace('+', " ").into_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&String::from_utf8_lossy(&bytes[i + 1..i + 3]), 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn topics(s: &Shared, method: Method, base: &str, rest: &[&str], original: &[&str], body: Value) -> Response {
+    let mut arm = s.arm.lock().unwrap();
+    match (method, rest) {
+        (Method::GET, []) => {
+            let prefix = format!("{}/", base.to_ascii_lowercase());
+            let value: Vec<Value> =
+                arm.topics.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(_, v)| v.clone()).collect();
+            (StatusCode::OK, axum::Json(json!({"value": value}))).into_response()
+        }
+        (m, [_]) => {
+            let id = format!("{base}/{}", original[0]);
+            let key = id.to_ascii_lowercase();
+            match m {
+                Method::GET => match arm.topics.get(&key) {
+                    Some(t) => (StatusCode::OK, axum::Json(t.clone())).into_response(),
+                    None => {
+                        error(StatusCode::NOT_FOUND, "ResourceNotFound", &format!("The Resource '{id}' was not found."))
+                    }
+                },
+                Method::PUT => {
+                    let Some(source) = body["properties"]["source"].as_str() else {
+                        return error(StatusCode::BAD_REQUEST, "InvalidRequest", "properties.source is required");
+                    };
+                    if body["properties"]["topicType"] != "Microsoft.Storage.StorageAccounts" {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "InvalidRequest",
+                            "properties.topicType: only Microsoft.Storage.StorageAccounts here",
+                        );
+                    }
+                    let Some(location) = body["location"].as_str() else {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "LocationRequired",
+                            "The location property is required for this definition.",
+                        );
+                    };
+                    let account = source.rsplit('/').next().unwrap_or("");
+                    match s.accounts.get(account) {
+                        None => {
+                            return error(
+                                StatusCode::BAD_REQUEST,
+                                "InvalidRequest",
+                                &format!("The source resource {source} does not exist."),
+                            );
+                        }
+                        Some(l) if l != location => {
+                            return error(
+                                StatusCode::BAD_REQUEST,
+                                "InvalidRequest",
+                                &format!("The system topic must be in the location of its source ({l})."),
+                            );
+                        }
+                        _ => {}
+                    }
+                    let other = arm.topics.iter().find(|(k, t)| {
+                        **k != key && t["properties"]["source"].as_str().is_some_and(|x| x.eq_ignore_ascii_case(source))
+                    });
+                    if let Some((_, t)) = other {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "InvalidRequest",
+                            &format!(
+                                "Only one system topic is allowed per source. The source {source} already has the system topic {}.",
+                                t["name"].as_str().unwrap_or("")
+                            ),
+                        );
+                    }
+                    let created = !arm.topics.contains_key(&key);
+                    let t = json!({
+                        "id": id, "name": original[0], "type": "Microsoft.EventGrid/systemTopics", "location": location,
+                        "properties": {"source": source, "topicType": "Microsoft.Storage.StorageAccounts", "provisioningState": "Succeeded"},
+                    });
+                    arm.topics.insert(key, t.clone());
+                    (if created { StatusCode::CREATED } else { StatusCode::OK }, axum::Json(t)).into_response()
+                }
+                Method::DELETE => {
+                    let prefix = format!("{key}/eventsubscriptions/");
+                    arm.event_subscriptions.retain(|k, _| !k.starts_with(&prefix));
+                    if arm.topics.remove(&key).is_some() {
+                        StatusCode::OK.into_response()
+                    } else {
+                        StatusCode::NO_CONTENT.into_response()
+                    }
+                }
+                _ => error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "not served by the double"),
+            }
+        }
+        (m, [_, "eventsubscriptions", tail @ ..]) => {
+            let topic = format!("{base}/{}", original[0]);
+            if !arm.topics.contains_key(&topic.to_ascii_lowercase()) {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    "ParentResourceNotFound",
+                    &format!(
+                        "Can not perform requested operation on nested resource. Parent resource '{topic}' not found."
+                    ),
+                );
+            }
+            match (m, tail) {
+                (Method::GET, []) => {
+                    let prefix = format!("{}/eventsubscriptions/", topic.to_ascii_lowercase());
+                    let value: Vec<Value> = arm
+                        .event_subscriptions
+                        .iter()
+                        .filter(|(k, _)| k.starts_with(&prefix))
+                        .map(|(_, v)| v.clone())
+                        .collect();
+                    (StatusCode::OK, axum::Json(json!({"value": value}))).into_response()
+                }
+                (m, [_]) => {
+                    let id = format!("{topic}/eventSubscriptions/{}", original[2]);
+                    let key = id.to_ascii_lowercase();
+                    match m {
+                        Method::GET => match arm.event_subscriptions.get(&key) {
+                            Some(e) => (StatusCode::OK, axum::Json(e.clone())).into_response(),
+                            None => error(
+                                StatusCode::NOT_FOUND,
+                                "ResourceNotFound",
+                                &format!("The Resource '{id}' was not found."),
+                            ),
+                        },
+                        Method::PUT => {
+                            let p = &body["properties"];
+                            let d = &p["destination"];
+                            if d["endpointType"] != "StorageQueue" {
+                                return error(
+                                    StatusCode::BAD_REQUEST,
+                                    "InvalidRequest",
+                                    "destination.endpointType: only StorageQueue here",
+                                );
+                            }
+                            let account =
+                                d["properties"]["resourceId"].as_str().and_then(|r| r.rsplit('/').next()).unwrap_or("");
+                            if !s.accounts.contains_key(account)
+                                || d["properties"]["queueName"].as_str().is_none_or(str::is_empty)
+                            {
+                                return error(
+                                    StatusCode::BAD_REQUEST,
+                                    "InvalidRequest",
+                                    "destination: a storage account resourceId and a queueName are required",
+                                );
+                            }
+                            if p["filter"]["subjectBeginsWith"]
+                                .as_str()
+                                .is_some_and(|b| !b.starts_with("/blobServices/default/"))
+                            {
+                                return error(
+                                    StatusCode::BAD_REQUEST,
+                                    "InvalidRequest",
+                                    "filter.subjectBeginsWith must start with /blobServices/default/ for a storage account topic",
+                                );
+                            }
+                            let created = !arm.event_subscriptions.contains_key(&key);
+                            let mut e = json!({"id": id, "name": original[2], "type": "Microsoft.EventGrid/systemTopics/eventSubscriptions", "properties": p.clone()});
+                            e["properties"]["provisioningState"] = json!("Succeeded");
+                            arm.event_subscriptions.insert(key, e.clone());
+                            (if created { StatusCode::CREATED } else { StatusCode::OK }, axum::Json(e)).into_response()
+                        }
+                        Method::DELETE => {
+                            if arm.event_subscriptions.remove(&key).is_some() {
+                                StatusCode::OK.into_response()
+                            } else {
+                                StatusCode::NO_CONTENT.into_response()
+                            }
+                        }
+                        _ => error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "not served by the double"),
+                    }
+                }
+                _ => error(StatusCode::NOT_FOUND, "InvalidResourceType", "not served by the double"),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, "InvalidResourceType", "not served by the double"),
+    }
+}

@@ -1,0 +1,156 @@
+//! `remote.events.enable` on an Azure mount, as a user runs it: Tidemark signs in as a service
+//! principal, makes the storage queue (and its poison queue) on Azurite, the account's Event Grid
+//! system topic and an event subscription of this cluster's through Resource Manager
+//! (`tidemark_testkit::AzureArmDouble`: no emulator serves it), and tears them down. Event Grid
+//! itself is played by the test: for a blob change it puts the event, in Event Grid's schema, on
+//! the queues the double's event subscriptions say it would reach.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tidemark_cloud::azure::{AzureBlobStorage, AzureQueueSource};
+use tidemark_core::RemoteStorage;
+use tidemark_core::remote::{RemoteConf, StorageKind};
+use tidemark_testkit::{AzureArmDouble, Azurite, TidemarkProcess, fails, ok, run_shell, unique_name};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidemark"))
+}
+
+fn conf(a: &Azurite) -> RemoteConf {
+    let settings = [
+        ("account", Azurite::ACCOUNT),
+        ("account_key", Azurite::KEY),
+        ("blob_endpoint", a.blob_endpoint.as_str()),
+        ("queue_endpoint", a.queue_endpoint.as_str()),
+    ];
+    RemoteConf {
+        name: "az".into(),
+        kind: StorageKind::Azure,
+        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}
+
+/// Whether the queue `name` exists on Azurite.
+async fn queue_exists(a: &Azurite, name: &str) -> bool {
+    AzureQueueSource::open(&conf(a), name, Duration::from_secs(1)).unwrap().exists().await.unwrap()
+}
+
+async fn within(what: &str, secs: u64, mut check: impl AsyncFnMut() -> bool) {
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(secs) {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} not within {secs} s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
+    let a = Azurite::get();
+    let arm = AzureArmDouble::start("tenant-1", "app-1", "app-secret-0123456789", &[(Azurite::ACCOUNT, "westeurope")]);
+    let container = unique_name("azprov");
+    let blobs = AzureBlobStorage::open(&conf(&a), &container).unwrap();
+    blobs.create_container().await.unwrap();
+    blobs.put("photos/before.txt", Bytes::from_static(b"before"), Default::default()).await.unwrap();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    ok(sh(&format!(
+        "remote.configure -name=az -type=azure -azure.account={} -azure.account_key={} -azure.blob_endpoint={} -azure.queue_endpoint={}",
+        Azurite::ACCOUNT,
+        Azurite::KEY,
+        a.blob_endpoint,
+        a.queue_endpoint
+    )));
+    ok(sh(&format!("remote.mount -dir=/mnt/az -remote=az/{container}/photos")));
+    // Without Resource Manager settings, the error names them; nothing is left behind.
+    let err = fails(sh("remote.events.enable -dir=/mnt/az"));
+    assert!(err.contains("-azure.subscription_id") && err.contains("-queue="), "{err}");
+    let arm_settings = format!(
+        "remote.configure -name=az -azure.subscription_id=sub-1 -azure.resource_group=rg-1 -azure.tenant_id=tenant-1 \
+         -azure.client_id=app-1 -azure.arm_endpoint={0} -azure.login_endpoint={0}",
+        arm.endpoint
+    );
+    // A wrong secret: refused at sign-in, said so, nothing made.
+    ok(sh(&format!("{arm_settings} -azure.client_secret=wrong-secret-000")));
+    let err = fails(sh("remote.events.enable -dir=/mnt/az"));
+    assert!(err.contains("service principal") && err.contains("client_secret"), "{err}");
+    assert!(arm.system_topics().is_empty() && arm.event_subscriptions().is_empty());
+    ok(sh("remote.configure -name=az -azure.client_secret=app-secret-0123456789"));
+    // The secret is one of the masked settings.
+    let shown = ok(sh("fs.cat /etc/tidemark/remote/az.conf"));
+    assert!(!shown.contains("app-secret-0123456789") && shown.contains("****6789"), "{shown}");
+
+    let out = ok(sh("remote.events.enable -dir=/mnt/az -slice=6s -visibility=2s -maxReceives=3"));
+    assert!(out.contains("provisioned sqs_direct tidemark-"), "{out}");
+    let doc: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();
+    let managed = doc[0]["managed"].clone();
+    let queue = managed["queue_url"].as_str().unwrap().to_string();
+    let poison = managed["dead_letter_queue_url"].as_str().unwrap().to_string();
+    assert_eq!(poison, format!("{queue}-poison"));
+    assert!(managed["system_topic_created"].as_bool().unwrap());
+    assert!(queue_exists(&a, &queue).await && queue_exists(&a, &poison).await);
+    let topics = arm.system_topics();
+    assert_eq!(topics.len(), 1);
+    assert_eq!(topics[0]["location"], "westeurope");
+    let subs = arm.event_subscriptions();
+    assert_eq!(subs.len(), 1);
+    let filter = &subs[0]["properties"]["filter"];
+    assert_eq!(filter["subjectBeginsWith"], format!("/blobServices/default/containers/{container}/blobs/photos/"));
+    assert!(filter["includedEventTypes"].to_string().contains("Microsoft.Storage.BlobCreated"));
+
+    // Event Grid's part: a blob created and one deleted, delivered where the subscription says.
+    within("the subscription to tail", 60, async || {
+        ok(sh("remote.events.list")).lines().nth(1).is_some_and(|l| l.split('\t').nth(6) == Some("tailing"))
+    })
+    .await;
+    let deliver = async |event: &str, name: &str| {
+        let subject = format!("/blobServices/default/containers/{container}/blobs/{name}");
+        let targets = arm.deliveries(&format!("Microsoft.Storage.{event}"), &subject);
+        for (_, q) in &targets {
+            let message = serde_json::json!({
+                "topic": format!("/subscriptions/sub-1/resourceGroups/rg-1/providers/Microsoft.Storage/storageAccounts/{}", Azurite::ACCOUNT),
+                "subject": subject,
+                "eventType": format!("Microsoft.Storage.{event}"),
+                "eventTime": "2026-12-05T10:00:00.0000000Z",
+                "id": unique_name("id"), "dataVersion": "", "metadataVersion": "1",
+                "data": {"url": format!("{}/{container}/{name}", a.blob_endpoint)},
+            });
+            AzureQueueSource::open(&conf(&a), q, Duration::from_secs(1))
+                .unwrap()
+                .put_message(&message.to_string())
+                .await
+                .unwrap();
+        }
+        targets.len()
+    };
+    blobs.put("photos/new.txt", Bytes::from_static(b"through event grid"), Default::default()).await.unwrap();
+    assert_eq!(deliver("BlobCreated", "photos/new.txt").await, 1);
+    assert_eq!(deliver("BlobCreated", "other/outside.txt").await, 0, "the filter keeps the prefix");
+    within("the new blob in the namespace", 30, async || sh("fs.cat /mnt/az/new.txt").status.success()).await;
+    assert_eq!(ok(sh("fs.cat /mnt/az/new.txt")), "through event grid");
+    blobs.delete("photos/before.txt").await.unwrap();
+    assert_eq!(deliver("BlobDeleted", "photos/before.txt").await, 1);
+    within("the deleted blob gone", 30, async || !ok(sh("fs.ls /mnt/az")).contains("before.txt")).await;
+    // A message that never decodes is moved to the poison queue after -maxReceives receives.
+    AzureQueueSource::open(&conf(&a), &queue, Duration::from_secs(1))
+        .unwrap()
+        .put_message("not an event")
+        .await
+        .unwrap();
+    within("the poison message shown as dead", 90, async || {
+        let doc: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();
+        doc[0]["status"]["dead_lettered"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
+
+    let out = ok(sh("remote.events.disable -dir=/mnt/az -teardown"));
+    assert!(!out.is_empty());
+    assert!(arm.event_subscriptions().is_empty() && arm.system_topics().is_empty(), "all of it removed");
+    assert!(!queue_exists(&a, &queue).await && !queue_exists(&a, &poison).await, "the queues removed");
+}
