@@ -76,7 +76,12 @@ pub async fn open_event_source(
                 .with_dead_letter(managed.dead_letter_queue_url.as_deref());
             Ok((Box::new(source), Provider::S3))
         }
-        StorageKind::Gcs => Ok((Box::new(gcp::PubSubSource::open(conf, queue)?), Provider::Gcs)),
+        StorageKind::Gcs => {
+            let source = gcp::PubSubSource::open(conf, queue)?
+                .with_visibility(visibility)
+                .with_dead_letter(managed.dead_letter_queue_url.as_deref());
+            Ok((Box::new(source), Provider::Gcs))
+        }
         StorageKind::Azure => {
             let source = azure::AzureQueueSource::open(conf, queue, visibility)?
                 .with_poison(managed.dead_letter_queue_url.as_deref(), managed.max_receives);

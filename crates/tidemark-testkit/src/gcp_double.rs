@@ -4,8 +4,9 @@
 //! - Cloud Storage JSON API: `notifications.insert/list/get/delete`
 //!   (`/storage/v1/b/BUCKET/notificationConfigs[/ID]`) and `projects.serviceAccount.get`
 //!   (`/storage/v1/projects/P/serviceAccount`) — fake-gcs-server has neither;
-//! - Pub/Sub: `topics.getIamPolicy` / `topics.setIamPolicy` (`/v1/projects/P/topics/T:...`) —
-//!   the emulator answers 501.
+//! - Pub/Sub: `topics.getIamPolicy` / `topics.setIamPolicy` (`/v1/projects/P/topics/T:...`) and
+//!   the same of subscriptions — the emulator answers 501;
+//! - Cloud Resource Manager: `projects.get` (`GET /v1/projects/P`), for the project's number.
 //!
 //! They follow Google's published REST reference: the same paths, bodies, status codes and
 //! error shapes (`{"error": {"code", "message", "status"?}}`), 404 for an unknown bucket or
@@ -26,6 +27,10 @@ use serde_json::{Value, json};
 
 /// The email of every project's Cloud Storage service agent here.
 pub const SERVICE_AGENT: &str = "service-000000000000@gs-project-accounts.iam.gserviceaccount.com";
+/// Every project's number here (Cloud Resource Manager's `projects.get`).
+pub const PROJECT_NUMBER: &str = "123456789012";
+/// The Pub/Sub service agent of every project here, which forwards dead letters.
+pub const PUBSUB_AGENT: &str = "service-123456789012@gcp-sa-pubsub.iam.gserviceaccount.com";
 const EVENT_TYPES: &[&str] = &["OBJECT_FINALIZE", "OBJECT_METADATA_UPDATE", "OBJECT_DELETE", "OBJECT_ARCHIVE"];
 
 #[derive(Default)]
@@ -125,9 +130,14 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         (m, ["storage", "v1", "b", bucket, "notificationConfigs", rest @ ..]) => {
             notifications(&s, m, bucket, rest.first().copied(), &body).await
         }
-        (Method::POST, ["v1", "projects", p, "topics", last]) if last.contains(':') => {
+        (Method::POST, ["v1", "projects", p, kind @ ("topics" | "subscriptions"), last])
+            if last.ends_with(":getIamPolicy") || last.ends_with(":setIamPolicy") =>
+        {
             let (t, verb) = last.split_once(':').unwrap_or_default();
-            iam(&s, &format!("projects/{p}/topics/{t}"), verb, &body).await
+            iam(&s, &format!("projects/{p}/{kind}/{t}"), verb, &body).await
+        }
+        (Method::GET, ["v1", "projects", p]) => {
+            ok(json!({"projectNumber": PROJECT_NUMBER, "projectId": p, "lifecycleState": "ACTIVE"}))
         }
         _ => pass(&s, method, &path_and_query, headers, body).await,
     }

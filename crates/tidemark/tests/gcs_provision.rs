@@ -61,14 +61,17 @@ async fn gcs_events_are_provisioned_consumed_and_torn_down() {
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
     // Without a project there is nothing to provision in: said, and nothing is left behind.
-    ok(sh(&format!("remote.configure -name=g -type=gcs -gcs.endpoint={0} -gcs.pubsub_endpoint={0}", double.endpoint)));
+    ok(sh(&format!(
+        "remote.configure -name=g -type=gcs -gcs.endpoint={0} -gcs.pubsub_endpoint={0} -gcs.resource_manager_endpoint={0}",
+        double.endpoint
+    )));
     ok(sh(&format!("remote.mount -dir=/mnt/g -remote=g/{bucket}/photos")));
     let err = fails(sh("remote.events.enable -dir=/mnt/g"));
     assert!(err.contains("-gcs.project"), "{err}");
     ok(sh(&format!("remote.configure -name=g -gcs.project={}", FakeGcs::PROJECT)));
     // Flags that do not apply to Cloud Storage are refused before anything is made.
     assert!(fails_usage(sh("remote.events.enable -dir=/mnt/g -via=sns")).contains("-via is S3's"));
-    assert!(fails_usage(sh("remote.events.enable -dir=/mnt/g -maxReceives=3")).contains("dead-letter"));
+    assert!(fails(sh("remote.events.enable -dir=/mnt/g -maxReceives=3")).contains("5 to 100"));
     let missing = format!("projects/{}/topics/{}", FakeGcs::PROJECT, unique_name("nope"));
     let err = fails(sh(&format!("remote.events.enable -dir=/mnt/g -topic={missing}")));
     assert!(err.contains("does not exist"), "{err}");
@@ -76,7 +79,8 @@ async fn gcs_events_are_provisioned_consumed_and_torn_down() {
     assert!(ok(sh("remote.events.list")).lines().count() <= 1, "no subscription recorded");
 
     // A topic of its own: every resource made, recorded, and removed again.
-    let out = ok(sh("remote.events.enable -dir=/mnt/g -events=created,removed"));
+    let out =
+        ok(sh("remote.events.enable -dir=/mnt/g -events=created,removed -maxReceives=5 -visibility=2s -slice=6s"));
     assert!(out.contains("provisioned sqs_direct projects/test/subscriptions/tidemark-"), "{out}");
     let listed = ok(sh("remote.events.list -json"));
     let doc: serde_json::Value = serde_json::from_str(&listed).unwrap();
@@ -97,15 +101,41 @@ async fn gcs_events_are_provisioned_consumed_and_torn_down() {
     );
     let policy = double.policy(&topic).unwrap();
     assert!(policy.to_string().contains(tidemark_testkit::gcp_double::SERVICE_AGENT), "{policy}");
+    // Dead letters: a topic and the subscription that keeps them; Pub/Sub's agent may forward.
+    let (dead, kept) = (
+        managed["dead_letter_queue_arn"].as_str().unwrap().to_string(),
+        managed["dead_letter_queue_url"].as_str().unwrap().to_string(),
+    );
+    assert!(exists(&ps, &dead).await && exists(&ps, &kept).await, "{managed}");
+    let agent = tidemark_testkit::gcp_double::PUBSUB_AGENT;
+    assert!(double.policy(&dead).unwrap().to_string().contains(agent));
+    assert!(double.policy(&sub).unwrap().to_string().contains(agent));
+    // A notification whose payload is not JSON (malformed, never applied): after 5 deliveries it waits in the dead-letter
+    // subscription, and the list shows it.
+    within("the subscription to tail", 60, async || tailing(&server)).await;
+    let publish = reqwest::Client::new()
+        .post(format!("http://{}/v1/{topic}:publish", ps.host))
+        .json(&serde_json::json!({"messages": [{"data": "bm90IGpzb24=", "attributes": {
+            "eventType": "OBJECT_FINALIZE", "payloadFormat": "JSON_API_V1", "bucketId": bucket, "objectId": "photos/x"}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(publish.status().is_success());
+    within("the poison message dead-lettered", 90, async || {
+        let doc: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();
+        doc[0]["status"]["dead_lettered"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
     let out = ok(sh("remote.events.disable -dir=/mnt/g -teardown"));
     assert!(out.contains("teardown") || out.contains("removed"), "{out}");
     assert!(double.notifications(&bucket).is_empty());
     assert!(!exists(&ps, &sub).await && !exists(&ps, &topic).await, "subscription and topic removed");
+    assert!(!exists(&ps, &kept).await && !exists(&ps, &dead).await, "dead-letter topic and subscription removed");
 
     // The topic fake-gcs-server publishes the bucket's events to: a subscription of this
     // cluster's on it, and events flow into the namespace.
     let Some(shared) = fake.topic.clone() else { return };
-    let out = ok(sh(&format!("remote.events.enable -dir=/mnt/g -topic={shared} -slice=6s")));
+    let out = ok(sh(&format!("remote.events.enable -dir=/mnt/g -topic={shared} -slice=6s -maxReceives=0")));
     assert!(out.contains("provisioned sns_fanout"), "{out}");
     within("the subscription to tail", 60, async || tailing(&server)).await;
     let began = Instant::now();

@@ -28,7 +28,11 @@ pub const SETTINGS: &[(&str, &str)] = &[
         "pubsub_endpoint",
         "the Pub/Sub endpoint, for events (default https://pubsub.googleapis.com, or $PUBSUB_EMULATOR_HOST)",
     ),
-    ("project", "the Google Cloud project of the Pub/Sub subscription, for events"),
+    ("project", "the Google Cloud project of the Pub/Sub topic and subscription, for events"),
+    (
+        "resource_manager_endpoint",
+        "Cloud Resource Manager, for the project's number when provisioning dead letters (default https://cloudresourcemanager.googleapis.com)",
+    ),
 ];
 
 pub struct GcsStorage {

@@ -11,8 +11,12 @@
 //! topic, one consumer); `-topic=T`, an existing topic shared by several clusters, each with its
 //! own subscription (recorded as `sns_fanout`), which Tidemark never deletes.
 //!
-//! Dead letters are not provisioned on GCS yet: Pub/Sub's dead-letter policy also needs roles
-//! for the Pub/Sub service agent, which are granted per project.
+//! Dead letters: with `-maxReceives=N` (5 to 100, Pub/Sub's bounds; 0: none) a dead-letter
+//! topic `NAME-dead` with a subscription that keeps what arrives there, and the subscription's
+//! dead-letter policy. Pub/Sub forwards as its own service agent
+//! (`service-NUMBER@gcp-sa-pubsub.iam.gserviceaccount.com`, the project's number from Resource
+//! Manager): it gets the publisher role on the dead-letter topic and the subscriber role on the
+//! subscription, both going with those resources.
 
 use std::time::Duration;
 
@@ -27,6 +31,9 @@ use tidemark_core::{Error, Result};
 use super::auth::{Auth, check, transport};
 
 const PUBLISHER: &str = "roles/pubsub.publisher";
+const SUBSCRIBER: &str = "roles/pubsub.subscriber";
+/// Pub/Sub's bounds on `maxDeliveryAttempts`.
+const DELIVERY_ATTEMPTS: std::ops::RangeInclusive<u32> = 5..=100;
 /// How long Pub/Sub waits for an acknowledgement before redelivering (the consumer extends it
 /// per message to its visibility option).
 const ACK_DEADLINE_SECS: u64 = 60;
@@ -41,6 +48,8 @@ pub struct GcsNotifications {
     existing_topic: Option<String>,
     storage_auth: Auth,
     pubsub_auth: Auth,
+    /// Cloud Resource Manager, for the project's number.
+    resource_manager: String,
 }
 
 /// The GCS event types that carry `events` (see docs/SEMANTICS.md "Event names": a metadata
@@ -117,6 +126,11 @@ impl GcsNotifications {
             project,
             bucket: bucket.to_string(),
             existing_topic,
+            resource_manager: conf
+                .setting("resource_manager_endpoint")
+                .unwrap_or("https://cloudresourcemanager.googleapis.com")
+                .trim_end_matches('/')
+                .to_string(),
         })
     }
 
@@ -129,9 +143,13 @@ impl GcsNotifications {
         (op, target): (&str, &str),
         missing_ok: bool,
     ) -> Result<Option<Value>> {
-        let pubsub = url.starts_with(&self.pubsub);
-        let (endpoint, auth) =
-            if pubsub { (&self.pubsub, &self.pubsub_auth) } else { (&self.storage, &self.storage_auth) };
+        let (endpoint, auth) = if url.starts_with(&self.storage) {
+            (&self.storage, &self.storage_auth)
+        } else if url.starts_with(&self.pubsub) {
+            (&self.pubsub, &self.pubsub_auth)
+        } else {
+            (&self.resource_manager, &self.storage_auth)
+        };
         let mut rb = self.http.request(method, &url);
         if let Some(b) = body {
             rb = rb.json(&b);
@@ -166,8 +184,26 @@ impl GcsNotifications {
     }
 
     /// Adds (`grant`) or removes the publisher role of `member` on `topic`; whether the policy
-    /// changed. The policy's etag makes a concurrent change fail rather than be overwritten.
+    /// changed.
     async fn publisher(&self, topic: &str, member: &str, grant: bool) -> Result<bool> {
+        self.role(topic, PUBLISHER, member, grant).await
+    }
+
+    /// The Pub/Sub service agent of the project, which forwards dead letters.
+    async fn pubsub_agent(&self) -> Result<String> {
+        let url = format!("{}/v1/projects/{}", self.resource_manager, self.project);
+        let v =
+            self.call(Method::GET, url, None, ("reading the project", &self.project), false).await?.unwrap_or_default();
+        let number = v["projectNumber"].as_str().ok_or_else(|| {
+            Error::internal(format!("Resource Manager answered no projectNumber for project {}", self.project))
+        })?;
+        Ok(format!("serviceAccount:service-{number}@gcp-sa-pubsub.iam.gserviceaccount.com"))
+    }
+
+    /// Adds (`grant`) or removes `role` of `member` on a topic or subscription (`topic`);
+    /// whether the policy changed. The policy's etag makes a concurrent change fail rather than
+    /// be overwritten.
+    async fn role(&self, topic: &str, role: &str, member: &str, grant: bool) -> Result<bool> {
         let get = format!("{}/v1/{topic}:getIamPolicy", self.pubsub);
         let Some(mut policy) =
             self.call(Method::POST, get, Some(json!({})), ("reading the access policy of", topic), !grant).await?
@@ -183,17 +219,17 @@ impl GcsNotifications {
         };
         let had = list
             .iter()
-            .any(|b| b["role"] == PUBLISHER && b["members"].as_array().is_some_and(|m| m.iter().any(|x| x == member)));
+            .any(|b| b["role"] == role && b["members"].as_array().is_some_and(|m| m.iter().any(|x| x == member)));
         if had == grant {
             return Ok(false);
         }
         if grant {
-            match list.iter_mut().find(|b| b["role"] == PUBLISHER) {
+            match list.iter_mut().find(|b| b["role"] == role) {
                 Some(b) => b["members"].as_array_mut().into_iter().for_each(|m| m.push(json!(member))),
-                None => list.push(json!({"role": PUBLISHER, "members": [member]})),
+                None => list.push(json!({"role": role, "members": [member]})),
             }
         } else {
-            for b in list.iter_mut().filter(|b| b["role"] == PUBLISHER) {
+            for b in list.iter_mut().filter(|b| b["role"] == role) {
                 if let Some(m) = b["members"].as_array_mut() {
                     m.retain(|x| x != member);
                 }
@@ -221,7 +257,7 @@ impl EventNotifications for GcsNotifications {
         queue_name: &str,
         prefix: &str,
         events: &EventTypes,
-        _max_receives: u32,
+        max_receives: u32,
         _fingerprint_of: &(dyn for<'f> Fn(&'f str) -> String + Send + Sync),
         managed: &mut ManagedResources,
     ) -> Result<String> {
@@ -243,6 +279,11 @@ impl EventNotifications for GcsNotifications {
             }
         }
         check_resource_name("subscription", queue_name)?;
+        if max_receives != 0 && !DELIVERY_ATTEMPTS.contains(&max_receives) {
+            return Err(Error::invalid_argument(format!(
+                "-maxReceives={max_receives}: Pub/Sub dead-letters after 5 to 100 deliveries (or 0: no dead-letter topic)"
+            )));
+        }
         // 1. The topic.
         let topic = match &self.existing_topic {
             Some(t) => {
@@ -273,19 +314,37 @@ impl EventNotifications for GcsNotifications {
         if self.publisher(&topic, &agent, true).await? && self.existing_topic.is_some() {
             managed.publisher_binding = Some(topic.clone());
         }
-        // 3. This cluster's subscription, before anything is published.
+        // 3. The dead-letter topic and the subscription that keeps its messages, which Pub/Sub's
+        // service agent may publish to.
         let sub = format!("projects/{}/subscriptions/{queue_name}", self.project);
-        let body = json!({ "topic": topic, "ackDeadlineSeconds": ACK_DEADLINE_SECS });
-        self.call(
-            Method::PUT,
-            format!("{}/v1/{sub}", self.pubsub),
-            Some(body),
-            ("creating the subscription", &sub),
-            false,
-        )
-        .await?;
+        let mut body = json!({ "topic": topic, "ackDeadlineSeconds": ACK_DEADLINE_SECS });
+        let pubsub_agent = if max_receives > 0 {
+            let agent = self.pubsub_agent().await?;
+            let dead = format!("projects/{}/topics/{queue_name}-dead", self.project);
+            let url = format!("{}/v1/{dead}", self.pubsub);
+            self.call(Method::PUT, url, Some(json!({})), ("creating the topic", &dead), false).await?;
+            managed.dead_letter_queue_arn = Some(dead.clone());
+            let kept = format!("projects/{}/subscriptions/{queue_name}-dead", self.project);
+            let url = format!("{}/v1/{kept}", self.pubsub);
+            let kept_body = json!({"topic": dead, "messageRetentionDuration": "604800s"});
+            self.call(Method::PUT, url, Some(kept_body), ("creating the subscription", &kept), false).await?;
+            managed.dead_letter_queue_url = Some(kept);
+            managed.max_receives = Some(max_receives);
+            self.role(&dead, PUBLISHER, &agent, true).await?;
+            body["deadLetterPolicy"] = json!({"deadLetterTopic": dead, "maxDeliveryAttempts": max_receives});
+            Some(agent)
+        } else {
+            None
+        };
+        // 4. This cluster's subscription, before anything is published.
+        let url = format!("{}/v1/{sub}", self.pubsub);
+        self.call(Method::PUT, url, Some(body), ("creating the subscription", &sub), false).await?;
         managed.pubsub_subscription = Some(sub.clone());
-        // 4. The bucket's notification configuration.
+        if let Some(agent) = pubsub_agent {
+            // Pub/Sub acknowledges what it forwards as a subscriber of the subscription.
+            self.role(&sub, SUBSCRIBER, &agent, true).await?;
+        }
+        // 5. The bucket's notification configuration.
         let mut config = json!({
             "topic": format!("//pubsub.googleapis.com/{topic}"),
             "payload_format": "JSON_API_V1",
@@ -324,6 +383,17 @@ impl EventNotifications for GcsNotifications {
             )
             .await?;
             managed.pubsub_subscription = None;
+        }
+        if let Some(kept) = managed.dead_letter_queue_url.clone() {
+            let url = format!("{}/v1/{kept}", self.pubsub);
+            self.call(Method::DELETE, url, None, ("removing the subscription", &kept), true).await?;
+            managed.dead_letter_queue_url = None;
+        }
+        if let Some(dead) = managed.dead_letter_queue_arn.clone() {
+            let url = format!("{}/v1/{dead}", self.pubsub);
+            self.call(Method::DELETE, url, None, ("removing the topic", &dead), true).await?;
+            managed.dead_letter_queue_arn = None;
+            managed.max_receives = None;
         }
         if let Some(topic) = managed.publisher_binding.clone() {
             let agent = format!("serviceAccount:{}", self.service_agent().await?);

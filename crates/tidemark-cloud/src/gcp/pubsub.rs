@@ -36,7 +36,15 @@ pub struct PubSubSource {
     /// ack id -> message id, to forget counts once acknowledged.
     in_flight: Mutex<HashMap<String, String>>,
     backoff: ReceiveBackoff,
+    /// The subscription on the dead-letter topic, where Pub/Sub moves what was delivered too often.
+    dead_letter: Option<String>,
+    /// How long a pulled message stays with this consumer before Pub/Sub delivers it again (the
+    /// subscription's visibility option), whatever the subscription's own ack deadline.
+    visibility: Option<Duration>,
 }
+
+/// The most dead letters one count looks at (a pull's limit).
+const DEAD_LETTER_PEEK: usize = 1000;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -107,14 +115,32 @@ impl PubSubSource {
             seen: Mutex::default(),
             in_flight: Mutex::default(),
             backoff: ReceiveBackoff::default(),
+            dead_letter: None,
+            visibility: None,
         })
     }
 
+    /// Each pulled message's ack deadline is set to `visibility` (at most Pub/Sub's 600 s).
+    pub fn with_visibility(mut self, visibility: Duration) -> Self {
+        self.visibility = Some(visibility.clamp(Duration::from_secs(1), Duration::from_secs(600)));
+        self
+    }
+
+    /// `subscription`: the dead-letter topic's subscription (`projects/P/subscriptions/S`).
+    pub fn with_dead_letter(mut self, subscription: Option<&str>) -> Self {
+        self.dead_letter = subscription.map(str::to_string);
+        self
+    }
+
     async fn post(&self, verb: &str, body: serde_json::Value) -> Result<reqwest::Response> {
-        let rb = self.http.post(format!("{}/v1/{}:{verb}", self.endpoint, self.subscription)).json(&body);
+        self.post_to(&self.subscription, verb, body).await
+    }
+
+    async fn post_to(&self, subscription: &str, verb: &str, body: serde_json::Value) -> Result<reqwest::Response> {
+        let rb = self.http.post(format!("{}/v1/{subscription}:{verb}", self.endpoint)).json(&body);
         let rb = self.auth.apply(&self.http, rb).await?;
-        let resp = rb.send().await.map_err(|e| transport(verb, &self.subscription, &self.endpoint, e))?;
-        check(resp, verb, &self.subscription).await
+        let resp = rb.send().await.map_err(|e| transport(verb, subscription, &self.endpoint, e))?;
+        check(resp, verb, subscription).await
     }
 
     fn forget(&self, ack_id: &str) {
@@ -135,6 +161,21 @@ impl EventSource for PubSubSource {
         MAX_BATCH
     }
 
+    /// Pub/Sub counts no subscription's messages through its own API: the dead letters are
+    /// pulled (up to 1,000) and given back at once, so the count is what a pull sees.
+    async fn dead_lettered(&self) -> Result<Option<u64>> {
+        let Some(dead) = &self.dead_letter else { return Ok(None) };
+        let resp =
+            self.post_to(dead, "pull", json!({"maxMessages": DEAD_LETTER_PEEK, "returnImmediately": true})).await?;
+        let pulled: PullResponse =
+            resp.json().await.map_err(|e| Error::internal(format!("pull: unreadable answer ({e})")))?;
+        let ids: Vec<&str> = pulled.received_messages.iter().map(|m| m.ack_id.as_str()).collect();
+        if !ids.is_empty() {
+            self.post_to(dead, "modifyAckDeadline", json!({"ackIds": ids, "ackDeadlineSeconds": 0})).await?;
+        }
+        Ok(Some(ids.len() as u64))
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         self.backoff.pause().await;
         let deadline = Instant::now() + wait;
@@ -144,6 +185,17 @@ impl EventSource for PubSubSource {
             let resp = self.backoff.record(&self.describe(), result)?;
             let pulled: PullResponse =
                 resp.json().await.map_err(|e| Error::internal(format!("pull: unreadable answer ({e})")))?;
+            if let Some(v) = self.visibility
+                && !pulled.received_messages.is_empty()
+            {
+                let ids: Vec<&str> = pulled.received_messages.iter().map(|m| m.ack_id.as_str()).collect();
+                // Failing here leaves the subscription's own deadline: the messages come back later.
+                if let Err(e) =
+                    self.post("modifyAckDeadline", json!({"ackIds": ids, "ackDeadlineSeconds": v.as_secs()})).await
+                {
+                    tracing::warn!(error = %e, "setting the ack deadline of pulled messages failed");
+                }
+            }
             if !pulled.received_messages.is_empty() || Instant::now() >= deadline {
                 let mut out = Vec::with_capacity(pulled.received_messages.len());
                 for m in pulled.received_messages {

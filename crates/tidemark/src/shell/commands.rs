@@ -65,6 +65,7 @@ pub static ALL: &[Command] = &[
                   s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token\n\
                   \x20      -s3.force_path_style -s3.sqs_endpoint -s3.sns_endpoint -s3.events_endpoint\n\
                   gcs:   -gcs.endpoint -gcs.service_account_json | -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
+                  \x20      -gcs.resource_manager_endpoint\n\
                   azure: -azure.account -azure.account_key | -azure.sas_token -azure.blob_endpoint -azure.queue_endpoint\n\
                   \x20      (to provision events) -azure.subscription_id -azure.resource_group -azure.tenant_id\n\
                   \x20      -azure.client_id -azure.client_secret -azure.arm_endpoint -azure.login_endpoint\n\
@@ -93,6 +94,10 @@ pub static ALL: &[Command] = &[
             flag("gcs.access_token", "an OAuth2 access token, instead of a service account"),
             flag("gcs.pubsub_endpoint", "Pub/Sub endpoint, for events (default https://pubsub.googleapis.com)"),
             flag("gcs.project", "the project of the Pub/Sub topic and subscription, for events"),
+            flag(
+                "gcs.resource_manager_endpoint",
+                "Cloud Resource Manager (default https://cloudresourcemanager.googleapis.com)",
+            ),
             flag("azure.account", "the storage account name"),
             flag("azure.account_key", "the account's shared key (base64)"),
             flag("azure.sas_token", "a SAS token, instead of the account key"),
@@ -169,7 +174,8 @@ pub static ALL: &[Command] = &[
                   sqs_direct), the publisher role on it for the bucket's service agent, this cluster's subscription, and the\n\
                   bucket's notification configuration (JSON_API_V1, the event types, the prefix); with -topic=T an existing\n\
                   topic instead, which several clusters can share, each with its own subscription (recorded as sns_fanout;\n\
-                  Tidemark never deletes that topic). -via is S3's. No dead-letter topic on Cloud Storage yet.\n\
+                  Tidemark never deletes that topic). -via is S3's. -maxReceives (5 to 100, default 10; 0: none) adds a\n\
+                  dead-letter topic NAME-dead with a subscription that keeps its messages.\n\
                   Without -queue (Azure; needs -azure.subscription_id, -azure.resource_group and a service principal:\n\
                   -azure.tenant_id, -azure.client_id, -azure.client_secret): a storage queue (and NAME-poison), the account's\n\
                   Event Grid system topic (the existing one, or a new one) and an event subscription of this cluster's on it,\n\

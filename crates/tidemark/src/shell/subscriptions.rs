@@ -293,11 +293,6 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
                             .into(),
                     ));
                 }
-                if args.get("maxReceives").is_some() {
-                    return Err(CmdError::Usage(
-                        "-maxReceives: Tidemark does not provision dead-letter topics on Cloud Storage yet".into(),
-                    ));
-                }
                 let topology = if args.get("topic").is_some() { Topology::SnsFanout } else { Topology::SqsDirect };
                 return provision_direct(
                     ctx,
