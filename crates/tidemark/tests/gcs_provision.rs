@@ -126,6 +126,22 @@ async fn gcs_events_are_provisioned_consumed_and_torn_down() {
         doc[0]["status"]["dead_lettered"].as_u64().unwrap_or(0) >= 1
     })
     .await;
+    // The same identity again changes nothing; another prefix is a new subscription, refused
+    // while this one's resources exist.
+    let again =
+        ok(sh("remote.events.enable -dir=/mnt/g -events=created,removed -maxReceives=5 -visibility=2s -slice=6s"));
+    assert!(!again.contains("provisioned"), "{again}");
+    assert_eq!(double.notifications(&bucket).len(), 1);
+    let err = fails(sh("remote.events.enable -dir=/mnt/g -prefix=sub"));
+    assert!(err.contains("-teardown first"), "{err}");
+    // A teardown that cannot reach Cloud Storage stops part-way, keeps what remains, and a
+    // retry finishes it.
+    ok(sh("remote.configure -name=g -gcs.endpoint=http://127.0.0.1:1"));
+    let err = fails(sh("remote.events.disable -dir=/mnt/g -teardown"));
+    assert!(err.contains("again"), "{err}");
+    let kept_doc: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();
+    assert!(kept_doc[0]["managed"]["notification_id"].is_string(), "{kept_doc}");
+    ok(sh(&format!("remote.configure -name=g -gcs.endpoint={}", double.endpoint)));
     let out = ok(sh("remote.events.disable -dir=/mnt/g -teardown"));
     assert!(out.contains("teardown") || out.contains("removed"), "{out}");
     assert!(double.notifications(&bucket).is_empty());
