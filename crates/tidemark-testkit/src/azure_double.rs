@@ -51,9 +51,6 @@ impl AzureArmDouble {
     /// A double that signs in `client_id`/`client_secret` of `tenant` and knows the storage
     /// `accounts` (name, location) of every subscription and resource group.
     pub fn start(tenant: &str, client_id: &str, client_secret: &str, accounts: &[(&str, &str)]) -> AzureArmDouble {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port for the ARM double");
-        listener.set_nonblocking(true).expect("non-blocking");
-        let endpoint = format!("http://{}", listener.local_addr().expect("its address"));
         let shared = Arc::new(Shared {
             tenant: tenant.into(),
             client_id: client_id.into(),
@@ -61,19 +58,8 @@ impl AzureArmDouble {
             accounts: accounts.iter().map(|(a, l)| (a.to_string(), l.to_string())).collect(),
             arm: Mutex::default(),
         });
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped.await;
-                    })
-                    .await;
-            });
-        });
+        let (endpoint, stop) = crate::gcp_double::serve_in_thread(app);
         AzureArmDouble { endpoint, shared, _stop: stop }
     }
 

@@ -57,31 +57,37 @@ pub struct GcpDouble {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
+/// Serves `app` on a free loopback port from a thread of its own (a double works the same under
+/// any test, async or not) until the returned sender is dropped; returns its URL.
+pub(crate) fn serve_in_thread(app: axum::Router) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port for a test double");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let endpoint = format!("http://{}", listener.local_addr().expect("its address"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+    });
+    (endpoint, stop)
+}
+
 impl GcpDouble {
     /// `storage`: fake-gcs-server's URL; `pubsub`: the Pub/Sub emulator's URL.
     pub fn start(storage: &str, pubsub: &str) -> GcpDouble {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port for the GCP double");
-        listener.set_nonblocking(true).expect("non-blocking");
-        let endpoint = format!("http://{}", listener.local_addr().expect("its address"));
         let shared = Arc::new(Shared {
             storage: storage.trim_end_matches('/').to_string(),
             pubsub: pubsub.trim_end_matches('/').to_string(),
             http: reqwest::Client::new(),
             state: Mutex::default(),
         });
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let app = axum::Router::new().fallback(handle).with_state(shared.clone());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped.await;
-                    })
-                    .await;
-            });
-        });
+        let (endpoint, stop) = serve_in_thread(axum::Router::new().fallback(handle).with_state(shared.clone()));
         GcpDouble { endpoint, shared, _stop: stop }
     }
 

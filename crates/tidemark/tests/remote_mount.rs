@@ -464,16 +464,11 @@ async fn the_default_server_shows_no_client_a_secret() {
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
     let token = std::fs::read_to_string(&file).unwrap();
-    let whole = reqwest::Client::new()
-        .get(format!("http://{}/api/v1/content?path={conf}", server.addr))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(whole.contains(secret), "the cluster token reads it whole");
+    let as_cluster = async || {
+        let url = format!("http://{}/api/v1/content?path={conf}", server.addr);
+        reqwest::Client::new().get(url).bearer_auth(&token).send().await.unwrap().text().await.unwrap()
+    };
+    assert!(as_cluster().await.contains(secret), "the cluster token reads it whole");
     // The owner's shell mounts and syncs the bucket; a setting changed with the masks in place
     // keeps the secret; the server's own roles read the content.
     ok(sh(&format!("remote.mount -dir=/mnt/s -remote=s3/{bucket}/photos")));
@@ -482,15 +477,7 @@ async fn the_default_server_shows_no_client_a_secret() {
     let synced = ok(sh("remote.meta.sync -dir=/mnt/s"));
     assert!(synced.contains("b.txt") || synced.contains("1 created"), "{synced}");
     assert_eq!(ok(sh("fs.cat /mnt/s/b.txt")), "content of b");
-    let stored = reqwest::Client::new()
-        .get(format!("http://{}/api/v1/content?path={conf}", server.addr))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let stored = as_cluster().await;
     assert!(stored.contains(secret), "remote.configure kept the secret: {stored}");
     // A shell that cannot use the file (another user's, here: no longer 0600) is told what to do.
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -32,6 +32,39 @@ async fn capability(
     })
 }
 
+/// What Tidemark provisions for `conf`'s provider, given `-via` and `-topic`: S3's queue, SNS
+/// fan-out or EventBridge rule; on Cloud Storage a topic of its own (`sqs_direct`) or a shared
+/// existing one (`sns_fanout`); on Azure an Event Grid subscription into a queue.
+fn provisioned_topology(conf: &RemoteConf, via: Option<&str>, topic: Option<&str>) -> Result<Topology, CmdError> {
+    match (conf.kind, via, topic) {
+        (StorageKind::Gcs, Some(_), _) => Err(CmdError::Usage(
+            "-via is S3's: Cloud Storage events come through Pub/Sub; omit it for a topic of this subscription's own, \
+             or give -topic= for an existing one"
+                .into(),
+        )),
+        (StorageKind::Gcs, None, Some(_)) => Ok(Topology::SnsFanout),
+        (StorageKind::Gcs, None, None) => Ok(Topology::SqsDirect),
+        (_, _, Some(_)) => Err(CmdError::Usage(
+            "-topic names an existing Pub/Sub topic, for Cloud Storage mounts; on S3 use -via=sns".into(),
+        )),
+        (StorageKind::Azure, Some(_), _) => Err(CmdError::Usage(
+            "-via is S3's: Azure blob events come through Event Grid to a storage queue Tidemark provisions; omit it"
+                .into(),
+        )),
+        (StorageKind::Azure, None, None) => Ok(Topology::SqsDirect),
+        (StorageKind::S3, None, None) => Ok(Topology::SqsDirect),
+        (StorageKind::S3, Some("sns"), None) => Ok(Topology::SnsFanout),
+        (StorageKind::S3, Some("eventbridge"), None) => Ok(Topology::EventBridge),
+        (StorageKind::S3, Some(v), None) => Err(CmdError::Usage(format!(
+            "unknown -via={v:?}: use -via=sns or -via=eventbridge, or omit it for a direct SQS queue"
+        ))),
+        (StorageKind::Local, _, None) => Err(CmdError::Failed(format!(
+            "remote {:?} is a local directory: its events are its filesystem notifications; omit -via",
+            conf.name
+        ))),
+    }
+}
+
 /// `90`, `90s`, `5m`, `2h`, `1d` as seconds.
 fn parse_secs(flag: &str, v: &str) -> Result<u64, CmdError> {
     let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
@@ -285,71 +318,7 @@ pub async fn enable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdEr
                     conf.name
                 )));
             }
-            if conf.kind == StorageKind::Gcs {
-                if via.is_some() {
-                    return Err(CmdError::Usage(
-                        "-via is S3's: Cloud Storage events come through Pub/Sub; omit it for a topic of this subscription's own, \
-                         or give -topic= for an existing one"
-                            .into(),
-                    ));
-                }
-                let topology = if args.get("topic").is_some() { Topology::SnsFanout } else { Topology::SqsDirect };
-                return provision_direct(
-                    ctx,
-                    &dir,
-                    &conf,
-                    &mount.location.bucket,
-                    prefix,
-                    event_types,
-                    topology,
-                    &args,
-                    out,
-                )
-                .await;
-            }
-            if args.get("topic").is_some() {
-                return Err(CmdError::Usage(
-                    "-topic names an existing Pub/Sub topic, for Cloud Storage mounts; on S3 use -via=sns".into(),
-                ));
-            }
-            if conf.kind == StorageKind::Azure {
-                if via.is_some() {
-                    return Err(CmdError::Usage(
-                        "-via is S3's: Azure blob events come through Event Grid to a storage queue Tidemark provisions; omit it"
-                            .into(),
-                    ));
-                }
-                return provision_direct(
-                    ctx,
-                    &dir,
-                    &conf,
-                    &mount.location.bucket,
-                    prefix,
-                    event_types,
-                    Topology::SqsDirect,
-                    &args,
-                    out,
-                )
-                .await;
-            }
-            if conf.kind != StorageKind::S3 && conf.kind != StorageKind::Local {
-                return Err(CmdError::Failed(format!(
-                    "remote {:?} is of type {}: give the queue its notifications reach with -queue= (a Pub/Sub subscription or an \
-                     Azure queue), or keep this mount in sync with remote.meta.sync",
-                    conf.name,
-                    conf.kind.as_str()
-                )));
-            }
-            let topology = match via {
-                None => Topology::SqsDirect,
-                Some("sns") => Topology::SnsFanout,
-                Some("eventbridge") => Topology::EventBridge,
-                Some(v) => {
-                    return Err(CmdError::Usage(format!(
-                        "unknown -via={v:?}: use -via=sns or -via=eventbridge, or omit it for a direct SQS queue"
-                    )));
-                }
-            };
+            let topology = provisioned_topology(&conf, via, args.get("topic"))?;
             return provision_direct(
                 ctx,
                 &dir,
