@@ -69,6 +69,31 @@ pub async fn check_bind(addr: SocketAddr, filer: &dyn Filer) -> Result<(), Strin
     }
 }
 
+/// The largest error body given a `RequestId` (S3's error documents are a few hundred bytes).
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Every answer carries `x-amz-request-id`, and an error document its `RequestId`, as S3's do:
+/// what a client logs and quotes when it reports a failure (s3s leaves both out).
+async fn with_request_id(mut resp: hyper::Response<s3s::Body>) -> hyper::Response<s3s::Body> {
+    let id = tidemark_core::ids::random_hex(8, "a request id").unwrap_or_default().to_ascii_uppercase();
+    let Ok(value) = hyper::header::HeaderValue::from_str(&id) else { return resp };
+    resp.headers_mut().insert("x-amz-request-id", value);
+    let xml = resp.headers().get(hyper::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().ends_with(b"xml"));
+    if resp.status().as_u16() < 400 || !xml {
+        return resp;
+    }
+    let Ok(body) = resp.body_mut().store_all_limited(MAX_ERROR_BODY).await else { return resp };
+    let text = String::from_utf8_lossy(&body);
+    let Some(end) = text.rfind("</Error>").filter(|_| !text.contains("<RequestId>")) else {
+        *resp.body_mut() = s3s::Body::from(body);
+        return resp;
+    };
+    let with_id = format!("{}<RequestId>{id}</RequestId>{}", &text[..end], &text[end..]);
+    resp.headers_mut().insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(with_id.len()));
+    *resp.body_mut() = s3s::Body::from(with_id);
+    resp
+}
+
 /// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
 /// (at most 10 s); plain HTTP (see [`serve_tls`]).
 pub async fn serve(
@@ -98,7 +123,7 @@ pub async fn serve_tls(
             if has_body && !resp.status().is_success() {
                 resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
             }
-            Ok::<_, s3s::HttpError>(resp)
+            Ok::<_, s3s::HttpError>(with_request_id(resp).await)
         }
     });
     tidemark_http::serve(listener, guarded, tidemark_http::Limits::default(), tls, shutdown).await

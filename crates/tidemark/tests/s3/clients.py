@@ -9,6 +9,7 @@ Each mode exits non-zero with the failed check on stderr.
 """
 
 import base64
+import re
 import hashlib
 import http.client
 import os
@@ -392,6 +393,18 @@ def errors_mode(endpoint, ak, sk):
                  {"Content-MD5": base64.b64encode(hashlib.md5(bad_xml).digest()).decode()})
     status, text = raw(endpoint, req)
     assert status == 400 and "MalformedXML" in text, (status, text)
+    # Every answer names its request, and an error document carries the same id, as S3's do.
+    m = re.search(r"<RequestId>([0-9A-F]{16})</RequestId>", text)
+    assert m, text
+    try:
+        s3.get_object(Bucket=b, Key="no-such-key")
+        raise AssertionError("a missing key was found")
+    except ClientError as e:
+        rid = e.response["ResponseMetadata"].get("RequestId", "")
+        assert re.fullmatch(r"[0-9A-F]{16}", rid), e.response
+        assert e.response["ResponseMetadata"]["HTTPHeaders"].get("x-amz-request-id") == rid, e.response
+    ok_rid = s3.head_object(Bucket=b, Key="keep.txt")["ResponseMetadata"].get("RequestId", "")
+    assert re.fullmatch(r"[0-9A-F]{16}", ok_rid), ok_rid
     # A body shorter than its Content-Length: the client gives up; nothing is written.
     body = b"x" * 1000
     req = signed(endpoint, ak, sk, "PUT", f"/{b}/keep.txt", body)
