@@ -162,10 +162,18 @@ fn the_admin_pages_show_subscriptions_workers_and_job_types_in_a_browser() {
     assert!(dom.contains("/buckets/photos"), "{dom}");
     screenshot(&profile, &format!("{admin}/workers"), "workers");
 
-    // The Content cache page: a file read twice is one miss, then one hit.
-    for _ in 0..2 {
+    // The Content cache page: a file read twice is one miss, then one hit. The first read's
+    // chunk is written to disk after it is served: the second read waits until it is resident
+    // (else it may join the fetch still in flight, which is neither).
+    for i in 0..2 {
         let cat = tidemark_testkit::run_shell(bin(), &server.addr, "fs.cat /buckets/photos/p1.jpg", &[]);
         assert_eq!(cat.stdout, vec![b'x'; 101], "{}", String::from_utf8_lossy(&cat.stderr));
+        if i == 0 {
+            eventually("the first read's chunk resident", || {
+                let dom = dump_dom(&profile, &format!("{admin}/cache"));
+                field(&dom, "cache-resident", "value").is_some_and(|v| v.starts_with("101 B in 1 chunks"))
+            });
+        }
     }
     let dom = dump_dom(&profile, &format!("{admin}/cache"));
     assert_eq!(field(&dom, "cache-misses", "value").as_deref(), Some("1"), "{dom}");
