@@ -72,12 +72,6 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(65_535)
 }
 
-/// Connections the process may hold at once (its file-descriptor limit, raised to what the
-/// system allows, less a reserve for everything else it opens).
-pub fn connection_budget() -> usize {
-    slots::registry().cap
-}
-
 /// Whether two secrets (tokens) are equal, in a time that depends on their length only, not on
 /// where they first differ.
 /// The base URLs of `addrs`: one address (`host:port` or a URL) or several separated by commas,

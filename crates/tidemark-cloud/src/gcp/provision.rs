@@ -183,10 +183,18 @@ impl GcsNotifications {
         })
     }
 
-    /// Adds (`grant`) or removes the publisher role of `member` on `topic`; whether the policy
-    /// changed.
-    async fn publisher(&self, topic: &str, member: &str, grant: bool) -> Result<bool> {
-        self.role(topic, PUBLISHER, member, grant).await
+    /// Creates the Pub/Sub resource `name` (`projects/P/topics/T` or `.../subscriptions/S`).
+    async fn create(&self, name: &str, body: Value, what: &str) -> Result<()> {
+        self.call(Method::PUT, format!("{}/v1/{name}", self.pubsub), Some(body), (what, name), false).await.map(drop)
+    }
+
+    /// Deletes the Pub/Sub resource `slot` names, forgiving one already gone, then forgets it.
+    async fn remove(&self, slot: &mut Option<String>, what: &str) -> Result<()> {
+        if let Some(name) = slot.clone() {
+            self.call(Method::DELETE, format!("{}/v1/{name}", self.pubsub), None, (what, &name), true).await?;
+            *slot = None;
+        }
+        Ok(())
     }
 
     /// The Pub/Sub service agent of the project, which forwards dead letters.
@@ -297,21 +305,14 @@ impl EventNotifications for GcsNotifications {
             }
             None => {
                 let t = format!("projects/{}/topics/{queue_name}", self.project);
-                self.call(
-                    Method::PUT,
-                    format!("{}/v1/{t}", self.pubsub),
-                    Some(json!({})),
-                    ("creating the topic", &t),
-                    false,
-                )
-                .await?;
+                self.create(&t, json!({}), "creating the topic").await?;
                 managed.pubsub_topic = Some(t.clone());
                 t
             }
         };
         // 2. Cloud Storage may publish to it.
         let agent = format!("serviceAccount:{}", self.service_agent().await?);
-        if self.publisher(&topic, &agent, true).await? && self.existing_topic.is_some() {
+        if self.role(&topic, PUBLISHER, &agent, true).await? && self.existing_topic.is_some() {
             managed.publisher_binding = Some(topic.clone());
         }
         // 3. The dead-letter topic and the subscription that keeps its messages, which Pub/Sub's
@@ -321,13 +322,11 @@ impl EventNotifications for GcsNotifications {
         let pubsub_agent = if max_receives > 0 {
             let agent = self.pubsub_agent().await?;
             let dead = format!("projects/{}/topics/{queue_name}-dead", self.project);
-            let url = format!("{}/v1/{dead}", self.pubsub);
-            self.call(Method::PUT, url, Some(json!({})), ("creating the topic", &dead), false).await?;
+            self.create(&dead, json!({}), "creating the topic").await?;
             managed.dead_letter_queue_arn = Some(dead.clone());
             let kept = format!("projects/{}/subscriptions/{queue_name}-dead", self.project);
-            let url = format!("{}/v1/{kept}", self.pubsub);
             let kept_body = json!({"topic": dead, "messageRetentionDuration": "604800s"});
-            self.call(Method::PUT, url, Some(kept_body), ("creating the subscription", &kept), false).await?;
+            self.create(&kept, kept_body, "creating the subscription").await?;
             managed.dead_letter_queue_url = Some(kept);
             managed.max_receives = Some(max_receives);
             self.role(&dead, PUBLISHER, &agent, true).await?;
@@ -337,8 +336,7 @@ impl EventNotifications for GcsNotifications {
             None
         };
         // 4. This cluster's subscription, before anything is published.
-        let url = format!("{}/v1/{sub}", self.pubsub);
-        self.call(Method::PUT, url, Some(body), ("creating the subscription", &sub), false).await?;
+        self.create(&sub, body, "creating the subscription").await?;
         managed.pubsub_subscription = Some(sub.clone());
         if let Some(agent) = pubsub_agent {
             // Pub/Sub acknowledges what it forwards as a subscriber of the subscription.
@@ -373,44 +371,16 @@ impl EventNotifications for GcsNotifications {
             self.call(Method::DELETE, url, None, ("removing the", &target), true).await?;
             managed.notification_id = None;
         }
-        if let Some(sub) = managed.pubsub_subscription.clone() {
-            self.call(
-                Method::DELETE,
-                format!("{}/v1/{sub}", self.pubsub),
-                None,
-                ("removing the subscription", &sub),
-                true,
-            )
-            .await?;
-            managed.pubsub_subscription = None;
-        }
-        if let Some(kept) = managed.dead_letter_queue_url.clone() {
-            let url = format!("{}/v1/{kept}", self.pubsub);
-            self.call(Method::DELETE, url, None, ("removing the subscription", &kept), true).await?;
-            managed.dead_letter_queue_url = None;
-        }
-        if let Some(dead) = managed.dead_letter_queue_arn.clone() {
-            let url = format!("{}/v1/{dead}", self.pubsub);
-            self.call(Method::DELETE, url, None, ("removing the topic", &dead), true).await?;
-            managed.dead_letter_queue_arn = None;
-            managed.max_receives = None;
-        }
+        self.remove(&mut managed.pubsub_subscription, "removing the subscription").await?;
+        self.remove(&mut managed.dead_letter_queue_url, "removing the subscription").await?;
+        self.remove(&mut managed.dead_letter_queue_arn, "removing the topic").await?;
+        managed.max_receives = None;
         if let Some(topic) = managed.publisher_binding.clone() {
             let agent = format!("serviceAccount:{}", self.service_agent().await?);
-            self.publisher(&topic, &agent, false).await?;
+            self.role(&topic, PUBLISHER, &agent, false).await?;
             managed.publisher_binding = None;
         }
-        if let Some(topic) = managed.pubsub_topic.clone() {
-            self.call(
-                Method::DELETE,
-                format!("{}/v1/{topic}", self.pubsub),
-                None,
-                ("removing the topic", &topic),
-                true,
-            )
-            .await?;
-            managed.pubsub_topic = None;
-        }
+        self.remove(&mut managed.pubsub_topic, "removing the topic").await?;
         Ok(())
     }
 }
