@@ -218,8 +218,10 @@ async fn two_filers_and_three_workers_on_one_database_lose_nothing_through_pause
     assert!(common > 2000);
     assert_eq!(log1[..common], log2[..common], "both filers serve the same change log");
     assert!(log1.windows(2).all(|w| w[0].seq + 1 == w[1].seq), "dense and in order");
+    // The first slice's baseline reconcile lists the bucket while the first puts land: the
+    // events that follow refresh those entries' attributes, which is not applying them again.
     let mut per_path: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in log1.iter().filter(|r| expected.contains_key(&r.path)) {
+    for r in log1.iter().filter(|r| expected.contains_key(&r.path) && tidemark_testkit::brings_bytes(r)) {
         *per_path.entry(&r.path).or_default() += 1;
     }
     let twice: Vec<_> = per_path.iter().filter(|(_, c)| **c != 1).collect();
