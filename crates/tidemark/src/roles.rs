@@ -414,13 +414,15 @@ pub(crate) async fn open_store(data_dir: &PathBuf, store: Option<&str>) -> Resul
 
 /// Keeps the data directory's lease while the filer runs; losing it (this filer was paused or
 /// cut off past it, and another filer took the cluster's content home over) stops the process:
-/// files written here from then on would be readable through this filer alone.
+/// files written here from then on would be readable through this filer alone. On a stop it
+/// releases the lease; the role awaits the task so that the release is done before the process
+/// exits (a filer started next on the store would otherwise wait out the lease).
 fn keep_home(
     filer: &Arc<LocalFiler>,
     home: tidemark_filer::gc::HomeLease,
     ttl: std::time::Duration,
     stop: tokio::sync::watch::Receiver<bool>,
-) {
+) -> tokio::task::JoinHandle<()> {
     let store = filer.store().clone();
     tokio::spawn(async move {
         if let Err(e) = tidemark_filer::gc::keep_home(store, home, ttl, stopped(stop)).await {
@@ -430,7 +432,7 @@ fn keep_home(
             );
             std::process::exit(1);
         }
-    });
+    })
 }
 
 /// The blob collector, on whichever filer of the cluster holds its lease. Its grace period
@@ -552,7 +554,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         tokio::spawn(sync.run(stopped(stop_rx.clone())))
     };
     let collector = collector(&filer, &bound, ttl, stop_rx.clone());
-    keep_home(&filer, home, ttl, stop_rx.clone());
+    let home = keep_home(&filer, home, ttl, stop_rx.clone());
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -561,6 +563,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
     let served = http::serve_with(listener, api, tokens, tls, stopped(stop_rx)).await;
     let _ = outbound.await;
     let _ = collector.await;
+    let _ = home.await;
     match served {
         Ok(()) => 0,
         Err(e) => fail(1, format!("the filer stopped: {e}")),
@@ -664,7 +667,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         tokio::spawn(sync.run(stopped(stop_rx.clone())))
     };
     let collector = collector(&filer, &filer_bound, ttl, stop_rx.clone());
-    keep_home(&filer, home, ttl, stop_rx.clone());
+    let home = keep_home(&filer, home, ttl, stop_rx.clone());
     let admin = tidemark_admin::Admin::new(
         api.clone(),
         tidemark_admin::AdminConfig {
@@ -709,6 +712,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     let _ = leadership.await;
     let _ = outbound.await;
     let _ = collector.await;
+    let _ = home.await;
     let _ = admin_http.await;
     if let Some(s3) = s3_http {
         let _ = s3.await;
