@@ -283,6 +283,7 @@ mod tests {
             }),
             content: Content::Remote,
             extended: Default::default(),
+            posix: Default::default(),
         }
     }
 

@@ -226,6 +226,12 @@ pub fn entry_for(remote: RemoteSide<'_>, storage: &str, keep: Option<&Entry>) ->
         }),
         content: if is_dir || o.size == 0 { Content::Empty } else { Content::Remote },
         extended: attrs_for(remote, keep),
+        // The owner stays; the change is now (its ctime follows its mtime).
+        posix: crate::model::PosixAttrs {
+            uid: keep.and_then(|e| e.posix.uid),
+            gid: keep.and_then(|e| e.posix.gid),
+            ..Default::default()
+        },
     }
 }
 
@@ -348,6 +354,7 @@ mod tests {
             }),
             content: Content::Remote,
             extended: Default::default(),
+            posix: Default::default(),
         }
     }
 

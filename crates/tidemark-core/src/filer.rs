@@ -69,6 +69,12 @@ pub struct WriteOptions {
     /// content store has no room for is refused ([`Error::TooLarge`]) before a byte is spooled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared_len: Option<u64>,
+    /// The owner and group of a file this write creates (`None`: the mounting user's, as
+    /// before owners were kept); a rewrite keeps the entry's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
 }
 
 impl Default for WriteOptions {
@@ -80,6 +86,8 @@ impl Default for WriteOptions {
             origin: Origin::Local,
             extended: None,
             declared_len: None,
+            uid: None,
+            gid: None,
         }
     }
 }

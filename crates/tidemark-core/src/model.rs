@@ -14,7 +14,58 @@ use crate::path;
 pub enum EntryKind {
     File,
     Dir,
+    /// A symbolic link; its target is in [`PosixAttrs::target`].
+    Symlink,
+    /// A named pipe, a socket, a character or a block device: a name and attributes, no bytes
+    /// (what flows through them is the kernel's, never the namespace's).
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
 }
+
+impl EntryKind {
+    /// Kinds that name no bytes of their own: a link, a pipe, a socket, a device node. They live
+    /// in the namespace only: the S3 gateway does not list them, the outbound sync does not
+    /// upload them.
+    pub fn is_special(self) -> bool {
+        !matches!(self, EntryKind::File | EntryKind::Dir)
+    }
+}
+
+/// What a POSIX file system keeps about an entry besides its kind, size, mode and mtime. Entries
+/// written by the bucket, the gateway, the shell or the API carry none of it (the defaults:
+/// owned by whoever mounts, changed when modified); the FUSE mount keeps all of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PosixAttrs {
+    /// Owner and group; `None`: the mounting user's and group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// The last change of the entry's status (its attributes or content); `None`: its mtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctime_ms: Option<i64>,
+    /// A symbolic link's target, as given to `symlink(2)` (not resolved, not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// A device node's device number.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rdev: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl PosixAttrs {
+    pub fn is_empty(&self) -> bool {
+        *self == PosixAttrs::default()
+    }
+}
+
+/// The longest symbolic-link target the namespace keeps (Linux's `PATH_MAX`).
+pub const MAX_SYMLINK_TARGET: usize = 4096;
 
 /// Where an entry's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -70,6 +121,8 @@ pub struct Entry {
     pub content: Content,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extended: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "PosixAttrs::is_empty")]
+    pub posix: PosixAttrs,
 }
 
 impl Entry {
@@ -89,6 +142,7 @@ impl Entry {
             remote: self.remote.clone(),
             content: self.content.clone(),
             extended: self.extended.clone(),
+            posix: self.posix.clone(),
         }
     }
 }
@@ -106,6 +160,8 @@ pub struct NewEntry {
     pub content: Content,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extended: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "PosixAttrs::is_empty")]
+    pub posix: PosixAttrs,
 }
 
 pub const DEFAULT_FILE_MODE: u32 = 0o644;
@@ -121,6 +177,7 @@ impl NewEntry {
             remote: None,
             content: Content::Empty,
             extended: BTreeMap::new(),
+            posix: PosixAttrs::default(),
         }
     }
     pub fn file(size: u64, mtime_ms: i64, content: Content) -> Self {
@@ -132,6 +189,21 @@ impl NewEntry {
             remote: None,
             content,
             extended: BTreeMap::new(),
+            posix: PosixAttrs::default(),
+        }
+    }
+    /// A symbolic link to `target`. Like every entry without bytes its size is 0 (the mount
+    /// reports the target's length, as `lstat(2)` does).
+    pub fn symlink(target: &str, mtime_ms: i64) -> Self {
+        NewEntry {
+            kind: EntryKind::Symlink,
+            size: 0,
+            mtime_ms,
+            mode: 0o777,
+            remote: None,
+            content: Content::Empty,
+            extended: BTreeMap::new(),
+            posix: PosixAttrs { target: Some(target.to_string()), ..Default::default() },
         }
     }
 }
@@ -393,6 +465,25 @@ impl Txn {
                 if entry.kind == EntryKind::Dir && entry.content != Content::Empty {
                     return Err(Error::invalid_argument("a directory has no content"));
                 }
+                if entry.kind.is_special() && (entry.content != Content::Empty || entry.remote.is_some()) {
+                    return Err(Error::invalid_argument(
+                        "a symbolic link, pipe, socket or device node has no content and no remote object",
+                    ));
+                }
+                match (&entry.posix.target, entry.kind) {
+                    (None, EntryKind::Symlink) => {
+                        return Err(Error::invalid_argument("a symbolic link needs a target"));
+                    }
+                    (Some(t), EntryKind::Symlink) => {
+                        if t.is_empty() || t.len() > MAX_SYMLINK_TARGET || t.contains('\0') {
+                            return Err(Error::invalid_argument(format!(
+                                "a symbolic link's target must be 1 to {MAX_SYMLINK_TARGET} bytes without NUL"
+                            )));
+                        }
+                    }
+                    (Some(_), _) => return Err(Error::invalid_argument("only a symbolic link has a target")),
+                    (None, _) => {}
+                }
             }
             Mutation::Delete { .. } => {
                 if self.path == path::ROOT {
@@ -593,6 +684,7 @@ mod tests {
             remote: None,
             content: Content::Empty,
             extended: Default::default(),
+            posix: Default::default(),
         };
         let p = Page::from_rows(vec![e("/a"), e("/b"), e("/c")], 2);
         assert_eq!(p.entries.len(), 2);

@@ -35,7 +35,8 @@ pub enum OutboundOutcome {
         path: String,
         key: String,
     },
-    /// Nothing to do: not a local change, already synced, superseded, a directory.
+    /// Nothing to do: not a local change, already synced, superseded, a directory, a symbolic
+    /// link or another entry without bytes (they stay in the namespace: docs/SEMANTICS.md).
     Nothing,
 }
 
@@ -57,6 +58,9 @@ pub async fn sync_record(
         None => {
             // A delete a user made: remove the object the entry was backed by.
             let Some(old) = &record.old else { return Ok(OutboundOutcome::Nothing) };
+            if old.kind.is_special() {
+                return Ok(OutboundOutcome::Nothing); // a link or a device node never had an object
+            }
             if old.is_dir() && old.remote.as_ref().is_none_or(|r| r.etag.is_empty()) {
                 return Ok(OutboundOutcome::Nothing); // an implied directory has no object
             }

@@ -312,6 +312,11 @@ impl Filer for HttpFiler {
         if let Some(t) = opts.mtime_ms {
             rb = rb.query(&[("mtime_ms", t)]);
         }
+        for (name, id) in [("uid", opts.uid), ("gid", opts.gid)] {
+            if let Some(id) = id {
+                rb = rb.query(&[(name, id)]);
+            }
+        }
         if let Some(ext) = &extended {
             rb = rb.header(EXTENDED_HEADER, ext);
         }

@@ -485,6 +485,8 @@ struct WriteQuery {
     mode: Option<u32>,
     mtime_ms: Option<i64>,
     origin: Option<Origin>,
+    uid: Option<u32>,
+    gid: Option<u32>,
 }
 
 async fn write(
@@ -511,6 +513,8 @@ async fn write(
         origin: q.origin.unwrap_or(Origin::Local),
         extended,
         declared_len: headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()),
+        uid: q.uid,
+        gid: q.gid,
     };
     let idle = tidemark_core::filer::body_idle_limit();
     // Whether the write failed because the body stalled: that is the client's 408, not our 500.

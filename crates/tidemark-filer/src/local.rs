@@ -9,8 +9,8 @@ use futures::StreamExt;
 
 use tidemark_core::cache::{self, CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{
-    Applied, ChangeRecord, Content, Entry, Fence, Lease, MAX_BATCH, MAX_INLINE_BYTES, MD5_ATTR, Mutation, NewEntry,
-    Page, Precondition, Txn, TxnBatch,
+    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, MAX_BATCH, MAX_INLINE_BYTES, MD5_ATTR, Mutation,
+    NewEntry, Page, Precondition, Txn, TxnBatch,
 };
 use tidemark_core::{
     ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions,
@@ -517,10 +517,19 @@ impl Filer for LocalFiler {
         for _ in 0..WRITE_RETRIES {
             // Read-modify-write: a rewrite keeps what the namespace knows of the entry
             // (its remote object, its extended attributes) and is conditional on that state.
+            // Over a symbolic link or a device node, the write makes a file (as `open(2)` with
+            // O_CREAT does not: the mount resolves links before it writes).
             let mut entry = match &current {
-                Some(e) => NewEntry { size, content: content.clone(), ..e.to_new() },
-                None => NewEntry::file(size, 0, content.clone()),
+                Some(e) if e.kind == EntryKind::File => NewEntry { size, content: content.clone(), ..e.to_new() },
+                _ => {
+                    let mut n = NewEntry::file(size, 0, content.clone());
+                    n.posix.uid = opts.uid;
+                    n.posix.gid = opts.gid;
+                    n
+                }
             };
+            // A content change is a status change: the ctime follows the new mtime.
+            entry.posix.ctime_ms = None;
             entry.mtime_ms = opts.mtime_ms.unwrap_or_else(|| self.clock.now_ms());
             // A local write to a remote-backed file must read as locally dirty (mtime past the
             // recorded remote mtime) whatever the clocks say, so no reconcile overwrites it.

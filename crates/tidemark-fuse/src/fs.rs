@@ -178,6 +178,18 @@ fn errno(e: &Error) -> Errno {
     }
 }
 
+fn file_type(k: EntryKind) -> FileType {
+    match k {
+        EntryKind::File => FileType::RegularFile,
+        EntryKind::Dir => FileType::Directory,
+        EntryKind::Symlink => FileType::Symlink,
+        EntryKind::Fifo => FileType::NamedPipe,
+        EntryKind::Socket => FileType::Socket,
+        EntryKind::CharDevice => FileType::CharDevice,
+        EntryKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
 fn time_of(ms: i64) -> SystemTime {
     if ms >= 0 { UNIX_EPOCH + Duration::from_millis(ms as u64) } else { UNIX_EPOCH }
 }
@@ -254,21 +266,39 @@ impl TidemarkFs {
         let t = time_of(e.mtime_ms);
         FileAttr {
             ino: INodeNo(ino),
-            size: if dir { 0 } else { e.size },
-            blocks: e.size.div_ceil(512),
+            size: match (&e.posix.target, e.kind) {
+                (Some(t), EntryKind::Symlink) => t.len() as u64,
+                _ if dir => 0,
+                _ => e.size,
+            },
+            blocks: if e.kind == EntryKind::File { e.size.div_ceil(512) } else { 0 },
             atime: t,
             mtime: t,
-            ctime: t,
+            ctime: time_of(e.posix.ctime_ms.unwrap_or(e.mtime_ms)),
             crtime: t,
-            kind: if dir { FileType::Directory } else { FileType::RegularFile },
+            kind: file_type(e.kind),
             perm: (e.mode & 0o7777) as u16,
             nlink: if dir { 2 } else { 1 },
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
+            // Entries written elsewhere (the bucket, the gateway, the shell) have no owner of
+            // their own: the mounting user's.
+            uid: e.posix.uid.unwrap_or(self.uid),
+            gid: e.posix.gid.unwrap_or(self.gid),
+            rdev: e.posix.rdev as u32,
             blksize: 4096,
             flags: 0,
         }
+    }
+
+    /// The owner and group of an entry `req` creates in `parent`, and the mode bits it inherits:
+    /// the group of a set-group-ID directory, and for a directory its set-group-ID bit too.
+    fn owner_in(&self, req: &Request, parent: INodeNo, dir: bool) -> Result<(u32, u32, u32), Errno> {
+        let p = self.path_of(parent)?;
+        let pe = self.stat(&p)?;
+        if pe.mode & libc::S_ISGID != 0 {
+            let gid = pe.posix.gid.unwrap_or(self.gid);
+            return Ok((req.uid(), gid, if dir { libc::S_ISGID } else { 0 }));
+        }
+        Ok((req.uid(), req.gid(), 0))
     }
 
     /// The entry of `p`: remembered, or read from the filer.
@@ -590,8 +620,8 @@ impl Filesystem for TidemarkFs {
         _req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
         _atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
@@ -605,7 +635,8 @@ impl Filesystem for TidemarkFs {
     ) {
         let r = (|| {
             let p = self.path_of(ino)?;
-            if mode.is_some() || size.is_some() || mtime.is_some() {
+            let attrs = mode.is_some() || mtime.is_some() || uid.is_some() || gid.is_some();
+            if attrs || size.is_some() {
                 self.writable()?;
             }
             if let Some(size) = size {
@@ -637,11 +668,19 @@ impl Filesystem for TidemarkFs {
                 }
             }
             let mut e = self.stat(&p)?;
-            if mode.is_some() || mtime.is_some() {
+            if attrs {
                 let mut n = e.to_new();
                 if let Some(m) = mode {
                     n.mode = m & 0o7777;
                 }
+                if uid.is_some() {
+                    n.posix.uid = uid;
+                }
+                if gid.is_some() {
+                    n.posix.gid = gid;
+                }
+                // Every change of attributes is a change of status.
+                n.posix.ctime_ms = Some(ms_of(SystemTime::now()));
                 match mtime {
                     Some(TimeOrNow::SpecificTime(t)) => n.mtime_ms = ms_of(t),
                     Some(TimeOrNow::Now) => n.mtime_ms = ms_of(SystemTime::now()),
@@ -657,16 +696,97 @@ impl Filesystem for TidemarkFs {
         }
     }
 
-    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let r = (|| {
             self.writable()?;
             let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
+            let (uid, gid, inherited) = self.owner_in(req, parent, true)?;
             let mut d = NewEntry::dir(ms_of(SystemTime::now()));
-            d.mode = mode & !umask & 0o7777;
+            d.mode = (mode & !umask & 0o7777) | inherited;
+            d.posix.uid = Some(uid);
+            d.posix.gid = Some(gid);
             self.put_entry(&p, d, Precondition::Absent)
         })();
         match r {
             Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let r = (|| {
+            self.writable()?;
+            let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
+            let kind = match mode & libc::S_IFMT {
+                libc::S_IFREG => EntryKind::File,
+                libc::S_IFIFO => EntryKind::Fifo,
+                libc::S_IFSOCK => EntryKind::Socket,
+                libc::S_IFCHR => EntryKind::CharDevice,
+                libc::S_IFBLK => EntryKind::BlockDevice,
+                _ => return Err(Errno::EINVAL),
+            };
+            let (uid, gid, _) = self.owner_in(req, parent, false)?;
+            let perm = mode & !umask & 0o7777;
+            if kind == EntryKind::File {
+                // An empty regular file, as create() makes one.
+                let opts = WriteOptions {
+                    precondition: Precondition::Absent,
+                    mode: Some(perm),
+                    uid: Some(uid),
+                    gid: Some(gid),
+                    ..Default::default()
+                };
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                let e =
+                    self.call_or("mknod", self.filer.write(&p, futures::stream::empty().boxed(), opts), Errno::EEXIST)?;
+                self.forget(&p);
+                self.inodes().remember(e.clone());
+                return Ok(e);
+            }
+            let mut n = NewEntry::file(0, ms_of(SystemTime::now()), tidemark_core::model::Content::Empty);
+            n.kind = kind;
+            n.mode = perm;
+            n.posix.uid = Some(uid);
+            n.posix.gid = Some(gid);
+            if matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice) {
+                n.posix.rdev = rdev as u64;
+            }
+            self.put_entry(&p, n, Precondition::Absent)
+        })();
+        match r {
+            Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
+        let r = (|| {
+            self.writable()?;
+            let p = self.inodes().child(parent.0, name_of(link_name)?).ok_or(Errno::ENOENT)?;
+            // The namespace keeps names and targets as UTF-8.
+            let target = target.to_str().ok_or(Errno::EINVAL)?;
+            if target.len() > tidemark_core::model::MAX_SYMLINK_TARGET {
+                return Err(Errno::ENAMETOOLONG);
+            }
+            let (uid, gid, _) = self.owner_in(req, parent, false)?;
+            let mut n = NewEntry::symlink(target, ms_of(SystemTime::now()));
+            n.posix.uid = Some(uid);
+            n.posix.gid = Some(gid);
+            self.put_entry(&p, n, Precondition::Absent)
+        })();
+        match r {
+            Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let r = (|| {
+            let e = self.stat(&self.path_of(ino)?)?;
+            e.posix.target.filter(|_| e.kind == EntryKind::Symlink).ok_or(Errno::EINVAL)
+        })();
+        match r {
+            Ok(t) => reply.data(t.as_bytes()),
             Err(e) => reply.error(e),
         }
     }
@@ -721,12 +841,23 @@ impl Filesystem for TidemarkFs {
             {
                 return Err(Errno::EISDIR);
             }
-            self.counters.reads.fetch_add(1, Ordering::Relaxed);
-            let (_, stream) = self.call("read", self.filer.read(&from, None))?;
-            self.counters.writes.fetch_add(1, Ordering::Relaxed);
-            let opts =
-                WriteOptions { precondition, mode: Some(src.mode), mtime_ms: Some(src.mtime_ms), ..Default::default() };
-            self.call_or("write", self.filer.write(&to, stream, opts), Errno::EEXIST)?;
+            if src.kind.is_special() {
+                // No bytes to move: the entry itself, owner, target and all.
+                self.put_entry(&to, src.to_new(), precondition)?;
+            } else {
+                self.counters.reads.fetch_add(1, Ordering::Relaxed);
+                let (_, stream) = self.call("read", self.filer.read(&from, None))?;
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                let opts = WriteOptions {
+                    precondition,
+                    mode: Some(src.mode),
+                    mtime_ms: Some(src.mtime_ms),
+                    uid: src.posix.uid,
+                    gid: src.posix.gid,
+                    ..Default::default()
+                };
+                self.call_or("write", self.filer.write(&to, stream, opts), Errno::EEXIST)?;
+            }
             let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version) };
             match self.call("delete", self.filer.delete(&from, del)) {
                 // The kernel moves the source's inode to the new name: so must the inode table.
@@ -777,7 +908,7 @@ impl Filesystem for TidemarkFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -789,7 +920,14 @@ impl Filesystem for TidemarkFs {
             self.writable()?;
             let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
             let precondition = if flags & libc::O_EXCL != 0 { Precondition::Absent } else { Precondition::Any };
-            let opts = WriteOptions { precondition, mode: Some(mode & !umask & 0o7777), ..Default::default() };
+            let (uid, gid, _) = self.owner_in(req, parent, false)?;
+            let opts = WriteOptions {
+                precondition,
+                mode: Some(mode & !umask & 0o7777),
+                uid: Some(uid),
+                gid: Some(gid),
+                ..Default::default()
+            };
             self.counters.writes.fetch_add(1, Ordering::Relaxed);
             let e =
                 self.call_or("create", self.filer.write(&p, futures::stream::empty().boxed(), opts), Errno::EEXIST)?;
@@ -920,10 +1058,7 @@ impl Filesystem for TidemarkFs {
                 vec![(ino.0, FileType::Directory, ".".into()), (parent_ino, FileType::Directory, "..".into())];
             for n in names {
                 let child = path::join(&p, &n);
-                let kind = match self.inodes().entry(&child).map(|e| e.kind) {
-                    Some(EntryKind::Dir) => FileType::Directory,
-                    _ => FileType::RegularFile,
-                };
+                let kind = self.inodes().entry(&child).map_or(FileType::RegularFile, |e| file_type(e.kind));
                 let ci = self.inodes().ino(&child);
                 rows.push((ci, kind, n));
             }

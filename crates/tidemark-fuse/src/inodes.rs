@@ -149,6 +149,7 @@ mod tests {
             remote: None,
             content: Content::Inline,
             extended: Default::default(),
+            posix: Default::default(),
         }
     }
 

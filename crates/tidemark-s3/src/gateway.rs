@@ -538,12 +538,12 @@ impl Gateway {
         }
     }
 
-    /// The file entry of `key`; `NoSuchKey` for a directory or nothing, `NoSuchBucket` when the
-    /// bucket itself is missing.
+    /// The file entry of `key`; `NoSuchKey` for a directory, a symbolic link or device node (no
+    /// bytes of their own) or nothing, `NoSuchBucket` when the bucket itself is missing.
     async fn object_entry(&self, bucket: &str, key: &str) -> S3Result<(String, Entry)> {
         let (p, marker) = names::object_path(bucket, key).map_err(name_err)?;
         match self.filer.stat(&p).await.map_err(s3_err)? {
-            Some(e) if !e.is_dir() && !marker => Ok((p, e)),
+            Some(e) if e.kind == tidemark_core::model::EntryKind::File && !marker => Ok((p, e)),
             Some(e) if e.is_dir() && marker => Ok((p, e)),
             _ => {
                 self.bucket_entry(bucket).await?;

@@ -99,7 +99,8 @@ pub async fn list(filer: &dyn Filer, dir: &str, q: &Query<'_>) -> Result<Listing
         let mut last_path = None;
         for entry in rows.entries {
             last_path = Some(entry.path.clone());
-            if entry.kind == EntryKind::Dir {
+            // A directory is a prefix; a link or a device node names no bytes to list.
+            if entry.kind != EntryKind::File {
                 continue;
             }
             let Some(key) = entry.path.strip_prefix(dir).and_then(|k| k.strip_prefix('/')) else { continue };

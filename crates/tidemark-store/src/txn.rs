@@ -90,6 +90,7 @@ pub(crate) fn root_entry(now_ms: i64) -> Entry {
         remote: None,
         content: Content::Empty,
         extended: Default::default(),
+        posix: Default::default(),
     }
 }
 
@@ -196,7 +197,7 @@ async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
             }
             if let Some(cur) = &current
                 && cur.is_dir()
-                && entry.kind == EntryKind::File
+                && entry.kind != EntryKind::Dir
                 && !ops.descendants(&txn.path, Some(1)).await?.is_empty()
             {
                 return Err(Error::DirectoryNotEmpty { path: txn.path.clone() });
@@ -365,5 +366,6 @@ fn materialise(p: &str, version: u64, e: NewEntry) -> Entry {
         remote: e.remote,
         content: e.content,
         extended: e.extended,
+        posix: e.posix,
     }
 }
