@@ -46,6 +46,10 @@ pub struct PosixAttrs {
     /// The last change of the entry's status (its attributes or content); `None`: its mtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ctime_ms: Option<i64>,
+    /// The last access as `utimensat(2)` set it (the mount does not record reads: `noatime`);
+    /// `None`: the mtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub atime_ms: Option<i64>,
     /// A symbolic link's target, as given to `symlink(2)` (not resolved, not checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,

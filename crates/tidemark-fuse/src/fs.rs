@@ -272,7 +272,7 @@ impl TidemarkFs {
                 _ => e.size,
             },
             blocks: if e.kind == EntryKind::File { e.size.div_ceil(512) } else { 0 },
-            atime: t,
+            atime: time_of(e.posix.atime_ms.unwrap_or(e.mtime_ms)),
             mtime: t,
             ctime: time_of(e.posix.ctime_ms.unwrap_or(e.mtime_ms)),
             crtime: t,
@@ -401,6 +401,22 @@ impl TidemarkFs {
         let e = applied.new.ok_or(Errno::EIO)?;
         self.inodes().remember(e.clone());
         Ok(e)
+    }
+
+    /// A name was added to or removed from the directory of `child` through the mount: the
+    /// directory's mtime and ctime are now, as POSIX has it. One more small write; if the
+    /// directory changed meanwhile, that change stands (it is as new).
+    fn dir_changed(&self, child: &str) {
+        let Some(dir) = path::parent(child) else { return };
+        let Ok(d) = self.stat(dir) else { return };
+        if !d.is_dir() {
+            return;
+        }
+        let mut n = d.to_new();
+        n.posix.atime_ms = Some(d.posix.atime_ms.unwrap_or(d.mtime_ms));
+        n.mtime_ms = ms_of(SystemTime::now()).max(d.mtime_ms);
+        n.posix.ctime_ms = None;
+        let _ = self.put_entry(dir, n, Precondition::Version(d.version));
     }
 
     /// Reads `size` bytes at `offset`: from the handle's spool if it writes, else through its
@@ -623,7 +639,7 @@ impl Filesystem for TidemarkFs {
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
@@ -635,7 +651,7 @@ impl Filesystem for TidemarkFs {
     ) {
         let r = (|| {
             let p = self.path_of(ino)?;
-            let attrs = mode.is_some() || mtime.is_some() || uid.is_some() || gid.is_some();
+            let attrs = mode.is_some() || mtime.is_some() || atime.is_some() || uid.is_some() || gid.is_some();
             if attrs || size.is_some() {
                 self.writable()?;
             }
@@ -681,10 +697,17 @@ impl Filesystem for TidemarkFs {
                 }
                 // Every change of attributes is a change of status.
                 n.posix.ctime_ms = Some(ms_of(SystemTime::now()));
-                match mtime {
-                    Some(TimeOrNow::SpecificTime(t)) => n.mtime_ms = ms_of(t),
-                    Some(TimeOrNow::Now) => n.mtime_ms = ms_of(SystemTime::now()),
-                    None => {}
+                let at = |t: TimeOrNow| match t {
+                    TimeOrNow::SpecificTime(t) => ms_of(t),
+                    TimeOrNow::Now => ms_of(SystemTime::now()),
+                };
+                // The atime is kept apart only once set: until then it reads as the mtime.
+                let atime_before = e.posix.atime_ms.unwrap_or(e.mtime_ms);
+                if let Some(t) = mtime {
+                    n.mtime_ms = at(t);
+                }
+                if atime.is_some() || mtime.is_some() {
+                    n.posix.atime_ms = Some(atime.map_or(atime_before, at));
                 }
                 e = self.put_entry(&p, n, Precondition::Version(e.version))?;
             }
@@ -705,7 +728,9 @@ impl Filesystem for TidemarkFs {
             d.mode = (mode & !umask & 0o7777) | inherited;
             d.posix.uid = Some(uid);
             d.posix.gid = Some(gid);
-            self.put_entry(&p, d, Precondition::Absent)
+            let e = self.put_entry(&p, d, Precondition::Absent)?;
+            self.dir_changed(&p);
+            Ok(e)
         })();
         match r {
             Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
@@ -741,6 +766,7 @@ impl Filesystem for TidemarkFs {
                     self.call_or("mknod", self.filer.write(&p, futures::stream::empty().boxed(), opts), Errno::EEXIST)?;
                 self.forget(&p);
                 self.inodes().remember(e.clone());
+                self.dir_changed(&p);
                 return Ok(e);
             }
             let mut n = NewEntry::file(0, ms_of(SystemTime::now()), tidemark_core::model::Content::Empty);
@@ -751,7 +777,9 @@ impl Filesystem for TidemarkFs {
             if matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice) {
                 n.posix.rdev = rdev as u64;
             }
-            self.put_entry(&p, n, Precondition::Absent)
+            let e = self.put_entry(&p, n, Precondition::Absent)?;
+            self.dir_changed(&p);
+            Ok(e)
         })();
         match r {
             Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
@@ -772,7 +800,9 @@ impl Filesystem for TidemarkFs {
             let mut n = NewEntry::symlink(target, ms_of(SystemTime::now()));
             n.posix.uid = Some(uid);
             n.posix.gid = Some(gid);
-            self.put_entry(&p, n, Precondition::Absent)
+            let e = self.put_entry(&p, n, Precondition::Absent)?;
+            self.dir_changed(&p);
+            Ok(e)
         })();
         match r {
             Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
@@ -861,7 +891,13 @@ impl Filesystem for TidemarkFs {
             let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version) };
             match self.call("delete", self.filer.delete(&from, del)) {
                 // The kernel moves the source's inode to the new name: so must the inode table.
-                Ok(_) => self.inodes().renamed(&from, &to),
+                Ok(_) => {
+                    self.inodes().renamed(&from, &to);
+                    self.dir_changed(&from);
+                    if path::parent(&from) != path::parent(&to) {
+                        self.dir_changed(&to);
+                    }
+                }
                 Err(e) => {
                     self.forget(&from);
                     self.forget(&to);
@@ -933,6 +969,8 @@ impl Filesystem for TidemarkFs {
                 self.call_or("create", self.filer.write(&p, futures::stream::empty().boxed(), opts), Errno::EEXIST)?;
             self.forget(&p);
             self.inodes().remember(e.clone());
+            // A new name (an O_CREAT open of an existing file does not come here).
+            self.dir_changed(&p);
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
             let fh = self.add_handle(Handle::new(p, Some(spool)));
             Ok((self.attr(&e), fh))
@@ -999,6 +1037,40 @@ impl Filesystem for TidemarkFs {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let r = self.handle(fh).and_then(|h| self.upload(&mut h.lock().unwrap_or_else(|p| p.into_inner())));
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Reserving space (mode 0) grows the file to `offset + length` if it is shorter; the
+    /// namespace has no preallocation to keep, so nothing else is cheap (punching holes, keeping
+    /// the size: `EOPNOTSUPP`).
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            if mode != 0 {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            let h = self.handle(fh)?;
+            let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+            let spool = h.spool.as_ref().ok_or(Errno::EBADF)?;
+            let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+            if spool.metadata().map_err(|_| Errno::EIO)?.len() < end {
+                spool.set_len(end).map_err(|_| Errno::EIO)?;
+                h.dirty = true;
+                self.upload(&mut h)?;
+            }
+            Ok(())
+        })();
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -1098,6 +1170,8 @@ impl TidemarkFs {
         let del = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
         let r = self.call("delete", self.filer.delete(&p, del));
         self.forget(&p);
-        r.map(|_| ())
+        r?;
+        self.dir_changed(&p);
+        Ok(())
     }
 }
