@@ -49,6 +49,12 @@ pub enum Error {
     #[error("{path}: range starts at {offset}, beyond the end of the {size}-byte file")]
     RangeNotSatisfiable { path: String, offset: u64, size: u64 },
 
+    /// A rename the namespace cannot make in one transaction: it would move entries into, out
+    /// of or within a remote mount, where a rename is copies and deletes in the bucket. The
+    /// caller copies instead (the FUSE mount answers `EXDEV`, and `mv` copies).
+    #[error("{path}: cannot be renamed in place: {message}")]
+    CrossMount { path: String, message: String },
+
     #[error("unauthorized: {message}")]
     Unauthorized { message: String },
 
@@ -95,6 +101,7 @@ impl Error {
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Error::Unauthorized { .. } => "unauthorized",
+            Error::CrossMount { .. } => "cross_mount",
             Error::Archived { .. } => "archived",
             Error::TooLarge { .. } => "too_large",
             Error::Unavailable { .. } => "unavailable",

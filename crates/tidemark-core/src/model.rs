@@ -287,6 +287,18 @@ pub enum Mutation {
         #[serde(default)]
         recursive: bool,
     },
+    /// Move the entry — a directory with everything below it — to `to`, as `rename(2)` does, in
+    /// one transaction whatever the size of the tree. Each moved entry keeps its kind, content
+    /// and attributes and gets a new version; the change log has, for each, a record creating it
+    /// at its new path (before anything is removed) and then one removing it at its old path
+    /// that names where it went ([`ChangeRecord::moved_to`]). An entry at `to` is replaced
+    /// when `to_precondition` holds on it: a file or link by a non-directory, an empty directory
+    /// by a directory. `to`'s parent must exist.
+    Rename {
+        to: String,
+        #[serde(default)]
+        to_precondition: Precondition,
+    },
 }
 
 /// The one transaction primitive: check the fence (if any) and the precondition on `path`,
@@ -439,6 +451,25 @@ impl Txn {
         self
     }
 
+    /// The paths the transaction writes at: its own, and a rename's destination.
+    pub fn paths(&self) -> impl Iterator<Item = &str> {
+        let to = match &self.mutation {
+            Mutation::Rename { to, .. } => Some(to.as_str()),
+            _ => None,
+        };
+        std::iter::once(self.path.as_str()).chain(to)
+    }
+
+    pub fn rename(from: impl Into<String>, to: impl Into<String>, origin: Origin) -> Self {
+        Txn {
+            path: from.into(),
+            precondition: Precondition::Any,
+            fence: None,
+            mutation: Mutation::Rename { to: to.into(), to_precondition: Precondition::Any },
+            origin,
+        }
+    }
+
     /// The checks every store backend makes before touching anything, so that all backends
     /// reject the same malformed transactions with the same errors.
     pub fn validate(&self) -> Result<()> {
@@ -487,6 +518,18 @@ impl Txn {
                     }
                     (Some(_), _) => return Err(Error::invalid_argument("only a symbolic link has a target")),
                     (None, _) => {}
+                }
+            }
+            Mutation::Rename { to, .. } => {
+                path::validate(to)?;
+                if self.path == path::ROOT || to == path::ROOT {
+                    return Err(Error::invalid_argument("the root cannot be renamed or replaced"));
+                }
+                if *to == self.path {
+                    return Err(Error::invalid_argument(format!("{to}: a rename onto itself")));
+                }
+                if path::is_within(to, &self.path) {
+                    return Err(Error::invalid_argument(format!("{}: cannot be moved below itself ({to})", self.path)));
                 }
             }
             Mutation::Delete { .. } => {
@@ -587,6 +630,11 @@ pub struct ChangeRecord {
     pub origin: Origin,
     pub old: Option<Entry>,
     pub new: Option<Entry>,
+    /// On the record that removes an entry a rename moved: where it went (its record there came
+    /// first, in the same transaction). Its content lives on there: a consumer that frees what
+    /// a removed entry held must not free this one's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
 }
 
 /// A lease row: who may write under this name, and with which generation.

@@ -1,9 +1,10 @@
 //! The blob collector: blobs no entry names are removed, and only those.
 //!
-//! A blob's id is new with every content write and is named by at most one path for its whole
-//! life (a write that keeps an entry's blob must be to that entry's path), so once a committed
-//! change shows an entry letting go of a blob — overwritten, deleted, replaced by other content —
-//! nothing can name that blob again. Two ways garbage arises, two ways it goes:
+//! A blob's id is new with every content write and is named by at most one entry for its whole
+//! life (a write that keeps an entry's blob must be to that entry's path; a rename moves the entry
+//! with its blob, and the record removing the old path says where it went), so once a committed
+//! change shows an entry letting go of a blob — overwritten, deleted, replaced by other content,
+//! but not moved — nothing can name that blob again. Two ways garbage arises, two ways it goes:
 //!
 //! - **Unlinked by a commit.** The collector follows the change log (one filer of the cluster
 //!   at a time, under the lease `filer/blob-collector`, from the cursor
@@ -204,6 +205,7 @@ impl crate::leader::LeaderTask for BlobCollector {
             }
             if let Some(id) = blob_of(r.old.as_ref())
                 && blob_of(r.new.as_ref()) != Some(id)
+                && r.moved_to.is_none()
             {
                 blobs.remove(id).await?;
                 removed = true;

@@ -84,7 +84,8 @@ pub fn status_of(e: &Error) -> StatusCode {
         | Error::LeaseHeld { .. }
         | Error::NotADirectory { .. }
         | Error::IsADirectory { .. }
-        | Error::DirectoryNotEmpty { .. } => StatusCode::CONFLICT,
+        | Error::DirectoryNotEmpty { .. }
+        | Error::CrossMount { .. } => StatusCode::CONFLICT,
         Error::InvalidPath { .. } | Error::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
         Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
         Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,

@@ -231,6 +231,10 @@ impl LocalFiler {
             }
         };
         for r in records {
+            if r.moved_to.is_some() {
+                // Renamed: the entry, its blob and its cached bytes live on at `moved_to`.
+                continue;
+            }
             self.release_blob(r.old.as_ref(), r.new.as_ref()).await;
             // The transaction dropped the old version's cache records; its bytes go now.
             if let Some(old) = &r.old
@@ -242,9 +246,43 @@ impl LocalFiler {
         }
     }
 
+    /// A rename is one transaction in the namespace only: under a remote mount the bucket's keys
+    /// would have to move too (copies, then deletes), and an entry whose bytes are a remote
+    /// object's would name a key nothing is at. There the caller copies instead.
+    async fn check_rename(&self, from: &str, to: &str) -> Result<()> {
+        use tidemark_core::remote::{MountMapping, system_paths};
+        let Some((mapping, _)) =
+            crate::remotes::read_doc::<MountMapping>(self.store.as_ref(), system_paths::MOUNT_MAPPING).await?
+        else {
+            return Ok(());
+        };
+        for p in [from, to] {
+            if let Some(m) = mapping.find_for(p) {
+                return Err(Error::CrossMount {
+                    path: from.to_string(),
+                    message: format!(
+                        "{p} is in the remote mount {}; renames there are copies (copy, then delete the original)",
+                        m.dir
+                    ),
+                });
+            }
+        }
+        // A directory that holds a remote mount cannot move from under it.
+        if let Some(m) = mapping.mounts.iter().find(|m| path::is_within(&m.dir, from)) {
+            return Err(Error::CrossMount {
+                path: from.to_string(),
+                message: format!("the remote mount {} is below it", m.dir),
+            });
+        }
+        Ok(())
+    }
+
     /// The filer's checks of a transaction before the store's: content that matches its size,
     /// kept content that is really there.
     async fn check_txn(&self, txn: &Txn) -> Result<()> {
+        if let Mutation::Rename { to, .. } = &txn.mutation {
+            self.check_rename(&txn.path, to).await?;
+        }
         if let Mutation::Put { entry, data } = &txn.mutation {
             check_put(&txn.path, entry, data.as_ref())?;
             // A put that keeps the content the entry has (its inline bytes, sent without data, or

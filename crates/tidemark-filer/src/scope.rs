@@ -126,7 +126,7 @@ impl Filer for DataScope {
     }
 
     async fn apply(&self, txn: Txn) -> Result<Applied> {
-        writable(&txn.path)?;
+        txn.paths().try_for_each(writable)?;
         if txn.fence.is_some() {
             // Fences come from leases, which are the cluster's own.
             return Err(refused("a fenced transaction"));
@@ -139,7 +139,7 @@ impl Filer for DataScope {
         if batch.fence.is_some() || batch.txns.iter().any(|t| t.fence.is_some()) {
             return Err(refused("a fenced transaction"));
         }
-        batch.txns.iter().try_for_each(|t| writable(&t.path))?;
+        batch.txns.iter().flat_map(Txn::paths).try_for_each(writable)?;
         self.inner.apply_many(batch).await
     }
 

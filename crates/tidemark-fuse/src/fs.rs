@@ -169,6 +169,7 @@ fn errno(e: &Error) -> Errno {
         Error::NotADirectory { .. } => Errno::ENOTDIR,
         Error::IsADirectory { .. } => Errno::EISDIR,
         Error::DirectoryNotEmpty { .. } => Errno::ENOTEMPTY,
+        Error::CrossMount { .. } => Errno::EXDEV,
         Error::InvalidPath { .. } | Error::InvalidArgument { .. } | Error::RangeNotSatisfiable { .. } => Errno::EINVAL,
         Error::Unauthorized { .. } => Errno::EACCES,
         // "No data available": the bytes are in the bucket's archive until restored.
@@ -850,59 +851,39 @@ impl Filesystem for TidemarkFs {
             self.writable()?;
             let from = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
             let to = self.inodes().child(newparent.0, name_of(newname)?).ok_or(Errno::ENOENT)?;
-            let src = self.stat(&from)?;
-            if src.is_dir() {
-                match self.stat(&to) {
-                    Ok(dst) if !dst.is_dir() => return Err(Errno::ENOTDIR),
-                    Ok(_) if !self.listing(&to)?.is_empty() => return Err(Errno::ENOTEMPTY),
-                    _ => {}
-                }
-                // The namespace has no rename: mv copies a directory and removes the original
-                // when told EXDEV.
-                return Err(Errno::EXDEV);
-            }
             if flags.contains(RenameFlags::RENAME_EXCHANGE) {
                 return Err(Errno::EINVAL);
             }
-            let precondition =
+            let to_precondition =
                 if flags.contains(RenameFlags::RENAME_NOREPLACE) { Precondition::Absent } else { Precondition::Any };
-            if let Ok(dst) = self.stat(&to)
-                && dst.is_dir()
-            {
-                return Err(Errno::EISDIR);
+            if from == to {
+                // rename(2) of a name onto itself does nothing.
+                return self.stat(&from).map(drop);
             }
-            if src.kind.is_special() {
-                // No bytes to move: the entry itself, owner, target and all.
-                self.put_entry(&to, src.to_new(), precondition)?;
-            } else {
-                self.counters.reads.fetch_add(1, Ordering::Relaxed);
-                let (_, stream) = self.call("read", self.filer.read(&from, None))?;
-                self.counters.writes.fetch_add(1, Ordering::Relaxed);
-                let opts = WriteOptions {
-                    precondition,
-                    mode: Some(src.mode),
-                    mtime_ms: Some(src.mtime_ms),
-                    uid: src.posix.uid,
-                    gid: src.posix.gid,
-                    ..Default::default()
-                };
-                self.call_or("write", self.filer.write(&to, stream, opts), Errno::EEXIST)?;
+            // One transaction, whatever the size of the tree.
+            let txn = Txn {
+                path: from.clone(),
+                precondition: Precondition::Any,
+                fence: None,
+                mutation: tidemark_core::model::Mutation::Rename { to: to.clone(), to_precondition },
+                origin: Origin::Local,
+            };
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            let renamed = match self.call_or("rename", self.filer.apply(txn), Errno::EEXIST) {
+                // Under a remote mount a rename is a copy.
+                Err(Errno::EXDEV) => self.rename_by_copy(&from, &to, to_precondition),
+                r => r.map(drop),
+            };
+            if let Err(e) = renamed {
+                self.forget(&from);
+                self.forget(&to);
+                return Err(e);
             }
-            let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version) };
-            match self.call("delete", self.filer.delete(&from, del)) {
-                // The kernel moves the source's inode to the new name: so must the inode table.
-                Ok(_) => {
-                    self.inodes().renamed(&from, &to);
-                    self.dir_changed(&from);
-                    if path::parent(&from) != path::parent(&to) {
-                        self.dir_changed(&to);
-                    }
-                }
-                Err(e) => {
-                    self.forget(&from);
-                    self.forget(&to);
-                    return Err(e);
-                }
+            // The kernel moves the source's inode to the new name: so must the inode table.
+            self.inodes().renamed(&from, &to);
+            self.dir_changed(&from);
+            if path::parent(&from) != path::parent(&to) {
+                self.dir_changed(&to);
             }
             Ok(())
         })();
@@ -1157,6 +1138,40 @@ impl Filesystem for TidemarkFs {
 }
 
 impl TidemarkFs {
+    /// A rename under a remote mount: the file's bytes written at the new name, then the old
+    /// name removed (the outbound sync uploads the one and deletes the other's object in that
+    /// order). A directory is `EXDEV`: `mv` copies it and removes the original.
+    fn rename_by_copy(&self, from: &str, to: &str, precondition: Precondition) -> Result<(), Errno> {
+        let src = self.stat(from)?;
+        if src.is_dir() {
+            return Err(Errno::EXDEV);
+        }
+        if let Ok(dst) = self.stat(to)
+            && dst.is_dir()
+        {
+            return Err(Errno::EISDIR);
+        }
+        if src.kind.is_special() {
+            // No bytes to move: the entry itself, owner, target and all.
+            self.put_entry(to, src.to_new(), precondition)?;
+        } else {
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+            let (_, stream) = self.call("read", self.filer.read(from, None))?;
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            let opts = WriteOptions {
+                precondition,
+                mode: Some(src.mode),
+                mtime_ms: Some(src.mtime_ms),
+                uid: src.posix.uid,
+                gid: src.posix.gid,
+                ..Default::default()
+            };
+            self.call_or("write", self.filer.write(to, stream, opts), Errno::EEXIST)?;
+        }
+        let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version) };
+        self.call("delete", self.filer.delete(from, del)).map(drop)
+    }
+
     fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Result<(), Errno> {
         self.writable()?;
         let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;

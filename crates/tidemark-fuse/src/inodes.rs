@@ -113,16 +113,29 @@ impl Inodes {
         (entry, self.known_ino(p))
     }
 
-    /// After `from` was renamed to `to` (files only): the kernel now knows `from`'s inode by the
-    /// new name, so that inode must name `to`; an inode that named `to` before names nothing.
+    /// After `from` was renamed to `to`: the kernel now knows `from`'s inode — and, for a
+    /// directory, the inodes of everything below it — by the new names, so those inodes must
+    /// name the new paths; an inode that named `to` before names nothing. What was read of the
+    /// old paths is forgotten.
     pub fn renamed(&mut self, from: &str, to: &str) {
         if let Some(old) = self.by_path.remove(to) {
             self.by_ino.remove(&old);
         }
-        if let Some(ino) = self.by_path.remove(from) {
-            self.by_ino.insert(ino, to.to_string());
-            self.by_path.insert(to.to_string(), ino);
+        let prefix = format!("{from}/");
+        let moved: Vec<(String, u64)> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| *p == from || p.starts_with(&prefix))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        for (p, ino) in moved {
+            self.by_path.remove(&p);
+            let new = format!("{to}{}", &p[from.len()..]);
+            self.by_ino.insert(ino, new.clone());
+            self.by_path.insert(new, ino);
         }
+        self.entries.retain(|p, _| !(p.starts_with(&prefix)));
+        self.dirs.retain(|p, _| !(p.starts_with(&prefix)));
         self.changed(from);
         self.changed(to);
     }
@@ -151,6 +164,19 @@ mod tests {
             extended: Default::default(),
             posix: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_renamed_directory_takes_the_inodes_below_it() {
+        let mut i = Inodes::new("/");
+        let (d, f, other) = (i.ino("/a"), i.ino("/a/b/f"), i.ino("/ab"));
+        let replaced = i.ino("/z");
+        i.remember(entry("/a/b/f"));
+        i.renamed("/a", "/z");
+        assert_eq!((i.path(d), i.path(f), i.path(other)), (Some("/z"), Some("/z/b/f"), Some("/ab")));
+        assert_eq!(i.path(replaced), None);
+        assert_eq!(i.known_ino("/a/b/f"), None);
+        assert!(i.entry("/a/b/f").is_none());
     }
 
     #[test]

@@ -82,6 +82,10 @@ CREATE TABLE cache_chunks (
 CREATE INDEX cache_chunks_lru ON cache_chunks (node, last_read_ms);
 CREATE INDEX cache_chunks_by_node ON cache_chunks (node, path, chunk);
 "#,
+    r#"
+-- On the record removing an entry a rename moved: where it went.
+ALTER TABLE changelog ADD COLUMN moved_to TEXT;
+"#,
 ];
 
 /// Any fixed number: the advisory lock migrations hold, so concurrent starts migrate once.
@@ -645,8 +649,8 @@ const DELETE_ROWS: &str = "DELETE FROM entries WHERE path = ANY($1)";
 const DROP_CACHES: &str = "DELETE FROM cache_chunks WHERE path = ANY($1)";
 const STORE_SEQ: &str = "WITH u AS (UPDATE counters SET value = $1 WHERE name = 'seq' RETURNING value)
      SELECT pg_notify('tidemark_changes', value::text) FROM u";
-const LOG_CHANGES: &str = "INSERT INTO changelog (seq, ts_ms, path, origin, old, new)
-     SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[])";
+const LOG_CHANGES: &str = "INSERT INTO changelog (seq, ts_ms, path, origin, old, new, moved_to)
+     SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])";
 const SELECT_BELOW: &str =
     "SELECT path, version, meta FROM entries WHERE path > $1 AND path < $2 ORDER BY path LIMIT $3";
 const SELECT_LEASE: &str = "SELECT name, holder, generation, expires_at_ms FROM leases WHERE name = $1";
@@ -659,6 +663,7 @@ struct LogRow {
     origin: &'static str,
     old: Option<String>,
     new: Option<String>,
+    moved_to: Option<String>,
 }
 
 /// The writes a transaction holds, as they go out.
@@ -836,7 +841,8 @@ impl<'t> PgTxn<'t> {
             let origins: Vec<&str> = log.iter().map(|r| r.origin).collect();
             let olds: Vec<Option<&str>> = log.iter().map(|r| r.old.as_deref()).collect();
             let news: Vec<Option<&str>> = log.iter().map(|r| r.new.as_deref()).collect();
-            self.rows(LOG_CHANGES, &[&seqs, &ts, &paths, &origins, &olds, &news]).await.map(drop)
+            let moves: Vec<Option<&str>> = log.iter().map(|r| r.moved_to.as_deref()).collect();
+            self.rows(LOG_CHANGES, &[&seqs, &ts, &paths, &origins, &olds, &news, &moves]).await.map(drop)
         };
         let (held, logged, counted, commit) =
             futures::join!(self.send_held(&h), records, counter, self.tx.batch_execute("COMMIT"));
@@ -904,6 +910,7 @@ impl TxnOps for PgTxn<'_> {
             origin: c.origin.as_str(),
             old: enc(c.old)?,
             new: enc(c.new)?,
+            moved_to: c.moved_to.map(str::to_string),
         });
         Ok(())
     }
@@ -1080,7 +1087,7 @@ impl MetaStore for PgStore {
         let c = self.client().await?;
         let stmt = c
             .prepare_cached(
-                "SELECT seq, ts_ms, path, origin, old, new FROM changelog WHERE seq > $1 ORDER BY seq LIMIT $2",
+                "SELECT seq, ts_ms, path, origin, old, new, moved_to FROM changelog WHERE seq > $1 ORDER BY seq LIMIT $2",
             )
             .await
             .map_err(pg_err)?;
@@ -1098,6 +1105,7 @@ impl MetaStore for PgStore {
                     origin,
                     old: dec(r.get(4))?,
                     new: dec(r.get(5))?,
+                    moved_to: r.get(6),
                 })
             })
             .collect()

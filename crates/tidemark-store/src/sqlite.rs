@@ -70,6 +70,10 @@ CREATE TABLE cache_chunks (
 CREATE INDEX cache_chunks_lru ON cache_chunks (node, last_read_ms);
 CREATE INDEX cache_chunks_by_node ON cache_chunks (node, path, chunk);
 "#,
+    r#"
+-- On the record removing an entry a rename moved: where it went.
+ALTER TABLE changelog ADD COLUMN moved_to TEXT;
+"#,
 ];
 
 const READER_POOL: usize = 4;
@@ -440,10 +444,10 @@ impl TxnOps for SqliteTxn<'_> {
         let enc = |e: Option<&Entry>| e.map(serde_json::to_string).transpose().map_err(json_err);
         self.conn
             .prepare_cached(
-                "INSERT INTO changelog (seq, ts_ms, path, origin, old, new) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO changelog (seq, ts_ms, path, origin, old, new, moved_to) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )
             .map_err(db_err)?
-            .execute(params![c.seq as i64, c.ts_ms, c.path, c.origin.as_str(), enc(c.old)?, enc(c.new)?])
+            .execute(params![c.seq as i64, c.ts_ms, c.path, c.origin.as_str(), enc(c.old)?, enc(c.new)?, c.moved_to])
             .map_err(db_err)?;
         Ok(())
     }
@@ -652,7 +656,7 @@ impl MetaStore for SqliteStore {
         self.read(move |c| {
             let mut stmt = c
                 .prepare_cached(
-                    "SELECT seq, ts_ms, path, origin, old, new FROM changelog WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                    "SELECT seq, ts_ms, path, origin, old, new, moved_to FROM changelog WHERE seq > ?1 ORDER BY seq LIMIT ?2",
                 )
                 .map_err(db_err)?;
             let rows = stmt
@@ -664,16 +668,17 @@ impl MetaStore for SqliteStore {
                         r.get::<_, String>(3)?,
                         r.get::<_, Option<String>>(4)?,
                         r.get::<_, Option<String>>(5)?,
+                        r.get::<_, Option<String>>(6)?,
                     ))
                 })
                 .map_err(db_err)?;
             let dec = |s: Option<String>| s.map(|s| serde_json::from_str::<Entry>(&s)).transpose().map_err(json_err);
             let mut out = Vec::new();
             for row in rows {
-                let (seq, ts_ms, path, origin, old, new) = row.map_err(db_err)?;
+                let (seq, ts_ms, path, origin, old, new, moved_to) = row.map_err(db_err)?;
                 let origin = Origin::parse(&origin)
                     .ok_or_else(|| Error::internal(format!("unknown origin {origin:?} in the change log")))?;
-                out.push(ChangeRecord { seq: seq as u64, ts_ms, path, origin, old: dec(old)?, new: dec(new)? });
+                out.push(ChangeRecord { seq: seq as u64, ts_ms, path, origin, old: dec(old)?, new: dec(new)?, moved_to });
             }
             Ok(out)
         })

@@ -59,6 +59,8 @@ pub(crate) struct Change<'a> {
     pub origin: Origin,
     pub old: Option<&'a Entry>,
     pub new: Option<&'a Entry>,
+    /// A rename's removal of the entry at `path`: where it went.
+    pub moved_to: Option<&'a str>,
 }
 
 /// The parent column of a row (`""` for the root).
@@ -180,7 +182,7 @@ async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
         old: Option<&'a Entry>,
         new: Option<&'a Entry>,
     ) -> Change<'a> {
-        Change { seq, ts_ms, path, origin, old, new }
+        Change { seq, ts_ms, path, origin, old, new, moved_to: None }
     }
     match &txn.mutation {
         Mutation::Put { entry, data } => {
@@ -268,6 +270,74 @@ async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
             }
             ops.log_change(change(seq, now_ms, origin, &txn.path, Some(&cur), None)).await?;
             Ok(Applied { first_seq, seq, old: Some(cur), new: None })
+        }
+        Mutation::Rename { to, to_precondition } => {
+            let Some(src) = current else {
+                return Err(Error::not_found(&txn.path));
+            };
+            // The checks, as rename(2) makes them.
+            let dest = ops.entry(to).await?;
+            if !to_precondition.holds(dest.as_ref().map(|e| e.version)) {
+                return Err(Error::PreconditionFailed { path: to.clone(), current: dest.map(|e| e.version) });
+            }
+            let parent = path::parent(to).unwrap_or(path::ROOT);
+            match ops.entry(parent).await? {
+                Some(p) if p.is_dir() => {}
+                Some(_) => return Err(Error::NotADirectory { path: parent.to_string() }),
+                None => return Err(Error::not_found(parent)),
+            }
+            if let Some(d) = &dest {
+                match (src.is_dir(), d.is_dir()) {
+                    (true, false) => return Err(Error::NotADirectory { path: to.clone() }),
+                    (false, true) => return Err(Error::IsADirectory { path: to.clone() }),
+                    (true, true) if !ops.descendants(to, Some(1)).await?.is_empty() => {
+                        return Err(Error::DirectoryNotEmpty { path: to.clone() });
+                    }
+                    _ => {}
+                }
+            }
+            let below = if src.is_dir() { ops.descendants(&txn.path, None).await? } else { Vec::new() };
+            let moved: Vec<(&Entry, String)> = std::iter::once(&src)
+                .chain(below.iter())
+                .map(|e| (e, format!("{to}{}", &e.path[txn.path.len()..])))
+                .collect();
+            // The writes. First every entry at its new path, parents before children (byte
+            // order), so a follower of the change log never misses an entry: it sees the new
+            // tree whole before the old one goes.
+            let mut top = None;
+            for (e, new_path) in &moved {
+                let data = if e.content == Content::Inline { ops.inline_data(&e.path).await? } else { None };
+                let seq = ops.next_seq();
+                let mut kept = e.to_new();
+                if new_path == to {
+                    // Its name is part of its status (as ext4 and most file systems have it).
+                    kept.posix.ctime_ms = Some(now_ms);
+                }
+                let moved_entry = materialise(new_path, seq, kept);
+                ops.put_row(&moved_entry, data.as_deref()).await?;
+                let replaced = if new_path == to { dest.as_ref() } else { None };
+                if let Some(d) = replaced
+                    && cache::invalidates(d, Some(&moved_entry))
+                {
+                    ops.drop_cache(to).await?;
+                }
+                ops.log_change(change(seq, now_ms, origin, new_path, replaced, Some(&moved_entry))).await?;
+                if top.is_none() {
+                    top = Some(moved_entry);
+                }
+            }
+            // Then the old paths, children before parents, each record naming where it went.
+            let mut seq = ops.current_seq();
+            for (e, new_path) in moved.iter().rev() {
+                seq = ops.next_seq();
+                ops.delete_row(&e.path).await?;
+                if cache::invalidates(e, None) {
+                    ops.drop_cache(&e.path).await?;
+                }
+                let c = Change { moved_to: Some(new_path), ..change(seq, now_ms, origin, &e.path, Some(e), None) };
+                ops.log_change(c).await?;
+            }
+            Ok(Applied { first_seq, seq, old: Some(src), new: top })
         }
     }
 }
