@@ -66,6 +66,8 @@ both!(
     change_log_long_poll,
     apply_cannot_steal_a_blob,
     batches_of_transactions_and_of_reads,
+    a_renamed_file_keeps_its_bytes_and_a_replaced_one_lets_go,
+    renames_under_a_remote_mount_are_refused_as_cross_mount,
 );
 
 async fn write_and_read_small_and_large_files(s: &Setup) {
@@ -293,6 +295,60 @@ async fn apply_cannot_steal_a_blob(s: &Setup) {
         .await
         .unwrap();
     assert_eq!(read_all(f, "/b/one", None).await, vec![9u8; 100_000]);
+}
+
+/// A rename moves an entry with its blob: the bytes read back at the new path (the record that
+/// removes the old path must not free them), and the blob of a file it replaced is freed.
+async fn a_renamed_file_keeps_its_bytes_and_a_replaced_one_lets_go(s: &Setup) {
+    let f = &*s.filer;
+    let big = f.write("/mv/d/big", body(&[7u8; 100_000]), WriteOptions::default()).await.unwrap();
+    let Content::Blob { .. } = &big.content else { panic!("expected a blob") };
+    f.write("/mv/d/small", body(b"small"), WriteOptions::default()).await.unwrap();
+    f.apply(Txn::rename("/mv/d", "/mv/e", Origin::Local)).await.unwrap();
+    assert_eq!(read_all(f, "/mv/e/big", None).await, vec![7u8; 100_000]);
+    assert_eq!(read_all(f, "/mv/e/small", None).await, b"small");
+    assert!(matches!(f.read("/mv/d/big", None).await.err(), Some(Error::NotFound { .. })));
+    // Over another file: the moved bytes stay, and read.
+    let other = f.write("/mv/other", body(&[1u8; 100_000]), WriteOptions::default()).await.unwrap();
+    let applied = f.apply(Txn::rename("/mv/e/big", "/mv/other", Origin::Local)).await.unwrap();
+    assert_eq!(applied.new.unwrap().content, big.content);
+    assert_ne!(other.content, big.content);
+    assert_eq!(read_all(f, "/mv/other", None).await, vec![7u8; 100_000]);
+    let recs = f.changes(applied.first_seq - 1, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(recs.last().unwrap().moved_to.as_deref(), Some("/mv/other"));
+    // One blob left in the data directory: the moved one.
+    assert_eq!(walk(&s._dir.path().join("blobs")), 1);
+}
+
+/// In a remote mount a rename would have to move the bucket's keys: the filer refuses it with
+/// `CrossMount` (the mount then copies), into, out of and within the mount alike, and for a
+/// directory that holds one.
+async fn renames_under_a_remote_mount_are_refused_as_cross_mount(s: &Setup) {
+    use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
+    let f = &*s.filer;
+    let mapping = MountMapping {
+        mounts: vec![Mount {
+            dir: "/top/m".into(),
+            location: RemoteLocation { storage: "s".into(), bucket: "b".into(), path: String::new() },
+            sync: true,
+        }],
+    };
+    let doc = Bytes::from(serde_json::to_vec(&mapping).unwrap());
+    let txn =
+        Txn::put(system_paths::MOUNT_MAPPING, NewEntry::file(doc.len() as u64, 1, Content::Inline), Origin::System)
+            .with_data(doc);
+    f.apply(txn).await.unwrap();
+    f.write("/top/m/in", body(b"x"), WriteOptions::default()).await.unwrap();
+    f.write("/top/out", body(b"y"), WriteOptions::default()).await.unwrap();
+    for (from, to) in
+        [("/top/m/in", "/top/m/in2"), ("/top/m/in", "/top/in"), ("/top/out", "/top/m/out"), ("/top", "/top2")]
+    {
+        match f.apply(Txn::rename(from, to, Origin::Local)).await {
+            Err(Error::CrossMount { message, .. }) => assert!(message.contains("/top/m"), "{message}"),
+            other => panic!("{from} -> {to}: {other:?}"),
+        }
+    }
+    assert_eq!(read_all(f, "/top/m/in", None).await, b"x");
 }
 
 /// `apply_many` and `stat_many` through the filer: each transaction's own checks (the store's

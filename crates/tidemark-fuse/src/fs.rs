@@ -387,6 +387,18 @@ impl TidemarkFs {
         Ok(())
     }
 
+    /// Uploads what the handles open on `p` have written.
+    fn flush_path(&self, p: &str) -> Result<(), Errno> {
+        let open: Vec<_> = self.handles.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for h in open {
+            let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+            if h.dirty && h.path == p {
+                self.upload(&mut h)?;
+            }
+        }
+        Ok(())
+    }
+
     fn put_entry(&self, p: &str, e: NewEntry, precondition: Precondition) -> Result<Entry, Errno> {
         let on_conflict = if precondition == Precondition::Absent { Errno::EEXIST } else { Errno::EAGAIN };
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
@@ -683,6 +695,11 @@ impl Filesystem for TidemarkFs {
                         self.upload(&mut h)?;
                     }
                 }
+            }
+            if mtime.is_some() {
+                // Bytes written and not yet uploaded would take the time of their upload: the
+                // time set now (tar and cp -p set it before they close) must come after them.
+                self.flush_path(&p)?;
             }
             let mut e = self.stat(&p)?;
             if attrs {

@@ -54,7 +54,8 @@ macro_rules! metastore_conformance {
             a_batch_stands_or_fails_transaction_by_transaction, a_batch_whose_fence_fails_lands_nothing,
             batches_from_many_tasks_interleave_whole, get_many_answers_in_order,
             a_batch_may_write_one_path_several_times, fenced_batches_racing_a_takeover_land_whole_or_not_at_all,
-            links_devices_and_owners_round_trip);
+            links_devices_and_owners_round_trip, a_rename_moves_a_tree_in_one_transaction,
+            a_rename_follows_the_rules_of_rename_2);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -329,6 +330,101 @@ pub async fn links_devices_and_owners_round_trip(h: &Harness) {
     s.apply(Txn::put("/k/link", file(0), Origin::Local)).await.unwrap();
     let e = s.get("/k/link").await.unwrap().unwrap();
     assert_eq!((e.kind, e.posix.target), (EntryKind::File, None));
+}
+
+/// A directory with files (inline and empty), a link and a subdirectory moves whole: every
+/// entry at its new path with its content and attributes, nothing at the old ones, and the
+/// change log has the new tree first (parents first), then the old one's removals (children
+/// first) naming where each went.
+pub async fn a_rename_moves_a_tree_in_one_transaction(h: &Harness) {
+    let s = &*h.store;
+    let data = Bytes::from_static(b"inline bytes");
+    s.apply(
+        Txn::put("/r/a/x.txt", NewEntry::file(data.len() as u64, 1, Content::Inline), Origin::Local)
+            .with_data(data.clone()),
+    )
+    .await
+    .unwrap();
+    put(s, "/r/a/sub/deep/e").await;
+    s.apply(Txn::put("/r/a/sub/l", NewEntry::symlink("../x.txt", 2), Origin::Local)).await.unwrap();
+    let before: Vec<Entry> = {
+        let mut v = vec![s.get("/r/a").await.unwrap().unwrap()];
+        for p in all_below(s, "/r/a", 100).await {
+            v.push(s.get(&p).await.unwrap().unwrap());
+        }
+        v
+    };
+    let last = s.last_seq().await.unwrap();
+    let applied = s.apply(Txn::rename("/r/a", "/r/b", Origin::Local)).await.unwrap();
+    let n = before.len() as u64;
+    assert_eq!((applied.first_seq, applied.seq), (last + 1, last + 2 * n));
+    assert_eq!(applied.new.as_ref().unwrap().path, "/r/b");
+    assert!(s.get("/r/a").await.unwrap().is_none());
+    assert!(all_below(s, "/r/a", 100).await.is_empty());
+    for old in &before {
+        let p = format!("/r/b{}", &old.path["/r/a".len()..]);
+        let e = s.get(&p).await.unwrap().unwrap_or_else(|| panic!("{p} missing"));
+        let mut want = old.to_new();
+        let mut got = e.to_new();
+        if p == "/r/b" {
+            assert!(got.posix.ctime_ms.is_some(), "the moved entry's ctime is the rename's");
+            (got.posix.ctime_ms, want.posix.ctime_ms) = (None, None);
+        }
+        assert_eq!(got, want, "{p}");
+    }
+    assert_eq!(s.read_inline("/r/b/x.txt").await.unwrap(), Some(data));
+    let recs = s.changes(last, 1000).await.unwrap();
+    assert_eq!(recs.len() as u64, 2 * n);
+    let (creates, removes) = recs.split_at(n as usize);
+    assert!(creates.iter().all(|r| r.old.is_none() && r.new.is_some() && r.moved_to.is_none()));
+    assert!(creates.windows(2).all(|w| w[0].path < w[1].path), "parents first");
+    assert!(
+        removes.iter().all(|r| r.new.is_none() && r.moved_to.as_deref() == Some(&*format!("/r/b{}", &r.path[4..])))
+    );
+    assert!(removes.windows(2).all(|w| w[0].path > w[1].path), "children first");
+}
+
+/// What rename(2) refuses, the store refuses, and writes nothing; what it allows — replacing a
+/// file, or an empty directory — it does.
+pub async fn a_rename_follows_the_rules_of_rename_2(h: &Harness) {
+    let s = &*h.store;
+    put(s, "/q/f").await;
+    put(s, "/q/g").await;
+    put(s, "/q/d/inside").await;
+    s.apply(Txn::put("/q/empty", NewEntry::dir(1), Origin::Local)).await.unwrap();
+    let last = s.last_seq().await.unwrap();
+    let refused = [
+        (Txn::rename("/q/nothing", "/q/x", Origin::Local), "not_found"),
+        (Txn::rename("/q/f", "/q/no/such/dir/f", Origin::Local), "not_found"),
+        (Txn::rename("/q/f", "/q/g/f", Origin::Local), "not_a_directory"),
+        (Txn::rename("/q/f", "/q/empty", Origin::Local), "is_a_directory"),
+        (Txn::rename("/q/d", "/q/f", Origin::Local), "not_a_directory"),
+        (Txn::rename("/q/empty", "/q/d", Origin::Local), "directory_not_empty"),
+        (Txn::rename("/q/d", "/q/d/inside/deeper", Origin::Local), "invalid_argument"),
+        (Txn::rename("/q/f", "/q/f", Origin::Local), "invalid_argument"),
+        (Txn::rename("/", "/q/root", Origin::Local), "invalid_argument"),
+        (
+            Txn {
+                mutation: Mutation::Rename { to: "/q/g".into(), to_precondition: Precondition::Absent },
+                ..Txn::rename("/q/f", "", Origin::Local)
+            },
+            "precondition_failed",
+        ),
+    ];
+    for (txn, code) in refused {
+        let what = format!("{} -> {:?}", txn.path, txn.mutation);
+        let err = s.apply(txn).await.unwrap_err();
+        assert_eq!(err.code(), code, "{what}: {err}");
+    }
+    assert_eq!(s.last_seq().await.unwrap(), last, "a refused rename writes nothing");
+    // A file replaces a file; a directory an empty directory.
+    let g = s.get("/q/g").await.unwrap().unwrap();
+    let applied = s.apply(Txn::rename("/q/f", "/q/g", Origin::Local)).await.unwrap();
+    let recs = s.changes(applied.first_seq - 1, 10).await.unwrap();
+    assert_eq!(recs[0].old.as_ref(), Some(&g), "the replaced entry is the record's old one");
+    assert!(s.get("/q/f").await.unwrap().is_none());
+    s.apply(Txn::rename("/q/d", "/q/empty", Origin::Local)).await.unwrap();
+    assert!(s.get("/q/empty/inside").await.unwrap().is_some());
 }
 
 pub async fn versions_are_never_reused(h: &Harness) {

@@ -141,7 +141,10 @@ async fn filers_starting_together_migrate_once() {
     for s in starts {
         s.await.unwrap().unwrap();
     }
-    assert_eq!(psql(&url, "SELECT string_agg(version::text, ',' ORDER BY version) FROM tidemark_schema").await, "1,2,3");
+    assert_eq!(
+        psql(&url, "SELECT string_agg(version::text, ',' ORDER BY version) FROM tidemark_schema").await,
+        "1,2,3"
+    );
     assert_eq!(psql(&url, "SELECT count(*) FROM entries").await, "1", "one root");
 
     // A database written by a newer Tidemark is refused, not half-used.
