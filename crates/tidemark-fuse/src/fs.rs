@@ -314,7 +314,9 @@ impl TidemarkFs {
         Ok(e)
     }
 
-    fn listing(&self, dir: &str) -> Result<Vec<String>, Errno> {
+    /// The names in `dir` and their kinds (what `readdir` tells, so that `find -type` and
+    /// `ls --color` need no stat of each).
+    fn listing(&self, dir: &str) -> Result<Vec<(String, EntryKind)>, Errno> {
         if let Some(l) = self.inodes().listing(dir) {
             return Ok(l.to_vec());
         }
@@ -332,7 +334,7 @@ impl TidemarkFs {
                 None => break,
             }
         }
-        let names: Vec<String> = all.iter().map(|e| e.name().to_string()).collect();
+        let names = all.iter().map(|e| (e.name().to_string(), e.kind)).collect();
         self.inodes().remember_listing_since(dir, all, epoch);
         Ok(names)
     }
@@ -1126,11 +1128,10 @@ impl Filesystem for TidemarkFs {
             };
             let mut rows: Vec<(u64, FileType, String)> =
                 vec![(ino.0, FileType::Directory, ".".into()), (parent_ino, FileType::Directory, "..".into())];
-            for n in names {
+            for (n, kind) in names {
                 let child = path::join(&p, &n);
-                let kind = self.inodes().entry(&child).map_or(FileType::RegularFile, |e| file_type(e.kind));
                 let ci = self.inodes().ino(&child);
-                rows.push((ci, kind, n));
+                rows.push((ci, file_type(kind), n));
             }
             Ok(rows)
         })();

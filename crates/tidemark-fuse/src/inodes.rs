@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use tidemark_core::model::Entry;
+use tidemark_core::model::{Entry, EntryKind};
 use tidemark_core::path;
 
 pub const ROOT_INO: u64 = 1;
@@ -17,8 +17,8 @@ pub struct Inodes {
     next: u64,
     /// Entries read from the filer (stat or listing), by path.
     entries: HashMap<String, Entry>,
-    /// Directory listings read from the filer: child names in order.
-    dirs: HashMap<String, Vec<String>>,
+    /// Directory listings read from the filer: child names, with their kinds, in order.
+    dirs: HashMap<String, Vec<(String, EntryKind)>>,
     /// How many changes the mount has been told of. A read from the filer that started before
     /// one may hold what that change replaced; it is used once, not remembered.
     changes: u64,
@@ -65,7 +65,7 @@ impl Inodes {
         self.entries.insert(e.path.clone(), e);
     }
 
-    pub fn listing(&self, dir: &str) -> Option<&[String]> {
+    pub fn listing(&self, dir: &str) -> Option<&[(String, EntryKind)]> {
         self.dirs.get(dir).map(Vec::as_slice)
     }
 
@@ -91,7 +91,7 @@ impl Inodes {
     }
 
     pub fn remember_listing(&mut self, dir: &str, children: Vec<Entry>) {
-        let names = children.iter().map(|e| e.name().to_string()).collect();
+        let names = children.iter().map(|e| (e.name().to_string(), e.kind)).collect();
         for e in children {
             self.remember(e);
         }
@@ -191,7 +191,7 @@ mod tests {
         // No change meanwhile: remembered.
         let epoch = i.epoch();
         i.remember_listing_since("/m", vec![entry("/m/b")], epoch);
-        assert_eq!(i.listing("/m"), Some(&["b".to_string()][..]));
+        assert_eq!(i.listing("/m"), Some(&[("b".to_string(), EntryKind::File)][..]));
     }
 
     #[test]
@@ -203,7 +203,10 @@ mod tests {
         assert_eq!(i.path(a), Some("/m/a"));
         assert_eq!(i.child(ROOT_INO, "b").as_deref(), Some("/m/b"));
         i.remember_listing("/m", vec![entry("/m/a"), entry("/m/b")]);
-        assert_eq!(i.listing("/m"), Some(&["a".to_string(), "b".to_string()][..]));
+        assert_eq!(
+            i.listing("/m"),
+            Some(&[("a".to_string(), EntryKind::File), ("b".to_string(), EntryKind::File)][..])
+        );
         assert!(i.entry("/m/b").is_some());
         let (parent, own) = i.changed("/m/b");
         assert_eq!(parent, Some((ROOT_INO, "b".to_string())));

@@ -395,6 +395,8 @@ fn links_owners_times_and_directory_renames_work_as_posix_tools_expect() {
          && test \"$(find links -type l | sort | tr '\n' ' ')\" = 'links/dangling links/l links/ld ' \
          && test \"$(stat -c %s links/dangling)\" = 8 && mv links/l links/l2 && test \"$(readlink links/l2)\" = f"
     ));
+    let listed = ok(run_shell(bin(), &server.addr, "fs.ls -l /links", &[]));
+    assert!(listed.lines().any(|l| l.starts_with("lrwxrwxrwx") && l.ends_with(" l2 -> f")), "{listed}");
     // tar x of an archive with links and times, compared with the original; cp -a and rsync -a
     // back and forth change nothing.
     sh(&format!(

@@ -308,8 +308,17 @@ fn user_path(s: &str) -> Result<String, CmdError> {
 }
 
 fn mode_string(e: &Entry) -> String {
+    use tidemark_core::model::EntryKind;
     let mut s = String::with_capacity(10);
-    s.push(if e.is_dir() { 'd' } else { '-' });
+    s.push(match e.kind {
+        EntryKind::File => '-',
+        EntryKind::Dir => 'd',
+        EntryKind::Symlink => 'l',
+        EntryKind::Fifo => 'p',
+        EntryKind::Socket => 's',
+        EntryKind::CharDevice => 'c',
+        EntryKind::BlockDevice => 'b',
+    });
     for shift in [6, 3, 0] {
         let bits = (e.mode >> shift) & 0o7;
         s.push(if bits & 4 != 0 { 'r' } else { '-' });
@@ -328,13 +337,16 @@ fn print_entry(out: Out<'_>, e: &Entry, long: Option<&str>) -> std::io::Result<(
         .map(|class| format!("  (archived: {class}; restore it to read)"))
         .unwrap_or_default();
     match long {
-        Some(cached) => writeln!(
-            out,
-            "{} {:>12} {} {cached:>4} {name}{slash}{archived}",
-            mode_string(e),
-            e.size,
-            format_rfc3339_ms(e.mtime_ms)
-        ),
+        Some(cached) => {
+            let target = e.posix.target.as_deref().map(|t| format!(" -> {}", path::printable(t))).unwrap_or_default();
+            writeln!(
+                out,
+                "{} {:>12} {} {cached:>4} {name}{slash}{target}{archived}",
+                mode_string(e),
+                e.size,
+                format_rfc3339_ms(e.mtime_ms)
+            )
+        }
         None => writeln!(out, "{name}{slash}"),
     }
 }
