@@ -80,11 +80,15 @@ struct Handle {
     dirty: bool,
     /// Bytes read through this handle from the filer.
     reader: Option<Reader>,
+    /// The name was unlinked (or replaced by a rename) while open: the handle keeps the bytes
+    /// in its spool until it closes, and writes through it go nowhere, as with an unlinked
+    /// inode. Holds the inode number and the entry as they were, for `fstat`.
+    unlinked: Option<(u64, Entry)>,
 }
 
 impl Handle {
     fn new(path: String, spool: Option<std::fs::File>) -> Handle {
-        Handle { path, spool, dirty: false, reader: None }
+        Handle { path, spool, dirty: false, reader: None, unlinked: None }
     }
 }
 
@@ -376,7 +380,7 @@ impl TidemarkFs {
 
     /// Uploads a handle's spool as the file's new content.
     fn upload(&self, h: &mut Handle) -> Result<(), Errno> {
-        if !h.dirty {
+        if !h.dirty || h.unlinked.is_some() {
             return Ok(());
         }
         let spool = h.spool.as_ref().ok_or(Errno::EBADF)?.try_clone().map_err(|_| Errno::EIO)?;
@@ -387,6 +391,53 @@ impl TidemarkFs {
         self.forget(&h.path);
         self.inodes().remember(e);
         Ok(())
+    }
+
+    /// The handles open on paths `which` accepts.
+    fn open_on(&self, which: impl Fn(&str) -> bool) -> Vec<Arc<Mutex<Handle>>> {
+        let all: Vec<_> = self.handles.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        all.into_iter().filter(|h| which(&h.lock().unwrap_or_else(|p| p.into_inner()).path)).collect()
+    }
+
+    /// Before `p` is unlinked or replaced: every handle open on it takes the bytes it reads into
+    /// its spool (a file open when its name goes stays readable until its last close). Returns
+    /// the handles, for [`Self::unlinked`] once the name is gone.
+    fn keep_open_bytes(&self, p: &str) -> Vec<Arc<Mutex<Handle>>> {
+        let open = self.open_on(|h| h == p);
+        for h in &open {
+            let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+            if h.spool.is_none()
+                && let Ok(spool) = self.download(p)
+            {
+                h.spool = Some(spool);
+                h.reader = None;
+            }
+        }
+        open
+    }
+
+    /// After the name of `handles` (`e`) went: they keep what they hold, and write nowhere.
+    fn unlinked(&self, handles: &[Arc<Mutex<Handle>>], e: &Entry) {
+        let ino = self.inodes().known_ino(&e.path);
+        for h in handles {
+            h.lock().unwrap_or_else(|p| p.into_inner()).unlinked = ino.map(|i| (i, e.clone()));
+        }
+    }
+
+    /// The attributes of inode `ino` as a handle that outlived its name sees them: no links,
+    /// the spool's size.
+    fn unlinked_attr(&self, ino: u64) -> Option<FileAttr> {
+        let all: Vec<_> = self.handles.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        all.into_iter().find_map(|h| {
+            let h = h.lock().unwrap_or_else(|p| p.into_inner());
+            let (i, e) = h.unlinked.as_ref().filter(|(i, _)| *i == ino)?;
+            let mut a = self.attr(e);
+            (a.ino, a.nlink) = (INodeNo(*i), 0);
+            if let Some(len) = h.spool.as_ref().and_then(|s| s.metadata().ok()).map(|m| m.len()) {
+                a.size = len;
+            }
+            Some(a)
+        })
     }
 
     /// Uploads what the handles open on `p` have written.
@@ -627,8 +678,13 @@ impl Filesystem for TidemarkFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let r = (|| {
-            let p = self.path_of(ino)?;
-            let mut e = self.stat(&p)?;
+            // A file whose name went while it was open is still there for its handles.
+            let unlinked = || self.unlinked_attr(ino.0).ok_or(Errno::ENOENT);
+            let Ok(p) = self.path_of(ino) else { return unlinked() };
+            let mut e = match self.stat(&p) {
+                Err(Errno::ENOENT) => return unlinked(),
+                r => r?,
+            };
             // An open handle with unflushed writes knows the size better than the filer.
             if let Some(fh) = fh
                 && let Ok(h) = self.handle(fh)
@@ -683,16 +739,10 @@ impl Filesystem for TidemarkFs {
                         self.upload(&mut h)?;
                     }
                     None => {
-                        let mut h = Handle {
-                            path: p.clone(),
-                            spool: Some(if size == 0 {
-                                tempfile::tempfile().map_err(|_| Errno::EIO)?
-                            } else {
-                                self.download(&p)?
-                            }),
-                            dirty: true,
-                            reader: None,
-                        };
+                        let spool =
+                            if size == 0 { tempfile::tempfile().map_err(|_| Errno::EIO)? } else { self.download(&p)? };
+                        let mut h = Handle::new(p.clone(), Some(spool));
+                        h.dirty = true;
                         h.spool.as_ref().ok_or(Errno::EIO)?.set_len(size).map_err(|_| Errno::EIO)?;
                         self.upload(&mut h)?;
                     }
@@ -879,6 +929,9 @@ impl Filesystem for TidemarkFs {
                 // rename(2) of a name onto itself does nothing.
                 return self.stat(&from).map(drop);
             }
+            // A file open under the name the rename replaces keeps its bytes.
+            let replaced = self.keep_open_bytes(&to);
+            let gone = if replaced.is_empty() { None } else { self.stat(&to).ok() };
             // One transaction, whatever the size of the tree.
             let txn = Txn {
                 path: from.clone(),
@@ -897,6 +950,15 @@ impl Filesystem for TidemarkFs {
                 self.forget(&from);
                 self.forget(&to);
                 return Err(e);
+            }
+            if let Some(gone) = &gone {
+                self.unlinked(&replaced, gone);
+            }
+            // Handles open below the old name write to the new one at their close.
+            let below = format!("{from}/");
+            for h in self.open_on(|h| h == from || h.starts_with(&below)) {
+                let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+                h.path = format!("{to}{}", &h.path[from.len()..]);
             }
             // The kernel moves the source's inode to the new name: so must the inode table.
             self.inodes().renamed(&from, &to);
@@ -1199,11 +1261,13 @@ impl TidemarkFs {
             (false, true) => return Err(Errno::EISDIR),
             _ => {}
         }
+        let open = if e.is_dir() { Vec::new() } else { self.keep_open_bytes(&p) };
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         let del = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
         let r = self.call("delete", self.filer.delete(&p, del));
         self.forget(&p);
         r?;
+        self.unlinked(&open, &e);
         self.dir_changed(&p);
         Ok(())
     }

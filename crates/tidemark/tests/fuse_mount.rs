@@ -424,6 +424,24 @@ fn links_owners_times_and_directory_renames_work_as_posix_tools_expect() {
          && test \"$(PYTHONPATH=venv/lib/mod venv/bin/python -c 'import sys, m; print(m.X, sys.prefix)')\" = \"42 {mnt_s}/venv\""
     ));
 
+    // Open files outlive their names: unlinked, replaced by a rename, or moved with their
+    // directory while being written.
+    sh(&format!(
+        "cd '{mnt_s}' && python3 -c \"
+import os
+f = open('ou', 'w+'); f.write('before'); f.flush()
+os.unlink('ou'); f.seek(0); assert f.read() == 'before'; assert os.fstat(f.fileno()).st_nlink == 0
+f.write(' and after'); f.seek(0); assert f.read() == 'before and after'; f.close()
+assert not os.path.exists('ou')
+open('r1', 'w').write('one'); open('r2', 'w').write('two')
+g = open('r1'); os.rename('r2', 'r1'); assert g.read() == 'one'; g.close()
+assert open('r1').read() == 'two' and not os.path.exists('r2')
+os.mkdir('wd'); h = open('wd/x', 'w'); h.write('a'); h.flush()
+os.rename('wd', 'wd2'); h.write('b'); h.close()
+assert open('wd2/x').read() == 'ab' and not os.path.exists('wd')
+\""
+    ));
+
     // mv of a directory of 10,000 files: one rename, and the namespace shows it at once.
     let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
