@@ -891,6 +891,12 @@ impl Filesystem for TidemarkFs {
         }
     }
 
+    /// No hard links: an entry is one path (docs/SEMANTICS.md). EPERM is what link(2) answers
+    /// on a file system without them.
+    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EPERM);
+    }
+
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.remove(parent, name, false);
         match r {

@@ -1033,6 +1033,10 @@ impl S3 for Gateway {
                     }
                     Err(e) => return Err(s3_err(e)),
                 };
+                if entry.kind.is_special() {
+                    // A link or a device node made through the mount: no object.
+                    return Err(no_such_key(&i.key));
+                }
                 ask.check(&entry)?;
                 (entry, stream, None)
             }

@@ -398,3 +398,29 @@ fn a_stalled_body_is_given_up_and_stores_nothing() {
     let ls = String::from_utf8_lossy(&sh("fs.ls /").stdout).into_owned();
     assert!(!ls.contains("stall"), "{ls}");
 }
+
+/// Symbolic links, pipes and device nodes (made through the FUSE mount) have no bytes of their
+/// own: the gateway neither lists nor serves them, and an object beside them is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_and_device_nodes_are_not_objects() {
+    use tidemark_core::Filer;
+    use tidemark_core::model::{Content, EntryKind, NewEntry, Origin, Txn};
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let c = gateway_client(&server);
+    c.create_bucket().bucket("specials").send().await.unwrap();
+    c.put_object().bucket("specials").key("real.txt").body(Bytes::from_static(b"real").into()).send().await.unwrap();
+    let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+    let mut fifo = NewEntry::file(0, 1, Content::Empty);
+    fifo.kind = EntryKind::Fifo;
+    for (p, e) in [("/buckets/specials/link", NewEntry::symlink("real.txt", 1)), ("/buckets/specials/pipe", fifo)] {
+        filer.apply(Txn::put(p, e, Origin::Local)).await.unwrap();
+    }
+    assert_eq!(gateway_keys(&c, "specials").await, vec!["real.txt".to_string()]);
+    for key in ["link", "pipe"] {
+        let err = c.get_object().bucket("specials").key(key).send().await.unwrap_err();
+        assert_eq!(err.into_service_error().meta().code(), Some("NoSuchKey"), "{key}");
+        assert!(c.head_object().bucket("specials").key(key).send().await.is_err(), "{key}");
+    }
+    assert_eq!(gateway_get(&c, "specials", "real.txt").await.unwrap().0, b"real");
+}
