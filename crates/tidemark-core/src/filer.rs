@@ -75,6 +75,10 @@ pub struct WriteOptions {
     pub uid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gid: Option<u32>,
+    /// A write that creates the file also sets its directory's mtime and ctime
+    /// ([`Txn::dir_times`](crate::model::Txn::dir_times)).
+    #[serde(default)]
+    pub dir_times: bool,
 }
 
 impl Default for WriteOptions {
@@ -88,6 +92,7 @@ impl Default for WriteOptions {
             declared_len: None,
             uid: None,
             gid: None,
+            dir_times: false,
         }
     }
 }
@@ -96,6 +101,9 @@ impl Default for WriteOptions {
 pub struct DeleteOptions {
     pub recursive: bool,
     pub precondition: Precondition,
+    /// Also set the directory's mtime and ctime ([`Txn::dir_times`](crate::model::Txn::dir_times)).
+    #[serde(default)]
+    pub dir_times: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -312,6 +312,12 @@ pub struct Txn {
     pub fence: Option<Fence>,
     pub mutation: Mutation,
     pub origin: Origin,
+    /// Also set the mtime and ctime of the directory that gains or loses a name (both
+    /// directories of a rename), in the same transaction, as POSIX has it: what the FUSE mount
+    /// asks for. Off for the bucket's changes, the gateway's and the API's, whose directories are
+    /// the namespace's bookkeeping rather than anyone's file system.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dir_times: bool,
 }
 
 /// Upper bound on inline content; larger content belongs in a blob.
@@ -425,6 +431,7 @@ impl Txn {
             fence: None,
             mutation: Mutation::Put { entry, data: None },
             origin,
+            dir_times: false,
         }
     }
     pub fn delete(path: impl Into<String>, recursive: bool, origin: Origin) -> Self {
@@ -434,10 +441,15 @@ impl Txn {
             fence: None,
             mutation: Mutation::Delete { recursive },
             origin,
+            dir_times: false,
         }
     }
     pub fn with_precondition(mut self, p: Precondition) -> Self {
         self.precondition = p;
+        self
+    }
+    pub fn with_dir_times(mut self) -> Self {
+        self.dir_times = true;
         self
     }
     pub fn with_fence(mut self, fence: Fence) -> Self {
@@ -467,6 +479,7 @@ impl Txn {
             fence: None,
             mutation: Mutation::Rename { to: to.into(), to_precondition: Precondition::Any },
             origin,
+            dir_times: false,
         }
     }
 
@@ -619,6 +632,9 @@ pub struct Applied {
     pub old: Option<Entry>,
     /// The entry after it (`None`: deleted).
     pub new: Option<Entry>,
+    /// The directories whose times a [`Txn::dir_times`] transaction set, as they are now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dirs: Vec<Entry>,
 }
 
 /// One record of the append-only change log.

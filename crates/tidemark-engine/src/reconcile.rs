@@ -558,7 +558,11 @@ async fn walk_up(run: &mut Run<'_>, mut dir: Entry) -> Result<()> {
             return Ok(());
         }
         if !run.opts.dry_run {
-            let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(dir.version) };
+            let opts = DeleteOptions {
+                recursive: false,
+                precondition: Precondition::Version(dir.version),
+                ..Default::default()
+            };
             match delete_dir(run, &dir.path, opts).await {
                 Ok(()) => {}
                 // A local write got there first: the directory is in use; leave it.
@@ -644,7 +648,11 @@ pub async fn forget(filer: &dyn Filer, dir: &str) -> Result<ForgetReport> {
                 }
                 continue;
             }
-            let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+            let opts = DeleteOptions {
+                recursive: false,
+                precondition: Precondition::Version(e.version),
+                ..Default::default()
+            };
             match filer.delete(&e.path, opts).await {
                 Ok(_) => report.removed += 1,
                 // Written locally meanwhile: it holds local data now; keep it.

@@ -317,6 +317,9 @@ impl Filer for HttpFiler {
                 rb = rb.query(&[(name, id)]);
             }
         }
+        if opts.dir_times {
+            rb = rb.query(&[("dir_times", true)]);
+        }
         if let Some(ext) = &extended {
             rb = rb.header(EXTENDED_HEADER, ext);
         }
@@ -341,6 +344,7 @@ impl Filer for HttpFiler {
                 .request_at(u, Method::DELETE, "entry")
                 .query(&[("path", path)])
                 .query(&[("recursive", opts.recursive)]);
+            let rb = if opts.dir_times { rb.query(&[("dir_times", true)]) } else { rb };
             match opts.precondition {
                 Precondition::Version(v) => rb.query(&[("if_version", v)]),
                 _ => rb,

@@ -345,12 +345,14 @@ struct DeleteQuery {
     #[serde(default)]
     recursive: bool,
     if_version: Option<u64>,
+    #[serde(default)]
+    dir_times: bool,
 }
 
 async fn delete(Access(f): Access, q: Result<Query<DeleteQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     let precondition = q.if_version.map_or(Precondition::Any, Precondition::Version);
-    Ok(Json(f.delete(&q.path, DeleteOptions { recursive: q.recursive, precondition }).await?))
+    Ok(Json(f.delete(&q.path, DeleteOptions { recursive: q.recursive, precondition, dir_times: q.dir_times }).await?))
 }
 
 #[derive(Deserialize)]
@@ -488,6 +490,8 @@ struct WriteQuery {
     origin: Option<Origin>,
     uid: Option<u32>,
     gid: Option<u32>,
+    #[serde(default)]
+    dir_times: bool,
 }
 
 async fn write(
@@ -516,6 +520,7 @@ async fn write(
         declared_len: headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()),
         uid: q.uid,
         gid: q.gid,
+        dir_times: q.dir_times,
     };
     let idle = tidemark_core::filer::body_idle_limit();
     // Whether the write failed because the body stalled: that is the client's 408, not our 500.

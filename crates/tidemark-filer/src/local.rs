@@ -607,6 +607,7 @@ impl Filer for LocalFiler {
                 fence: None,
                 mutation: Mutation::Put { entry, data: data.clone() },
                 origin: opts.origin,
+                dir_times: opts.dir_times,
             };
             match self.commit(txn).await {
                 Ok(applied) => return applied.new.ok_or_else(|| Error::internal("a put returned no entry")),
@@ -631,7 +632,8 @@ impl Filer for LocalFiler {
 
     async fn delete(&self, p: &str, opts: DeleteOptions) -> Result<Applied> {
         self.tombstone_before_delete(p, opts.recursive).await?;
-        let txn = Txn::delete(p, opts.recursive, tidemark_core::Origin::Local).with_precondition(opts.precondition);
+        let mut txn = Txn::delete(p, opts.recursive, tidemark_core::Origin::Local).with_precondition(opts.precondition);
+        txn.dir_times = opts.dir_times;
         self.commit(txn).await
     }
 

@@ -173,9 +173,14 @@ async fn deletes(s: &Setup) {
     f.write("/d/a/2", body(b"two"), WriteOptions::default()).await.unwrap();
     assert!(matches!(f.delete("/d/a", DeleteOptions::default()).await, Err(Error::DirectoryNotEmpty { .. })));
     let v = f.stat("/d/a/2").await.unwrap().unwrap().version;
-    let stale = DeleteOptions { recursive: false, precondition: Precondition::Version(v + 99) };
+    let stale = DeleteOptions { recursive: false, precondition: Precondition::Version(v + 99), ..Default::default() };
     assert!(matches!(f.delete("/d/a/2", stale).await, Err(Error::PreconditionFailed { .. })));
-    f.delete("/d/a/2", DeleteOptions { recursive: false, precondition: Precondition::Version(v) }).await.unwrap();
+    f.delete(
+        "/d/a/2",
+        DeleteOptions { recursive: false, precondition: Precondition::Version(v), ..Default::default() },
+    )
+    .await
+    .unwrap();
     f.delete("/d", DeleteOptions { recursive: true, ..Default::default() }).await.unwrap();
     assert!(f.stat("/d/a/1").await.unwrap().is_none());
     assert!(f.stat("/d").await.unwrap().is_none());

@@ -183,6 +183,9 @@ fn errno(e: &Error) -> Errno {
     }
 }
 
+/// The MD5 of no bytes: what the filer records for an empty file it writes.
+const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
+
 fn file_type(k: EntryKind) -> FileType {
     match k {
         EntryKind::File => FileType::RegularFile,
@@ -348,6 +351,23 @@ impl TidemarkFs {
         self.inodes().changed(p);
     }
 
+    /// The directories whose times a change of ours set, as the filer answered: the kernel asks
+    /// for their attributes again at once, and they need no stat.
+    fn dirs_changed(&self, dirs: &[Entry]) {
+        for d in dirs {
+            self.inodes().forget_entry(&d.path);
+            self.inodes().remember(d.clone());
+        }
+    }
+
+    /// After a name was added to the directory of `p` by a write (whose answer is the file's
+    /// entry alone): the store set the directory's times, and the kernel asks for them again.
+    fn forget_dir_of(&self, p: &str) {
+        if let Some(d) = path::parent(p) {
+            self.inodes().forget_entry(d);
+        }
+    }
+
     fn writable(&self) -> Result<(), Errno> {
         if self.opts.read_only { Err(Errno::EROFS) } else { Ok(()) }
     }
@@ -461,28 +481,15 @@ impl TidemarkFs {
             fence: None,
             mutation: tidemark_core::model::Mutation::Put { entry: e, data: None },
             origin: Origin::Local,
+            // A new name sets its directory's times (a replaced entry's name was there).
+            dir_times: true,
         };
         let applied = self.call_or("apply", self.filer.apply(txn), on_conflict)?;
         self.forget(p);
+        self.dirs_changed(&applied.dirs);
         let e = applied.new.ok_or(Errno::EIO)?;
         self.inodes().remember(e.clone());
         Ok(e)
-    }
-
-    /// A name was added to or removed from the directory of `child` through the mount: the
-    /// directory's mtime and ctime are now, as POSIX has it. One more small write; if the
-    /// directory changed meanwhile, that change stands (it is as new).
-    fn dir_changed(&self, child: &str) {
-        let Some(dir) = path::parent(child) else { return };
-        let Ok(d) = self.stat(dir) else { return };
-        if !d.is_dir() {
-            return;
-        }
-        let mut n = d.to_new();
-        n.posix.atime_ms = Some(d.posix.atime_ms.unwrap_or(d.mtime_ms));
-        n.mtime_ms = ms_of(SystemTime::now()).max(d.mtime_ms);
-        n.posix.ctime_ms = None;
-        let _ = self.put_entry(dir, n, Precondition::Version(d.version));
     }
 
     /// Reads `size` bytes at `offset`: from the handle's spool if it writes, else through its
@@ -799,7 +806,6 @@ impl Filesystem for TidemarkFs {
             d.posix.uid = Some(uid);
             d.posix.gid = Some(gid);
             let e = self.put_entry(&p, d, Precondition::Absent)?;
-            self.dir_changed(&p);
             Ok(e)
         })();
         match r {
@@ -829,14 +835,15 @@ impl Filesystem for TidemarkFs {
                     mode: Some(perm),
                     uid: Some(uid),
                     gid: Some(gid),
+                    dir_times: true,
                     ..Default::default()
                 };
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
                 let e =
                     self.call_or("mknod", self.filer.write(&p, futures::stream::empty().boxed(), opts), Errno::EEXIST)?;
                 self.forget(&p);
+                self.forget_dir_of(&p);
                 self.inodes().remember(e.clone());
-                self.dir_changed(&p);
                 return Ok(e);
             }
             let mut n = NewEntry::file(0, ms_of(SystemTime::now()), tidemark_core::model::Content::Empty);
@@ -848,7 +855,6 @@ impl Filesystem for TidemarkFs {
                 n.posix.rdev = rdev as u64;
             }
             let e = self.put_entry(&p, n, Precondition::Absent)?;
-            self.dir_changed(&p);
             Ok(e)
         })();
         match r {
@@ -871,7 +877,6 @@ impl Filesystem for TidemarkFs {
             n.posix.uid = Some(uid);
             n.posix.gid = Some(gid);
             let e = self.put_entry(&p, n, Precondition::Absent)?;
-            self.dir_changed(&p);
             Ok(e)
         })();
         match r {
@@ -945,12 +950,13 @@ impl Filesystem for TidemarkFs {
                 fence: None,
                 mutation: tidemark_core::model::Mutation::Rename { to: to.clone(), to_precondition },
                 origin: Origin::Local,
+                dir_times: true,
             };
             self.counters.writes.fetch_add(1, Ordering::Relaxed);
             let renamed = match self.call_or("rename", self.filer.apply(txn), Errno::EEXIST) {
                 // Under a remote mount a rename is a copy.
                 Err(Errno::EXDEV) => self.rename_by_copy(&from, &to, to_precondition),
-                r => r.map(drop),
+                r => r.map(|a| self.dirs_changed(&a.dirs)),
             };
             if let Err(e) = renamed {
                 self.forget(&from);
@@ -968,10 +974,6 @@ impl Filesystem for TidemarkFs {
             }
             // The kernel moves the source's inode to the new name: so must the inode table.
             self.inodes().renamed(&from, &to);
-            self.dir_changed(&from);
-            if path::parent(&from) != path::parent(&to) {
-                self.dir_changed(&to);
-            }
             Ok(())
         })();
         match r {
@@ -1023,22 +1025,34 @@ impl Filesystem for TidemarkFs {
         let r = (|| {
             self.writable()?;
             let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
-            let precondition = if flags & libc::O_EXCL != 0 { Precondition::Absent } else { Precondition::Any };
             let (uid, gid, _) = self.owner_in(req, parent, false)?;
-            let opts = WriteOptions {
-                precondition,
-                mode: Some(mode & !umask & 0o7777),
-                uid: Some(uid),
-                gid: Some(gid),
-                ..Default::default()
+            let perm = mode & !umask & 0o7777;
+            // The kernel asks to create a name it found absent: one transaction that also sets
+            // the directory's times and answers with them.
+            let mut n = NewEntry::file(0, ms_of(SystemTime::now()), tidemark_core::model::Content::Empty);
+            n.mode = perm;
+            n.posix.uid = Some(uid);
+            n.posix.gid = Some(gid);
+            n.extended.insert(tidemark_core::model::MD5_ATTR.into(), EMPTY_MD5.into());
+            let e = match self.put_entry(&p, n, Precondition::Absent) {
+                // Created meanwhile by someone else: without O_EXCL, open it as before (emptied).
+                Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => {
+                    let opts = WriteOptions {
+                        mode: Some(perm),
+                        uid: Some(uid),
+                        gid: Some(gid),
+                        dir_times: true,
+                        ..Default::default()
+                    };
+                    self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                    let e = self.call("create", self.filer.write(&p, futures::stream::empty().boxed(), opts))?;
+                    self.forget(&p);
+                    self.forget_dir_of(&p);
+                    self.inodes().remember(e.clone());
+                    e
+                }
+                r => r?,
             };
-            self.counters.writes.fetch_add(1, Ordering::Relaxed);
-            let e =
-                self.call_or("create", self.filer.write(&p, futures::stream::empty().boxed(), opts), Errno::EEXIST)?;
-            self.forget(&p);
-            self.inodes().remember(e.clone());
-            // A new name (an O_CREAT open of an existing file does not come here).
-            self.dir_changed(&p);
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
             let fh = self.add_handle(Handle::new(p, Some(spool)));
             Ok((self.attr(&e), fh))
@@ -1250,11 +1264,12 @@ impl TidemarkFs {
                 mtime_ms: Some(src.mtime_ms),
                 uid: src.posix.uid,
                 gid: src.posix.gid,
+                dir_times: true,
                 ..Default::default()
             };
             self.call_or("write", self.filer.write(to, stream, opts), Errno::EEXIST)?;
         }
-        let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version) };
+        let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version), dir_times: true };
         self.call("delete", self.filer.delete(from, del)).map(drop)
     }
 
@@ -1269,12 +1284,11 @@ impl TidemarkFs {
         }
         let open = if e.is_dir() { Vec::new() } else { self.keep_open_bytes(&p) };
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        let del = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+        let del = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version), dir_times: true };
         let r = self.call("delete", self.filer.delete(&p, del));
         self.forget(&p);
-        r?;
+        self.dirs_changed(&r?.dirs);
         self.unlinked(&open, &e);
-        self.dir_changed(&p);
         Ok(())
     }
 }

@@ -98,6 +98,13 @@ impl Inodes {
         self.dirs.insert(dir.to_string(), names);
     }
 
+    /// Forgets the entry read of `p` (its listing stays): after a change the mount made to it
+    /// whose record has not arrived yet.
+    pub fn forget_entry(&mut self, p: &str) {
+        self.changes += 1;
+        self.entries.remove(p);
+    }
+
     /// Forgets what was read of `p` (and, for a directory, of its listing), and of its parent's
     /// listing. Returns the inodes the kernel should forget too: `(parent, name)` for its entry,
     /// and `p`'s own inode for its attributes and pages.

@@ -611,7 +611,7 @@ impl Gateway {
             if mounts.find_dir(&dir).is_some() {
                 break;
             }
-            let opts = DeleteOptions { recursive: false, precondition: Precondition::Any };
+            let opts = DeleteOptions { recursive: false, precondition: Precondition::Any, ..Default::default() };
             if self.filer.delete(&dir, opts).await.is_err() {
                 break;
             }
@@ -638,7 +638,8 @@ impl Gateway {
         {
             return Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {}", etag_of(&e)));
         }
-        let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+        let opts =
+            DeleteOptions { recursive: false, precondition: Precondition::Version(e.version), ..Default::default() };
         match self.filer.delete(&p, opts).await {
             Ok(_) | Err(Error::NotFound { .. }) => {}
             Err(Error::DirectoryNotEmpty { .. }) => {
@@ -665,7 +666,11 @@ impl Gateway {
         let Ok(page) = self.filer.list(multipart::COMPLETED, None, 1000).await else { return };
         let old = now_ms() - multipart::COMPLETED_KEPT_MS;
         for e in page.entries.iter().filter(|e| e.mtime_ms < old) {
-            let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+            let opts = DeleteOptions {
+                recursive: false,
+                precondition: Precondition::Version(e.version),
+                ..Default::default()
+            };
             let _ = self.filer.delete(&e.path, opts).await;
         }
     }
@@ -818,6 +823,7 @@ impl S3 for Gateway {
             fence: None,
             mutation: tidemark_core::model::Mutation::Put { entry: NewEntry::dir(now_ms()), data: None },
             origin: Origin::Local,
+            dir_times: false,
         };
         match self.filer.apply(txn).await {
             Ok(_) => Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{b}")) })),
@@ -846,7 +852,8 @@ impl S3 for Gateway {
         if !page.entries.is_empty() {
             return Err(s3_error!(BucketNotEmpty, "bucket {b:?} is not empty"));
         }
-        let opts = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version) };
+        let opts =
+            DeleteOptions { recursive: false, precondition: Precondition::Version(e.version), ..Default::default() };
         match self.filer.delete(&dir, opts).await {
             Ok(_) => Ok(S3Response::new(DeleteBucketOutput::default())),
             Err(Error::DirectoryNotEmpty { .. } | Error::PreconditionFailed { .. }) => {
@@ -1060,6 +1067,7 @@ impl S3 for Gateway {
                 fence: None,
                 mutation: tidemark_core::model::Mutation::Put { entry: NewEntry::dir(now_ms()), data: None },
                 origin: Origin::Local,
+                dir_times: false,
             };
             self.filer.apply(txn).await.map_err(s3_err)?;
             return Ok(S3Response::new(PutObjectOutput {
@@ -1303,7 +1311,7 @@ impl S3 for Gateway {
         let e = self.write(&p, stream, &verdict, opts).await?;
         let done = multipart::Completed { bucket: i.bucket.clone(), key: i.key.clone(), etag: etag_of(&e) };
         self.remember_completed(&i.upload_id, &done).await;
-        let opts = DeleteOptions { recursive: true, precondition: Precondition::Any };
+        let opts = DeleteOptions { recursive: true, precondition: Precondition::Any, ..Default::default() };
         if let Err(err) = self.filer.delete(&multipart::upload_dir(&i.upload_id), opts).await {
             tracing::warn!(upload = %i.upload_id, error = %err, "completed, but its staged parts stay behind");
         }
@@ -1316,7 +1324,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
         let i = req.input;
         self.upload(&i.bucket, &i.key, &i.upload_id).await?;
-        let opts = DeleteOptions { recursive: true, precondition: Precondition::Any };
+        let opts = DeleteOptions { recursive: true, precondition: Precondition::Any, ..Default::default() };
         match self.filer.delete(&multipart::upload_dir(&i.upload_id), opts).await {
             Ok(_) | Err(Error::NotFound { .. }) => Ok(S3Response::new(AbortMultipartUploadOutput::default())),
             Err(e) => Err(s3_err(e)),

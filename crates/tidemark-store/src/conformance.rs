@@ -55,7 +55,7 @@ macro_rules! metastore_conformance {
             batches_from_many_tasks_interleave_whole, get_many_answers_in_order,
             a_batch_may_write_one_path_several_times, fenced_batches_racing_a_takeover_land_whole_or_not_at_all,
             links_devices_and_owners_round_trip, a_rename_moves_a_tree_in_one_transaction,
-            a_rename_follows_the_rules_of_rename_2);
+            a_rename_follows_the_rules_of_rename_2, dir_times_follow_the_names_a_directory_gains_and_loses);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -427,6 +427,42 @@ pub async fn a_rename_follows_the_rules_of_rename_2(h: &Harness) {
     assert!(s.get("/q/empty/inside").await.unwrap().is_some());
 }
 
+/// With `dir_times`, a new name, a removed one and both ends of a rename set their directory's
+/// mtime and ctime in the same transaction (one more record, the transaction's last, and the
+/// directory in `Applied::dirs`); replacing an entry, or a directory the transaction created,
+/// does not; without it, nothing does.
+pub async fn dir_times_follow_the_names_a_directory_gains_and_loses(h: &Harness) {
+    let s = &*h.store;
+    s.apply(Txn::put("/t/a", NewEntry::dir(1), Origin::Local)).await.unwrap();
+    s.apply(Txn::put("/t/b", NewEntry::dir(1), Origin::Local)).await.unwrap();
+    let mtime = |e: &Entry| e.mtime_ms;
+    let plain = s.apply(Txn::put("/t/a/plain", file(0), Origin::Local)).await.unwrap();
+    assert!(plain.dirs.is_empty() && plain.first_seq == plain.seq, "without dir_times no directory changes");
+    h.clock.advance_ms(10).await;
+    let created = s.apply(Txn::put("/t/a/f", file(0), Origin::Local).with_dir_times()).await.unwrap();
+    let a = s.get("/t/a").await.unwrap().unwrap();
+    assert_eq!((created.seq, created.dirs.len()), (created.first_seq + 1, 1));
+    assert_eq!((a.version, a.posix.ctime_ms), (created.seq, None));
+    assert!(mtime(&a) > 1, "the directory's mtime is the transaction's time");
+    assert_eq!(created.dirs[0], a);
+    assert_eq!(a.posix.atime_ms, Some(1), "the atime stays what it was");
+    let replaced = s.apply(Txn::put("/t/a/f", file(0), Origin::Local).with_dir_times()).await.unwrap();
+    assert!(replaced.dirs.is_empty(), "a replaced entry's name was there");
+    let deep = s.apply(Txn::put("/t/new/deeper/g", file(0), Origin::Local).with_dir_times()).await.unwrap();
+    assert_eq!(deep.dirs.iter().map(|d| d.path.as_str()).collect::<Vec<_>>(), Vec::<&str>::new());
+    h.clock.advance_ms(10).await;
+    let renamed = s.apply(Txn::rename("/t/a/f", "/t/b/f", Origin::Local).with_dir_times()).await.unwrap();
+    let dirs: Vec<&str> = renamed.dirs.iter().map(|d| d.path.as_str()).collect();
+    assert_eq!(dirs, ["/t/a", "/t/b"]);
+    assert!(renamed.dirs[0].mtime_ms > a.mtime_ms, "{renamed:?}");
+    let mut del = Txn::delete("/t/b/f", false, Origin::Local);
+    del.dir_times = true;
+    let deleted = s.apply(del).await.unwrap();
+    assert_eq!(deleted.dirs[0].path, "/t/b");
+    let recs = s.changes(deleted.first_seq - 1, 10).await.unwrap();
+    assert_eq!(recs.last().unwrap().path, "/t/b");
+}
+
 pub async fn versions_are_never_reused(h: &Harness) {
     let s = &*h.store;
     let mut seen = BTreeSet::new();
@@ -501,6 +537,7 @@ pub async fn stale_generation_write_is_rejected(h: &Harness) {
             fence: Some(old.fence()),
             mutation: m,
             origin: Origin::Remote,
+            dir_times: false,
         };
         assert_eq!(s.apply(txn).await.unwrap_err(), Error::Fenced { lease: "fp".into(), current_generation: Some(2) });
     }

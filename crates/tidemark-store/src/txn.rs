@@ -168,6 +168,60 @@ pub(crate) fn is_store_failure(e: &Error) -> bool {
 /// transaction that fails its checks has written nothing — which is what lets a batch's
 /// transactions fail alone without a savepoint each.
 async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<Applied> {
+    if !txn.dir_times {
+        return apply_mutation(ops, txn, now_ms).await;
+    }
+    let origin = txn.origin;
+    let mut dirs: Vec<String> = path::parent(&txn.path).map(str::to_string).into_iter().collect();
+    if let Mutation::Rename { to, .. } = &txn.mutation
+        && let Some(d) = path::parent(to)
+        && !dirs.iter().any(|x| x == d)
+    {
+        dirs.push(d.to_string());
+    }
+    let is_put = matches!(txn.mutation, Mutation::Put { .. });
+    let mut applied = apply_mutation(ops, txn, now_ms).await?;
+    // A put that replaced an entry changed no name.
+    if is_put && applied.old.is_some() {
+        return Ok(applied);
+    }
+    for d in dirs {
+        if let Some(dir) = touch_dir(ops, &d, now_ms, origin, applied.first_seq).await? {
+            applied.seq = dir.version;
+            applied.dirs.push(dir);
+        }
+    }
+    Ok(applied)
+}
+
+/// Sets the mtime and ctime of directory `dir` to now (a name in it was added or removed), with
+/// its record; not a directory this transaction created (from `since_seq` on), which is new anyway.
+async fn touch_dir(
+    ops: &mut impl TxnOps,
+    dir: &str,
+    now_ms: i64,
+    origin: Origin,
+    since_seq: u64,
+) -> Result<Option<Entry>> {
+    let Some(d) = ops.entry(dir).await? else { return Ok(None) };
+    if !d.is_dir() || d.version >= since_seq {
+        return Ok(None);
+    }
+    let mut n = d.to_new();
+    // Its atime was its mtime until now: it stays what it was.
+    n.posix.atime_ms = Some(d.posix.atime_ms.unwrap_or(d.mtime_ms));
+    n.mtime_ms = now_ms.max(d.mtime_ms);
+    n.posix.ctime_ms = None;
+    let seq = ops.next_seq();
+    let new = materialise(dir, seq, n);
+    ops.put_row(&new, None).await?;
+    let c = Change { seq, ts_ms: now_ms, path: dir, origin, old: Some(&d), new: Some(&new), moved_to: None };
+    ops.log_change(c).await?;
+    Ok(Some(new))
+}
+
+/// The mutation of `apply_unfenced`, without the directories' times.
+async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<Applied> {
     let first_seq = ops.current_seq() + 1;
     let current = ops.entry(&txn.path).await?;
     if !txn.precondition.holds(current.as_ref().map(|e| e.version)) {
@@ -243,7 +297,7 @@ async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 ops.drop_cache(&txn.path).await?;
             }
             ops.log_change(change(seq, now_ms, origin, &txn.path, current.as_ref(), Some(&new))).await?;
-            Ok(Applied { first_seq, seq, old: current, new: Some(new) })
+            Ok(Applied { first_seq, seq, old: current, new: Some(new), dirs: Vec::new() })
         }
         Mutation::Delete { recursive } => {
             let Some(cur) = current else {
@@ -269,7 +323,7 @@ async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 ops.drop_cache(&txn.path).await?;
             }
             ops.log_change(change(seq, now_ms, origin, &txn.path, Some(&cur), None)).await?;
-            Ok(Applied { first_seq, seq, old: Some(cur), new: None })
+            Ok(Applied { first_seq, seq, old: Some(cur), new: None, dirs: Vec::new() })
         }
         Mutation::Rename { to, to_precondition } => {
             let Some(src) = current else {
@@ -337,7 +391,7 @@ async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 let c = Change { moved_to: Some(new_path), ..change(seq, now_ms, origin, &e.path, Some(e), None) };
                 ops.log_change(c).await?;
             }
-            Ok(Applied { first_seq, seq, old: Some(src), new: top })
+            Ok(Applied { first_seq, seq, old: Some(src), new: top, dirs: Vec::new() })
         }
     }
 }

@@ -83,7 +83,11 @@ pub async fn configure(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), Cm
         filer
             .delete(
                 &path,
-                tidemark_core::DeleteOptions { recursive: false, precondition: Precondition::Version(version) },
+                tidemark_core::DeleteOptions {
+                    recursive: false,
+                    precondition: Precondition::Version(version),
+                    ..Default::default()
+                },
             )
             .await?;
         writeln!(out, "deleted remote {name}")?;

@@ -536,7 +536,10 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
         }
     }
     ctx.filer
-        .delete(&doc_file, DeleteOptions { recursive: false, precondition: Precondition::Version(version) })
+        .delete(
+            &doc_file,
+            DeleteOptions { recursive: false, precondition: Precondition::Version(version), ..Default::default() },
+        )
         .await
         .map_err(|e| match e {
             Error::PreconditionFailed { .. } => {
