@@ -21,6 +21,7 @@ use crate::body;
 use crate::list::{self, Item};
 use crate::multipart::{self, Upload};
 use crate::names::{self, BUCKETS_DIR, NameError};
+use crate::tagging;
 
 /// S3's limit on user metadata (names and values).
 const MAX_METADATA_BYTES: usize = 2048;
@@ -196,6 +197,12 @@ fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
 fn user_metadata(e: &Entry) -> Option<Metadata> {
     let m: Metadata = tidemark_core::model::object_attrs::user_metadata(&e.extended).into_iter().collect();
     (!m.is_empty()).then_some(m)
+}
+
+/// How many tags an object has, if any.
+fn tag_count(e: &Entry) -> Option<i32> {
+    let n = tagging::kept(&e.extended, tagging::ATTR_TAGGING).len();
+    (n > 0).then_some(n as i32)
 }
 
 fn attr(e: &Entry, k: &str) -> Option<String> {
@@ -527,6 +534,28 @@ fn copy_range(spec: &str, size: u64) -> S3Result<ByteRange> {
 }
 
 impl Gateway {
+    /// Replaces the tags of object `key` (or of the bucket itself): a metadata update of its
+    /// entry, conditional on the version read, so a write in between is never undone.
+    async fn set_tags(&self, bucket: &str, key: Option<&str>, tags: &[(String, String)]) -> S3Result<()> {
+        let ((p, e), attr) = match key {
+            Some(k) => (self.object_entry(bucket, k).await?, tagging::ATTR_TAGGING),
+            None => (self.bucket_entry(bucket).await?, tagging::ATTR_BUCKET_TAGGING),
+        };
+        let mut n = e.to_new();
+        tagging::set(&mut n.extended, attr, tags);
+        if n.extended == e.extended {
+            return Ok(());
+        }
+        let txn = Txn::put(p, n, Origin::Local).with_precondition(Precondition::Version(e.version));
+        match self.filer.apply(txn).await {
+            Ok(_) => Ok(()),
+            Err(Error::PreconditionFailed { .. }) => {
+                Err(s3_error!(ServiceUnavailable, "the object changed while its tags were set; retry"))
+            }
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
     async fn bucket_entry(&self, bucket: &str) -> S3Result<(String, Entry)> {
         let dir = names::bucket_dir(bucket).map_err(name_err)?;
         match self.filer.stat(&dir).await.map_err(s3_err)? {
@@ -813,6 +842,63 @@ impl S3 for Gateway {
         Ok(S3Response::new(GetBucketLocationOutput::default()))
     }
 
+    async fn put_object_tagging(
+        &self,
+        req: S3Request<PutObjectTaggingInput>,
+    ) -> S3Result<S3Response<PutObjectTaggingOutput>> {
+        let i = req.input;
+        let tags = tagging::from_tag_set(&i.tagging.tag_set, tagging::MAX_OBJECT_TAGS)?;
+        self.set_tags(&i.bucket, Some(&i.key), &tags).await?;
+        Ok(S3Response::new(PutObjectTaggingOutput::default()))
+    }
+
+    async fn get_object_tagging(
+        &self,
+        req: S3Request<GetObjectTaggingInput>,
+    ) -> S3Result<S3Response<GetObjectTaggingOutput>> {
+        let (_, e) = self.object_entry(&req.input.bucket, &req.input.key).await?;
+        let tag_set = tagging::to_tag_set(tagging::kept(&e.extended, tagging::ATTR_TAGGING));
+        Ok(S3Response::new(GetObjectTaggingOutput { tag_set, ..Default::default() }))
+    }
+
+    async fn delete_object_tagging(
+        &self,
+        req: S3Request<DeleteObjectTaggingInput>,
+    ) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
+        self.set_tags(&req.input.bucket, Some(&req.input.key), &[]).await?;
+        Ok(S3Response::new(DeleteObjectTaggingOutput::default()))
+    }
+
+    async fn put_bucket_tagging(
+        &self,
+        req: S3Request<PutBucketTaggingInput>,
+    ) -> S3Result<S3Response<PutBucketTaggingOutput>> {
+        let i = req.input;
+        let tags = tagging::from_tag_set(&i.tagging.tag_set, tagging::MAX_BUCKET_TAGS)?;
+        self.set_tags(&i.bucket, None, &tags).await?;
+        Ok(S3Response::new(PutBucketTaggingOutput::default()))
+    }
+
+    async fn get_bucket_tagging(
+        &self,
+        req: S3Request<GetBucketTaggingInput>,
+    ) -> S3Result<S3Response<GetBucketTaggingOutput>> {
+        let (_, e) = self.bucket_entry(&req.input.bucket).await?;
+        let tags = tagging::kept(&e.extended, tagging::ATTR_BUCKET_TAGGING);
+        if tags.is_empty() {
+            return Err(s3_error!(NoSuchTagSet, "the bucket has no tags"));
+        }
+        Ok(S3Response::new(GetBucketTaggingOutput { tag_set: tagging::to_tag_set(tags) }))
+    }
+
+    async fn delete_bucket_tagging(
+        &self,
+        req: S3Request<DeleteBucketTaggingInput>,
+    ) -> S3Result<S3Response<DeleteBucketTaggingOutput>> {
+        self.set_tags(&req.input.bucket, None, &[]).await?;
+        Ok(S3Response::new(DeleteBucketTaggingOutput::default()))
+    }
+
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         let b = &req.input.bucket;
         names::valid_new_bucket(b).map_err(name_err)?;
@@ -990,7 +1076,12 @@ impl S3 for Gateway {
         ask.check(&e)?;
         let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
         let s = ask.shown(&e, range.as_ref());
-        Ok(S3Response::new(shown_as!(HeadObjectOutput, s)))
+        let mut resp = S3Response::new(shown_as!(HeadObjectOutput, s));
+        // S3 answers a HEAD with the tag count too; s3s's HeadObjectOutput has no field for it.
+        if let Some(n) = tag_count(&e) {
+            resp.headers.insert("x-amz-tagging-count", n.into());
+        }
+        Ok(resp)
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
@@ -1049,7 +1140,8 @@ impl S3 for Gateway {
             }
         };
         let s = ask.shown(&entry, range.as_ref());
-        Ok(S3Response::new(shown_as!(GetObjectOutput, s, body: Some(body::to_response(stream)),)))
+        let tag_count = tag_count(&entry);
+        Ok(S3Response::new(shown_as!(GetObjectOutput, s, body: Some(body::to_response(stream)), tag_count: tag_count,)))
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
@@ -1075,7 +1167,10 @@ impl S3 for Gateway {
                 ..Default::default()
             }));
         }
-        let extended = attrs_of(attrs!(i))?;
+        let mut extended = attrs_of(attrs!(i))?;
+        if let Some(t) = &i.tagging {
+            tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
+        }
         let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
@@ -1112,7 +1207,13 @@ impl S3 for Gateway {
         let (src, stream) = self
             .read_source(&i.copy_source, None, i.copy_source_if_match.as_ref(), i.copy_source_if_none_match.as_ref())
             .await?;
-        let extended = if replace { attrs_of(attrs!(i))? } else { copied_attrs(&src) };
+        let mut extended = if replace { attrs_of(attrs!(i))? } else { copied_attrs(&src) };
+        // Tags follow their own directive: copied unless REPLACE gives new ones.
+        let tags = match i.tagging_directive.as_ref().is_some_and(|d| d.as_str() == TaggingDirective::REPLACE) {
+            true => i.tagging.as_deref().map(tagging::from_header).transpose()?.unwrap_or_default(),
+            false => tagging::kept(&src.extended, tagging::ATTR_TAGGING),
+        };
+        tagging::set(&mut extended, tagging::ATTR_TAGGING, &tags);
         let (stream, verdict) = body::checked(stream, None, Some(src.size));
         let opts = WriteOptions { extended: Some(extended), ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
@@ -1185,7 +1286,10 @@ impl S3 for Gateway {
         if marker {
             return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: it holds no bytes"));
         }
-        let extended = attrs_of(attrs!(i))?;
+        let mut extended = attrs_of(attrs!(i))?;
+        if let Some(t) = &i.tagging {
+            tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
+        }
         let id = multipart::new_upload_id().map_err(s3_err)?;
         let upload = Upload { bucket: i.bucket.clone(), key: i.key.clone(), initiated_ms: now_ms(), extended };
         docs::write_json(&*self.filer, &multipart::upload_doc(&id), &upload, None).await.map_err(s3_err)?;

@@ -2,8 +2,8 @@
 //! rclone and every other S3 client. Built on the `s3s` crate (request parsing, routing, SigV4
 //! and presigned URLs, S3's XML and errors); this crate supplies the operations
 //! ([`gateway::Gateway`], each a few calls on the filer's API), the key <-> path rules
-//! ([`names`]), the listing walk ([`list`]), multipart staging ([`multipart`]) and who may do
-//! what ([`identity`], [`auth`]).
+//! ([`names`]), the listing walk ([`list`]), multipart staging ([`multipart`]), tags
+//! ([`tagging`]) and who may do what ([`identity`], [`auth`]).
 
 pub mod auth;
 mod body;
@@ -12,6 +12,7 @@ pub mod identity;
 pub mod list;
 pub mod multipart;
 pub mod names;
+pub mod tagging;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

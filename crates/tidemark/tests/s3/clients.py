@@ -186,6 +186,36 @@ def boto3_mode(endpoint, ak, sk):
     expect_code("InvalidRequest", lambda: s3.copy_object(Bucket=lb, Key="copied", CopySource={"Bucket": lb, "Key": "copied"}), "copy onto itself")
     expect_code("NoSuchKey", lambda: s3.copy_object(Bucket=lb, Key="x", CopySource={"Bucket": lb, "Key": "missing"}), "copy a missing source")
 
+    # Tags: on PUT (x-amz-tagging), read back in key order, counted on GET and HEAD, replaced,
+    # copied (or replaced) with a copy, removed; S3's limits refused; a bucket's own tags.
+    s3.put_object(Bucket=lb, Key="tagged", Body=b"t", Tagging="z=1&a=two%20words")
+    want = [{"Key": "a", "Value": "two words"}, {"Key": "z", "Value": "1"}]
+    assert s3.get_object_tagging(Bucket=lb, Key="tagged")["TagSet"] == want
+    assert s3.get_object(Bucket=lb, Key="tagged")["TagCount"] == 2
+    h = s3.head_object(Bucket=lb, Key="tagged")["ResponseMetadata"]["HTTPHeaders"]
+    assert h.get("x-amz-tagging-count") == "2", h
+    s3.copy_object(Bucket=lb, Key="tagged-copy", CopySource={"Bucket": lb, "Key": "tagged"})
+    assert s3.get_object_tagging(Bucket=lb, Key="tagged-copy")["TagSet"] == want
+    s3.copy_object(Bucket=lb, Key="tagged-copy", CopySource={"Bucket": lb, "Key": "tagged"},
+                   TaggingDirective="REPLACE", Tagging="only=this")
+    assert s3.get_object_tagging(Bucket=lb, Key="tagged-copy")["TagSet"] == [{"Key": "only", "Value": "this"}]
+    s3.put_object_tagging(Bucket=lb, Key="tagged", Tagging={"TagSet": [{"Key": "k", "Value": "v"}]})
+    assert s3.get_object_tagging(Bucket=lb, Key="tagged")["TagSet"] == [{"Key": "k", "Value": "v"}]
+    too_many = {"TagSet": [{"Key": f"k{i}", "Value": "v"} for i in range(11)]}
+    expect_code("InvalidTag", lambda: s3.put_object_tagging(Bucket=lb, Key="tagged", Tagging=too_many), "11 tags")
+    expect_code("InvalidTag", lambda: s3.put_object_tagging(Bucket=lb, Key="tagged", Tagging={"TagSet": [{"Key": "k" * 129, "Value": "v"}]}), "a long key")
+    assert s3.get_object(Bucket=lb, Key="tagged")["Body"].read() == b"t"
+    s3.delete_object_tagging(Bucket=lb, Key="tagged")
+    assert s3.get_object_tagging(Bucket=lb, Key="tagged")["TagSet"] == []
+    assert "TagCount" not in s3.get_object(Bucket=lb, Key="tagged")
+    expect_code("NoSuchTagSet", lambda: s3.get_bucket_tagging(Bucket=lb), "an untagged bucket")
+    s3.put_bucket_tagging(Bucket=lb, Tagging={"TagSet": [{"Key": "team", "Value": "data"}]})
+    assert s3.get_bucket_tagging(Bucket=lb)["TagSet"] == [{"Key": "team", "Value": "data"}]
+    s3.delete_bucket_tagging(Bucket=lb)
+    expect_code("NoSuchTagSet", lambda: s3.get_bucket_tagging(Bucket=lb), "tags deleted")
+    for k in ("tagged", "tagged-copy"):
+        s3.delete_object(Bucket=lb, Key=k)
+
     # Delete one, delete many; deleting the last key below a prefix removes the prefix too.
     s3.delete_object(Bucket=lb, Key="c/d/e")
     s3.delete_object(Bucket=lb, Key="never-existed")
