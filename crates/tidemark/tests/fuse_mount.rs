@@ -442,6 +442,34 @@ assert open('wd2/x').read() == 'ab' and not os.path.exists('wd')
 \""
     ));
 
+    // git: a history with a directory renamed (git mv), cloned onto the mount, checked out at
+    // both ends of the rename, packed by git gc, and fsck'd.
+    sh(&format!(
+        "git init -q '{t_s}/hist' && cd '{t_s}/hist' && mkdir -p pkg/sub && echo one > pkg/sub/a && echo two > pkg/b \
+         && git add . && git -c user.email=t@t -c user.name=t commit -qm first && git mv pkg renamed \
+         && git -c user.email=t@t -c user.name=t commit -qm moved \
+         && git clone -q '{t_s}/hist' '{mnt_s}/hist' && cd '{mnt_s}/hist' && test \"$(cat renamed/sub/a)\" = one \
+         && git checkout -q HEAD~1 && test -d pkg && ! test -e renamed && git checkout -q - && test -d renamed && ! test -e pkg \
+         && git gc -q && git fsck > /dev/null 2>&1 && test -z \"$(git status --porcelain)\""
+    ));
+    // pip installs a wheel into a venv on the mount (offline: a wheel made here), and the
+    // venv's interpreter imports it.
+    sh(&format!(
+        "cd '{t_s}' && python3 - <<'PY'
+import zipfile, hashlib, base64
+files = {{'tmpkg/__init__.py': b'VALUE = 7\\n',
+         'tmpkg-1.0.dist-info/METADATA': b'Metadata-Version: 2.1\\nName: tmpkg\\nVersion: 1.0\\n',
+         'tmpkg-1.0.dist-info/WHEEL': b'Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n'}}
+record = ''.join(f'{{n}},sha256={{base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b\"=\").decode()}},{{len(d)}}\\n' for n, d in files.items())
+with zipfile.ZipFile('tmpkg-1.0-py3-none-any.whl', 'w') as z:
+    for n, d in files.items():
+        z.writestr(n, d)
+    z.writestr('tmpkg-1.0.dist-info/RECORD', record + 'tmpkg-1.0.dist-info/RECORD,,\\n')
+PY
+         cd '{mnt_s}' && python3 -m venv pipvenv && pipvenv/bin/pip install -q --no-index '{t_s}/tmpkg-1.0-py3-none-any.whl' \
+         && test \"$(pipvenv/bin/python -c 'import tmpkg; print(tmpkg.VALUE)')\" = 7"
+    ));
+
     // mv of a directory of 10,000 files: one rename, and the namespace shows it at once.
     let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
