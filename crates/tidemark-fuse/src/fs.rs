@@ -21,7 +21,7 @@ use fuser::{
 };
 use futures::StreamExt;
 
-use tidemark_core::model::{EntryKind, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::model::{Content, EntryKind, NewEntry, Origin, Precondition, Txn};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Entry, Error, Filer, WriteOptions, path};
 
 use crate::inodes::{Inodes, ROOT_INO};
@@ -185,6 +185,13 @@ fn errno(e: &Error) -> Errno {
 
 /// The MD5 of no bytes: what the filer records for an empty file it writes.
 const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
+
+/// An empty file as the filer writes one (with the MD5 of no bytes).
+fn empty_file() -> NewEntry {
+    let mut n = NewEntry::file(0, ms_of(SystemTime::now()), Content::Empty);
+    n.extended.insert(tidemark_core::model::MD5_ATTR.into(), EMPTY_MD5.into());
+    n
+}
 
 fn file_type(k: EntryKind) -> FileType {
     match k {
@@ -411,6 +418,17 @@ impl TidemarkFs {
         self.forget(&h.path);
         self.inodes().remember(e);
         Ok(())
+    }
+
+    /// A new entry `n` at `p` in directory `parent`, owned by the user `req` acts for (with the
+    /// group of a set-group-ID directory, whose bit a new directory takes too): one transaction,
+    /// which also sets the directory's times. EEXIST if the name is taken.
+    fn make(&self, req: &Request, parent: INodeNo, p: &str, mut n: NewEntry) -> Result<Entry, Errno> {
+        let (uid, gid, inherited) = self.owner_in(req, parent, n.kind == EntryKind::Dir)?;
+        n.mode |= inherited;
+        n.posix.uid = Some(uid);
+        n.posix.gid = Some(gid);
+        self.put_entry(p, n, Precondition::Absent)
     }
 
     /// The handles open on paths `which` accepts.
@@ -800,13 +818,9 @@ impl Filesystem for TidemarkFs {
         let r = (|| {
             self.writable()?;
             let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
-            let (uid, gid, inherited) = self.owner_in(req, parent, true)?;
             let mut d = NewEntry::dir(ms_of(SystemTime::now()));
-            d.mode = (mode & !umask & 0o7777) | inherited;
-            d.posix.uid = Some(uid);
-            d.posix.gid = Some(gid);
-            let e = self.put_entry(&p, d, Precondition::Absent)?;
-            Ok(e)
+            d.mode = mode & !umask & 0o7777;
+            self.make(req, parent, &p, d)
         })();
         match r {
             Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
@@ -826,36 +840,18 @@ impl Filesystem for TidemarkFs {
                 libc::S_IFBLK => EntryKind::BlockDevice,
                 _ => return Err(Errno::EINVAL),
             };
-            let (uid, gid, _) = self.owner_in(req, parent, false)?;
-            let perm = mode & !umask & 0o7777;
-            if kind == EntryKind::File {
-                // An empty regular file, as create() makes one.
-                let opts = WriteOptions {
-                    precondition: Precondition::Absent,
-                    mode: Some(perm),
-                    uid: Some(uid),
-                    gid: Some(gid),
-                    dir_times: true,
-                    ..Default::default()
-                };
-                self.counters.writes.fetch_add(1, Ordering::Relaxed);
-                let e =
-                    self.call_or("mknod", self.filer.write(&p, futures::stream::empty().boxed(), opts), Errno::EEXIST)?;
-                self.forget(&p);
-                self.forget_dir_of(&p);
-                self.inodes().remember(e.clone());
-                return Ok(e);
-            }
-            let mut n = NewEntry::file(0, ms_of(SystemTime::now()), tidemark_core::model::Content::Empty);
+            // A regular file is an empty one, as create() makes it.
+            let mut n = if kind == EntryKind::File {
+                empty_file()
+            } else {
+                NewEntry::file(0, ms_of(SystemTime::now()), Content::Empty)
+            };
             n.kind = kind;
-            n.mode = perm;
-            n.posix.uid = Some(uid);
-            n.posix.gid = Some(gid);
+            n.mode = mode & !umask & 0o7777;
             if matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice) {
                 n.posix.rdev = rdev as u64;
             }
-            let e = self.put_entry(&p, n, Precondition::Absent)?;
-            Ok(e)
+            self.make(req, parent, &p, n)
         })();
         match r {
             Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
@@ -872,12 +868,7 @@ impl Filesystem for TidemarkFs {
             if target.len() > tidemark_core::model::MAX_SYMLINK_TARGET {
                 return Err(Errno::ENAMETOOLONG);
             }
-            let (uid, gid, _) = self.owner_in(req, parent, false)?;
-            let mut n = NewEntry::symlink(target, ms_of(SystemTime::now()));
-            n.posix.uid = Some(uid);
-            n.posix.gid = Some(gid);
-            let e = self.put_entry(&p, n, Precondition::Absent)?;
-            Ok(e)
+            self.make(req, parent, &p, NewEntry::symlink(target, ms_of(SystemTime::now())))
         })();
         match r {
             Ok(e) => reply.entry(&self.opts.ttl, &self.attr(&e), Generation(0)),
@@ -1025,18 +1016,14 @@ impl Filesystem for TidemarkFs {
         let r = (|| {
             self.writable()?;
             let p = self.inodes().child(parent.0, name_of(name)?).ok_or(Errno::ENOENT)?;
-            let (uid, gid, _) = self.owner_in(req, parent, false)?;
             let perm = mode & !umask & 0o7777;
-            // The kernel asks to create a name it found absent: one transaction that also sets
-            // the directory's times and answers with them.
-            let mut n = NewEntry::file(0, ms_of(SystemTime::now()), tidemark_core::model::Content::Empty);
+            // The kernel asks to create a name it found absent.
+            let mut n = empty_file();
             n.mode = perm;
-            n.posix.uid = Some(uid);
-            n.posix.gid = Some(gid);
-            n.extended.insert(tidemark_core::model::MD5_ATTR.into(), EMPTY_MD5.into());
-            let e = match self.put_entry(&p, n, Precondition::Absent) {
+            let e = match self.make(req, parent, &p, n) {
                 // Created meanwhile by someone else: without O_EXCL, open it as before (emptied).
                 Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => {
+                    let (uid, gid, _) = self.owner_in(req, parent, false)?;
                     let opts = WriteOptions {
                         mode: Some(perm),
                         uid: Some(uid),
