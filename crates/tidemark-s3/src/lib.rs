@@ -95,6 +95,65 @@ async fn with_request_id(mut resp: hyper::Response<s3s::Body>) -> hyper::Respons
     resp
 }
 
+/// The largest XML body the gateway reads (s3s's `xml_max_body_size`): a CompleteMultipartUpload
+/// of 10,000 parts is about 1 MiB.
+const MAX_XML_BODY: u64 = 20 << 20;
+
+/// Query keys whose request carries an XML document rather than an object's bytes: on a POST
+/// (CompleteMultipartUpload, DeleteObjects, RestoreObject) or a PUT of a configuration.
+const XML_POST: [&str; 3] = ["uploadId", "delete", "restore"];
+const XML_PUT: [&str; 19] = [
+    "acl",
+    "cors",
+    "tagging",
+    "lifecycle",
+    "policy",
+    "versioning",
+    "website",
+    "replication",
+    "logging",
+    "notification",
+    "encryption",
+    "ownershipControls",
+    "publicAccessBlock",
+    "accelerate",
+    "requestPayment",
+    "object-lock",
+    "legal-hold",
+    "retention",
+    "intelligent-tiering",
+];
+
+/// A request declaring an XML body larger than the gateway reads: `MaxMessageLengthExceeded`
+/// (400) before a byte of it is read. (s3s would read up to its limit and then answer 500: the
+/// error of the limit it hits is not the one it looks for.)
+fn oversized_xml<B>(req: &hyper::Request<B>) -> Option<hyper::Response<s3s::Body>> {
+    let len: u64 = req.headers().get(hyper::header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()?;
+    if len <= MAX_XML_BODY {
+        return None;
+    }
+    let keys: Vec<&str> =
+        req.uri().query().unwrap_or("").split('&').map(|kv| kv.split('=').next().unwrap_or("")).collect();
+    let xml = match *req.method() {
+        hyper::Method::POST => keys.iter().any(|k| XML_POST.contains(k)),
+        hyper::Method::PUT => keys.iter().any(|k| XML_PUT.contains(k)),
+        _ => false,
+    };
+    if !xml {
+        return None;
+    }
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>MaxMessageLengthExceeded</Code><Message>a request document of {len} bytes; at most {MAX_XML_BODY}</Message></Error>"
+    );
+    hyper::Response::builder()
+        .status(400)
+        .header(hyper::header::CONTENT_TYPE, "application/xml")
+        .header(hyper::header::CONTENT_LENGTH, body.len())
+        .header(hyper::header::CONNECTION, "close")
+        .body(s3s::Body::from(body))
+        .ok()
+}
+
 /// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
 /// (at most 10 s); plain HTTP (see [`serve_tls`]).
 pub async fn serve(
@@ -117,6 +176,9 @@ pub async fn serve_tls(
         async move {
             let has_body = req.headers().get(hyper::header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
                 || req.headers().contains_key(hyper::header::TRANSFER_ENCODING);
+            if let Some(refused) = oversized_xml(&req) {
+                return Ok::<_, s3s::HttpError>(with_request_id(refused).await);
+            }
 
             let mut resp = hyper::service::Service::call(&svc, req).await?;
             // An error may answer before the body was read; this connection cannot be

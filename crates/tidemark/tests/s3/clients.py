@@ -498,6 +498,14 @@ def errors_mode(endpoint, ak, sk):
     except (ConnectionError, http.client.HTTPException):
         pass
     expect_code("MetadataTooLarge", lambda: s3.put_object(Bucket=b, Key="meta", Body=b"x", Metadata={"big": "z" * 3000}), "too much metadata")
+    # A CompleteMultipartUpload document of 62 MiB is refused as too long (a 4xx, not a 500), and
+    # the upload can still be completed.
+    up = s3.create_multipart_upload(Bucket=b, Key="huge-doc")["UploadId"]
+    etag = s3.upload_part(Bucket=b, Key="huge-doc", UploadId=up, PartNumber=1, Body=b"p")["ETag"]
+    huge = [{"PartNumber": i, "ETag": '"' + "a" * 6200 + '"'} for i in range(1, 10001)]
+    expect_code("MaxMessageLengthExceeded", lambda: s3.complete_multipart_upload(Bucket=b, Key="huge-doc", UploadId=up, MultipartUpload={"Parts": huge}), "a 62 MiB document")
+    s3.complete_multipart_upload(Bucket=b, Key="huge-doc", UploadId=up, MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+    assert s3.get_object(Bucket=b, Key="huge-doc")["Body"].read() == b"p"
     # Listing details: an empty delimiter is none, FetchOwner brings owners, ListBuckets pages.
     r = s3.list_objects_v2(Bucket=b, Delimiter="")
     assert "Delimiter" not in r and all("Owner" not in o for o in r["Contents"]), r
