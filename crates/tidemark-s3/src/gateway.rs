@@ -191,7 +191,12 @@ fn attrs_of(a: Attrs<'_>) -> S3Result<BTreeMap<String, String>> {
 
 /// The attributes a copy keeps from its source (the MD5 is the filer's to set).
 fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
-    e.extended.iter().filter(|(k, _)| k.starts_with("s3.")).map(|(k, v)| (k.clone(), v.clone())).collect()
+    // A copy is written whole: one part, whatever its source was.
+    e.extended
+        .iter()
+        .filter(|(k, _)| k.starts_with("s3.") && k.as_str() != multipart::ATTR_PARTS)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 fn user_metadata(e: &Entry) -> Option<Metadata> {
@@ -534,6 +539,31 @@ fn copy_range(spec: &str, size: u64) -> S3Result<ByteRange> {
 }
 
 impl Gateway {
+    /// A GET or HEAD of part `n` of an object: the part's bytes as the range to read (`range`
+    /// must be unset: S3 refuses both), and the object's part count if it was uploaded in parts.
+    async fn part_as_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        n: Option<i32>,
+        range: &mut Option<Range>,
+    ) -> S3Result<Option<i32>> {
+        let Some(n) = n else { return Ok(None) };
+        if range.is_some() {
+            return Err(s3_error!(InvalidRequest, "a Range and a partNumber together"));
+        }
+        let (_, e) = self.object_entry(bucket, key).await?;
+        let sizes = multipart::part_sizes(&e.extended, e.size);
+        let count = sizes.len();
+        let Some(len) = usize::try_from(n).ok().filter(|n| (1..=count).contains(n)).map(|n| sizes[n - 1]) else {
+            return Err(s3_error!(InvalidPart, "part {n}: the object has {count} part(s)"));
+        };
+        let first: u64 = sizes[..n as usize - 1].iter().sum();
+        // An empty part (an empty object) is read whole: no range of it is satisfiable.
+        *range = (len > 0).then_some(Range::Int { first, last: Some(first + len - 1) });
+        Ok(multipart::is_multipart(&e.extended).then_some(count as i32))
+    }
+
     /// Replaces the tags of object `key` (or of the bucket itself): a metadata update of its
     /// entry, conditional on the version read, so a write in between is never undone.
     async fn set_tags(&self, bucket: &str, key: Option<&str>, tags: &[(String, String)]) -> S3Result<()> {
@@ -1071,12 +1101,13 @@ impl S3 for Gateway {
                 "the object is not encrypted with a customer key (SSE-C is not implemented)"
             ));
         }
+        let parts_count = self.part_as_range(&i.bucket, &i.key, i.part_number, &mut i.range).await?;
         let ask = read_ask!(i);
         let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
         ask.check(&e)?;
         let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
         let s = ask.shown(&e, range.as_ref());
-        let mut resp = S3Response::new(shown_as!(HeadObjectOutput, s));
+        let mut resp = S3Response::new(shown_as!(HeadObjectOutput, s, parts_count: parts_count));
         // S3 answers a HEAD with the tag count too; s3s's HeadObjectOutput has no field for it.
         if let Some(n) = tag_count(&e) {
             resp.headers.insert("x-amz-tagging-count", n.into());
@@ -1092,9 +1123,7 @@ impl S3 for Gateway {
                 "the object is not encrypted with a customer key (SSE-C is not implemented)"
             ));
         }
-        if i.part_number.is_some() {
-            return Err(s3_error!(NotImplemented, "GetObject by partNumber"));
-        }
+        let parts_count = self.part_as_range(&i.bucket, &i.key, i.part_number, &mut i.range).await?;
         let ask = read_ask!(i);
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
@@ -1141,7 +1170,13 @@ impl S3 for Gateway {
         };
         let s = ask.shown(&entry, range.as_ref());
         let tag_count = tag_count(&entry);
-        Ok(S3Response::new(shown_as!(GetObjectOutput, s, body: Some(body::to_response(stream)), tag_count: tag_count,)))
+        Ok(S3Response::new(shown_as!(
+            GetObjectOutput,
+            s,
+            body: Some(body::to_response(stream)),
+            tag_count: tag_count,
+            parts_count: parts_count,
+        )))
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
@@ -1392,7 +1427,8 @@ impl S3 for Gateway {
             ));
         }
         let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
-        let total: u64 = chosen.iter().map(|c| c.2).sum();
+        let sizes: Vec<u64> = chosen.iter().map(|c| c.2).collect();
+        let total: u64 = sizes.iter().sum();
         let filer = self.filer.clone();
         // The parts, in order, as one stream: each opened when the previous one ends.
         let stream = futures::stream::iter(chosen)
@@ -1411,7 +1447,9 @@ impl S3 for Gateway {
             .flatten()
             .boxed();
         let (stream, verdict) = body::checked(stream, None, Some(total));
-        let opts = WriteOptions { precondition, extended: Some(upload.extended.clone()), ..Default::default() };
+        let mut extended = upload.extended.clone();
+        multipart::set_part_sizes(&mut extended, &sizes);
+        let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
         let done = multipart::Completed { bucket: i.bucket.clone(), key: i.key.clone(), etag: etag_of(&e) };
         self.remember_completed(&i.upload_id, &done).await;

@@ -90,3 +90,24 @@ mod tests {
         assert!(part_path("a", 2) > part_path("a", 1) && part_path("a", 10_000) > part_path("a", 9_999));
     }
 }
+
+/// The extended attribute of an object completed from parts: their sizes, in order
+/// (comma-separated), for GET and HEAD by part number.
+pub const ATTR_PARTS: &str = "s3.parts";
+
+pub fn set_part_sizes(ext: &mut BTreeMap<String, String>, sizes: &[u64]) {
+    let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    ext.insert(ATTR_PARTS.to_string(), list.join(","));
+}
+
+/// Whether an object's attributes say it was completed from parts.
+pub fn is_multipart(ext: &BTreeMap<String, String>) -> bool {
+    ext.contains_key(ATTR_PARTS)
+}
+
+/// The sizes of an object's parts: those recorded at completion if they still add up to its
+/// `size` (a later write through another client may have replaced its bytes), else one part.
+pub fn part_sizes(ext: &BTreeMap<String, String>, size: u64) -> Vec<u64> {
+    let recorded: Option<Vec<u64>> = ext.get(ATTR_PARTS).and_then(|s| s.split(',').map(|x| x.parse().ok()).collect());
+    recorded.filter(|v| !v.is_empty() && v.iter().sum::<u64>() == size).unwrap_or_else(|| vec![size])
+}

@@ -186,6 +186,10 @@ def boto3_mode(endpoint, ak, sk):
     expect_code("InvalidRequest", lambda: s3.copy_object(Bucket=lb, Key="copied", CopySource={"Bucket": lb, "Key": "copied"}), "copy onto itself")
     expect_code("NoSuchKey", lambda: s3.copy_object(Bucket=lb, Key="x", CopySource={"Bucket": lb, "Key": "missing"}), "copy a missing source")
 
+    # An object put whole is one part.
+    assert s3.get_object(Bucket=lb, Key="copied", PartNumber=1)["Body"].read() == body
+    expect_code("InvalidPart", lambda: s3.get_object(Bucket=lb, Key="copied", PartNumber=2), "part 2 of a whole object")
+
     # Tags: on PUT (x-amz-tagging), read back in key order, counted on GET and HEAD, replaced,
     # copied (or replaced) with a copy, removed; S3's limits refused; a bucket's own tags.
     s3.put_object(Bucket=lb, Key="tagged", Body=b"t", Tagging="z=1&a=two%20words")
@@ -258,6 +262,13 @@ def boto3_mode(endpoint, ak, sk):
     assert got["Body"].read() == whole and got["ContentType"] == "application/x-big" and got["Metadata"] == {"m": "v"}
     assert r["ETag"] == f'"{hashlib.md5(whole).hexdigest()}"', r["ETag"]
     expect_code("NoSuchUpload", lambda: s3.list_parts(Bucket=mb, Key="big/file.bin", UploadId=uid), "a completed upload")
+    # By part number: each part's bytes, the object's ETag and part count; past the last, InvalidPart.
+    for n, part in ((1, part1), (2, part2)):
+        g = s3.get_object(Bucket=mb, Key="big/file.bin", PartNumber=n)
+        assert g["Body"].read() == part and g["PartsCount"] == 2 and g["ETag"] == r["ETag"], (n, g)
+        h = s3.head_object(Bucket=mb, Key="big/file.bin", PartNumber=n)
+        assert h["ContentLength"] == len(part) and h["PartsCount"] == 2, (n, h)
+    expect_code("InvalidPart", lambda: s3.get_object(Bucket=mb, Key="big/file.bin", PartNumber=3), "part 3 of 2")
     # Completed again (a retry after a lost answer): the same answer, as S3 gives.
     again = s3.complete_multipart_upload(Bucket=mb, Key="big/file.bin", UploadId=uid,
                                          MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
