@@ -74,23 +74,6 @@ pub fn new_upload_id() -> tidemark_core::Result<String> {
     tidemark_core::ids::random_hex(16, "an upload id")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parts_are_named_in_order_and_ids_are_checked() {
-        assert_eq!(part_path("ab", 7), "/etc/tidemark/s3/uploads/ab/part-00007");
-        assert_eq!(part_number("part-00007"), Some(7));
-        assert_eq!(part_number("part-0"), None);
-        assert_eq!(part_number("upload.json"), None);
-        let id = new_upload_id().unwrap();
-        assert!(valid_upload_id(&id));
-        assert!(!valid_upload_id("../../x") && !valid_upload_id(""));
-        assert!(part_path("a", 2) > part_path("a", 1) && part_path("a", 10_000) > part_path("a", 9_999));
-    }
-}
-
 /// The extended attribute of an object completed from parts: their sizes, in order
 /// (comma-separated), for GET and HEAD by part number.
 pub const ATTR_PARTS: &str = "s3.parts";
@@ -110,4 +93,21 @@ pub fn is_multipart(ext: &BTreeMap<String, String>) -> bool {
 pub fn part_sizes(ext: &BTreeMap<String, String>, size: u64) -> Vec<u64> {
     let recorded: Option<Vec<u64>> = ext.get(ATTR_PARTS).and_then(|s| s.split(',').map(|x| x.parse().ok()).collect());
     recorded.filter(|v| !v.is_empty() && v.iter().sum::<u64>() == size).unwrap_or_else(|| vec![size])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_are_named_in_order_and_ids_are_checked() {
+        assert_eq!(part_path("ab", 7), "/etc/tidemark/s3/uploads/ab/part-00007");
+        assert_eq!(part_number("part-00007"), Some(7));
+        assert_eq!(part_number("part-0"), None);
+        assert_eq!(part_number("upload.json"), None);
+        let id = new_upload_id().unwrap();
+        assert!(valid_upload_id(&id));
+        assert!(!valid_upload_id("../../x") && !valid_upload_id(""));
+        assert!(part_path("a", 2) > part_path("a", 1) && part_path("a", 10_000) > part_path("a", 9_999));
+    }
 }
