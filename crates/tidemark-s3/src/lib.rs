@@ -95,6 +95,20 @@ async fn with_request_id(mut resp: hyper::Response<s3s::Body>) -> hyper::Respons
     resp
 }
 
+/// GetObjectAttributes answers its ETag without quotes (AWS does; s3s writes every ETag quoted).
+async fn unquoted_etag(mut resp: hyper::Response<s3s::Body>) -> hyper::Response<s3s::Body> {
+    // 1,000 parts (the most one answer lists) are about 80 KiB.
+    let Ok(body) = resp.body_mut().store_all_limited(1 << 20).await else { return resp };
+    let text = String::from_utf8_lossy(&body);
+    let fixed = match (text.find("<ETag>\""), text.find("\"</ETag>")) {
+        (Some(a), Some(b)) if a < b => format!("{}<ETag>{}</ETag>{}", &text[..a], &text[a + 7..b], &text[b + 8..]),
+        _ => text.into_owned(),
+    };
+    resp.headers_mut().insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(fixed.len()));
+    *resp.body_mut() = s3s::Body::from(fixed);
+    resp
+}
+
 /// The largest XML body the gateway reads (s3s's `xml_max_body_size`): a CompleteMultipartUpload
 /// of 10,000 parts is about 1 MiB.
 const MAX_XML_BODY: u64 = 20 << 20;
@@ -179,12 +193,17 @@ pub async fn serve_tls(
             if let Some(refused) = oversized_xml(&req) {
                 return Ok::<_, s3s::HttpError>(with_request_id(refused).await);
             }
+            let attributes = req.method() == hyper::Method::GET
+                && req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv.split('=').next() == Some("attributes")));
 
             let mut resp = hyper::service::Service::call(&svc, req).await?;
             // An error may answer before the body was read; this connection cannot be
             // trusted to hold the next request where the client thinks it starts.
             if has_body && !resp.status().is_success() {
                 resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+            }
+            if attributes && resp.status().is_success() {
+                resp = unquoted_etag(resp).await;
             }
             Ok::<_, s3s::HttpError>(with_request_id(resp).await)
         }

@@ -269,6 +269,12 @@ def boto3_mode(endpoint, ak, sk):
         h = s3.head_object(Bucket=mb, Key="big/file.bin", PartNumber=n)
         assert h["ContentLength"] == len(part) and h["PartsCount"] == 2, (n, h)
     expect_code("InvalidPart", lambda: s3.get_object(Bucket=mb, Key="big/file.bin", PartNumber=3), "part 3 of 2")
+    a = s3.get_object_attributes(Bucket=mb, Key="big/file.bin", ObjectAttributes=["ETag", "ObjectParts", "ObjectSize", "StorageClass"])
+    assert a["ETag"] == r["ETag"].strip('"') and a["ObjectSize"] == len(whole) and a["StorageClass"] == "STANDARD", a
+    op = a["ObjectParts"]
+    assert op["TotalPartsCount"] == 2 and [(p["PartNumber"], p["Size"]) for p in op["Parts"]] == [(1, len(part1)), (2, len(part2))], op
+    page = s3.get_object_attributes(Bucket=mb, Key="big/file.bin", ObjectAttributes=["ObjectParts"], MaxParts=1)["ObjectParts"]
+    assert page["IsTruncated"] and page["NextPartNumberMarker"] == 1 and len(page["Parts"]) == 1, page
     # Completed again (a retry after a lost answer): the same answer, as S3 gives.
     again = s3.complete_multipart_upload(Bucket=mb, Key="big/file.bin", UploadId=uid,
                                          MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
