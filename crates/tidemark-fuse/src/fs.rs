@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use futures::StreamExt;
 
@@ -180,6 +180,35 @@ fn errno(e: &Error) -> Errno {
         Error::Archived { .. } => Errno::ENODATA,
         Error::TooLarge { .. } => Errno::EFBIG,
         _ => Errno::EIO,
+    }
+}
+
+/// User extended attributes (`user.*`) are kept among the entry's extended attributes under this
+/// prefix, their values in base64: an xattr's value is bytes, the entry's attributes are text.
+/// The filer's limit on an entry's extended attributes (8 KiB in all) bounds them.
+const XATTR_PREFIX: &str = "xattr.";
+const MAX_EXTENDED_BYTES: usize = 8 * 1024;
+
+/// Where the value of xattr `name` is kept; ENOTSUP for the namespaces the mount does not keep
+/// (security, system, trusted: the kernel's and root's, which a file system on a bucket cannot
+/// honour), ERANGE for a name longer than Linux allows.
+fn xattr_key(name: &OsStr) -> Result<String, Errno> {
+    let n = name.to_str().ok_or(Errno::EOPNOTSUPP)?;
+    if !n.starts_with("user.") || n.len() == "user.".len() {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    if n.len() > 255 {
+        return Err(Errno::ERANGE);
+    }
+    Ok(format!("{XATTR_PREFIX}{n}"))
+}
+
+fn reply_xattr(reply: ReplyXattr, size: u32, data: Result<Vec<u8>, Errno>) {
+    match data {
+        Ok(d) if size == 0 => reply.size(d.len() as u32),
+        Ok(d) if d.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(e),
     }
 }
 
@@ -883,6 +912,83 @@ impl Filesystem for TidemarkFs {
         })();
         match r {
             Ok(t) => reply.data(t.as_bytes()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            let key = xattr_key(name)?;
+            self.writable()?;
+            let p = self.path_of(ino)?;
+            let e = self.stat(&p)?;
+            let exists = e.extended.contains_key(&key);
+            if flags & libc::XATTR_CREATE != 0 && exists {
+                return Err(Errno::EEXIST);
+            }
+            if flags & libc::XATTR_REPLACE != 0 && !exists {
+                return Err(Errno::ENODATA);
+            }
+            let mut n = e.to_new();
+            n.extended.insert(key, base64::Engine::encode(&base64::engine::general_purpose::STANDARD, value));
+            if n.extended.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>() > MAX_EXTENDED_BYTES {
+                return Err(Errno::ENOSPC);
+            }
+            n.posix.ctime_ms = Some(ms_of(SystemTime::now()));
+            self.put_entry(&p, n, Precondition::Version(e.version)).map(drop)
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // Asked by the kernel before writes (security.capability): answered without a lookup.
+        let r = match xattr_key(name) {
+            Err(_) => Err(Errno::ENODATA),
+            Ok(key) => self.path_of(ino).and_then(|p| self.stat(&p)).and_then(|e| {
+                let v = e.extended.get(&key).ok_or(Errno::ENODATA)?;
+                base64::Engine::decode(&base64::engine::general_purpose::STANDARD, v).map_err(|_| Errno::EIO)
+            }),
+        };
+        reply_xattr(reply, size, r);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let r = self.path_of(ino).and_then(|p| self.stat(&p)).map(|e| {
+            let mut names = Vec::new();
+            for k in e.extended.keys().filter_map(|k| k.strip_prefix(XATTR_PREFIX)) {
+                names.extend_from_slice(k.as_bytes());
+                names.push(0);
+            }
+            names
+        });
+        reply_xattr(reply, size, r);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = (|| {
+            let key = xattr_key(name).map_err(|_| Errno::ENODATA)?;
+            self.writable()?;
+            let p = self.path_of(ino)?;
+            let e = self.stat(&p)?;
+            let mut n = e.to_new();
+            n.extended.remove(&key).ok_or(Errno::ENODATA)?;
+            n.posix.ctime_ms = Some(ms_of(SystemTime::now()));
+            self.put_entry(&p, n, Precondition::Version(e.version)).map(drop)
+        })();
+        match r {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }

@@ -425,7 +425,7 @@ fn links_owners_times_and_directory_renames_work_as_posix_tools_expect() {
     ));
 
     // Open files outlive their names: unlinked, replaced by a rename, or moved with their
-    // directory while being written.
+    // directory while being written. User extended attributes: kept, moved with a rename, removed.
     sh(&format!(
         "cd '{mnt_s}' && python3 -c \"
 import os
@@ -439,6 +439,19 @@ assert open('r1').read() == 'two' and not os.path.exists('r2')
 os.mkdir('wd'); h = open('wd/x', 'w'); h.write('a'); h.flush()
 os.rename('wd', 'wd2'); h.write('b'); h.close()
 assert open('wd2/x').read() == 'ab' and not os.path.exists('wd')
+import errno
+os.setxattr('wd2/x', 'user.color', b'blue\\x00\\xff')
+assert os.getxattr('wd2/x', 'user.color') == b'blue\\x00\\xff' and os.listxattr('wd2/x') == ['user.color']
+try:
+    os.setxattr('wd2/x', 'user.color', b'x', os.XATTR_CREATE); raise SystemExit('XATTR_CREATE over an existing one')
+except OSError as e:
+    assert e.errno == errno.EEXIST, e
+try:
+    os.setxattr('wd2/x', 'trusted.t', b'x'); raise SystemExit('a trusted xattr')
+except OSError as e:
+    assert e.errno in (errno.ENOTSUP, errno.EPERM), e
+os.rename('wd2/x', 'wd2/y'); assert os.getxattr('wd2/y', 'user.color') == b'blue\\x00\\xff'
+os.removexattr('wd2/y', 'user.color'); assert os.listxattr('wd2/y') == []
 \""
     ));
 
