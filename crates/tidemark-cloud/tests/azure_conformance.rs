@@ -11,26 +11,11 @@ use tidemark_cloud::conformance::{Capabilities, Harness};
 use tidemark_cloud::event_conformance::{EventHarness, Producer};
 use tidemark_core::RemoteStorage;
 use tidemark_core::events::{Decoded, EventKind, EventSource, azure};
-use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_testkit::{Azurite, unique_name};
-
-fn conf(a: &Azurite) -> RemoteConf {
-    let settings = [
-        ("account", Azurite::ACCOUNT),
-        ("account_key", Azurite::KEY),
-        ("blob_endpoint", a.blob_endpoint.as_str()),
-        ("queue_endpoint", a.queue_endpoint.as_str()),
-    ];
-    RemoteConf {
-        name: "azurite".into(),
-        kind: StorageKind::Azure,
-        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    }
-}
 
 async fn blob() -> Harness {
     let a = Azurite::get();
-    let storage = AzureBlobStorage::open(&conf(&a), &unique_name("c")).unwrap();
+    let storage = AzureBlobStorage::open(&a.conf("azurite"), &unique_name("c")).unwrap();
     storage.create_container().await.unwrap();
     Harness {
         storage: Arc::new(storage),
@@ -65,9 +50,9 @@ impl Producer for QueueProducer {
 async fn queue() -> EventHarness {
     let a = Azurite::get();
     let name = unique_name("q");
-    let source = AzureQueueSource::open(&conf(&a), &name, Duration::from_secs(2)).unwrap();
+    let source = AzureQueueSource::open(&a.conf("azurite"), &name, Duration::from_secs(2)).unwrap();
     source.create_queue().await.unwrap();
-    let producer = AzureQueueSource::open(&conf(&a), &name, Duration::from_secs(2)).unwrap();
+    let producer = AzureQueueSource::open(&a.conf("azurite"), &name, Duration::from_secs(2)).unwrap();
     EventHarness {
         source: Arc::new(source),
         producer: Arc::new(QueueProducer(producer)),
@@ -84,7 +69,7 @@ mod storage_queue {
 async fn event_grid_messages_on_the_queue_decode_plain_and_base64() {
     let a = Azurite::get();
     let name = unique_name("eg");
-    let q = AzureQueueSource::open(&conf(&a), &name, Duration::from_secs(5)).unwrap();
+    let q = AzureQueueSource::open(&a.conf("azurite"), &name, Duration::from_secs(5)).unwrap();
     q.create_queue().await.unwrap();
     let event = serde_json::json!({
         "topic": "/subscriptions/s/resourceGroups/g/providers/Microsoft.Storage/storageAccounts/devstoreaccount1",
@@ -113,7 +98,7 @@ async fn event_grid_messages_on_the_queue_decode_plain_and_base64() {
 #[tokio::test]
 async fn a_wrong_key_is_refused_with_a_clear_message() {
     let a = Azurite::get();
-    let mut c = conf(&a);
+    let mut c = a.conf("azurite");
     c.settings.insert("account_key".into(), base64::engine::general_purpose::STANDARD.encode(b"wrong key"));
     let s = AzureBlobStorage::open(&c, "anything").unwrap();
     let err = s.list("", None, None, 1).await.unwrap_err().to_string();

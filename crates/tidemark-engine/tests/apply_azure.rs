@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tidemark_cloud::azure::{AzureBlobStorage, AzureQueueSource};
 use tidemark_core::events::{EventSource, Provider};
 use tidemark_core::model::{NewEntry, Origin, Txn};
-use tidemark_core::remote::{Mount, RemoteConf, RemoteLocation, StorageKind};
+use tidemark_core::remote::{Mount, RemoteLocation};
 use tidemark_core::{Filer, RemoteStorage, SystemClock};
 use tidemark_engine::apply::{ApplyContext, Counters, EventTypes, apply_batch};
 use tidemark_filer::{DataDir, LocalFiler};
@@ -31,17 +31,7 @@ struct World {
 
 async fn world() -> World {
     let a = Azurite::get();
-    let settings = [
-        ("account", Azurite::ACCOUNT),
-        ("account_key", Azurite::KEY),
-        ("blob_endpoint", a.blob_endpoint.as_str()),
-        ("queue_endpoint", a.queue_endpoint.as_str()),
-    ];
-    let conf = RemoteConf {
-        name: "az".into(),
-        kind: StorageKind::Azure,
-        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    };
+    let conf = a.conf("az");
     let container = unique_name("hns");
     let blobs = AzureBlobStorage::open(&conf, &container).unwrap();
     blobs.create_container().await.unwrap();

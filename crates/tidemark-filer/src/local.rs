@@ -152,13 +152,9 @@ impl LocalFiler {
     /// outbound sync deletes the objects. It removes the tombstones once it has.
     async fn tombstone_before_delete(&self, p: &str, recursive: bool) -> Result<()> {
         use tidemark_core::decide::Tombstone;
-        use tidemark_core::remote::{MountMapping, system_paths};
+        use tidemark_core::remote::system_paths;
         let Some(entry) = self.store.get(p).await? else { return Ok(()) };
-        let Some((mapping, _)) =
-            crate::remotes::read_doc::<MountMapping>(self.store.as_ref(), system_paths::MOUNT_MAPPING).await?
-        else {
-            return Ok(());
-        };
+        let mapping = self.mount_mapping().await?;
         if !mapping.find_for(p).is_some_and(|m| m.sync && m.dir != p) {
             return Ok(());
         }
@@ -246,16 +242,17 @@ impl LocalFiler {
         }
     }
 
+    /// The remote mounts (none before the first `remote.mount`).
+    async fn mount_mapping(&self) -> Result<tidemark_core::remote::MountMapping> {
+        let path = tidemark_core::remote::system_paths::MOUNT_MAPPING;
+        Ok(crate::remotes::read_doc(self.store.as_ref(), path).await?.map(|(m, _)| m).unwrap_or_default())
+    }
+
     /// A rename is one transaction in the namespace only: under a remote mount the bucket's keys
     /// would have to move too (copies, then deletes), and an entry whose bytes are a remote
     /// object's would name a key nothing is at. There the caller copies instead.
     async fn check_rename(&self, from: &str, to: &str) -> Result<()> {
-        use tidemark_core::remote::{MountMapping, system_paths};
-        let Some((mapping, _)) =
-            crate::remotes::read_doc::<MountMapping>(self.store.as_ref(), system_paths::MOUNT_MAPPING).await?
-        else {
-            return Ok(());
-        };
+        let mapping = self.mount_mapping().await?;
         for p in [from, to] {
             if let Some(m) = mapping.find_for(p) {
                 return Err(Error::CrossMount {

@@ -396,14 +396,6 @@ impl TidemarkFs {
         }
     }
 
-    /// After a name was added to the directory of `p` by a write (whose answer is the file's
-    /// entry alone): the store set the directory's times, and the kernel asks for them again.
-    fn forget_dir_of(&self, p: &str) {
-        if let Some(d) = path::parent(p) {
-            self.inodes().forget_entry(d);
-        }
-    }
-
     fn writable(&self) -> Result<(), Errno> {
         if self.opts.read_only { Err(Errno::EROFS) } else { Ok(()) }
     }
@@ -509,12 +501,8 @@ impl TidemarkFs {
 
     /// Uploads what the handles open on `p` have written.
     fn flush_path(&self, p: &str) -> Result<(), Errno> {
-        let open: Vec<_> = self.handles.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
-        for h in open {
-            let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
-            if h.dirty && h.path == p {
-                self.upload(&mut h)?;
-            }
+        for h in self.open_on(|h| h == p) {
+            self.upload(&mut h.lock().unwrap_or_else(|p| p.into_inner()))?;
         }
         Ok(())
     }
@@ -1128,19 +1116,13 @@ impl Filesystem for TidemarkFs {
             n.mode = perm;
             let e = match self.make(req, parent, &p, n) {
                 // Created meanwhile by someone else: without O_EXCL, open it as before (emptied).
+                // (The name was there: the write names nothing new, so it keeps the entry's owner
+                // and sets no directory's times.)
                 Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => {
-                    let (uid, gid, _) = self.owner_in(req, parent, false)?;
-                    let opts = WriteOptions {
-                        mode: Some(perm),
-                        uid: Some(uid),
-                        gid: Some(gid),
-                        dir_times: true,
-                        ..Default::default()
-                    };
+                    let opts = WriteOptions { mode: Some(perm), ..Default::default() };
                     self.counters.writes.fetch_add(1, Ordering::Relaxed);
                     let e = self.call("create", self.filer.write(&p, futures::stream::empty().boxed(), opts))?;
                     self.forget(&p);
-                    self.forget_dir_of(&p);
                     self.inodes().remember(e.clone());
                     e
                 }

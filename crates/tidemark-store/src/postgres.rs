@@ -880,6 +880,16 @@ impl TxnOps for PgTxn<'_> {
         Ok(rows.first().and_then(|r| r.get::<_, Option<Vec<u8>>>(0)))
     }
 
+    async fn inline_data_many(&mut self, paths: &[&str]) -> Result<std::collections::HashMap<String, Vec<u8>>> {
+        if paths.is_empty() {
+            return Ok(Default::default());
+        }
+        self.flush().await?;
+        let rows =
+            self.rows("SELECT path, data FROM entries WHERE path = ANY($1) AND data IS NOT NULL", &[&paths]).await?;
+        Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, Vec<u8>>(1))).collect())
+    }
+
     async fn put_row(&mut self, e: &Entry, data: Option<&[u8]>) -> Result<()> {
         let meta = serde_json::to_string(e).map_err(json_err)?;
         let row = RowOut {

@@ -27,6 +27,17 @@ pub(crate) trait TxnOps {
     /// Entries strictly below `dir`, in byte order, at most `limit` (all when `None`).
     async fn descendants(&mut self, dir: &str, limit: Option<i64>) -> Result<Vec<Entry>>;
     async fn inline_data(&mut self, path: &str) -> Result<Option<Vec<u8>>>;
+    /// The inline bytes of those of `paths` that have them (one round trip where the backend can:
+    /// a rename reads a whole tree's).
+    async fn inline_data_many(&mut self, paths: &[&str]) -> Result<std::collections::HashMap<String, Vec<u8>>> {
+        let mut out = std::collections::HashMap::new();
+        for p in paths {
+            if let Some(d) = self.inline_data(p).await? {
+                out.insert(p.to_string(), d);
+            }
+        }
+        Ok(out)
+    }
     async fn put_row(&mut self, entry: &Entry, data: Option<&[u8]>) -> Result<()>;
     async fn delete_row(&mut self, path: &str) -> Result<()>;
     async fn log_change(&mut self, change: Change<'_>) -> Result<()>;
@@ -355,12 +366,15 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 .chain(below.iter())
                 .map(|e| (e, format!("{to}{}", &e.path[txn.path.len()..])))
                 .collect();
+            let inline: Vec<&str> =
+                moved.iter().filter(|(e, _)| e.content == Content::Inline).map(|(e, _)| e.path.as_str()).collect();
+            let mut data_of = ops.inline_data_many(&inline).await?;
             // The writes. First every entry at its new path, parents before children (byte
             // order), so a follower of the change log never misses an entry: it sees the new
             // tree whole before the old one goes.
             let mut top = None;
             for (e, new_path) in &moved {
-                let data = if e.content == Content::Inline { ops.inline_data(&e.path).await? } else { None };
+                let data = data_of.remove(&e.path);
                 let seq = ops.next_seq();
                 let mut kept = e.to_new();
                 if new_path == to {

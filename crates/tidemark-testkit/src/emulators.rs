@@ -143,6 +143,21 @@ impl Azurite {
     pub const KEY: &'static str =
         "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
+    /// A remote configuration named `name` for this Azurite's blob and queue services.
+    pub fn conf(&self, name: &str) -> tidemark_core::remote::RemoteConf {
+        let settings = [
+            ("account", Self::ACCOUNT),
+            ("account_key", Self::KEY),
+            ("blob_endpoint", self.blob_endpoint.as_str()),
+            ("queue_endpoint", self.queue_endpoint.as_str()),
+        ];
+        tidemark_core::remote::RemoteConf {
+            name: name.to_string(),
+            kind: tidemark_core::remote::StorageKind::Azure,
+            settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
     pub fn get() -> Azurite {
         if let (Ok(blob_endpoint), Ok(queue_endpoint)) =
             (std::env::var("TIDEMARK_TEST_AZURITE_BLOB"), std::env::var("TIDEMARK_TEST_AZURITE_QUEUE"))

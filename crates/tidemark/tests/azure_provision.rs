@@ -11,30 +11,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tidemark_cloud::azure::{AzureBlobStorage, AzureQueueSource};
 use tidemark_core::RemoteStorage;
-use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_testkit::{AzureArmDouble, Azurite, TidemarkProcess, fails, ok, run_shell, unique_name};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
 }
 
-fn conf(a: &Azurite) -> RemoteConf {
-    let settings = [
-        ("account", Azurite::ACCOUNT),
-        ("account_key", Azurite::KEY),
-        ("blob_endpoint", a.blob_endpoint.as_str()),
-        ("queue_endpoint", a.queue_endpoint.as_str()),
-    ];
-    RemoteConf {
-        name: "az".into(),
-        kind: StorageKind::Azure,
-        settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-    }
-}
-
 /// Whether the queue `name` exists on Azurite.
 async fn queue_exists(a: &Azurite, name: &str) -> bool {
-    AzureQueueSource::open(&conf(a), name, Duration::from_secs(1)).unwrap().exists().await.unwrap()
+    AzureQueueSource::open(&a.conf("az"), name, Duration::from_secs(1)).unwrap().exists().await.unwrap()
 }
 
 async fn within(what: &str, secs: u64, mut check: impl AsyncFnMut() -> bool) {
@@ -53,7 +38,7 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     let a = Azurite::get();
     let arm = AzureArmDouble::start("tenant-1", "app-1", "app-secret-0123456789", &[(Azurite::ACCOUNT, "westeurope")]);
     let container = unique_name("azprov");
-    let blobs = AzureBlobStorage::open(&conf(&a), &container).unwrap();
+    let blobs = AzureBlobStorage::open(&a.conf("az"), &container).unwrap();
     blobs.create_container().await.unwrap();
     blobs.put("photos/before.txt", Bytes::from_static(b"before"), Default::default()).await.unwrap();
 
@@ -121,7 +106,7 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
                 "id": unique_name("id"), "dataVersion": "", "metadataVersion": "1",
                 "data": {"url": format!("{}/{container}/{name}", a.blob_endpoint)},
             });
-            AzureQueueSource::open(&conf(&a), q, Duration::from_secs(1))
+            AzureQueueSource::open(&a.conf("az"), q, Duration::from_secs(1))
                 .unwrap()
                 .put_message(&message.to_string())
                 .await
@@ -138,7 +123,7 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     assert_eq!(deliver("BlobDeleted", "photos/before.txt").await, 1);
     within("the deleted blob gone", 30, async || !ok(sh("fs.ls /mnt/az")).contains("before.txt")).await;
     // A message that never decodes is moved to the poison queue after -maxReceives receives.
-    AzureQueueSource::open(&conf(&a), &queue, Duration::from_secs(1))
+    AzureQueueSource::open(&a.conf("az"), &queue, Duration::from_secs(1))
         .unwrap()
         .put_message("not an event")
         .await
