@@ -630,6 +630,21 @@ mod tests {
         assert_eq!(e.extended.get("user.k").map(String::as_str), Some("v"));
     }
 
+    /// A checksum, part list or ETag of parts described the bytes an object had: another object
+    /// drops them, the same one (a listing of it, its event again) keeps them.
+    #[test]
+    fn what_described_the_old_bytes_goes_with_them() {
+        let mut l = synced(EntryKind::File, "e1", 100, 3, 9);
+        for k in crate::model::object_attrs::OF_THE_BYTES {
+            l.extended.insert(k.into(), "x".into());
+        }
+        let Action::Update(e) = decide(Some(&l), file(&obj("e2", 100, 3)), &CTX) else { panic!() };
+        assert!(crate::model::object_attrs::OF_THE_BYTES.iter().all(|k| !e.extended.contains_key(*k)), "{e:?}");
+        let mut kept = l.extended.clone();
+        crate::model::object_attrs::refresh(&mut kept, &obj("e1", 100, 3), true);
+        assert_eq!(kept, l.extended);
+    }
+
     #[test]
     fn an_upload_is_bound_to_its_path_and_only_metadata_can_tell() {
         let o = with_origin(obj("e", 1, 1), "us", "/m/k", 4);

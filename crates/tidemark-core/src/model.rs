@@ -347,6 +347,27 @@ pub mod object_attrs {
     pub const RESTORE: &str = "s3.restore";
     /// User metadata `x-amz-meta-NAME` is kept as `s3.meta.NAME` (name lower-cased).
     pub const META_PREFIX: &str = "s3.meta.";
+    /// The checksum the S3 gateway verified when it stored the bytes (`ALGO:TYPE:base64`).
+    pub const CHECKSUM: &str = "s3.checksum";
+    /// The ETag of an object completed from parts, as S3 makes it (the MD5 of the parts' MD5s,
+    /// `-N`): what the gateway answers instead of the MD5 of the bytes.
+    pub const ETAG: &str = "s3.etag";
+    /// The sizes of the parts an object was completed from (comma-separated, in order).
+    pub const PARTS: &str = "s3.parts";
+    /// The checksums of those parts (comma-separated base64, in order).
+    pub const PART_CHECKSUMS: &str = "s3.part-checksums";
+    /// The attributes that describe the bytes themselves rather than the object: kept while
+    /// the bytes are, and dropped by any change of them that does not set them again (a write
+    /// through the mount or the HTTP API, another object in the bucket), since they would then
+    /// describe bytes that are gone — a checksum a client verifies its read against, most of
+    /// all.
+    pub const OF_THE_BYTES: [&str; 4] = [CHECKSUM, ETAG, PARTS, PART_CHECKSUMS];
+
+    /// Drops from `ext` what described bytes that were replaced.
+    pub fn forget_bytes(ext: &mut BTreeMap<String, String>) {
+        ext.retain(|k, _| !OF_THE_BYTES.contains(&k.as_str()));
+    }
+
     /// Metadata names Tidemark's outbound sync puts on its uploads: about the upload, not the
     /// file, so not shown as the file's metadata.
     const OWN_METADATA_PREFIX: &str = "tidemark-";
@@ -392,6 +413,9 @@ pub mod object_attrs {
     /// what it does not carry (a listing has no headers) is kept if `o` is the object `ext`
     /// described (`same_object`), and dropped otherwise, as it described other bytes.
     pub fn refresh(ext: &mut BTreeMap<String, String>, o: &RemoteObject, same_object: bool) {
+        if !same_object {
+            forget_bytes(ext);
+        }
         if o.headers.is_some() || !same_object {
             ext.retain(|k, _| !HEADERS.contains(&k.as_str()));
         }

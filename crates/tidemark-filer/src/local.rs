@@ -579,8 +579,10 @@ impl Filer for LocalFiler {
             if let Some(mode) = opts.mode {
                 entry.mode = mode;
             }
-            if let Some(ext) = &opts.extended {
-                entry.extended = ext.clone();
+            match &opts.extended {
+                Some(ext) => entry.extended = ext.clone(),
+                // Kept attributes: not those that described the bytes this write replaces.
+                None => tidemark_core::model::object_attrs::forget_bytes(&mut entry.extended),
             }
             entry.extended.insert(MD5_ATTR.into(), md5.clone());
             let precondition = match (&opts.precondition, &current) {

@@ -49,18 +49,25 @@ pub fn parse_content_md5(v: &str) -> Result<[u8; 16], S3Error> {
     raw.try_into().map_err(|_| S3Error::with_message(S3ErrorCode::InvalidDigest, "Content-MD5 is not 16 bytes"))
 }
 
-/// `body` as the filer's stream. With `expected_md5` or `expected_len`, the stream fails at its
-/// end when the bytes do not match, before the filer could commit them.
-pub fn checked(inner: ByteStream, expected_md5: Option<[u8; 16]>, expected_len: Option<u64>) -> (ByteStream, Verdict) {
+/// `body` as the filer's stream. With `expected_md5`, `expected_len` or a checksum to check
+/// (`sums`), the stream fails at its end when the bytes do not match, before the filer could
+/// commit them.
+pub fn checked(
+    inner: ByteStream,
+    expected_md5: Option<[u8; 16]>,
+    expected_len: Option<u64>,
+    sums: Option<crate::checksum::Check>,
+) -> (ByteStream, Verdict) {
     let verdict = Verdict::default();
     let v = verdict.clone();
     struct State {
         inner: futures::stream::BoxStream<'static, Result<Bytes, std::io::Error>>,
         md5: Md5,
         len: u64,
+        sums: Option<crate::checksum::Check>,
         done: bool,
     }
-    let state = State { inner, md5: Md5::new(), len: 0, done: false };
+    let state = State { inner, md5: Md5::new(), len: 0, sums, done: false };
     let stream = futures::stream::unfold(state, move |mut s| {
         let v = v.clone();
         async move {
@@ -72,6 +79,9 @@ pub fn checked(inner: ByteStream, expected_md5: Option<[u8; 16]>, expected_len: 
                     s.len += chunk.len() as u64;
                     if expected_md5.is_some() {
                         s.md5.update(&chunk);
+                    }
+                    if let Some(c) = &mut s.sums {
+                        c.update(&chunk);
                     }
                     if expected_len.is_some_and(|n| s.len > n) {
                         s.done = true;
@@ -120,6 +130,10 @@ pub fn checked(inner: ByteStream, expected_md5: Option<[u8; 16]>, expected_len: 
                             return Some((Err(std::io::Error::other("Content-MD5 mismatch")), s));
                         }
                     }
+                    if let Some(Err(e)) = s.sums.as_mut().map(crate::checksum::Check::finish) {
+                        v.set(e);
+                        return Some((Err(std::io::Error::other("checksum mismatch")), s));
+                    }
                     None
                 }
             }
@@ -141,7 +155,7 @@ mod tests {
         ] {
             let inner =
                 futures::stream::iter(vec![Ok(Bytes::from_static(b"ten bytes!")), Err(std::io::Error::new(kind, "x"))]);
-            let (mut s, verdict) = checked(inner.boxed(), None, Some(1000));
+            let (mut s, verdict) = checked(inner.boxed(), None, Some(1000), None);
             while s.next().await.is_some() {}
             assert_eq!(verdict.take().map(|e| e.code().clone()), Some(code));
         }

@@ -18,6 +18,7 @@ use tidemark_engine::docs;
 
 use crate::auth::Shared;
 use crate::body;
+use crate::checksum::{self, Algo, Asked, Given, Sum, sent_checksum, with_checksum};
 use crate::list::{self, Item};
 use crate::multipart::{self, Upload};
 use crate::names::{self, BUCKETS_DIR, NameError};
@@ -32,6 +33,9 @@ use tidemark_core::model::object_attrs::{
     CONTENT_ENCODING as ATTR_CONTENT_ENCODING, CONTENT_LANGUAGE as ATTR_CONTENT_LANGUAGE,
     CONTENT_TYPE as ATTR_CONTENT_TYPE, EXPIRES as ATTR_EXPIRES, META_PREFIX as ATTR_META, RESTORE as ATTR_RESTORE,
     STORAGE_CLASS as ATTR_STORAGE_CLASS,
+};
+use tidemark_core::model::object_attrs::{
+    CHECKSUM as ATTR_CHECKSUM, ETAG as ATTR_ETAG, PART_CHECKSUMS as ATTR_PART_CHECKSUMS,
 };
 const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
@@ -51,6 +55,10 @@ impl Gateway {
 pub fn etag_of(e: &Entry) -> String {
     if let (Content::Remote, Some(r)) = (&e.content, &e.remote) {
         return r.etag.clone();
+    }
+    // An object completed from parts: S3's ETag of parts.
+    if let Some(t) = e.extended.get(ATTR_ETAG) {
+        return t.clone();
     }
     match e.extended.get(MD5_ATTR) {
         Some(m) => m.clone(),
@@ -191,12 +199,57 @@ fn attrs_of(a: Attrs<'_>) -> S3Result<BTreeMap<String, String>> {
 
 /// The attributes a copy keeps from its source (the MD5 is the filer's to set).
 fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
-    // A copy is written whole: one part, whatever its source was.
-    e.extended
-        .iter()
-        .filter(|(k, _)| k.starts_with("s3.") && k.as_str() != multipart::ATTR_PARTS)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    // A copy is written whole: one part, whatever its source was; a checksum of the whole
+    // source is the copy's too, one of its parts' is not.
+    let mut ext: BTreeMap<String, String> =
+        e.extended.iter().filter(|(k, _)| k.starts_with("s3.")).map(|(k, v)| (k.clone(), v.clone())).collect();
+    tidemark_core::model::object_attrs::forget_bytes(&mut ext);
+    if let Some(s) = stored_sum(e).filter(|s| !s.composite) {
+        ext.insert(ATTR_CHECKSUM.into(), s.to_attr());
+    }
+    ext
+}
+
+/// The algorithm a request names (`x-amz-checksum-algorithm`).
+fn algo_named(name: &str) -> S3Result<Algo> {
+    Algo::parse(name).ok_or_else(|| {
+        s3_error!(InvalidRequest, "Checksum algorithm {name:?}: CRC32, CRC32C, CRC64NVME, SHA1 or SHA256")
+    })
+}
+
+/// The algorithm of an upload's checksum.
+fn upload_algo(u: &Upload) -> Option<Algo> {
+    u.checksum_algorithm.as_deref().and_then(Algo::parse)
+}
+
+fn checksum_type(full_object: bool) -> ChecksumType {
+    ChecksumType::from(if full_object { ChecksumType::FULL_OBJECT } else { ChecksumType::COMPOSITE }.to_string())
+}
+
+/// The checksum kept with an object.
+fn stored_sum(e: &Entry) -> Option<Sum> {
+    e.extended.get(ATTR_CHECKSUM).and_then(|s| Sum::from_attr(s))
+}
+
+/// The checksum of part `n` (from 1) of an object completed from parts, typed as the object's.
+fn part_sum(e: &Entry, n: i32) -> Option<Sum> {
+    let whole = stored_sum(e)?;
+    let v = e.extended.get(ATTR_PART_CHECKSUMS)?.split(',').nth(usize::try_from(n).ok()?.checked_sub(1)?)?;
+    Some(Sum { value: v.to_string(), ..whole })
+}
+
+/// The checksum a GET or HEAD answers with: asked for (`x-amz-checksum-mode: ENABLED`), and of
+/// what is read — the whole object, or one of its parts; none for a byte range.
+fn read_sum(e: &Entry, mode: Option<&ChecksumMode>, part: Option<i32>, ranged: bool) -> Option<Sum> {
+    if !mode.is_some_and(|m| m.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED)) {
+        return None;
+    }
+    match part {
+        Some(n) if multipart::is_multipart(&e.extended) => part_sum(e, n),
+        Some(_) => stored_sum(e).filter(|s| !s.composite),
+        None if ranged => None,
+        None => stored_sum(e),
+    }
 }
 
 fn user_metadata(e: &Entry) -> Option<Metadata> {
@@ -445,13 +498,15 @@ fn too_large(len: Option<u64>) -> S3Result<()> {
 }
 
 fn completed_output(done: &multipart::Completed) -> CompleteMultipartUploadOutput {
-    CompleteMultipartUploadOutput {
+    let mut out = CompleteMultipartUploadOutput {
         bucket: Some(done.bucket.clone()),
         key: Some(done.key.clone()),
         e_tag: Some(ETag::Strong(done.etag.clone())),
         location: Some(format!("/{}/{}", done.bucket, done.key)),
         ..Default::default()
-    }
+    };
+    with_checksum!(out, done.checksum.as_deref().and_then(Sum::from_attr).as_ref(), typed);
+    out
 }
 
 /// The version id S3 gives every object of an unversioned bucket (the only kind here).
@@ -622,6 +677,18 @@ impl Gateway {
         match self.filer.write(p, stream, opts).await {
             Ok(e) => Ok(e),
             Err(e) => Err(verdict.take().unwrap_or_else(|| s3_err(e))),
+        }
+    }
+
+    /// Records a checksum known only once the bytes were stored (sent in a trailer, or
+    /// computed here) on the entry they made — conditional on its version: if another write
+    /// came in between, the checksum described bytes that are gone.
+    async fn keep_checksum(&self, p: &str, e: &Entry, sum: &Sum, origin: Origin) {
+        let mut n = e.to_new();
+        n.extended.insert(ATTR_CHECKSUM.into(), sum.to_attr());
+        let txn = Txn::put(p, n, origin).with_precondition(Precondition::Version(e.version));
+        if let Err(err) = self.filer.apply(txn).await {
+            tracing::debug!(path = %p, error = %err, "a checksum was not kept: the object changed meanwhile");
         }
     }
 
@@ -893,6 +960,13 @@ impl S3 for Gateway {
         if asked(ObjectAttributes::OBJECT_SIZE) {
             out.object_size = Some(e.size as i64);
         }
+        if asked(ObjectAttributes::CHECKSUM)
+            && let Some(sum) = stored_sum(&e)
+        {
+            let mut c = Checksum::default();
+            with_checksum!(c, Some(&sum), typed);
+            out.checksum = Some(c);
+        }
         if asked(ObjectAttributes::STORAGE_CLASS) {
             out.storage_class =
                 Some(StorageClass::from(attr(&e, ATTR_STORAGE_CLASS).unwrap_or_else(|| "STANDARD".into())));
@@ -907,7 +981,11 @@ impl S3 for Gateway {
             let page: Vec<ObjectPart> = rest
                 .iter()
                 .take(max as usize)
-                .map(|(n, s)| ObjectPart { part_number: Some(*n), size: Some(*s as i64), ..Default::default() })
+                .map(|(n, s)| {
+                    let mut part = ObjectPart { part_number: Some(*n), size: Some(*s as i64), ..Default::default() };
+                    with_checksum!(part, part_sum(&e, *n).as_ref());
+                    part
+                })
                 .collect();
             let truncated = rest.len() > page.len();
             out.object_parts = Some(GetObjectAttributesParts {
@@ -1151,13 +1229,16 @@ impl S3 for Gateway {
                 "the object is not encrypted with a customer key (SSE-C is not implemented)"
             ));
         }
+        let ranged = i.range.is_some();
         let parts_count = self.part_as_range(&i.bucket, &i.key, i.part_number, &mut i.range).await?;
         let ask = read_ask!(i);
         let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
         ask.check(&e)?;
         let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
         let s = ask.shown(&e, range.as_ref());
-        let mut resp = S3Response::new(shown_as!(HeadObjectOutput, s, parts_count: parts_count));
+        let mut out = shown_as!(HeadObjectOutput, s, parts_count: parts_count);
+        with_checksum!(out, read_sum(&e, i.checksum_mode.as_ref(), i.part_number, ranged).as_ref(), typed);
+        let mut resp = S3Response::new(out);
         // S3 answers a HEAD with the tag count too; s3s's HeadObjectOutput has no field for it.
         if let Some(n) = tag_count(&e) {
             resp.headers.insert("x-amz-tagging-count", n.into());
@@ -1173,6 +1254,7 @@ impl S3 for Gateway {
                 "the object is not encrypted with a customer key (SSE-C is not implemented)"
             ));
         }
+        let ranged = i.range.is_some();
         let parts_count = self.part_as_range(&i.bucket, &i.key, i.part_number, &mut i.range).await?;
         let ask = read_ask!(i);
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
@@ -1220,17 +1302,25 @@ impl S3 for Gateway {
         };
         let s = ask.shown(&entry, range.as_ref());
         let tag_count = tag_count(&entry);
-        Ok(S3Response::new(shown_as!(
+        let mut out = shown_as!(
             GetObjectOutput,
             s,
             body: Some(body::to_response(stream)),
             tag_count: tag_count,
             parts_count: parts_count,
-        )))
+        );
+        with_checksum!(out, read_sum(&entry, i.checksum_mode.as_ref(), i.part_number, ranged).as_ref(), typed);
+        Ok(S3Response::new(out))
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
-        let i = req.input;
+        let mut asked = checksum::asked(&req.headers)?;
+        if asked.is_none() {
+            // A POST form's fields, which s3s hands over as the input's.
+            let fields = checksum::ALL.into_iter().filter_map(|a| sent_checksum!(req.input, a).map(|v| (a, v)));
+            asked = checksum::from_fields(fields.collect())?;
+        }
+        let S3Request { input: i, trailing_headers, .. } = req;
         refuse_unhonoured!(i);
         self.bucket_entry(&i.bucket).await?;
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
@@ -1260,14 +1350,27 @@ impl S3 for Gateway {
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
         too_large(len)?;
-        let (stream, verdict) = body::checked(body::from_request(i.body), md5, len);
+        // A checksum in a header is known now and stored with the bytes; one in a trailer (or
+        // computed here) is known after them and recorded then.
+        let early = match &asked {
+            Some(Asked { algo, given: Given::Header(v) }) => Some(Sum::whole(*algo, v.clone())),
+            _ => None,
+        };
+        if let Some(s) = &early {
+            extended.insert(ATTR_CHECKSUM.into(), s.to_attr());
+        }
+        let (check, computed) = checksum::Check::new(asked.as_ref(), None, trailing_headers);
+        let (stream, verdict) = body::checked(body::from_request(i.body), md5, len, check);
         let opts = WriteOptions { precondition, extended: Some(extended), declared_len: len, ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
-        Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(ETag::Strong(etag_of(&e))),
-            size: Some(e.size as i64),
-            ..Default::default()
-        }))
+        let late = asked.filter(|_| early.is_none()).and_then(|a| computed.get(a.algo).map(|v| Sum::whole(a.algo, v)));
+        if let Some(s) = &late {
+            self.keep_checksum(&p, &e, s, Origin::Local).await;
+        }
+        let mut out =
+            PutObjectOutput { e_tag: Some(ETag::Strong(etag_of(&e))), size: Some(e.size as i64), ..Default::default() };
+        with_checksum!(out, early.as_ref().or(late.as_ref()), typed);
+        Ok(S3Response::new(out))
     }
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
@@ -1299,14 +1402,29 @@ impl S3 for Gateway {
             false => tagging::kept(&src.extended, tagging::ATTR_TAGGING),
         };
         tagging::set(&mut extended, tagging::ATTR_TAGGING, &tags);
-        let (stream, verdict) = body::checked(stream, None, Some(src.size));
+        // The source's checksum of its whole bytes is the copy's (of the algorithm asked, if one
+        // was); another algorithm is computed as the bytes are copied.
+        let want = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
+        let kept = stored_sum(&src).filter(|s| !s.composite && want.is_none_or(|w| w == s.algo));
+        extended.remove(ATTR_CHECKSUM);
+        if let Some(k) = &kept {
+            extended.insert(ATTR_CHECKSUM.into(), k.to_attr());
+        }
+        let compute = want.filter(|_| kept.is_none()).map(|algo| Asked { algo, given: Given::Nothing });
+        let (check, computed) = checksum::Check::new(compute.as_ref(), None, None);
+        let (stream, verdict) = body::checked(stream, None, Some(src.size), check);
         let opts = WriteOptions { extended: Some(extended), ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
-        let result = CopyObjectResult {
+        let late = compute.and_then(|a| computed.get(a.algo).map(|v| Sum::whole(a.algo, v)));
+        if let Some(s) = &late {
+            self.keep_checksum(&p, &e, s, Origin::Local).await;
+        }
+        let mut result = CopyObjectResult {
             e_tag: Some(ETag::Strong(etag_of(&e))),
             last_modified: Some(timestamp(e.mtime_ms)),
             ..Default::default()
         };
+        with_checksum!(result, kept.as_ref().or(late.as_ref()), typed);
         Ok(S3Response::new(CopyObjectOutput { copy_object_result: Some(result), ..Default::default() }))
     }
 
@@ -1375,19 +1493,49 @@ impl S3 for Gateway {
         if let Some(t) = &i.tagging {
             tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
         }
+        let algo = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
+        let full_object = match (i.checksum_type.as_ref().map(|t| t.as_str()), algo) {
+            (Some(_), None) => {
+                return Err(s3_error!(InvalidRequest, "x-amz-checksum-type needs x-amz-checksum-algorithm"));
+            }
+            (Some(t), Some(_)) if t.eq_ignore_ascii_case(ChecksumType::FULL_OBJECT) => true,
+            (Some(t), Some(_)) if t.eq_ignore_ascii_case(ChecksumType::COMPOSITE) => false,
+            (Some(t), Some(_)) => {
+                return Err(s3_error!(InvalidRequest, "x-amz-checksum-type {t:?}: COMPOSITE or FULL_OBJECT"));
+            }
+            (None, a) => a.is_some_and(Algo::default_full_object),
+        };
+        if let Some(a) = algo.filter(|a| !a.allows(full_object)) {
+            let t = if full_object { ChecksumType::FULL_OBJECT } else { ChecksumType::COMPOSITE };
+            return Err(s3_error!(
+                InvalidRequest,
+                "The {t} checksum type cannot be used with the {} checksum algorithm.",
+                a.name()
+            ));
+        }
         let id = multipart::new_upload_id().map_err(s3_err)?;
-        let upload = Upload { bucket: i.bucket.clone(), key: i.key.clone(), initiated_ms: now_ms(), extended };
+        let upload = Upload {
+            bucket: i.bucket.clone(),
+            key: i.key.clone(),
+            initiated_ms: now_ms(),
+            extended,
+            checksum_algorithm: algo.map(|a| a.name().to_string()),
+            checksum_full_object: full_object,
+        };
         docs::write_json(&*self.filer, &multipart::upload_doc(&id), &upload, None).await.map_err(s3_err)?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(i.bucket),
             key: Some(i.key),
             upload_id: Some(id),
+            checksum_algorithm: upload.checksum_algorithm.clone().map(ChecksumAlgorithm::from),
+            checksum_type: algo.map(|_| checksum_type(full_object)),
             ..Default::default()
         }))
     }
 
     async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
-        let i = req.input;
+        let asked = checksum::asked(&req.headers)?;
+        let S3Request { input: i, trailing_headers, .. } = req;
         if i.sse_customer_algorithm.is_some() {
             return Err(s3_error!(
                 InvalidRequest,
@@ -1399,12 +1547,25 @@ impl S3 for Gateway {
         }
         let len = i.content_length.map(|n| n.max(0) as u64);
         too_large(len)?;
-        self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
-        let (stream, verdict) = body::checked(body::from_request(i.body), md5, len);
+        // The part's checksum of the upload's algorithm is computed whatever the client sent
+        // (which is verified): the object's checksum is made of those.
+        let of_upload = upload_algo(&upload);
+        let (check, computed) = checksum::Check::new(asked.as_ref(), of_upload, trailing_headers);
+        let (stream, verdict) = body::checked(body::from_request(i.body), md5, len, check);
         let opts = WriteOptions { origin: Origin::System, declared_len: len, ..Default::default() };
-        let e = self.write(&multipart::part_path(&i.upload_id, i.part_number), stream, &verdict, opts).await?;
-        Ok(S3Response::new(UploadPartOutput { e_tag: Some(ETag::Strong(etag_of(&e))), ..Default::default() }))
+        let part = multipart::part_path(&i.upload_id, i.part_number);
+        let e = self.write(&part, stream, &verdict, opts).await?;
+        let sum_of = |a: Algo| computed.get(a).map(|v| Sum::whole(a, v));
+        let kept = of_upload.or(asked.as_ref().map(|a| a.algo)).and_then(sum_of);
+        if let Some(s) = &kept {
+            self.keep_checksum(&part, &e, s, Origin::System).await;
+        }
+        let mut out = UploadPartOutput { e_tag: Some(ETag::Strong(etag_of(&e))), ..Default::default() };
+        with_checksum!(out, asked.and_then(|a| sum_of(a.algo)).as_ref());
+        with_checksum!(out, kept.as_ref());
+        Ok(S3Response::new(out))
     }
 
     async fn upload_part_copy(
@@ -1415,7 +1576,7 @@ impl S3 for Gateway {
         if !(1..=multipart::MAX_PART_NUMBER).contains(&i.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to {}", multipart::MAX_PART_NUMBER));
         }
-        self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
         let (_, stream) = self
             .read_source(
                 &i.copy_source,
@@ -1424,14 +1585,22 @@ impl S3 for Gateway {
                 i.copy_source_if_none_match.as_ref(),
             )
             .await?;
-        let (stream, verdict) = body::checked(stream, None, None);
+        let of_upload = upload_algo(&upload);
+        let (check, computed) = checksum::Check::new(None, of_upload, None);
+        let (stream, verdict) = body::checked(stream, None, None, check);
         let opts = WriteOptions { origin: Origin::System, ..Default::default() };
-        let e = self.write(&multipart::part_path(&i.upload_id, i.part_number), stream, &verdict, opts).await?;
-        let result = CopyPartResult {
+        let part = multipart::part_path(&i.upload_id, i.part_number);
+        let e = self.write(&part, stream, &verdict, opts).await?;
+        let kept = of_upload.and_then(|a| computed.get(a).map(|v| Sum::whole(a, v)));
+        if let Some(s) = &kept {
+            self.keep_checksum(&part, &e, s, Origin::System).await;
+        }
+        let mut result = CopyPartResult {
             e_tag: Some(ETag::Strong(etag_of(&e))),
             last_modified: Some(timestamp(e.mtime_ms)),
             ..Default::default()
         };
+        with_checksum!(result, kept.as_ref());
         Ok(S3Response::new(UploadPartCopyOutput { copy_part_result: Some(result), ..Default::default() }))
     }
 
@@ -1447,12 +1616,30 @@ impl S3 for Gateway {
         // The bucket may have been deleted since the upload began: never recreate it implicitly.
         self.bucket_entry(&i.bucket).await?;
         let (p, _) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
+        let of_upload = upload_algo(&upload);
+        // A checksum of the whole object sent with the Complete: of the upload's algorithm only.
+        let mut sent_whole = None;
+        for a in checksum::ALL {
+            let Some(v) = sent_checksum!(i, a) else { continue };
+            if Some(a) != of_upload {
+                let made = of_upload
+                    .map_or("no checksum algorithm".to_string(), |u| format!("checksum algorithm {}", u.name()));
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "the upload was created with {made}; the Complete sent {}",
+                    a.header()
+                ));
+            }
+            sent_whole = Some(v);
+        }
         let wanted = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
         if wanted.is_empty() {
             return Err(s3_error!(MalformedXML, "CompleteMultipartUpload names no parts"));
         }
         let staged: BTreeMap<i32, Entry> = self.staged_parts(&i.upload_id).await?.into_iter().collect();
         let mut chosen = Vec::with_capacity(wanted.len());
+        let mut part_sums = Vec::with_capacity(wanted.len());
+        let mut part_etags = Vec::with_capacity(wanted.len());
         let mut last = 0;
         for w in &wanted {
             let n = w.part_number.ok_or_else(|| s3_error!(MalformedXML, "a part without a PartNumber"))?;
@@ -1466,7 +1653,31 @@ impl S3 for Gateway {
             {
                 return Err(s3_error!(InvalidPart, "part {n}: ETag {} is not the uploaded part's", t.value()));
             }
+            // The part's checksum, if the client lists one, must be the part's as uploaded.
+            let kept = of_upload.and_then(|a| stored_sum(e).filter(|s| s.algo == a)).map(|s| s.value);
+            if let Some(a) = of_upload
+                && let Some(sent) = sent_checksum!(w, a)
+                && Some(sent.trim()) != kept.as_deref()
+            {
+                return Err(s3_error!(InvalidPart, "part {n}: {} {sent} is not the uploaded part's", a.header()));
+            }
+            part_sums.push((kept, e.size));
+            part_etags.push(etag_of(e));
             chosen.push((e.path.clone(), e.version, e.size));
+        }
+        let made = match of_upload {
+            None => None,
+            Some(a) => Some(checksum::of_parts(a, upload.checksum_full_object, &part_sums).ok_or_else(|| {
+                s3_error!(InvalidPart, "a part was uploaded without a {} checksum; upload it again", a.name())
+            })?),
+        };
+        if let (Some(sent), Some(made)) = (&sent_whole, &made)
+            && !checksum::matches(sent, made)
+        {
+            return Err(S3Error::with_message(
+                S3ErrorCode::BadDigest,
+                format!("The {} you specified did not match the calculated checksum.", made.algo.name()),
+            ));
         }
         // Sizes after order and identity, as S3 reports them.
         if let Some((p, _, size)) = chosen[..chosen.len() - 1].iter().find(|c| c.2 < multipart::MIN_PART_BYTES) {
@@ -1496,12 +1707,23 @@ impl S3 for Gateway {
             })
             .flatten()
             .boxed();
-        let (stream, verdict) = body::checked(stream, None, Some(total));
+        let (stream, verdict) = body::checked(stream, None, Some(total), None);
         let mut extended = upload.extended.clone();
         multipart::set_part_sizes(&mut extended, &sizes);
+        extended.insert(ATTR_ETAG.into(), multipart::etag_of_parts(&part_etags));
+        if let Some(m) = &made {
+            extended.insert(ATTR_CHECKSUM.into(), m.to_attr());
+            let values: Vec<&str> = part_sums.iter().filter_map(|(v, _)| v.as_deref()).collect();
+            extended.insert(ATTR_PART_CHECKSUMS.into(), values.join(","));
+        }
         let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
         let e = self.write(&p, stream, &verdict, opts).await?;
-        let done = multipart::Completed { bucket: i.bucket.clone(), key: i.key.clone(), etag: etag_of(&e) };
+        let done = multipart::Completed {
+            bucket: i.bucket.clone(),
+            key: i.key.clone(),
+            etag: etag_of(&e),
+            checksum: made.as_ref().map(Sum::to_attr),
+        };
         self.remember_completed(&i.upload_id, &done).await;
         let opts = DeleteOptions { recursive: true, precondition: Precondition::Any, ..Default::default() };
         if let Err(err) = self.filer.delete(&multipart::upload_dir(&i.upload_id), opts).await {
@@ -1525,7 +1747,8 @@ impl S3 for Gateway {
 
     async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
         let i = req.input;
-        self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let of_upload = upload_algo(&upload);
         let max = i.max_parts.unwrap_or(1000).clamp(0, 1000) as usize;
         let marker: i32 = i.part_number_marker.unwrap_or(0);
         let staged: Vec<(i32, Entry)> =
@@ -1534,12 +1757,16 @@ impl S3 for Gateway {
         let parts: Vec<Part> = staged
             .iter()
             .take(max)
-            .map(|(n, e)| Part {
-                part_number: Some(*n),
-                size: Some(e.size as i64),
-                e_tag: Some(ETag::Strong(etag_of(e))),
-                last_modified: Some(timestamp(e.mtime_ms)),
-                ..Default::default()
+            .map(|(n, e)| {
+                let mut part = Part {
+                    part_number: Some(*n),
+                    size: Some(e.size as i64),
+                    e_tag: Some(ETag::Strong(etag_of(e))),
+                    last_modified: Some(timestamp(e.mtime_ms)),
+                    ..Default::default()
+                };
+                with_checksum!(part, stored_sum(e).as_ref());
+                part
             })
             .collect();
         let next = truncated.then(|| parts.last().and_then(|p| p.part_number)).flatten();
@@ -1552,6 +1779,8 @@ impl S3 for Gateway {
             next_part_number_marker: next,
             is_truncated: Some(truncated),
             parts: Some(parts),
+            checksum_algorithm: upload.checksum_algorithm.clone().map(ChecksumAlgorithm::from),
+            checksum_type: of_upload.map(|_| checksum_type(upload.checksum_full_object)),
             ..Default::default()
         }))
     }

@@ -7,6 +7,7 @@
 
 pub mod auth;
 mod body;
+pub mod checksum;
 pub mod gateway;
 pub mod identity;
 pub mod list;

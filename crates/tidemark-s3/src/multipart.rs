@@ -28,6 +28,13 @@ pub struct Upload {
     /// The attributes the object gets (content type, user metadata).
     #[serde(default)]
     pub extended: BTreeMap<String, String>,
+    /// The checksum algorithm the object's checksum is of (CreateMultipartUpload's), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum_algorithm: Option<String>,
+    /// Whether that checksum is of the whole object (`FULL_OBJECT`) or of the parts'
+    /// checksums (`COMPOSITE`).
+    #[serde(default)]
+    pub checksum_full_object: bool,
 }
 
 pub fn valid_upload_id(id: &str) -> bool {
@@ -68,6 +75,9 @@ pub struct Completed {
     pub bucket: String,
     pub key: String,
     pub etag: String,
+    /// Its checksum, as kept in the object's attributes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
 }
 
 pub fn new_upload_id() -> tidemark_core::Result<String> {
@@ -76,11 +86,26 @@ pub fn new_upload_id() -> tidemark_core::Result<String> {
 
 /// The extended attribute of an object completed from parts: their sizes, in order
 /// (comma-separated), for GET and HEAD by part number.
-pub const ATTR_PARTS: &str = "s3.parts";
+pub const ATTR_PARTS: &str = tidemark_core::model::object_attrs::PARTS;
 
 pub fn set_part_sizes(ext: &mut BTreeMap<String, String>, sizes: &[u64]) {
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
     ext.insert(ATTR_PARTS.to_string(), list.join(","));
+}
+
+/// S3's ETag of an object completed from parts with these ETags (hex MD5s): the MD5 of their
+/// bytes, then `-` and their number.
+pub fn etag_of_parts(etags: &[String]) -> String {
+    use md5::{Digest, Md5};
+    let mut h = Md5::new();
+    for t in etags {
+        let raw: Vec<u8> =
+            (0..t.len() / 2).filter_map(|i| u8::from_str_radix(t.get(2 * i..2 * i + 2)?, 16).ok()).collect();
+        h.update(&raw);
+    }
+    let d: [u8; 16] = h.finalize().into();
+    let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}-{}", etags.len())
 }
 
 /// Whether an object's attributes say it was completed from parts.
@@ -109,5 +134,12 @@ mod tests {
         assert!(valid_upload_id(&id));
         assert!(!valid_upload_id("../../x") && !valid_upload_id(""));
         assert!(part_path("a", 2) > part_path("a", 1) && part_path("a", 10_000) > part_path("a", 9_999));
+        // ceph/s3-tests' three 5 MiB parts of 'A', 'B' and 'C'.
+        let md5 = |c: u8| {
+            use md5::{Digest, Md5};
+            let d: [u8; 16] = Md5::digest(vec![c; 5 * 1024 * 1024]).into();
+            d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        };
+        assert_eq!(etag_of_parts(&[md5(b'A'), md5(b'B'), md5(b'C')]), "b2add96cc9702bbf4efb0ccdfc6b7747-3");
     }
 }

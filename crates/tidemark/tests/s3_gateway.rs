@@ -424,3 +424,97 @@ async fn links_and_device_nodes_are_not_objects() {
     }
     assert_eq!(gateway_get(&c, "specials", "real.txt").await.unwrap().0, b"real");
 }
+
+/// The AWS SDK for Rust's checksums (as it sends them by default: computed as the body
+/// streams): verified and kept, answered to HEAD and to its own validation of a GET, combined
+/// for an object from parts — and forgotten once the bytes are rewritten another way (here the
+/// filer's API, as the mount writes), so no client checks new bytes against an old checksum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checksums_are_kept_with_their_bytes_and_end_with_them() {
+    use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart};
+    use futures::StreamExt;
+    use tidemark_core::{Filer, WriteOptions};
+    use tidemark_s3::checksum::Algo;
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let c = gateway_client(&server);
+    c.create_bucket().bucket("sums").send().await.unwrap();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let r = c
+        .put_object()
+        .bucket("sums")
+        .key("a")
+        .body(Bytes::from(data.clone()).into())
+        .checksum_algorithm(ChecksumAlgorithm::Crc32C)
+        .send()
+        .await
+        .unwrap();
+    let want = Algo::Crc32c.digest_base64(&data);
+    assert_eq!(r.checksum_crc32_c(), Some(want.as_str()));
+    let h = c.head_object().bucket("sums").key("a").checksum_mode(ChecksumMode::Enabled).send().await.unwrap();
+    assert_eq!((h.checksum_crc32_c(), h.checksum_type()), (Some(want.as_str()), Some(&ChecksumType::FullObject)));
+    let g = c.get_object().bucket("sums").key("a").checksum_mode(ChecksumMode::Enabled).send().await.unwrap();
+    assert_eq!(g.body.collect().await.unwrap().into_bytes().to_vec(), data, "read and validated by the SDK");
+
+    // From parts: CRC64NVME of the whole object, the parts' CRCs combined.
+    let parts = [vec![1u8; 5 * 1024 * 1024], vec![2u8; 1000]];
+    let up = c
+        .create_multipart_upload()
+        .bucket("sums")
+        .key("mp")
+        .checksum_algorithm(ChecksumAlgorithm::Crc64Nvme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.checksum_type(), Some(&ChecksumType::FullObject));
+    let id = up.upload_id().unwrap();
+    let mut done = Vec::new();
+    for (n, p) in parts.iter().enumerate() {
+        let n = n as i32 + 1;
+        let r = c
+            .upload_part()
+            .bucket("sums")
+            .key("mp")
+            .upload_id(id)
+            .part_number(n)
+            .checksum_algorithm(ChecksumAlgorithm::Crc64Nvme)
+            .body(Bytes::from(p.clone()).into())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.checksum_crc64_nvme(), Some(Algo::Crc64Nvme.digest_base64(p).as_str()));
+        done.push(
+            CompletedPart::builder()
+                .part_number(n)
+                .set_e_tag(r.e_tag().map(str::to_string))
+                .set_checksum_crc64_nvme(r.checksum_crc64_nvme().map(str::to_string))
+                .build(),
+        );
+    }
+    let r = c
+        .complete_multipart_upload()
+        .bucket("sums")
+        .key("mp")
+        .upload_id(id)
+        .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done)).build())
+        .send()
+        .await
+        .unwrap();
+    let whole = Algo::Crc64Nvme.digest_base64(&parts.concat());
+    assert_eq!(r.checksum_crc64_nvme(), Some(whole.as_str()));
+    let g = c.get_object().bucket("sums").key("mp").checksum_mode(ChecksumMode::Enabled).send().await.unwrap();
+    assert_eq!(g.checksum_crc64_nvme(), Some(whole.as_str()));
+    assert_eq!(g.body.collect().await.unwrap().into_bytes().len(), parts.iter().map(Vec::len).sum::<usize>());
+
+    // Rewritten through the filer's API: the bytes are new, their checksum and part list gone.
+    let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+    for key in ["a", "mp"] {
+        let body = futures::stream::once(async { Ok(Bytes::from_static(b"changed")) }).boxed();
+        filer.write(&format!("/buckets/sums/{key}"), body, WriteOptions::default()).await.unwrap();
+        let h = c.head_object().bucket("sums").key(key).checksum_mode(ChecksumMode::Enabled).send().await.unwrap();
+        assert_eq!((h.checksum_crc32_c(), h.checksum_crc64_nvme(), h.checksum_type()), (None, None, None), "{key}");
+        assert_eq!(h.e_tag(), Some("\"8977dfac2f8e04cb96e66882235f5aba\""), "{key}: the MD5 of the new bytes");
+        let g = c.get_object().bucket("sums").key(key).checksum_mode(ChecksumMode::Enabled).send().await.unwrap();
+        assert_eq!(g.body.collect().await.unwrap().into_bytes().as_ref(), b"changed");
+    }
+}

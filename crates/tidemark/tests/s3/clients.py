@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import zlib
 
 import boto3
 import botocore
@@ -260,7 +261,9 @@ def boto3_mode(endpoint, ak, sk):
     whole = part1 + part2
     got = s3.get_object(Bucket=mb, Key="big/file.bin")
     assert got["Body"].read() == whole and got["ContentType"] == "application/x-big" and got["Metadata"] == {"m": "v"}
-    assert r["ETag"] == f'"{hashlib.md5(whole).hexdigest()}"', r["ETag"]
+    # S3's ETag of parts: the MD5 of the parts' MD5s, and their number.
+    of_parts = hashlib.md5(hashlib.md5(part1).digest() + hashlib.md5(part2).digest()).hexdigest()
+    assert r["ETag"] == f'"{of_parts}-2"', r["ETag"]
     expect_code("NoSuchUpload", lambda: s3.list_parts(Bucket=mb, Key="big/file.bin", UploadId=uid), "a completed upload")
     # By part number: each part's bytes, the object's ETag and part count; past the last, InvalidPart.
     for n, part in ((1, part1), (2, part2)):
@@ -337,7 +340,82 @@ def boto3_mode(endpoint, ak, sk):
     req = urllib.request.Request(put_url, data=b"via url", method="PUT")
     urllib.request.urlopen(req).read()
     assert s3.get_object(Bucket=b, Key="presigned-put")["Body"].read() == b"via url"
+    checksums(s3)
     print("boto3: every operation checked")
+
+
+def b64(raw):
+    return base64.b64encode(raw).decode()
+
+
+def crc32_b64(data):
+    return b64(zlib.crc32(data).to_bytes(4, "big"))
+
+
+def checksums(s3):
+    """Checksums verified as the bytes arrive, kept with the object, answered when asked."""
+    b = "gw-checksums"
+    s3.create_bucket(Bucket=b)
+    data = os.urandom(300_000)
+    sha = b64(hashlib.sha256(data).digest())
+    r = s3.put_object(Bucket=b, Key="k", Body=data, ChecksumAlgorithm="SHA256")
+    assert r["ChecksumSHA256"] == sha and r.get("ChecksumType") == "FULL_OBJECT", r
+    assert "ChecksumSHA256" not in s3.head_object(Bucket=b, Key="k"), "a checksum only when asked"
+    h = s3.head_object(Bucket=b, Key="k", ChecksumMode="ENABLED")
+    assert h["ChecksumSHA256"] == sha and h["ChecksumType"] == "FULL_OBJECT", h
+    # boto3 validates what a GET answers against the bytes it reads.
+    assert s3.get_object(Bucket=b, Key="k", ChecksumMode="ENABLED")["Body"].read() == data
+    assert "ChecksumSHA256" not in s3.get_object(Bucket=b, Key="k", Range="bytes=0-9", ChecksumMode="ENABLED")
+    # A checksum that does not match: BadDigest, and the object is still the one before.
+    wrong = b64(zlib.crc32(b"other").to_bytes(4, "big"))
+    expect_code("BadDigest", lambda: s3.put_object(Bucket=b, Key="k", Body=b"new bytes", ChecksumCRC32=wrong), "a wrong CRC32")
+    expect_code("BadDigest", lambda: s3.put_object(Bucket=b, Key="k", Body=b"new", ChecksumSHA256="bad"), "not a digest")
+    assert s3.get_object(Bucket=b, Key="k")["Body"].read() == data, "a refused write stored nothing"
+    # boto3's default (a CRC32 of every upload) is kept too.
+    s3.put_object(Bucket=b, Key="default", Body=b"defaults")
+    h = s3.head_object(Bucket=b, Key="default", ChecksumMode="ENABLED")
+    assert h["ChecksumCRC32"] == crc32_b64(b"defaults"), h
+    # A copy keeps the checksum of the whole object; one asked for another algorithm is computed.
+    c = s3.copy_object(Bucket=b, Key="copy", CopySource={"Bucket": b, "Key": "k"})["CopyObjectResult"]
+    assert c["ChecksumSHA256"] == sha, c
+    c = s3.copy_object(Bucket=b, Key="copy2", CopySource={"Bucket": b, "Key": "k"}, ChecksumAlgorithm="CRC32")
+    assert c["CopyObjectResult"]["ChecksumCRC32"] == crc32_b64(data), c
+    assert s3.head_object(Bucket=b, Key="copy2", ChecksumMode="ENABLED")["ChecksumCRC32"] == crc32_b64(data)
+    # Multipart, of the whole object (the parts' CRCs combined) and composite (digest of digests).
+    p1, p2 = os.urandom(5 * 1024 * 1024), os.urandom(4321)
+    for algo, kind in (("CRC32", "FULL_OBJECT"), ("SHA256", "COMPOSITE")):
+        key = f"mp-{algo}"
+        up = s3.create_multipart_upload(Bucket=b, Key=key, ChecksumAlgorithm=algo, ChecksumType=kind)
+        assert up["ChecksumAlgorithm"] == algo and up["ChecksumType"] == kind, up
+        uid, field = up["UploadId"], "Checksum" + algo
+        parts = []
+        for n, body in ((1, p1), (2, p2)):
+            r = s3.upload_part(Bucket=b, Key=key, UploadId=uid, PartNumber=n, Body=body, ChecksumAlgorithm=algo)
+            parts.append({"PartNumber": n, "ETag": r["ETag"], field: r[field]})
+        listed = s3.list_parts(Bucket=b, Key=key, UploadId=uid)
+        assert [p[field] for p in listed["Parts"]] == [p[field] for p in parts], listed
+        bad = [dict(parts[0], **{field: parts[1][field]}), parts[1]]
+        expect_code("InvalidPart", lambda: s3.complete_multipart_upload(Bucket=b, Key=key, UploadId=uid,
+                    MultipartUpload={"Parts": bad}), "a part listed with another part's checksum")
+        if algo == "CRC32":
+            want = crc32_b64(p1 + p2)
+        else:
+            want = b64(hashlib.sha256(hashlib.sha256(p1).digest() + hashlib.sha256(p2).digest()).digest()) + "-2"
+        wrong = crc32_b64(b"x") if algo == "CRC32" else b64(hashlib.sha256(b"x").digest()) + "-2"
+        expect_code("BadDigest", lambda: s3.complete_multipart_upload(Bucket=b, Key=key, UploadId=uid,
+                    MultipartUpload={"Parts": parts}, **{field: wrong}), "a wrong checksum of the whole")
+        r = s3.complete_multipart_upload(Bucket=b, Key=key, UploadId=uid, MultipartUpload={"Parts": parts})
+        assert r[field] == want and r["ChecksumType"] == kind, (r, want)
+        h = s3.head_object(Bucket=b, Key=key, ChecksumMode="ENABLED")
+        assert h[field] == want and h["ChecksumType"] == kind, h
+        g = s3.get_object(Bucket=b, Key=key, PartNumber=2, ChecksumMode="ENABLED")
+        assert g["Body"].read() == p2 and g[field] == parts[1][field], g
+        assert s3.get_object(Bucket=b, Key=key, ChecksumMode="ENABLED")["Body"].read() == p1 + p2
+        a = s3.get_object_attributes(Bucket=b, Key=key, ObjectAttributes=["Checksum", "ObjectParts"])
+        assert a["Checksum"][field] == want and a["Checksum"]["ChecksumType"] == kind, a
+        assert [p[field] for p in a["ObjectParts"]["Parts"]] == [p[field] for p in parts], a
+    expect_code("InvalidRequest", lambda: s3.create_multipart_upload(Bucket=b, Key="x", ChecksumAlgorithm="SHA1",
+                ChecksumType="FULL_OBJECT"), "a SHA1 of the whole object from parts")
 
 
 def small_upload(s3, bucket):
@@ -422,6 +500,37 @@ def raw(endpoint, req, body_override=None, close_early=False):
         conn.sock.shutdown(1)
     resp = conn.getresponse()
     return resp.status, resp.read().decode(errors="replace")
+
+
+def trailer_checksums(endpoint, ak, sk, s3, b):
+    """What current SDKs send over HTTPS: an unsigned aws-chunked body whose CRC32 comes in a
+    trailer, after the bytes. A damaged body is refused and stores nothing."""
+    data = os.urandom(100_000)
+
+    def put(key, value, announced="x-amz-checksum-crc32", sent="x-amz-checksum-crc32"):
+        chunked = b"%x\r\n" % len(data) + data + b"\r\n0\r\n"
+        if sent:
+            chunked += f"{sent}:{value}\r\n".encode()
+        chunked += b"\r\n"
+        headers = {"content-encoding": "aws-chunked", "x-amz-decoded-content-length": str(len(data)),
+                   "x-amz-trailer": announced, "content-length": str(len(chunked))}
+        req = AWSRequest(method="PUT", url=f"{endpoint}/{b}/{key}", data=chunked,
+                         headers=dict(headers, host=urllib.parse.urlparse(endpoint).netloc))
+        req.headers["x-amz-content-sha256"] = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+        SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+        return raw(endpoint, req)
+
+    status, text = put("trailer-ok", crc32_b64(data))
+    assert status == 200, (status, text)
+    h = s3.head_object(Bucket=b, Key="trailer-ok", ChecksumMode="ENABLED")
+    assert h["ChecksumCRC32"] == crc32_b64(data) and h["ContentLength"] == len(data), h
+    assert s3.get_object(Bucket=b, Key="trailer-ok")["Body"].read() == data
+    status, text = put("trailer-bad", crc32_b64(data[1:]))
+    assert status == 400 and "BadDigest" in text, (status, text)
+    status, text = put("trailer-missing", None, sent=None)
+    assert status == 400, (status, text)
+    for key in ("trailer-bad", "trailer-missing"):
+        expect_code("404", lambda: s3.head_object(Bucket=b, Key=key), f"{key}: nothing stored")
 
 
 def errors_mode(endpoint, ak, sk):
@@ -590,6 +699,7 @@ def errors_mode(endpoint, ak, sk):
     # An unsupported operation says so.
     expect_code("NotImplemented", lambda: s3.put_bucket_policy(Bucket=b, Policy="{}"), "an unsupported operation")
     assert s3.get_object(Bucket=b, Key="keep.txt")["Body"].read() == b"original"
+    trailer_checksums(endpoint, ak, sk, s3, b)
     print("errors: every bad input refused")
 
 
