@@ -159,14 +159,18 @@ pub async fn run(b: MountBench) -> Result<(), String> {
     // The mount, in this process, over the HTTP API.
     let mnt = tmp.path().join("mnt");
     let (stop_tx, mounted) =
-        crate::bench_mount_remote::mount_in_process(&addr.to_string(), "/bench", &mnt, "large.bin").await?;
+        crate::bench_mount_remote::mount_in_process(&addr.to_string(), "/bench", &mnt, "large.bin", false).await?;
+    // A read-only mount beside it: the kernel reads the filer's file itself (FUSE passthrough).
+    let mnt_ro = tmp.path().join("mnt-ro");
+    let (stop_ro, mounted_ro) =
+        crate::bench_mount_remote::mount_in_process(&addr.to_string(), "/bench", &mnt_ro, "large.bin", true).await?;
     println!(
         "bench mount: {} file and {} files of 4 KiB through a FUSE mount of a filer on {addr} (loopback HTTP)",
         human_bytes(size),
         n_files
     );
 
-    let (mnt2, local2, local_tree2) = (mnt.clone(), local.clone(), local_tree.clone());
+    let (mnt2, local2, local_tree2, mnt_ro2) = (mnt.clone(), local.clone(), local_tree.clone(), mnt_ro.clone());
     let (small_n, files) = (b.small, n_files);
     let report = tokio::task::spawn_blocking(move || -> Result<(), String> {
         // Large file: the first read through the filer, the second from the kernel's pages.
@@ -182,6 +186,16 @@ pub async fn run(b: MountBench) -> Result<(), String> {
             mib_s(size, plain),
             plain / first,
             plain / again
+        );
+        let ro = mnt_ro2.join("large.bin");
+        let (ro_first, ro_again) = (read_local(&ro, 1 << 20)?, read_local(&ro, 1 << 20)?);
+        println!(
+            "  sequential read, {}, read-only mount (FUSE passthrough to the filer's file): first {:.0} MiB/s, again {:.0} MiB/s | ratios {:.2} / {:.2}",
+            human_bytes(size),
+            mib_s(size, ro_first),
+            mib_s(size, ro_again),
+            plain / ro_first,
+            plain / ro_again
         );
         // ls -lR: a walk with a stat of every entry.
         let tree = mnt2.join("tree");
@@ -215,8 +229,11 @@ pub async fn run(b: MountBench) -> Result<(), String> {
     .await
     .map_err(err)?;
     let _ = stop_tx.send(());
+    let _ = stop_ro.send(());
     let unmounted = mounted.await.map_err(err)?;
+    let unmounted_ro = mounted_ro.await.map_err(err)?;
     server.abort();
     report?;
-    unmounted
+    unmounted?;
+    unmounted_ro
 }

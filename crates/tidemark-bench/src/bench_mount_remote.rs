@@ -38,22 +38,25 @@ pub struct RemoteArgs {
     pub throttle: Option<f64>,
 }
 
-/// A FUSE mount of `root` on the filer at `addr`, in this process, until the sender is used.
+/// A FUSE mount of `root` on the filer at `addr`, in this process, until the sender is used
+/// (`read_only`: the kind that reads the filer's files through FUSE passthrough).
 pub(crate) async fn mount_in_process(
     addr: &str,
     root: &str,
     mnt: &Path,
     probe: &str,
+    read_only: bool,
 ) -> Result<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), String>>), String> {
     std::fs::create_dir_all(mnt).map_err(err)?;
     let client: Arc<dyn Filer> = Arc::new(HttpFiler::new(addr, None).map_err(err)?);
     let args = tidemark_fuse::MountArgs {
         mountpoint: mnt.to_path_buf(),
         root: root.into(),
-        read_only: false,
+        read_only,
         allow_other: false,
         ttl: Duration::from_secs(60),
         timeout: Duration::from_secs(30),
+        passthrough: true,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (report_tx, report_rx) = tokio::sync::mpsc::channel(1);
@@ -209,7 +212,7 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
         return Err(format!("GetObject returned {n} bytes of {}", r.size));
     }
     let mnt = tmp.path().join("mnt");
-    let (stop, mounted) = mount_in_process(&addr, DIR, &mnt, "large.bin").await?;
+    let (stop, mounted) = mount_in_process(&addr, DIR, &mnt, "large.bin", false).await?;
     let files = r.files;
     let ours = {
         let mnt = mnt.clone();

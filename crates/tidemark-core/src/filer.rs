@@ -186,6 +186,23 @@ pub trait Filer: Send + Sync + 'static {
     async fn cache_stats(&self) -> Result<CacheStats> {
         Err(no_cache())
     }
+
+    /// The file on this filer's machine that holds the bytes of `path`, if they lie whole in
+    /// one (a blob in the data directory; not inline, remote-backed or object-store content):
+    /// what a FUSE mount beside the filer hands the kernel to read from directly.
+    async fn local_file(&self, _path: &str) -> Result<Option<LocalFile>> {
+        Ok(None)
+    }
+}
+
+/// Where the bytes of one version of a file lie on the filer's machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalFile {
+    /// An absolute path; the file is never written again (a new version is a new file).
+    pub file: String,
+    /// The entry's version whose bytes these are.
+    pub version: u64,
+    pub size: u64,
 }
 
 fn no_cache() -> Error {

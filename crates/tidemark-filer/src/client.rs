@@ -432,6 +432,15 @@ impl Filer for HttpFiler {
     async fn cache_stats(&self) -> Result<CacheStats> {
         self.call(|u| self.request_at(u, Method::GET, "cache/stats")).await
     }
+
+    async fn local_file(&self, path: &str) -> Result<Option<tidemark_core::filer::LocalFile>> {
+        // A filer from before this call answers 404 for the route: no local file, as for a path
+        // whose bytes lie elsewhere.
+        match self.call(|u| self.request_at(u, Method::GET, "content/local").query(&[("path", path)])).await {
+            Err(Error::NotFound { .. }) => Ok(None),
+            r => r,
+        }
+    }
 }
 
 /// The entry the filer sends with a content response.

@@ -19,6 +19,7 @@
 //! | POST | `/api/v1/cache/fetch?path=&wait=` | cache a remote-backed file (`remote.cache`) |
 //! | POST | `/api/v1/cache/drop?path=` | drop its cached bytes (`remote.uncache`) |
 //! | GET | `/api/v1/cache/stats` | the cache's counters, use and budget |
+//! | GET | `/api/v1/content/local?path=` | the file on the filer's machine holding the bytes, or `null` |
 //! | GET | `/metrics` | the same as Prometheus text |
 
 use std::net::SocketAddr;
@@ -245,6 +246,7 @@ pub fn router_with(filer: Arc<dyn Filer>, tokens: Tokens) -> Router {
         .route("/api/v1/cache/fetch", post(cache_fetch))
         .route("/api/v1/cache/drop", post(cache_drop))
         .route("/api/v1/cache/stats", get(cache_stats))
+        .route("/api/v1/content/local", get(local_file))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError(Error::NotFound { path: "no such API endpoint; see /api/v1/health".into() }) })
         .method_not_allowed_fallback(|| async {
@@ -681,6 +683,11 @@ async fn cache_fetch(Access(f): Access, q: Result<Query<FetchQuery>, QueryReject
 async fn cache_drop(Access(f): Access, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
     Ok(Json(f.cache_drop(&q.path).await?))
+}
+
+async fn local_file(Access(f): Access, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+    let q = query(q)?;
+    Ok(Json(f.local_file(&q.path).await?))
 }
 
 async fn cache_stats(Access(f): Access) -> ApiResult<impl IntoResponse> {

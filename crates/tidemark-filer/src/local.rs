@@ -713,6 +713,18 @@ impl Filer for LocalFiler {
         Ok(self.cache.stats())
     }
 
+    async fn local_file(&self, p: &str) -> Result<Option<tidemark_core::filer::LocalFile>> {
+        let Some(e) = self.store.get(p).await? else { return Ok(None) };
+        match (&e.content, &self.blobs) {
+            (Content::Blob { id }, Blobs::Dir(d)) => Ok(Some(tidemark_core::filer::LocalFile {
+                file: d.file_of(id)?.to_string_lossy().into_owned(),
+                version: e.version,
+                size: e.size,
+            })),
+            _ => Ok(None),
+        }
+    }
+
     async fn changes(&self, after: u64, limit: usize, wait: Duration) -> Result<Vec<ChangeRecord>> {
         let limit = limit.clamp(1, MAX_CHANGES_PER_CALL);
         let deadline = tokio::time::Instant::now() + wait.min(MAX_CHANGES_WAIT);

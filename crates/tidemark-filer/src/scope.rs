@@ -196,6 +196,11 @@ impl Filer for DataScope {
     async fn cache_stats(&self) -> Result<CacheStats> {
         self.inner.cache_stats().await
     }
+
+    async fn local_file(&self, path: &str) -> Result<Option<tidemark_core::filer::LocalFile>> {
+        readable(path)?;
+        self.inner.local_file(path).await
+    }
 }
 
 /// What an operator's admin token may do once a cluster token exists: everything, but secrets in
@@ -359,5 +364,9 @@ impl Filer for AdminScope {
 
     async fn cache_stats(&self) -> Result<CacheStats> {
         self.inner.cache_stats().await
+    }
+
+    async fn local_file(&self, path: &str) -> Result<Option<tidemark_core::filer::LocalFile>> {
+        self.inner.local_file(path).await
     }
 }

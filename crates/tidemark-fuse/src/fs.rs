@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -34,17 +34,20 @@ pub struct Counters {
     pub reads: AtomicU64,
     pub writes: AtomicU64,
     pub invalidations: AtomicU64,
+    /// Opens the kernel reads from the filer's file directly (FUSE passthrough).
+    pub passthrough: AtomicU64,
 }
 
 impl Counters {
     pub fn line(&self) -> String {
         format!(
-            "filer calls: {} listings, {} stats, {} reads, {} writes; {} invalidations",
+            "filer calls: {} listings, {} stats, {} reads, {} writes; {} invalidations; {} passthrough opens",
             self.lists.load(Ordering::Relaxed),
             self.stats.load(Ordering::Relaxed),
             self.reads.load(Ordering::Relaxed),
             self.writes.load(Ordering::Relaxed),
-            self.invalidations.load(Ordering::Relaxed)
+            self.invalidations.load(Ordering::Relaxed),
+            self.passthrough.load(Ordering::Relaxed)
         )
     }
 }
@@ -57,6 +60,9 @@ pub struct Options {
     pub ttl: Duration,
     /// The longest one filer call may take before the operation fails with EIO.
     pub timeout: Duration,
+    /// Hand the kernel the filer's own file of a file opened read-only, when the mount runs on
+    /// the filer's machine and the kernel offers FUSE passthrough (Linux 6.9 and later).
+    pub passthrough: bool,
 }
 
 /// What a read at a fresh offset (not 0, not continuing the last one) fetches: one ranged read,
@@ -73,8 +79,36 @@ const SKIP: u64 = 8 << 20;
 const PIECES_AHEAD: usize = 16;
 const PIECE: usize = 1 << 20;
 
+/// How the kernel does a handle's I/O: FUSE requests (through its page cache), or the backing
+/// file directly (passthrough). The kernel holds one mode per inode at a time — every open of
+/// an inode with a backing file must be passed through to that same file, and none while other
+/// handles are open — so the mount counts the handles of each mode per inode. Passthrough is
+/// for read-only mounts only: a write open of an inode being read through the filer's file
+/// would have to write into it, and the filer's files are never written twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Io {
+    Requests,
+    Passthrough,
+}
+
+/// An inode the kernel reads from a file of the filer's, and how many handles do.
+struct Passed {
+    backing: fuser::BackingId,
+    handles: usize,
+}
+
+/// Per inode, the handles of each I/O mode.
+#[derive(Default)]
+struct IoModes {
+    passed: HashMap<u64, Passed>,
+    requests: HashMap<u64, usize>,
+}
+
 struct Handle {
     path: String,
+    /// The inode and how the kernel does its I/O (counted in [`IoModes`] until release).
+    ino: u64,
+    io: Io,
     /// Bytes written through this handle, uploaded at flush/fsync/close.
     spool: Option<std::fs::File>,
     dirty: bool,
@@ -88,7 +122,7 @@ struct Handle {
 
 impl Handle {
     fn new(path: String, spool: Option<std::fs::File>) -> Handle {
-        Handle { path, spool, dirty: false, reader: None, unlinked: None }
+        Handle { path, ino: 0, io: Io::Requests, spool, dirty: false, reader: None, unlinked: None }
     }
 }
 
@@ -165,6 +199,10 @@ pub struct TidemarkFs {
     pub(crate) counters: Arc<Counters>,
     uid: u32,
     gid: u32,
+    io: Mutex<IoModes>,
+    /// Passthrough is on: asked for, offered by the kernel, and not yet found impossible (the
+    /// filer's files not reachable from here, or the kernel refusing a backing file).
+    passthrough: AtomicBool,
 }
 
 fn errno(e: &Error) -> Errno {
@@ -263,6 +301,92 @@ impl TidemarkFs {
             counters: Arc::new(Counters::default()),
             uid: unsafe { libc::getuid() },
             gid: unsafe { libc::getgid() },
+            io: Mutex::new(IoModes::default()),
+            passthrough: AtomicBool::new(false),
+        }
+    }
+
+    fn io(&self) -> std::sync::MutexGuard<'_, IoModes> {
+        self.io.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops passing files through for the rest of the session, saying why once.
+    fn no_passthrough(&self, why: &str) {
+        if self.passthrough.swap(false, Ordering::Relaxed) {
+            tracing::info!("FUSE passthrough off: {why}; reads go through the mount");
+        }
+    }
+
+    /// The filer's file holding the bytes of `e`, if the kernel can read them from it.
+    fn local_file(&self, e: &Entry) -> Option<tidemark_core::filer::LocalFile> {
+        if !self.opts.read_only
+            || !self.passthrough.load(Ordering::Relaxed)
+            || !matches!(e.content, Content::Blob { .. })
+        {
+            return None;
+        }
+        let f = self.call("local file", self.filer.local_file(&e.path)).ok()??;
+        // Only the version opened: a newer one is read through the mount as any other change.
+        (f.version == e.version && f.size == e.size).then_some(f)
+    }
+
+    /// Gives handle `h` of inode `ino` its I/O mode: passed through to the filer's file `local`
+    /// (or to the file the inode's open handles already read: the kernel wants one per inode —
+    /// a version written since gets an inode of its own, see `Inodes::changed`), else FUSE
+    /// requests. `true` if passed through.
+    fn choose_io(
+        &self,
+        h: &mut Handle,
+        ino: u64,
+        local: Option<tidemark_core::filer::LocalFile>,
+        reply: &ReplyOpen,
+    ) -> bool {
+        h.ino = ino;
+        let mut modes = self.io();
+        if let Some(p) = modes.passed.get_mut(&ino) {
+            p.handles += 1;
+            h.io = Io::Passthrough;
+            return true;
+        }
+        if let Some(f) = local.filter(|_| !modes.requests.contains_key(&ino)) {
+            match std::fs::File::open(&f.file).map(|file| reply.open_backing(&file)) {
+                Ok(Ok(backing)) => {
+                    modes.passed.insert(ino, Passed { backing, handles: 1 });
+                    self.inodes().passed(ino, true);
+                    h.io = Io::Passthrough;
+                    return true;
+                }
+                Ok(Err(e)) => self.no_passthrough(&format!("the kernel refused a backing file ({e})")),
+                Err(e) => self.no_passthrough(&format!("the filer's files are not reachable from here ({e})")),
+            }
+        }
+        *modes.requests.entry(ino).or_default() += 1;
+        h.io = Io::Requests;
+        false
+    }
+
+    /// A closed handle's I/O mode is counted no more; the last passthrough handle of an inode
+    /// releases its backing file.
+    fn release_io(&self, h: &Handle) {
+        let mut modes = self.io();
+        match h.io {
+            Io::Passthrough => {
+                if let Some(p) = modes.passed.get_mut(&h.ino) {
+                    p.handles -= 1;
+                    if p.handles == 0 {
+                        modes.passed.remove(&h.ino);
+                        self.inodes().passed(h.ino, false);
+                    }
+                }
+            }
+            Io::Requests => {
+                if let Some(n) = modes.requests.get_mut(&h.ino) {
+                    *n -= 1;
+                    if *n == 0 {
+                        modes.requests.remove(&h.ino);
+                    }
+                }
+            }
         }
     }
 
@@ -705,6 +829,19 @@ fn spool_stream(mut f: std::fs::File) -> Result<ByteStream, Errno> {
 }
 
 impl Filesystem for TidemarkFs {
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        if !self.opts.passthrough {
+            return Ok(());
+        }
+        // Depth 2: the filer's files may lie on a stacked file system (overlayfs, containers).
+        let depth = config.set_max_stack_depth(2).or_else(|n| config.set_max_stack_depth(n));
+        match (config.add_capabilities(fuser::InitFlags::FUSE_PASSTHROUGH), depth) {
+            (Ok(()), Ok(_)) => self.passthrough.store(true, Ordering::Relaxed),
+            _ => tracing::info!("the kernel offers no FUSE passthrough: reads go through the mount"),
+        }
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let r = (|| {
             let name = name_of(name)?;
@@ -1086,15 +1223,25 @@ impl Filesystem for TidemarkFs {
                 });
                 h.dirty = trunc && e.size > 0;
             }
-            // A read-only open keeps the kernel's pages: the change log drops them when the
-            // file changes.
-            let keep = if write { FopenFlags::empty() } else { FopenFlags::FOPEN_KEEP_CACHE };
-            Ok((self.add_handle(h), keep))
+            let local = if write { None } else { self.local_file(&e) };
+            Ok((h, write, local))
         })();
-        match r {
-            Ok((fh, flags)) => reply.opened(FileHandle(fh), flags),
-            Err(e) => reply.error(e),
+        let (mut h, write, local) = match r {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        let passed = self.choose_io(&mut h, ino.0, local, &reply);
+        let fh = FileHandle(self.add_handle(h));
+        if passed {
+            self.counters.passthrough.fetch_add(1, Ordering::Relaxed);
+            let modes = self.io();
+            if let Some(p) = modes.passed.get(&ino.0) {
+                return reply.opened_passthrough(fh, FopenFlags::empty(), &p.backing);
+            }
         }
+        // A read-only open keeps the kernel's pages: the change log drops them when the file
+        // changes.
+        reply.opened(fh, if write { FopenFlags::empty() } else { FopenFlags::FOPEN_KEEP_CACHE });
     }
 
     fn create(
@@ -1129,6 +1276,7 @@ impl Filesystem for TidemarkFs {
                 r => r?,
             };
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
+            // (Never in a read-only mount, the only kind that passes files through.)
             let fh = self.add_handle(Handle::new(p, Some(spool)));
             Ok((self.attr(&e), fh))
         })();
@@ -1249,6 +1397,7 @@ impl Filesystem for TidemarkFs {
             Some(h) => {
                 let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
                 h.reader = None;
+                self.release_io(&h);
                 self.upload(&mut h)
             }
             None => Ok(()),

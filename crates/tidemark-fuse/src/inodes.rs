@@ -22,6 +22,8 @@ pub struct Inodes {
     /// How many changes the mount has been told of. A read from the filer that started before
     /// one may hold what that change replaced; it is used once, not remembered.
     changes: u64,
+    /// Inodes the kernel reads from a file of the filer's (FUSE passthrough).
+    passed: std::collections::HashSet<u64>,
 }
 
 impl Inodes {
@@ -105,10 +107,29 @@ impl Inodes {
         self.entries.remove(p);
     }
 
+    /// Marks inode `ino` as read from a file of the filer's (or no longer).
+    pub fn passed(&mut self, ino: u64, on: bool) {
+        if on {
+            self.passed.insert(ino);
+        } else {
+            self.passed.remove(&ino);
+        }
+    }
+
     /// Forgets what was read of `p` (and, for a directory, of its listing), and of its parent's
     /// listing. Returns the inodes the kernel should forget too: `(parent, name)` for its entry,
     /// and `p`'s own inode for its attributes and pages.
+    ///
+    /// A path whose inode is being read from a file of the filer's gets a new inode: the kernel
+    /// reads every open of an inode from the one file, so the new version needs an inode of its
+    /// own (as a file replaced by a rename has); the open handles keep reading the version they
+    /// opened.
     pub fn changed(&mut self, p: &str) -> (Option<(u64, String)>, Option<u64>) {
+        let renumbered = self.known_ino(p).filter(|i| self.passed.contains(i));
+        if renumbered.is_some() {
+            // The next lookup of the name assigns a new number; handles keep the old.
+            self.by_path.remove(p);
+        }
         self.changes += 1;
         self.entries.remove(p);
         self.dirs.remove(p);
@@ -117,7 +138,7 @@ impl Inodes {
             self.dirs.remove(d);
         }
         let entry = parent.and_then(|d| self.known_ino(&d).map(|i| (i, path::name(p).to_string())));
-        (entry, self.known_ino(p))
+        (entry, renumbered.or_else(|| self.known_ino(p)))
     }
 
     /// After `from` was renamed to `to`: the kernel now knows `from`'s inode — and, for a
@@ -184,6 +205,23 @@ mod tests {
         assert_eq!(i.path(replaced), None);
         assert_eq!(i.known_ino("/a/b/f"), None);
         assert!(i.entry("/a/b/f").is_none());
+    }
+
+    /// A new version of a file read from the filer's file gets an inode of its own; the old
+    /// number still names the path for the handles that hold it.
+    #[test]
+    fn a_changed_file_read_through_passthrough_gets_a_new_inode() {
+        let mut i = Inodes::new("/m");
+        let (a, b) = (i.ino("/m/a"), i.ino("/m/b"));
+        i.passed(a, true);
+        assert_eq!(i.changed("/m/a"), (Some((ROOT_INO, "a".to_string())), Some(a)));
+        let a2 = i.ino("/m/a");
+        assert!(a2 != a && i.path(a) == Some("/m/a") && i.path(a2) == Some("/m/a"));
+        assert_eq!(i.changed("/m/b").1, Some(b));
+        assert_eq!(i.ino("/m/b"), b, "not passed through: the same inode");
+        i.passed(a, false);
+        i.changed("/m/a");
+        assert_eq!(i.ino("/m/a"), a2);
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct MountArgs {
     pub allow_other: bool,
     pub ttl: Duration,
     pub timeout: Duration,
+    /// Let the kernel read files opened read-only straight from the filer's files when they are
+    /// on this machine (FUSE passthrough).
+    pub passthrough: bool,
 }
 
 /// Why a mount point cannot be used, with what to do about it.
@@ -136,7 +139,8 @@ pub async fn mount(
     }
     // Follow from now: everything read after this point is invalidated when it changes.
     let after = filer.health().await.map_err(|e: Error| format!("cannot reach the filer: {e}"))?.last_seq;
-    let opts = Options { read_only: args.read_only, ttl: args.ttl, timeout: args.timeout };
+    let opts =
+        Options { read_only: args.read_only, ttl: args.ttl, timeout: args.timeout, passthrough: args.passthrough };
     let fs = fs::TidemarkFs::new(filer.clone(), tokio::runtime::Handle::current(), &root, opts);
     let inodes = fs.inodes.clone();
     let counters = fs.counters.clone();

@@ -99,12 +99,72 @@ fn make_tree(root: &Path) {
     }
 }
 
+/// The mount's counter `name` (`reads`, `passthrough opens`, ...).
+fn counter(m: &Mounted, name: &str) -> u64 {
+    let line = m.counters();
+    let part = line.split([',', ';']).find(|p| p.trim().ends_with(name)).expect("the counter");
+    part.trim().split(' ').next().unwrap().parse().unwrap()
+}
+
+/// In a read-only mount, a file whose bytes lie in the data directory of the filer beside the
+/// mount is read by the kernel straight from that file (FUSE passthrough): the mount answers none
+/// of its reads. A new version written meanwhile (here through a read-write mount) is read by
+/// the opens after it, while a handle opened before keeps the bytes it opened; a read-write
+/// mount, and `--no-passthrough`, read every file through the mount.
+#[test]
+fn a_read_only_mount_lets_the_kernel_read_the_filers_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off"]);
+    let rw = Mounted::start(&server.addr, &t.join("rw"), &[]);
+    let ro = Mounted::start(&server.addr, &t.join("ro"), &["--read-only"]);
+    let t_s = t.to_str().unwrap().to_string();
+    sh(&format!(
+        "head -c 3000000 /dev/urandom > '{t_s}/old' && cp '{t_s}/old' '{t_s}/rw/f' && echo small > '{t_s}/rw/small'"
+    ));
+    sh(&format!("cmp '{t_s}/old' '{t_s}/rw/f'"));
+    assert_eq!(counter(&rw, "passthrough opens"), 0, "a read-write mount reads through itself");
+    let reads = counter(&ro, "reads");
+    sh(&format!("cmp '{t_s}/old' '{t_s}/ro/f' && test \"$(cat '{t_s}/ro/small')\" = small"));
+    assert_eq!(counter(&ro, "passthrough opens"), 1, "the large file, not the small (inline) one");
+    assert_eq!(counter(&ro, "reads") - reads, 1, "only the small file was read through the mount");
+    sh(&format!(
+        "python3 -c \"
+import time
+old = open('{t_s}/old', 'rb').read()
+before = open('{t_s}/ro/f', 'rb')
+assert before.read(10) == old[:10]
+with open('{t_s}/rw/f', 'r+b') as w:
+    w.write(b'NEW')
+new = b'NEW' + old[3:]
+deadline = time.time() + 10
+while True:
+    with open('{t_s}/ro/f', 'rb') as after:
+        if after.read() == new:
+            break
+    assert time.time() < deadline, 'the new version never showed'
+    time.sleep(0.05)
+before.seek(0)
+assert before.read() == old, 'a handle opened before keeps the bytes it opened'
+before.close()
+with open('{t_s}/ro/f', 'rb') as again:
+    assert again.read() == new
+\""
+    ));
+    assert!(counter(&ro, "passthrough opens") >= 3, "{}", ro.counters());
+    let plain = Mounted::start(&server.addr, &t.join("plain"), &["--read-only", "--no-passthrough"]);
+    let reads = counter(&plain, "reads");
+    sh(&format!("cmp <(printf NEW; tail -c +4 '{t_s}/old') '{t_s}/plain/f'"));
+    assert_eq!((counter(&plain, "passthrough opens"), counter(&plain, "reads") - reads), (0, 1));
+}
+
 #[test]
 fn ordinary_tools_work_on_the_mount_byte_for_byte() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off"]);
-    let m = Mounted::start(&server.addr, &t.join("mnt"), &[]);
+    // Reads through the mount itself (with passthrough the kernel would read the filer's files).
+    let m = Mounted::start(&server.addr, &t.join("mnt"), &["--no-passthrough"]);
     let (mnt, src) = (t.join("mnt"), t.join("src"));
     make_tree(&src);
     let (mnt_s, src_s, t_s) = (mnt.to_str().unwrap(), src.to_str().unwrap(), t.to_str().unwrap());
