@@ -34,7 +34,8 @@ fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 fport=$(free_port); aport=$(free_port); sport=$(free_port)
-"$bin" server --data-dir "$work/data" --filer-addr "127.0.0.1:$fport" --admin-addr "127.0.0.1:$aport" \
+# Lifecycle days as 4 s (the suite's lc_debug_interval below), as RGW's rgw_lc_debug_interval.
+TIDEMARK_S3_LIFECYCLE_DAY_SECS=4 "$bin" server --data-dir "$work/data" --filer-addr "127.0.0.1:$fport" --admin-addr "127.0.0.1:$aport" \
   --s3-addr "127.0.0.1:$sport" >"$work/server.out" 2>"$work/server.err" &
 pid=$!
 for _ in $(seq 1 300); do grep -q "admin listening" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
@@ -65,6 +66,7 @@ display_name = main
 user_id = main
 email = main@example.com
 api_name = default
+lc_debug_interval = 4
 access_key = $main_ak
 secret_key = $main_sk
 

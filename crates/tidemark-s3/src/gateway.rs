@@ -19,6 +19,7 @@ use tidemark_engine::docs;
 use crate::auth::Shared;
 use crate::body;
 use crate::checksum::{self, Algo, Asked, Given, Sum, sent_checksum, with_checksum};
+use crate::lifecycle::{self, ATTR_LIFECYCLE};
 use crate::list::{self, Item};
 use crate::multipart::{self, Upload};
 use crate::names::{self, BUCKETS_DIR, NameError};
@@ -39,6 +40,7 @@ use tidemark_core::model::object_attrs::{
 };
 const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
+#[derive(Clone)]
 pub struct Gateway {
     filer: Arc<dyn Filer>,
     shared: Arc<Shared>,
@@ -208,6 +210,17 @@ fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
         ext.insert(ATTR_CHECKSUM.into(), s.to_attr());
     }
     ext
+}
+
+/// A bucket's lifecycle configuration, if it has one.
+fn lifecycle_of(bucket: &Entry) -> Option<BucketLifecycleConfiguration> {
+    serde_json::from_str(bucket.extended.get(ATTR_LIFECYCLE)?).ok()
+}
+
+/// The `x-amz-expiration` header of object `key` (entry `e`) in a bucket whose entry is `bucket`.
+fn expiration_of(bucket: &Entry, key: &str, e: &Entry) -> Option<String> {
+    let c = lifecycle_of(bucket)?;
+    lifecycle::expiration_header(&c, key, e.size, &tagging::kept(&e.extended, tagging::ATTR_TAGGING), e.mtime_ms)
 }
 
 /// The algorithm a request names (`x-amz-checksum-algorithm`).
@@ -680,6 +693,135 @@ impl Gateway {
         }
     }
 
+    /// Sets one attribute of a bucket's entry (`None`: removes it), conditional on the version
+    /// read, so a change in between is never undone.
+    async fn set_bucket_attr(&self, bucket: &str, attr: &str, value: Option<String>) -> S3Result<()> {
+        let (p, e) = self.bucket_entry(bucket).await?;
+        let mut n = e.to_new();
+        match value {
+            Some(v) => n.extended.insert(attr.to_string(), v),
+            None => n.extended.remove(attr),
+        };
+        if n.extended == e.extended {
+            return Ok(());
+        }
+        let txn = Txn::put(p, n, Origin::Local).with_precondition(Precondition::Version(e.version));
+        match self.filer.apply(txn).await {
+            Ok(_) => Ok(()),
+            Err(Error::PreconditionFailed { .. }) => {
+                Err(s3_error!(ServiceUnavailable, "the bucket changed while its configuration was set; retry"))
+            }
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
+    /// Carries out the buckets' lifecycle rules at `now_ms`: deletes the objects due to expire
+    /// (each conditional on the version seen, so a write since is never deleted) and aborts the
+    /// uploads due. Returns how many of each.
+    pub async fn sweep_lifecycle(&self, now_ms: i64, day_ms: i64) -> tidemark_core::Result<(u64, u64)> {
+        let (mut expired, mut aborted) = (0, 0);
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.filer.list(BUCKETS_DIR, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. }) => break,
+                Err(e) => return Err(e),
+            };
+            for b in page.entries.iter().filter(|e| e.is_dir()) {
+                let Some(c) = lifecycle_of(b) else { continue };
+                let (objects, uploads) = lifecycle::acts(&c);
+                if objects {
+                    expired += self.expire_objects(&b.path, &c, now_ms, day_ms).await?;
+                }
+                if uploads {
+                    aborted += self.abort_abandoned(b.name(), &c, now_ms, day_ms).await?;
+                }
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        Ok((expired, aborted))
+    }
+
+    async fn expire_objects(
+        &self,
+        dir: &str,
+        c: &BucketLifecycleConfiguration,
+        now_ms: i64,
+        day_ms: i64,
+    ) -> tidemark_core::Result<u64> {
+        let mut n = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.filer.scan(dir, after.as_deref(), 1000).await?;
+            for e in page.entries.iter().filter(|e| e.kind == tidemark_core::model::EntryKind::File) {
+                let Some(key) = names::key_of(dir, &e.path) else { continue };
+                let tags = tagging::kept(&e.extended, tagging::ATTR_TAGGING);
+                if !lifecycle::expired(c, &key, e.size, &tags, e.mtime_ms, now_ms, day_ms) {
+                    continue;
+                }
+                let opts = DeleteOptions {
+                    recursive: false,
+                    precondition: Precondition::Version(e.version),
+                    ..Default::default()
+                };
+                match self.filer.delete(&e.path, opts).await {
+                    Ok(_) => {
+                        n += 1;
+                        self.prune(dir, &e.path).await;
+                    }
+                    // Written or deleted since it was listed: not this sweep's to delete.
+                    Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        Ok(n)
+    }
+
+    async fn abort_abandoned(
+        &self,
+        bucket: &str,
+        c: &BucketLifecycleConfiguration,
+        now_ms: i64,
+        day_ms: i64,
+    ) -> tidemark_core::Result<u64> {
+        let mut n = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.filer.list(multipart::UPLOADS, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. }) => break,
+                Err(e) => return Err(e),
+            };
+            for e in page.entries.iter().filter(|e| e.is_dir()) {
+                let Ok(Some((u, _))) = docs::read_json::<Upload>(&*self.filer, &multipart::upload_doc(e.name())).await
+                else {
+                    continue;
+                };
+                if u.bucket == bucket && lifecycle::abandoned(c, &u.key, u.initiated_ms, now_ms, day_ms) {
+                    let opts = DeleteOptions { recursive: true, precondition: Precondition::Any, ..Default::default() };
+                    match self.filer.delete(&e.path, opts).await {
+                        Ok(_) => n += 1,
+                        Err(Error::NotFound { .. }) => {}
+                        Err(err) => return Err(err),
+                    }
+                }
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        Ok(n)
+    }
+
     /// Records a checksum known only once the bytes were stored (sent in a trailer, or
     /// computed here) on the entry they made — conditional on its version: if another write
     /// came in between, the checksum described bytes that are gone.
@@ -1027,6 +1169,47 @@ impl S3 for Gateway {
         Ok(S3Response::new(DeleteObjectTaggingOutput::default()))
     }
 
+    async fn put_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<PutBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<PutBucketLifecycleConfigurationOutput>> {
+        let i = req.input;
+        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let mut c = i.lifecycle_configuration.ok_or_else(|| s3_error!(MalformedXML, "no LifecycleConfiguration"))?;
+        lifecycle::validate(&mut c)?;
+        let mounts: MountMapping =
+            docs::read_json(&*self.filer, MOUNT_MAPPING).await.map_err(s3_err)?.map(|(m, _)| m).unwrap_or_default();
+        if let Some(m) = mounts.mounts.iter().find(|m| path::is_within(&m.dir, &dir) || path::is_within(&dir, &m.dir)) {
+            return Err(s3_error!(
+                InvalidRequest,
+                "bucket {:?} is mounted from {}: its lifecycle is that bucket's own rules; set them there",
+                i.bucket,
+                m.location
+            ));
+        }
+        let json = serde_json::to_string(&c).map_err(|e| s3_error!(InternalError, "{e}"))?;
+        self.set_bucket_attr(&i.bucket, ATTR_LIFECYCLE, Some(json)).await?;
+        Ok(S3Response::new(PutBucketLifecycleConfigurationOutput::default()))
+    }
+
+    async fn get_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<GetBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<GetBucketLifecycleConfigurationOutput>> {
+        let (_, e) = self.bucket_entry(&req.input.bucket).await?;
+        let c = lifecycle_of(&e)
+            .ok_or_else(|| s3_error!(NoSuchLifecycleConfiguration, "The lifecycle configuration does not exist"))?;
+        Ok(S3Response::new(GetBucketLifecycleConfigurationOutput { rules: Some(c.rules), ..Default::default() }))
+    }
+
+    async fn delete_bucket_lifecycle(
+        &self,
+        req: S3Request<DeleteBucketLifecycleInput>,
+    ) -> S3Result<S3Response<DeleteBucketLifecycleOutput>> {
+        self.set_bucket_attr(&req.input.bucket, ATTR_LIFECYCLE, None).await?;
+        Ok(S3Response::new(DeleteBucketLifecycleOutput::default()))
+    }
+
     async fn put_bucket_tagging(
         &self,
         req: S3Request<PutBucketTaggingInput>,
@@ -1237,6 +1420,9 @@ impl S3 for Gateway {
         let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
         let s = ask.shown(&e, range.as_ref());
         let mut out = shown_as!(HeadObjectOutput, s, parts_count: parts_count);
+        if let Ok((_, bucket)) = self.bucket_entry(&i.bucket).await {
+            out.expiration = expiration_of(&bucket, &i.key, &e);
+        }
         with_checksum!(out, read_sum(&e, i.checksum_mode.as_ref(), i.part_number, ranged).as_ref(), typed);
         let mut resp = S3Response::new(out);
         // S3 answers a HEAD with the tag count too; s3s's HeadObjectOutput has no field for it.
@@ -1322,7 +1508,7 @@ impl S3 for Gateway {
         }
         let S3Request { input: i, trailing_headers, .. } = req;
         refuse_unhonoured!(i);
-        self.bucket_entry(&i.bucket).await?;
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
             if i.content_length.unwrap_or(0) != 0 {
@@ -1367,8 +1553,12 @@ impl S3 for Gateway {
         if let Some(s) = &late {
             self.keep_checksum(&p, &e, s, Origin::Local).await;
         }
-        let mut out =
-            PutObjectOutput { e_tag: Some(ETag::Strong(etag_of(&e))), size: Some(e.size as i64), ..Default::default() };
+        let mut out = PutObjectOutput {
+            e_tag: Some(ETag::Strong(etag_of(&e))),
+            size: Some(e.size as i64),
+            expiration: expiration_of(&bucket, &i.key, &e),
+            ..Default::default()
+        };
         with_checksum!(out, early.as_ref().or(late.as_ref()), typed);
         Ok(S3Response::new(out))
     }

@@ -10,6 +10,7 @@ mod body;
 pub mod checksum;
 pub mod gateway;
 pub mod identity;
+pub mod lifecycle;
 pub mod list;
 pub mod multipart;
 pub mod names;
@@ -22,14 +23,41 @@ use s3s::service::{S3Service, S3ServiceBuilder};
 
 use tidemark_core::Filer;
 
+/// The gateway's S3 service, and what runs beside it while it serves (the lifecycle sweep).
+#[derive(Clone)]
+pub struct Service {
+    s3: S3Service,
+    gateway: gateway::Gateway,
+}
+
 /// The gateway's S3 service over `filer`. `loopback`: it listens on loopback only, so the
 /// development key works while no key is configured.
-pub fn service(filer: Arc<dyn Filer>, loopback: bool) -> S3Service {
+pub fn service(filer: Arc<dyn Filer>, loopback: bool) -> Service {
     let shared = Arc::new(auth::Shared::new(filer.clone(), loopback));
-    let mut b = S3ServiceBuilder::new(gateway::Gateway::new(filer, shared.clone()));
+    let gateway = gateway::Gateway::new(filer, shared.clone());
+    let mut b = S3ServiceBuilder::new(gateway.clone());
     b.set_auth(auth::Auth(shared.clone()));
     b.set_access(auth::Access(shared));
-    b.build()
+    Service { s3: b.build(), gateway }
+}
+
+/// Carries out the buckets' lifecycle rules, hourly (or five times a shortened day). Every
+/// gateway of a cluster sweeps; each delete is conditional on the version it saw, so two
+/// sweeps never delete a write made since.
+async fn lifecycle_sweeps(gateway: gateway::Gateway) {
+    let day = lifecycle::day_ms();
+    let mut tick = tokio::time::interval(lifecycle::sweep_every(day));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        match gateway.sweep_lifecycle(now, day).await {
+            Ok((0, 0)) => {}
+            Ok((expired, aborted)) => tracing::info!(expired, aborted, "lifecycle: objects expired, uploads aborted"),
+            Err(e) => tracing::warn!(error = %e, "lifecycle sweep failed; it runs again next time"),
+        }
+    }
 }
 
 /// The configured identities (none yet: empty), as the gateway's start-up checks read them.
@@ -173,7 +201,7 @@ fn oversized_xml<B>(req: &hyper::Request<B>) -> Option<hyper::Response<s3s::Body
 /// (at most 10 s); plain HTTP (see [`serve_tls`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    service: S3Service,
+    service: Service,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     serve_tls(listener, service, None, shutdown).await
@@ -182,10 +210,12 @@ pub async fn serve(
 /// [`serve`], over HTTPS when `tls` is given.
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
-    service: S3Service,
+    service: Service,
     tls: Option<tidemark_http::tls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    let sweeps = tokio::spawn(lifecycle_sweeps(service.gateway));
+    let service = service.s3;
     let guarded = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let svc = service.clone();
         async move {
@@ -209,5 +239,7 @@ pub async fn serve_tls(
             Ok::<_, s3s::HttpError>(with_request_id(resp).await)
         }
     });
-    tidemark_http::serve(listener, guarded, tidemark_http::Limits::default(), tls, shutdown).await
+    let served = tidemark_http::serve(listener, guarded, tidemark_http::Limits::default(), tls, shutdown).await;
+    sweeps.abort();
+    served
 }

@@ -518,3 +518,127 @@ async fn checksums_are_kept_with_their_bytes_and_end_with_them() {
         assert_eq!(g.body.collect().await.unwrap().into_bytes().as_ref(), b"changed");
     }
 }
+
+/// Lifecycle rules are carried out, not only kept: objects past their days (by prefix, by tag)
+/// are deleted and uploads nobody completed are aborted, by the gateway's sweep (a "day" is
+/// 2 s here, `TIDEMARK_S3_LIFECYCLE_DAY_SECS`); a disabled rule does nothing; PUT answers the
+/// object's `x-amz-expiration`; what the gateway cannot carry out — a transition, any rule on a
+/// bucket mounted from a remote — is refused and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_rules_expire_objects_and_abort_uploads() {
+    use aws_sdk_s3::types::{
+        AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration,
+        LifecycleRule, LifecycleRuleFilter, Tag, Transition, TransitionStorageClass,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, root) = (tmp.path().join("data"), tmp.path().join("root"));
+    std::fs::create_dir_all(root.join("bkt")).unwrap();
+    let args = [
+        "server",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--filer-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--s3-addr",
+        "127.0.0.1:0",
+        "--local-root",
+        root.to_str().unwrap(),
+    ];
+    let server = TidemarkProcess::start_with_env(bin(), &data, &args, 3, &[("TIDEMARK_S3_LIFECYCLE_DAY_SECS", "2")]);
+    let c = gateway_client(&server);
+    c.create_bucket().bucket("lcycle").send().await.unwrap();
+    for key in ["tmp/a", "tmp/deep/b", "keep/c", "tagged/x", "tagged/y"] {
+        let tagging = (key == "tagged/x").then_some("k=v");
+        c.put_object()
+            .bucket("lcycle")
+            .key(key)
+            .set_tagging(tagging.map(str::to_string))
+            .body(Bytes::from_static(b"x").into())
+            .send()
+            .await
+            .unwrap();
+    }
+    let upload = c.create_multipart_upload().bucket("lcycle").key("tmp/big").send().await.unwrap();
+    let rule = |id: &str, days: i32| {
+        LifecycleRule::builder()
+            .id(id)
+            .status(ExpirationStatus::Enabled)
+            .expiration(LifecycleExpiration::builder().days(days).build())
+    };
+    let rules = vec![
+        rule("tmp", 1)
+            .filter(LifecycleRuleFilter::builder().prefix("tmp/").build())
+            .abort_incomplete_multipart_upload(
+                AbortIncompleteMultipartUpload::builder().days_after_initiation(1).build(),
+            )
+            .build()
+            .unwrap(),
+        rule("tagged", 1)
+            .filter(LifecycleRuleFilter::builder().tag(Tag::builder().key("k").value("v").build().unwrap()).build())
+            .build()
+            .unwrap(),
+        rule("off", 1)
+            .filter(LifecycleRuleFilter::builder().prefix("keep/").build())
+            .status(ExpirationStatus::Disabled)
+            .build()
+            .unwrap(),
+    ];
+    let config = BucketLifecycleConfiguration::builder().set_rules(Some(rules)).build().unwrap();
+    c.put_bucket_lifecycle_configuration().bucket("lcycle").lifecycle_configuration(config).send().await.unwrap();
+    let got = c.get_bucket_lifecycle_configuration().bucket("lcycle").send().await.unwrap();
+    let ids: Vec<&str> = got.rules().iter().filter_map(|r| r.id()).collect();
+    assert_eq!(ids, ["tmp", "tagged", "off"]);
+    let put =
+        c.put_object().bucket("lcycle").key("tmp/new").body(Bytes::from_static(b"n").into()).send().await.unwrap();
+    assert!(put.expiration().is_some_and(|e| e.contains("rule-id=\"tmp\"")), "{put:?}");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let keys = gateway_keys(&c, "lcycle").await;
+        let uploads = c.list_multipart_uploads().bucket("lcycle").send().await.unwrap();
+        if keys == ["keep/c", "tagged/y"] && uploads.uploads().is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not expired: {keys:?}, uploads {:?}", uploads.uploads());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let gone = c.list_parts().bucket("lcycle").key("tmp/big").upload_id(upload.upload_id().unwrap()).send().await;
+    assert_eq!(gone.unwrap_err().into_service_error().meta().code(), Some("NoSuchUpload"));
+
+    // Refused, and nothing stored: a transition, a zero-day expiration, a mounted bucket.
+    let refused = |rule: LifecycleRule, bucket: &'static str| {
+        let c = c.clone();
+        async move {
+            let config = BucketLifecycleConfiguration::builder().rules(rule).build().unwrap();
+            let r = c.put_bucket_lifecycle_configuration().bucket(bucket).lifecycle_configuration(config).send().await;
+            r.unwrap_err().into_service_error().meta().code().unwrap_or_default().to_string()
+        }
+    };
+    let moving = rule("move", 30)
+        .filter(LifecycleRuleFilter::builder().prefix("").build())
+        .transitions(Transition::builder().days(1).storage_class(TransitionStorageClass::Glacier).build())
+        .build()
+        .unwrap();
+    assert_eq!(refused(moving, "lcycle").await, "NotImplemented");
+    assert_eq!(
+        refused(rule("zero", 0).filter(LifecycleRuleFilter::builder().build()).build().unwrap(), "lcycle").await,
+        "InvalidArgument"
+    );
+    let sh = |cmd: &str| ok(run_shell(bin(), &server.addr, cmd, &[]));
+    sh(&format!("remote.configure -name=l -type=local -local.root={}", root.display()));
+    sh("remote.mount -dir=/buckets/mounted -remote=l/bkt");
+    assert_eq!(
+        refused(rule("m", 1).filter(LifecycleRuleFilter::builder().build()).build().unwrap(), "mounted").await,
+        "InvalidRequest"
+    );
+    assert_eq!(
+        c.get_bucket_lifecycle_configuration().bucket("lcycle").send().await.unwrap().rules().len(),
+        3,
+        "unchanged"
+    );
+    c.delete_bucket_lifecycle().bucket("lcycle").send().await.unwrap();
+    let none = c.get_bucket_lifecycle_configuration().bucket("lcycle").send().await.unwrap_err();
+    assert_eq!(none.into_service_error().meta().code(), Some("NoSuchLifecycleConfiguration"));
+}
