@@ -19,6 +19,7 @@ use tidemark_engine::docs;
 use crate::auth::Shared;
 use crate::body;
 use crate::checksum::{self, Algo, Asked, Given, Sum, sent_checksum, with_checksum};
+use crate::cors::{self, ATTR_CORS};
 use crate::lifecycle::{self, ATTR_LIFECYCLE};
 use crate::list::{self, Item};
 use crate::multipart::{self, Upload};
@@ -210,6 +211,11 @@ fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
         ext.insert(ATTR_CHECKSUM.into(), s.to_attr());
     }
     ext
+}
+
+/// A bucket's CORS configuration, if it has one.
+fn cors_of(bucket: &Entry) -> Option<CORSConfiguration> {
+    serde_json::from_str(bucket.extended.get(ATTR_CORS)?).ok()
 }
 
 /// A bucket's lifecycle configuration, if it has one.
@@ -693,6 +699,16 @@ impl Gateway {
         }
     }
 
+    /// The CORS rules of `bucket`: `Err(())` if there is no such bucket, `Ok(None)` if it has
+    /// none (what a preflight must tell apart).
+    pub async fn bucket_cors(&self, bucket: &str) -> Result<Option<CORSConfiguration>, ()> {
+        let dir = names::bucket_dir(bucket).map_err(drop)?;
+        match self.filer.stat(&dir).await {
+            Ok(Some(e)) if e.is_dir() => Ok(cors_of(&e)),
+            _ => Err(()),
+        }
+    }
+
     /// Sets one attribute of a bucket's entry (`None`: removes it), conditional on the version
     /// read, so a change in between is never undone.
     async fn set_bucket_attr(&self, bucket: &str, attr: &str, value: Option<String>) -> S3Result<()> {
@@ -1167,6 +1183,29 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
         self.set_tags(&req.input.bucket, Some(&req.input.key), &[]).await?;
         Ok(S3Response::new(DeleteObjectTaggingOutput::default()))
+    }
+
+    async fn put_bucket_cors(&self, req: S3Request<PutBucketCorsInput>) -> S3Result<S3Response<PutBucketCorsOutput>> {
+        let i = req.input;
+        cors::validate(&i.cors_configuration)?;
+        let json = serde_json::to_string(&i.cors_configuration).map_err(|e| s3_error!(InternalError, "{e}"))?;
+        self.set_bucket_attr(&i.bucket, ATTR_CORS, Some(json)).await?;
+        Ok(S3Response::new(PutBucketCorsOutput::default()))
+    }
+
+    async fn get_bucket_cors(&self, req: S3Request<GetBucketCorsInput>) -> S3Result<S3Response<GetBucketCorsOutput>> {
+        let (_, e) = self.bucket_entry(&req.input.bucket).await?;
+        let c =
+            cors_of(&e).ok_or_else(|| s3_error!(NoSuchCORSConfiguration, "The CORS configuration does not exist"))?;
+        Ok(S3Response::new(GetBucketCorsOutput { cors_rules: Some(c.cors_rules) }))
+    }
+
+    async fn delete_bucket_cors(
+        &self,
+        req: S3Request<DeleteBucketCorsInput>,
+    ) -> S3Result<S3Response<DeleteBucketCorsOutput>> {
+        self.set_bucket_attr(&req.input.bucket, ATTR_CORS, None).await?;
+        Ok(S3Response::new(DeleteBucketCorsOutput::default()))
     }
 
     async fn put_bucket_lifecycle_configuration(

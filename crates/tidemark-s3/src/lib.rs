@@ -8,6 +8,7 @@
 pub mod auth;
 mod body;
 pub mod checksum;
+pub mod cors;
 pub mod gateway;
 pub mod identity;
 pub mod lifecycle;
@@ -197,6 +198,86 @@ fn oversized_xml<B>(req: &hyper::Request<B>) -> Option<hyper::Response<s3s::Body
         .ok()
 }
 
+/// The bucket a path-style request names (`/BUCKET/...`).
+fn bucket_of(path: &str) -> Option<&str> {
+    path.strip_prefix('/')?.split('/').next().filter(|b| !b.is_empty())
+}
+
+/// An S3 error document as an answer of its own (a preflight's, which s3s never sees).
+fn answer(status: u16, code: &str, message: &str) -> hyper::Response<s3s::Body> {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    let mut resp = hyper::Response::new(s3s::Body::from(body.clone()));
+    *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::BAD_REQUEST);
+    resp.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/xml"));
+    resp.headers_mut().insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(body.len()));
+    resp
+}
+
+fn header_str<'a>(h: &'a hyper::HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn add_headers(resp: &mut hyper::Response<s3s::Body>, headers: Vec<(&'static str, String)>) {
+    for (k, v) in headers {
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&v) {
+            resp.headers_mut().insert(k, v);
+        }
+    }
+}
+
+/// A CORS preflight (`OPTIONS`), answered from the bucket's rules alone, as S3 answers it: no
+/// credentials are asked for (a browser sends none with a preflight).
+async fn preflight(
+    gateway: &gateway::Gateway,
+    bucket: Option<&str>,
+    h: &hyper::HeaderMap,
+) -> hyper::Response<s3s::Body> {
+    let (Some(origin), Some(method)) = (header_str(h, "origin"), header_str(h, "access-control-request-method")) else {
+        return answer(400, "BadRequest", "Insufficient information. Origin request header needed.");
+    };
+    let Some(bucket) = bucket else {
+        return answer(403, "AccessForbidden", "CORSResponse: a preflight names a bucket");
+    };
+    let config = match gateway.bucket_cors(bucket).await {
+        Err(()) => return answer(404, "NoSuchBucket", "The specified bucket does not exist"),
+        Ok(None) => return answer(403, "AccessForbidden", "CORSResponse: CORS is not enabled for this bucket."),
+        Ok(Some(c)) => c,
+    };
+    let asked = cors::Asked {
+        origin: origin.to_string(),
+        method: method.to_string(),
+        headers: header_str(h, "access-control-request-headers").map(cors::Asked::headers_of).unwrap_or_default(),
+    };
+    match cors::rule_for(&config, &asked) {
+        None => answer(
+            403,
+            "AccessForbidden",
+            "CORSResponse: This CORS request is not allowed. This is usually because the evalution of Origin, request method / Access-Control-Request-Method or Access-Control-Request-Headers are not whitelisted by the resource's CORS spec.",
+        ),
+        Some(rule) => {
+            let mut resp = hyper::Response::new(s3s::Body::empty());
+            resp.headers_mut().insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(0));
+            add_headers(&mut resp, cors::headers(rule, &asked, true));
+            resp
+        }
+    }
+}
+
+/// The `Access-Control-*` headers of an answer to a request from `origin`, if the bucket's rules
+/// allow it (whatever the answer: a browser reads a 404 only with them).
+async fn cors_headers(
+    gateway: &gateway::Gateway,
+    bucket: &str,
+    origin: &str,
+    method: &str,
+) -> Vec<(&'static str, String)> {
+    let Ok(Some(config)) = gateway.bucket_cors(bucket).await else { return Vec::new() };
+    let asked = cors::Asked { origin: origin.to_string(), method: method.to_string(), headers: Vec::new() };
+    cors::rule_for(&config, &asked).map(|r| cors::headers(r, &asked, false)).unwrap_or_default()
+}
+
 /// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
 /// (at most 10 s); plain HTTP (see [`serve_tls`]).
 pub async fn serve(
@@ -214,11 +295,27 @@ pub async fn serve_tls(
     tls: Option<tidemark_http::tls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    let gateway = service.gateway.clone();
     let sweeps = tokio::spawn(lifecycle_sweeps(service.gateway));
     let service = service.s3;
     let guarded = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let svc = service.clone();
+        let gateway = gateway.clone();
         async move {
+            let bucket = bucket_of(req.uri().path()).map(str::to_string);
+            if req.method() == hyper::Method::OPTIONS {
+                return Ok(with_request_id(preflight(&gateway, bucket.as_deref(), req.headers()).await).await);
+            }
+            // A request from a web page: the method its rule must allow (a preflight's
+            // `Access-Control-Request-Method` if the page sends one along).
+            let cross = match (header_str(req.headers(), "origin"), &bucket) {
+                (Some(o), Some(b)) => {
+                    let method =
+                        header_str(req.headers(), "access-control-request-method").unwrap_or(req.method().as_str());
+                    Some((o.to_string(), b.clone(), method.to_string()))
+                }
+                _ => None,
+            };
             let has_body = req.headers().get(hyper::header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
                 || req.headers().contains_key(hyper::header::TRANSFER_ENCODING);
             if let Some(refused) = oversized_xml(&req) {
@@ -235,6 +332,9 @@ pub async fn serve_tls(
             }
             if attributes && resp.status().is_success() {
                 resp = unquoted_etag(resp).await;
+            }
+            if let Some((origin, bucket, method)) = cross {
+                add_headers(&mut resp, cors_headers(&gateway, &bucket, &origin, &method).await);
             }
             Ok::<_, s3s::HttpError>(with_request_id(resp).await)
         }
