@@ -2,6 +2,7 @@
 //! when its handle drops, even when the test fails (a panic unwinds through the drop).
 
 pub mod azure_double;
+pub mod browser;
 pub mod emulators;
 pub mod gcp_double;
 pub mod process;

@@ -13,7 +13,7 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use bytes::Bytes;
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::RemoteStorage;
-use tidemark_testkit::{Moto, TidemarkProcess, eventually, ok, run_shell, unique_name};
+use tidemark_testkit::{Moto, TidemarkProcess, eventually, free_port, ok, run_shell, unique_name};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
@@ -641,4 +641,91 @@ async fn lifecycle_rules_expire_objects_and_abort_uploads() {
     c.delete_bucket_lifecycle().bucket("lcycle").send().await.unwrap();
     let none = c.get_bucket_lifecycle_configuration().bucket("lcycle").send().await.unwrap_err();
     assert_eq!(none.into_service_error().meta().code(), Some("NoSuchLifecycleConfiguration"));
+}
+
+/// A web page on another origin, in a real browser (headless Chromium), puts an object through
+/// a presigned URL and reads it back — allowed by the bucket's CORS rules (the preflight of the
+/// PUT answered, `ETag` exposed); the same page against a bucket without rules is blocked by the
+/// browser, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_page_on_another_origin_uses_a_bucket_its_cors_rules_allow() {
+    use aws_sdk_s3::presigning::PresigningConfig;
+    use aws_sdk_s3::types::{CorsConfiguration, CorsRule};
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let c = gateway_client(&server);
+    let site = tmp.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    let port = free_port();
+    let origin = format!("http://127.0.0.1:{port}");
+    /// The page server, stopped when the test ends however it ends.
+    struct Pages(std::process::Child);
+    impl Drop for Pages {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _pages = Pages(
+        Command::new("python3")
+            .args(["-m", "http.server", "--bind", "127.0.0.1", &port.to_string()])
+            .current_dir(&site)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server"),
+    );
+    for bucket in ["web-cors", "web-plain"] {
+        c.create_bucket().bucket(bucket).send().await.unwrap();
+    }
+    let rule = CorsRule::builder()
+        .allowed_origins(&origin)
+        .allowed_methods("GET")
+        .allowed_methods("PUT")
+        .allowed_headers("*")
+        .expose_headers("ETag")
+        .max_age_seconds(60)
+        .build()
+        .unwrap();
+    let config = CorsConfiguration::builder().cors_rules(rule).build().unwrap();
+    c.put_bucket_cors().bucket("web-cors").cors_configuration(config).send().await.unwrap();
+    assert_eq!(c.get_bucket_cors().bucket("web-cors").send().await.unwrap().cors_rules().len(), 1);
+    let presign = PresigningConfig::expires_in(Duration::from_secs(600)).unwrap();
+    for bucket in ["web-cors", "web-plain"] {
+        let put = c.put_object().bucket(bucket).key("from-browser.txt").presigned(presign.clone()).await.unwrap();
+        let get = c.get_object().bucket(bucket).key("from-browser.txt").presigned(presign.clone()).await.unwrap();
+        let page = format!(
+            r#"<html><body><pre id="out">pending</pre><script>
+(async () => {{
+  const out = document.getElementById('out');
+  try {{
+    const put = await fetch({put:?}, {{method: 'PUT', body: 'from the browser', headers: {{'Content-Type': 'text/plain'}}}});
+    const get = await fetch({get:?});
+    const text = await get.text();
+    out.textContent = 'put ' + put.status + ' get ' + get.status + ' [' + text + '] etag ' + get.headers.get('ETag');
+  }} catch (e) {{
+    out.textContent = 'blocked: ' + e;
+  }}
+}})();
+</script></body></html>"#,
+            put = put.uri(),
+            get = get.uri()
+        );
+        std::fs::write(site.join(format!("{bucket}.html")), page).unwrap();
+    }
+    eventually("the page server listens", || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let profile = tmp.path().join("profile");
+    let dom = |bucket: &str| {
+        tidemark_testkit::browser::dump_dom_with(
+            &profile,
+            &format!("{origin}/{bucket}.html"),
+            &["--virtual-time-budget=10000"],
+        )
+    };
+    let allowed = dom("web-cors");
+    assert!(allowed.contains("put 200 get 200 [from the browser] etag \""), "{allowed}");
+    let blocked = dom("web-plain");
+    assert!(blocked.contains("blocked: TypeError"), "{blocked}");
+    assert_eq!(gateway_get(&c, "web-cors", "from-browser.txt").await.unwrap().0, b"from the browser");
+    assert!(gateway_get(&c, "web-plain", "from-browser.txt").await.is_none(), "the preflight was refused: no PUT");
 }
