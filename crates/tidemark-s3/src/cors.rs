@@ -70,7 +70,7 @@ impl Asked {
 pub fn rule_for<'a>(c: &'a CORSConfiguration, a: &Asked) -> Option<&'a CORSRule> {
     c.cors_rules.iter().find(|r| {
         r.allowed_origins.iter().any(|o| matches(o, &a.origin, false))
-            && r.allowed_methods.iter().any(|m| *m == a.method)
+            && r.allowed_methods.contains(&a.method)
             && a.headers.iter().all(|h| r.allowed_headers.iter().flatten().any(|p| matches(p, h, true)))
     })
 }
