@@ -64,12 +64,39 @@ pub struct Shared {
     filer: Arc<dyn Filer>,
     dev_key_allowed: bool,
     cached: Mutex<Option<(Instant, Arc<Identities>)>>,
+    /// Buckets' creators, read at most every [`REFRESH`] (a bucket's never changes while it
+    /// exists), so that a request costs no extra read.
+    owners: Mutex<std::collections::HashMap<String, (Instant, Option<String>)>>,
 }
+
+/// The most buckets whose creators are remembered at once.
+const MAX_OWNERS: usize = 10_000;
 
 impl Shared {
     /// `dev_key_allowed`: the gateway listens on loopback only.
     pub fn new(filer: Arc<dyn Filer>, dev_key_allowed: bool) -> Self {
-        Shared { filer, dev_key_allowed, cached: Mutex::new(None) }
+        Shared { filer, dev_key_allowed, cached: Mutex::new(None), owners: Mutex::new(Default::default()) }
+    }
+
+    /// The identity that created `bucket` through S3, if one did.
+    pub async fn owner_of(&self, bucket: &str) -> Option<String> {
+        if let Some((at, o)) = self.owners.lock().await.get(bucket)
+            && at.elapsed() < REFRESH
+        {
+            return o.clone();
+        }
+        let dir = crate::names::bucket_dir(bucket).ok()?;
+        let owner = match self.filer.stat(&dir).await {
+            Ok(Some(e)) => e.extended.get(crate::gateway::ATTR_OWNER).cloned(),
+            // No bucket yet (it may be created next), or unknown: nothing is remembered.
+            Ok(None) | Err(_) => return None,
+        };
+        let mut owners = self.owners.lock().await;
+        if owners.len() >= MAX_OWNERS {
+            owners.clear();
+        }
+        owners.insert(bucket.to_string(), (Instant::now(), owner.clone()));
+        owner
     }
 
     pub fn dev_key_allowed(&self) -> bool {
@@ -78,6 +105,54 @@ impl Shared {
 
     /// The identities; on a failed re-read, the last ones read (a filer restart must not lock
     /// everyone out, nor let anyone in).
+    /// Whether a canned ACL lets this request do operation `op` on `path`, which its caller's
+    /// identity (or the lack of one: `signed` false) does not: `public-read` objects read and
+    /// `public-read` buckets listed by anyone, objects written into a `public-read-write`
+    /// bucket by anyone, `authenticated-read` ones read by any identity. Reading or changing an
+    /// ACL or any configuration is never granted this way.
+    pub async fn acl_grants(&self, signed: bool, op: &str, path: &S3Path) -> bool {
+        const READS: [&str; 2] = ["GetObject", "HeadObject"];
+        const LISTS: [&str; 4] = ["ListObjects", "ListObjectsV2", "HeadBucket", "GetBucketLocation"];
+        const WRITES: [&str; 6] = [
+            "PutObject",
+            "DeleteObject",
+            "CreateMultipartUpload",
+            "UploadPart",
+            "CompleteMultipartUpload",
+            "AbortMultipartUpload",
+        ];
+        let (bucket, key) = match path {
+            S3Path::Root => return false,
+            S3Path::Bucket { bucket } => (bucket.as_ref(), None),
+            S3Path::Object { bucket, key } => (bucket.as_ref(), Some(key.as_ref())),
+        };
+        let entry_acl = |p: Option<String>| async move {
+            let p = p?;
+            match self.filer.stat(&p).await {
+                Ok(Some(e)) => Some(crate::acl::of(&e.extended)),
+                _ => None,
+            }
+        };
+        let bucket_dir = crate::names::bucket_dir(bucket).ok();
+        if READS.contains(&op) {
+            let Some(p) = key.and_then(|k| crate::names::object_path(bucket, k).ok()).map(|(p, _)| p) else {
+                return false;
+            };
+            return entry_acl(Some(p))
+                .await
+                .is_some_and(|c| if signed { c.authenticated_read() } else { c.anonymous().0 });
+        }
+        if LISTS.contains(&op) {
+            return entry_acl(bucket_dir)
+                .await
+                .is_some_and(|c| if signed { c.authenticated_read() } else { c.anonymous().0 });
+        }
+        if WRITES.contains(&op) && key.is_some() && !signed {
+            return entry_acl(bucket_dir).await.is_some_and(|c| c.anonymous().1);
+        }
+        false
+    }
+
     pub async fn identities(&self) -> Arc<Identities> {
         let mut c = self.cached.lock().await;
         if let Some((at, ids)) = c.as_ref()
@@ -146,7 +221,11 @@ impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
         let ids = self.0.identities().await;
         let ak = cx.credentials().map(|c| c.access_key.clone());
+        let op = cx.s3_op().name().to_string();
         let Some(caller) = ids.caller(ak.as_deref(), self.0.dev_key_allowed) else {
+            if ak.is_none() && self.0.acl_grants(false, &op, cx.s3_path()).await {
+                return Ok(());
+            }
             return Err(denied(match ak {
                 Some(a) => format!("access key {a:?} is not configured"),
                 None => format!(
@@ -155,13 +234,20 @@ impl S3Access for Access {
             }));
         };
         check_skew(cx)?;
-        let op = cx.s3_op().name().to_string();
         let action = Action::of_operation(&op);
         let bucket = match cx.s3_path() {
             S3Path::Root => None,
             S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => Some(bucket.to_string()),
         };
-        if !caller.allows(action, bucket.as_deref()) {
+        // Creating a bucket is about its name: one that exists answers BucketAlreadyExists
+        // (another's) or BucketAlreadyOwnedByYou, as S3 does, not AccessDenied.
+        let owner = match &bucket {
+            Some(b) if op != "CreateBucket" => self.0.owner_of(b).await,
+            _ => None,
+        };
+        if !caller.allows(action, bucket.as_deref(), owner.as_deref())
+            && !self.0.acl_grants(ak.is_some(), &op, cx.s3_path()).await
+        {
             return Err(denied(format!(
                 "{} may not {op} (needs {}{})",
                 who(&caller),
@@ -173,7 +259,7 @@ impl S3Access for Access {
         if (op == "CopyObject" || op == "UploadPartCopy")
             && let Some(src) = cx.headers().get("x-amz-copy-source").and_then(|v| v.to_str().ok())
             && let Ok(CopySource::Bucket { bucket: sb, .. }) = CopySource::parse(src)
-            && !caller.allows(Action::Read, Some(&sb))
+            && !caller.allows(Action::Read, Some(&sb), self.0.owner_of(&sb).await.as_deref())
         {
             return Err(denied(format!("{} may not read the copy source in bucket {sb}", who(&caller))));
         }

@@ -16,6 +16,7 @@ use tidemark_core::remote::system_paths::MOUNT_MAPPING;
 use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions, path};
 use tidemark_engine::docs;
 
+use crate::acl::{self, ATTR_ACL, Canned};
 use crate::auth::Shared;
 use crate::body;
 use crate::checksum::{self, Algo, Asked, Given, Sum, sent_checksum, with_checksum};
@@ -160,6 +161,25 @@ macro_rules! attrs {
             metadata: $i.metadata.as_ref(),
         }
     };
+}
+
+/// The canned ACL a request asks for (`x-amz-acl`), after refusing grants to particular
+/// accounts; `private` (the default) is kept as nothing.
+macro_rules! canned_acl {
+    ($i:expr) => {{
+        let i = &$i;
+        let grants = [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write_acp];
+        acl::refuse_grants(grants.iter().any(|g| g.is_some()), false)?;
+        i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?.filter(|c| *c != Canned::Private)
+    }};
+}
+
+/// Records a canned ACL in an entry's attributes (`None`: private).
+fn set_acl(ext: &mut BTreeMap<String, String>, c: Option<Canned>) {
+    ext.remove(ATTR_ACL);
+    if let Some(c) = c.filter(|c| *c != Canned::Private) {
+        ext.insert(ATTR_ACL.to_string(), c.as_str().to_string());
+    }
 }
 
 /// The extended attributes of a new object from its request headers.
@@ -531,25 +551,37 @@ fn completed_output(done: &multipart::Completed) -> CompleteMultipartUploadOutpu
 /// The version id S3 gives every object of an unversioned bucket (the only kind here).
 const NULL_VERSION: &str = "null";
 
-/// The one owner every object has here (identities own no buckets yet).
+/// The identity that created a bucket (`s3.owner` in its entry); its objects are its owner's,
+/// as in S3 with ACLs disabled. Buckets made otherwise (the shell, a remote mount) and every
+/// listing of buckets show the namespace's own name.
+pub const ATTR_OWNER: &str = "s3.owner";
+
+fn owner_named(name: &str) -> Owner {
+    Owner { display_name: Some(name.into()), id: Some(name.into()) }
+}
+
 fn owner() -> Owner {
-    Owner { display_name: Some("tidemark".into()), id: Some("tidemark".into()) }
+    owner_named("tidemark")
+}
+
+fn owner_of(bucket: &Entry) -> Owner {
+    bucket.extended.get(ATTR_OWNER).map_or_else(owner, |n| owner_named(n))
 }
 
 /// A listing's items as S3 shows them: the objects, and the common prefixes of a delimiter.
-fn listed(items: &[Item], url: bool, with_owner: bool) -> (Vec<Object>, Vec<CommonPrefix>) {
+fn listed(items: &[Item], url: bool, owner: Option<&Owner>) -> (Vec<Object>, Vec<CommonPrefix>) {
     let (mut objects, mut prefixes) = (Vec::new(), Vec::new());
     for it in items {
         match it {
-            Item::Object { key, entry } => objects.push(object_of(key, entry, url, with_owner)),
+            Item::Object { key, entry } => objects.push(object_of(key, entry, url, owner)),
             Item::Prefix(p) => prefixes.push(CommonPrefix { prefix: Some(encode_key(p, url)) }),
         }
     }
     (objects, prefixes)
 }
 
-/// A listed object; `with_owner` for ListObjects (always) and ListObjectsV2 with FetchOwner.
-fn object_of(key: &str, e: &Entry, url: bool, with_owner: bool) -> Object {
+/// A listed object; its `owner` for ListObjects (always) and ListObjectsV2 with FetchOwner.
+fn object_of(key: &str, e: &Entry, url: bool, owner: Option<&Owner>) -> Object {
     let class = attr(e, ATTR_STORAGE_CLASS).unwrap_or_else(|| ObjectStorageClass::STANDARD.to_string());
     Object {
         key: Some(encode_key(key, url)),
@@ -557,7 +589,7 @@ fn object_of(key: &str, e: &Entry, url: bool, with_owner: bool) -> Object {
         e_tag: Some(ETag::Strong(etag_of(e))),
         last_modified: Some(timestamp(e.mtime_ms)),
         storage_class: Some(ObjectStorageClass::from(class)),
-        owner: with_owner.then(owner),
+        owner: owner.cloned(),
         ..Default::default()
     }
 }
@@ -696,6 +728,17 @@ impl Gateway {
         match self.filer.write(p, stream, opts).await {
             Ok(e) => Ok(e),
             Err(e) => Err(verdict.take().unwrap_or_else(|| s3_err(e))),
+        }
+    }
+
+    /// The name of the identity whose key signed a request (none for the development key or an
+    /// unsigned request).
+    async fn identity_name(&self, credentials: &Option<s3s::auth::Credentials>) -> Option<String> {
+        let ak = credentials.as_ref()?.access_key.clone();
+        let ids = self.shared.identities().await;
+        match ids.caller(Some(&ak), self.shared.dev_key_allowed())? {
+            crate::identity::Caller::Identity(i) => Some(i.name.clone()),
+            _ => None,
         }
     }
 
@@ -1058,7 +1101,10 @@ impl S3 for Gateway {
                 Err(e) => return Err(s3_err(e)),
             };
             for e in page.entries.iter().filter(|e| e.is_dir() && e.name().starts_with(prefix.as_str())) {
-                if caller.as_ref().is_some_and(|c| c.sees_bucket(e.name())) {
+                if caller
+                    .as_ref()
+                    .is_some_and(|c| c.sees_bucket(e.name(), e.extended.get(ATTR_OWNER).map(String::as_str)))
+                {
                     if buckets.len() == max {
                         more = true;
                         break 'pages;
@@ -1185,6 +1231,56 @@ impl S3 for Gateway {
         Ok(S3Response::new(DeleteObjectTaggingOutput::default()))
     }
 
+    async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let i = req.input;
+        let grants = [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp];
+        acl::refuse_grants(grants.iter().any(|g| g.is_some()), i.access_control_policy.is_some())?;
+        let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?.unwrap_or(Canned::Private);
+        let value = (canned != Canned::Private).then(|| canned.as_str().to_string());
+        self.set_bucket_attr(&i.bucket, ATTR_ACL, value).await?;
+        Ok(S3Response::new(PutBucketAclOutput::default()))
+    }
+
+    async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
+        let (_, e) = self.bucket_entry(&req.input.bucket).await?;
+        let owner = owner_of(&e);
+        let grants = acl::of(&e.extended).grants(&owner);
+        Ok(S3Response::new(GetBucketAclOutput { grants: Some(grants), owner: Some(owner) }))
+    }
+
+    async fn put_object_acl(&self, req: S3Request<PutObjectAclInput>) -> S3Result<S3Response<PutObjectAclOutput>> {
+        let i = req.input;
+        if i.version_id.as_deref().is_some_and(|v| v != NULL_VERSION) {
+            return Err(s3_error!(NotImplemented, "a version's ACL: the namespace keeps one version per key"));
+        }
+        let grants = [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp];
+        acl::refuse_grants(grants.iter().any(|g| g.is_some()), i.access_control_policy.is_some())?;
+        let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?;
+        let (p, e) = self.object_entry(&i.bucket, &i.key).await?;
+        let mut n = e.to_new();
+        set_acl(&mut n.extended, canned);
+        if n.extended != e.extended {
+            let txn = Txn::put(p, n, Origin::Local).with_precondition(Precondition::Version(e.version));
+            match self.filer.apply(txn).await {
+                Ok(_) => {}
+                Err(Error::PreconditionFailed { .. }) => {
+                    return Err(s3_error!(ServiceUnavailable, "the object changed while its ACL was set; retry"));
+                }
+                Err(e) => return Err(s3_err(e)),
+            }
+        }
+        Ok(S3Response::new(PutObjectAclOutput::default()))
+    }
+
+    async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
+        let i = req.input;
+        let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
+        let owner = owner_of(&bucket);
+        let grants = acl::of(&e.extended).grants(&owner);
+        Ok(S3Response::new(GetObjectAclOutput { grants: Some(grants), owner: Some(owner), ..Default::default() }))
+    }
+
     async fn put_bucket_cors(&self, req: S3Request<PutBucketCorsInput>) -> S3Result<S3Response<PutBucketCorsOutput>> {
         let i = req.input;
         cors::validate(&i.cors_configuration)?;
@@ -1280,21 +1376,43 @@ impl S3 for Gateway {
     }
 
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
-        let b = &req.input.bucket;
+        let i = &req.input;
+        let b = &i.bucket;
         names::valid_new_bucket(b).map_err(name_err)?;
+        acl::refuse_grants(
+            [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp]
+                .iter()
+                .any(|g| g.is_some()),
+            false,
+        )?;
+        let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?;
         let dir = names::bucket_dir(b).map_err(name_err)?;
+        let creator = self.identity_name(&req.credentials).await;
+        let mut entry = NewEntry::dir(now_ms());
+        set_acl(&mut entry.extended, canned);
+        if let Some(name) = &creator {
+            entry.extended.insert(ATTR_OWNER.to_string(), name.clone());
+        }
         let txn = Txn {
             path: dir.clone(),
             precondition: Precondition::Absent,
             fence: None,
-            mutation: tidemark_core::model::Mutation::Put { entry: NewEntry::dir(now_ms()), data: None },
+            mutation: tidemark_core::model::Mutation::Put { entry, data: None },
             origin: Origin::Local,
             dir_times: false,
         };
         match self.filer.apply(txn).await {
             Ok(_) => Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{b}")) })),
             Err(Error::PreconditionFailed { .. }) => {
-                Err(s3_error!(BucketAlreadyOwnedByYou, "bucket {b:?} exists ({dir})"))
+                let theirs =
+                    self.filer.stat(&dir).await.ok().flatten().and_then(|e| e.extended.get(ATTR_OWNER).cloned());
+                match theirs {
+                    Some(o) if creator.as_ref() != Some(&o) => Err(s3_error!(
+                        BucketAlreadyExists,
+                        "bucket {b:?} exists and belongs to another identity; choose another name"
+                    )),
+                    _ => Err(s3_error!(BucketAlreadyOwnedByYou, "bucket {b:?} exists ({dir})")),
+                }
             }
             Err(e) => Err(s3_err(e)),
         }
@@ -1331,7 +1449,7 @@ impl S3 for Gateway {
 
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
         let i = req.input;
-        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let (dir, bucket) = self.bucket_entry(&i.bucket).await?;
         let url = wants_url(&i.encoding_type)?;
         let max = max_keys(i.max_keys)?;
         let token = i.continuation_token.as_deref().map(token_decode).transpose()?;
@@ -1346,8 +1464,8 @@ impl S3 for Gateway {
         let q = list::Query { prefix: &prefix, delimiter: delimiter.as_deref(), after: after.as_deref(), max };
         let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
         let next = listing.truncated.then(|| listing.items.last().map(|it| token_encode(it.key()))).flatten();
-        let with_owner = i.fetch_owner.unwrap_or(false);
-        let (contents, prefixes) = listed(&listing.items, url, with_owner);
+        let owner = owner_of(&bucket);
+        let (contents, prefixes) = listed(&listing.items, url, i.fetch_owner.unwrap_or(false).then_some(&owner));
         let out = ListObjectsV2Output {
             name: Some(i.bucket),
             prefix: Some(encode_key(&prefix, url)),
@@ -1374,14 +1492,15 @@ impl S3 for Gateway {
         req: S3Request<ListObjectVersionsInput>,
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
         let i = req.input;
-        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let (dir, bucket) = self.bucket_entry(&i.bucket).await?;
         let url = wants_url(&i.encoding_type)?;
         let max = max_keys(i.max_keys)?;
         let prefix = i.prefix.clone().unwrap_or_default();
         let delimiter = i.delimiter.filter(|d| !d.is_empty());
         let q = list::Query { prefix: &prefix, delimiter: delimiter.as_deref(), after: i.key_marker.as_deref(), max };
         let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
-        let (objects, prefixes) = listed(&listing.items, url, true);
+        let owner = owner_of(&bucket);
+        let (objects, prefixes) = listed(&listing.items, url, Some(&owner));
         let versions: Vec<ObjectVersion> = objects
             .into_iter()
             .map(|o| ObjectVersion {
@@ -1416,7 +1535,7 @@ impl S3 for Gateway {
 
     async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
         let i = req.input;
-        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let (dir, bucket) = self.bucket_entry(&i.bucket).await?;
         let url = wants_url(&i.encoding_type)?;
         let max = max_keys(i.max_keys)?;
         let prefix = i.prefix.clone().unwrap_or_default();
@@ -1426,7 +1545,8 @@ impl S3 for Gateway {
         let next_marker = (listing.truncated && delimiter.is_some())
             .then(|| listing.items.last().map(|it| encode_key(it.key(), url)))
             .flatten();
-        let (contents, prefixes) = listed(&listing.items, url, true);
+        let owner = owner_of(&bucket);
+        let (contents, prefixes) = listed(&listing.items, url, Some(&owner));
         let out = ListObjectsOutput {
             name: Some(i.bucket),
             prefix: Some(encode_key(&prefix, url)),
@@ -1571,6 +1691,7 @@ impl S3 for Gateway {
         if let Some(t) = &i.tagging {
             tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
         }
+        set_acl(&mut extended, canned_acl!(i));
         let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
@@ -1631,6 +1752,8 @@ impl S3 for Gateway {
             false => tagging::kept(&src.extended, tagging::ATTR_TAGGING),
         };
         tagging::set(&mut extended, tagging::ATTR_TAGGING, &tags);
+        // The copy's ACL is the request's (private unless it names one), never the source's.
+        set_acl(&mut extended, canned_acl!(i));
         // The source's checksum of its whole bytes is the copy's (of the algorithm asked, if one
         // was); another algorithm is computed as the bytes are copied.
         let want = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
@@ -1722,6 +1845,7 @@ impl S3 for Gateway {
         if let Some(t) = &i.tagging {
             tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
         }
+        set_acl(&mut extended, canned_acl!(i));
         let algo = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
         let full_object = match (i.checksum_type.as_ref().map(|t| t.as_str()), algo) {
             (Some(_), None) => {

@@ -91,24 +91,30 @@ pub struct Identity {
     pub credentials: Vec<AccessKey>,
     #[serde(default)]
     pub actions: BTreeSet<Action>,
-    /// Empty: every bucket.
+    /// Empty: every bucket no other identity created through S3 (see [`Identity::in_scope`]).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub buckets: BTreeSet<String>,
 }
 
 impl Identity {
-    /// Whether this identity may do `action` on `bucket` (`None`: not about one bucket).
-    pub fn allows(&self, action: Action, bucket: Option<&str>) -> bool {
-        let in_scope = match bucket {
-            Some(b) => self.buckets.is_empty() || self.buckets.contains(b),
-            None => true,
-        };
+    /// Whether `bucket` (created through S3 by identity `owner`, if it was) is this identity's
+    /// to use: named in its `buckets`, or — when it names none — a bucket it created or one no
+    /// identity created (made by the shell or a remote mount). A bucket another identity
+    /// created is its creator's, as in S3: others reach it only by naming it.
+    pub fn in_scope(&self, bucket: &str, owner: Option<&str>) -> bool {
+        self.buckets.contains(bucket) || (self.buckets.is_empty() && owner.is_none_or(|o| o == self.name))
+    }
+
+    /// Whether this identity may do `action` on `bucket` with its `owner` (`None`: not about
+    /// one bucket).
+    pub fn allows(&self, action: Action, bucket: Option<&str>, owner: Option<&str>) -> bool {
+        let in_scope = bucket.is_none_or(|b| self.in_scope(b, owner));
         in_scope && (self.actions.contains(&action) || self.actions.contains(&Action::Admin))
     }
 
     /// Whether `bucket` shows in this identity's ListBuckets.
-    pub fn sees_bucket(&self, bucket: &str) -> bool {
-        self.buckets.is_empty() || self.buckets.contains(bucket)
+    pub fn sees_bucket(&self, bucket: &str, owner: Option<&str>) -> bool {
+        self.in_scope(bucket, owner)
     }
 }
 
@@ -130,15 +136,15 @@ pub enum Caller<'a> {
 }
 
 impl Caller<'_> {
-    pub fn allows(&self, action: Action, bucket: Option<&str>) -> bool {
+    pub fn allows(&self, action: Action, bucket: Option<&str>, owner: Option<&str>) -> bool {
         match self {
-            Caller::Identity(i) | Caller::Anonymous(i) => i.allows(action, bucket),
+            Caller::Identity(i) | Caller::Anonymous(i) => i.allows(action, bucket, owner),
             Caller::Dev => true,
         }
     }
-    pub fn sees_bucket(&self, bucket: &str) -> bool {
+    pub fn sees_bucket(&self, bucket: &str, owner: Option<&str>) -> bool {
         match self {
-            Caller::Identity(i) | Caller::Anonymous(i) => i.sees_bucket(bucket),
+            Caller::Identity(i) | Caller::Anonymous(i) => i.sees_bucket(bucket, owner),
             Caller::Dev => true,
         }
     }
@@ -310,12 +316,16 @@ mod tests {
         ids.configure(&edit("reader", Some("AKREAD"), &[Action::Read, Action::List], &["photos"])).unwrap();
         ids.configure(&edit("root", Some("AKROOT"), &[Action::Admin], &[])).unwrap();
         let reader = ids.caller(Some("AKREAD"), false).unwrap();
-        assert!(reader.allows(Action::Read, Some("photos")));
-        assert!(!reader.allows(Action::Read, Some("other")));
-        assert!(!reader.allows(Action::Write, Some("photos")));
-        assert!(reader.sees_bucket("photos") && !reader.sees_bucket("other"));
+        assert!(reader.allows(Action::Read, Some("photos"), None));
+        assert!(reader.allows(Action::Read, Some("photos"), Some("someone")), "named: whoever made it");
+        assert!(!reader.allows(Action::Read, Some("other"), None));
+        assert!(!reader.allows(Action::Write, Some("photos"), None));
+        assert!(reader.sees_bucket("photos", None) && !reader.sees_bucket("other", None));
         let root = ids.caller(Some("AKROOT"), false).unwrap();
-        assert!(root.allows(Action::Write, Some("anything")) && root.allows(Action::Admin, None));
+        assert!(root.allows(Action::Write, Some("anything"), None) && root.allows(Action::Admin, None, None));
+        // A bucket another identity created through S3 is not in an unrestricted identity's scope.
+        assert!(!root.allows(Action::Read, Some("theirs"), Some("someone-else")));
+        assert!(root.allows(Action::Read, Some("mine"), Some("root")));
         assert_eq!(ids.caller(Some("unknown"), true), None, "an unknown key is nobody");
         assert_eq!(ids.caller(None, false), None, "no anonymous identity: unsigned is nobody");
     }

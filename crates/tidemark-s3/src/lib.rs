@@ -5,6 +5,7 @@
 //! ([`names`]), the listing walk ([`list`]), multipart staging ([`multipart`]), tags
 //! ([`tagging`]) and who may do what ([`identity`], [`auth`]).
 
+pub mod acl;
 pub mod auth;
 mod body;
 pub mod checksum;

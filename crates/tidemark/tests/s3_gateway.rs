@@ -60,6 +60,25 @@ fn boto3_drives_every_operation() {
     assert_eq!(staged.lines().count(), 1, "{staged}");
 }
 
+/// A bucket created through S3 is its creator's: another identity (unless its `-buckets` names
+/// the bucket) can neither read, list, write nor delete it, and creating it again answers
+/// BucketAlreadyExists; canned ACLs (`public-read`, `public-read-write`) open objects and
+/// buckets to unsigned requests; grants to particular accounts are refused.
+#[test]
+fn buckets_belong_to_who_made_them_and_canned_acls_open_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    for who in ["one", "two"] {
+        let cmd = format!(
+            "s3.configure -user={who} -access_key=AK{who} -secret_key={who}-secret-1 -actions=Read,Write,List,Admin -apply"
+        );
+        ok(sh(&server, &cmd));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let out = python(&["owners", &endpoint(&server), "AKone", "one-secret-1", "AKtwo", "two-secret-1"], &server);
+    assert!(out.contains("each identity's buckets are its own"), "{out}");
+}
+
 #[test]
 fn access_keys_decide_who_may_do_what() {
     let tmp = tempfile::tempdir().unwrap();
@@ -321,7 +340,7 @@ fn the_gateway_reads_secrets_with_the_cluster_token_only() {
     let admin = |cmd: &str| ok(run_shell(bin(), &filer.addr, cmd, &[("TIDEMARK_TOKEN", "adm")]));
     admin("s3.configure -user=alice -access_key=AKALICE -secret_key=alice-secret-1 -actions=Admin -apply");
     // A second change read the first masked and wrote it back: alice's secret must survive it.
-    admin("s3.configure -user=bob -access_key=AKBOB -secret_key=bob-secret-22 -actions=Read,List -apply");
+    admin("s3.configure -user=bob -access_key=AKBOB -secret_key=bob-secret-22 -actions=Read,List -buckets=keys -apply");
     let raw = admin("fs.cat /etc/tidemark/s3/identities.json");
     assert!(!raw.contains("alice-secret-1") && !raw.contains("bob-secret-22"), "{raw}");
     let out = Command::new(bin())

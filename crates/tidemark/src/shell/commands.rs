@@ -237,15 +237,17 @@ pub static ALL: &[Command] = &[
         summary: "manage the S3 gateway's access keys and what each identity may do",
         details: "Without flags: show the identities (secrets masked). With -user: add keys, actions or buckets to that\n\
                   identity (created if new); with -delete: remove the named key, actions or buckets, or the whole identity.\n\
-                  -buckets limits the actions to those buckets. The identity `anonymous` (no keys) is what unsigned\n\
-                  requests may do. Changes are shown and saved only with -apply; gateways pick them up within 2 s.\n\
+                  Without -buckets, an identity uses the buckets it created through S3 and those no identity created\n\
+                  (made by the shell or a remote mount); a bucket another identity created is that one's alone.\n\
+                  -buckets names the buckets the identity uses instead, whoever created them. The identity `anonymous`\n\
+                  (no keys) is what unsigned requests may do (canned ACLs such as public-read open more). Changes are shown and saved only with -apply; gateways pick them up within 2 s.\n\
                   While no key exists, a gateway on loopback accepts the development key tidemark/tidemark.",
         flags: &[
             flag("user", "the identity's name"),
             flag("access_key", "an access key id to add (or, with -delete, to remove)"),
             flag("secret_key", "its secret (8 to 128 characters)"),
             flag("actions", "Read, Write, List, Admin (comma-separated)"),
-            flag("buckets", "limit the identity's actions to these buckets (comma-separated)"),
+            flag("buckets", "the buckets the identity's actions apply to, whoever created them (comma-separated)"),
             switch("delete", "remove instead of add"),
             switch("apply", "save the change (otherwise it is only shown)"),
         ],

@@ -2,6 +2,7 @@
 
     python3 clients.py boto3  ENDPOINT ACCESS_KEY SECRET_KEY
     python3 clients.py access ENDPOINT ADMIN_AK ADMIN_SK READER_AK READER_SK
+    python3 clients.py owners ENDPOINT ONE_AK ONE_SK TWO_AK TWO_SK
     python3 clients.py errors ENDPOINT ACCESS_KEY SECRET_KEY
     python3 clients.py tools  ENDPOINT ACCESS_KEY SECRET_KEY WORKDIR
 
@@ -456,6 +457,55 @@ def access_mode(endpoint, admin_ak, admin_sk, reader_ak, reader_sk):
     print("access: every refusal checked")
 
 
+def unsigned(endpoint, method, path, body=None):
+    req = urllib.request.Request(f"{endpoint}{path}", data=body, method=method)
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def owners_mode(endpoint, one_ak, one_sk, two_ak, two_sk):
+    """Buckets belong to the identity that created them; canned ACLs open them, and nothing else does."""
+    one, two = client(endpoint, one_ak, one_sk), client(endpoint, two_ak, two_sk)
+    one.create_bucket(Bucket="own-one")
+    one.put_object(Bucket="own-one", Key="k", Body=b"one's")
+    for what, fn in (("read", lambda: two.get_object(Bucket="own-one", Key="k")),
+                     ("list", lambda: two.list_objects_v2(Bucket="own-one")),
+                     ("write", lambda: two.put_object(Bucket="own-one", Key="x", Body=b"x")),
+                     ("delete", lambda: two.delete_bucket(Bucket="own-one"))):
+        expect_code("AccessDenied", fn, f"another identity's bucket: {what}")
+    expect_code("BucketAlreadyExists", lambda: two.create_bucket(Bucket="own-one"), "another's bucket name")
+    expect_code("BucketAlreadyOwnedByYou", lambda: one.create_bucket(Bucket="own-one"), "one's own again")
+    assert "own-one" not in [b["Name"] for b in two.list_buckets()["Buckets"]], "not listed for others"
+    assert "own-one" in [b["Name"] for b in one.list_buckets()["Buckets"]]
+    acl = one.get_bucket_acl(Bucket="own-one")
+    assert acl["Owner"]["ID"] == "one" and [g["Permission"] for g in acl["Grants"]] == ["FULL_CONTROL"], acl
+    # Canned ACLs: a public-read object is read by anyone, the others stay private.
+    one.put_object(Bucket="own-one", Key="pub", Body=b"public", ACL="public-read")
+    assert unsigned(endpoint, "GET", "/own-one/pub") == (200, b"public")
+    assert unsigned(endpoint, "GET", "/own-one/k")[0] == 403
+    assert unsigned(endpoint, "GET", "/own-one?list-type=2")[0] == 403, "the bucket is not listable yet"
+    assert two.get_object(Bucket="own-one", Key="pub")["Body"].read() == b"public"
+    grants = one.get_object_acl(Bucket="own-one", Key="pub")["Grants"]
+    assert {g["Grantee"].get("URI") for g in grants} == {"http://acs.amazonaws.com/groups/global/AllUsers", None}, grants
+    one.put_bucket_acl(Bucket="own-one", ACL="public-read")
+    assert unsigned(endpoint, "GET", "/own-one?list-type=2")[0] == 200
+    assert unsigned(endpoint, "PUT", "/own-one/anon.txt", b"anon")[0] == 403, "public-read is not public-write"
+    one.put_bucket_acl(Bucket="own-one", ACL="public-read-write")
+    assert unsigned(endpoint, "PUT", "/own-one/anon.txt", b"anon")[0] == 200
+    assert one.get_object(Bucket="own-one", Key="anon.txt")["Body"].read() == b"anon"
+    # A copy's ACL is its request's, never its source's.
+    one.copy_object(Bucket="own-one", Key="pub-copy", CopySource={"Bucket": "own-one", "Key": "pub"})
+    assert unsigned(endpoint, "GET", "/own-one/pub-copy")[0] == 403
+    # Grants to particular accounts are refused, and nothing is stored.
+    expect_code("NotImplemented", lambda: one.put_object_acl(Bucket="own-one", Key="k", GrantRead='id="two"'), "a grant")
+    expect_code("NotImplemented", lambda: one.create_bucket(Bucket="own-grant", GrantRead='id="two"'), "a grant at creation")
+    expect_code("404", lambda: one.head_bucket(Bucket="own-grant"), "nothing created")
+    print("owners: each identity's buckets are its own")
+
+
 def anonymous_mode(endpoint):
     assert urllib.request.urlopen(f"{endpoint}/gw-public/open.txt").read() == b"for readers"
     try:
@@ -768,5 +818,5 @@ def tools_mode(endpoint, ak, sk, work):
 
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
-    {"boto3": boto3_mode, "access": access_mode, "anonymous": anonymous_mode, "errors": errors_mode,
+    {"boto3": boto3_mode, "access": access_mode, "owners": owners_mode, "anonymous": anonymous_mode, "errors": errors_mode,
      "tools": tools_mode}[mode](*rest)
