@@ -165,6 +165,15 @@ where
     Box::pin(watcher.watch(http.serve_connection(TokioIo::new(io), svc)))
 }
 
+/// Who sent a request: the client's address, and whether it came over TLS. Every request
+/// [`serve`] hands on carries it in its extensions (for rules on the source address or on secure
+/// transport, such as S3 bucket policies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub tls: bool,
+}
+
 /// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
 /// (at most `limits.drain`); HTTPS only when `tls` is given. On a loopback listener, requests for
 /// other host names are refused.
@@ -195,7 +204,7 @@ where
     let listener_open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut shutdown = std::pin::pin!(shutdown);
     'accept: loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer_addr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) if out_of_descriptors(&e) => {
@@ -235,7 +244,9 @@ where
         };
         let svc = service.clone();
         let state = slot.state.clone();
-        let guarded = hyper::service::service_fn(move |req: Request<Incoming>| -> Answer {
+        let peer = Peer { addr: peer_addr, tls: tls.is_some() };
+        let guarded = hyper::service::service_fn(move |mut req: Request<Incoming>| -> Answer {
+            req.extensions_mut().insert(peer);
             let svc = svc.clone();
             let state = state.clone();
             Box::pin(async move {

@@ -17,6 +17,44 @@ use tidemark_core::Filer;
 use tidemark_engine::docs;
 
 use crate::identity::{ANONYMOUS, Action, Caller, DEV_ACCESS_KEY, IDENTITIES, Identities};
+use crate::policy::Decision;
+
+/// A request as a bucket policy sees it: who, what, on which resource, and the values its
+/// conditions may test.
+fn policy_request(
+    cx: &mut S3AccessContext<'_>,
+    principal: Option<String>,
+    op: &str,
+    bucket: &str,
+) -> crate::policy::Request {
+    let resource = match cx.s3_path() {
+        S3Path::Object { key, .. } => format!("arn:aws:s3:::{bucket}/{key}"),
+        _ => format!("arn:aws:s3:::{bucket}"),
+    };
+    let mut values = std::collections::BTreeMap::new();
+    for (k, v) in form_urlencoded::parse(cx.uri().query().unwrap_or("").as_bytes()) {
+        if matches!(k.as_ref(), "prefix" | "delimiter" | "max-keys") {
+            values.insert(format!("s3:{k}"), v.into_owned());
+        }
+    }
+    for h in ["x-amz-acl", "x-amz-server-side-encryption", "x-amz-copy-source", "x-amz-metadata-directive"] {
+        if let Some(v) = cx.headers().get(h).and_then(|v| v.to_str().ok()) {
+            values.insert(format!("s3:{h}"), v.to_string());
+        }
+    }
+    if let Some(p) = &principal {
+        values.insert("aws:username".into(), p.clone());
+    }
+    let peer = cx.extensions_mut().get::<tidemark_http::Peer>().copied();
+    values.insert("aws:securetransport".into(), peer.is_some_and(|p| p.tls).to_string());
+    crate::policy::Request {
+        principal,
+        action: crate::policy::action_of(op),
+        resource,
+        values,
+        source_ip: peer.map(|p| p.addr.ip()),
+    }
+}
 
 /// How long a read of the identities document is used before it is read again.
 const REFRESH: Duration = Duration::from_secs(2);
@@ -66,7 +104,14 @@ pub struct Shared {
     cached: Mutex<Option<(Instant, Arc<Identities>)>>,
     /// Buckets' creators, read at most every [`REFRESH`] (a bucket's never changes while it
     /// exists), so that a request costs no extra read.
-    owners: Mutex<std::collections::HashMap<String, (Instant, Option<String>)>>,
+    facts: Mutex<std::collections::HashMap<String, (Instant, BucketFacts)>>,
+}
+
+/// What the access check reads of a bucket.
+#[derive(Debug, Clone, Default)]
+pub struct BucketFacts {
+    pub owner: Option<String>,
+    pub policy: Option<Arc<crate::policy::Policy>>,
 }
 
 /// The most buckets whose creators are remembered at once.
@@ -75,36 +120,52 @@ const MAX_OWNERS: usize = 10_000;
 impl Shared {
     /// `dev_key_allowed`: the gateway listens on loopback only.
     pub fn new(filer: Arc<dyn Filer>, dev_key_allowed: bool) -> Self {
-        Shared { filer, dev_key_allowed, cached: Mutex::new(None), owners: Mutex::new(Default::default()) }
-    }
-
-    /// The identity that created `bucket` through S3, if one did.
-    pub async fn owner_of(&self, bucket: &str) -> Option<String> {
-        if let Some((at, o)) = self.owners.lock().await.get(bucket)
-            && at.elapsed() < REFRESH
-        {
-            return o.clone();
-        }
-        let dir = crate::names::bucket_dir(bucket).ok()?;
-        let owner = match self.filer.stat(&dir).await {
-            Ok(Some(e)) => e.extended.get(crate::gateway::ATTR_OWNER).cloned(),
-            // No bucket yet (it may be created next), or unknown: nothing is remembered.
-            Ok(None) | Err(_) => return None,
-        };
-        let mut owners = self.owners.lock().await;
-        if owners.len() >= MAX_OWNERS {
-            owners.clear();
-        }
-        owners.insert(bucket.to_string(), (Instant::now(), owner.clone()));
-        owner
+        Shared { filer, dev_key_allowed, cached: Mutex::new(None), facts: Mutex::new(Default::default()) }
     }
 
     pub fn dev_key_allowed(&self) -> bool {
         self.dev_key_allowed
     }
 
-    /// The identities; on a failed re-read, the last ones read (a filer restart must not lock
-    /// everyone out, nor let anyone in).
+    /// The identity that created `bucket` through S3, if one did.
+    pub async fn owner_of(&self, bucket: &str) -> Option<String> {
+        self.bucket_facts(bucket).await.owner
+    }
+
+    /// What the access check reads of a bucket (its creator, its policy), at most every
+    /// [`REFRESH`].
+    pub async fn bucket_facts(&self, bucket: &str) -> BucketFacts {
+        if let Some((at, f)) = self.facts.lock().await.get(bucket)
+            && at.elapsed() < REFRESH
+        {
+            return f.clone();
+        }
+        let Ok(dir) = crate::names::bucket_dir(bucket) else { return BucketFacts::default() };
+        let facts = match self.filer.stat(&dir).await {
+            Ok(Some(e)) => BucketFacts {
+                owner: e.extended.get(crate::gateway::ATTR_OWNER).cloned(),
+                policy: e
+                    .extended
+                    .get(crate::policy::ATTR_POLICY)
+                    .and_then(|t| crate::policy::parse(t, bucket).ok())
+                    .map(Arc::new),
+            },
+            // No bucket yet (it may be created next), or unknown: nothing is remembered.
+            Ok(None) | Err(_) => return BucketFacts::default(),
+        };
+        let mut all = self.facts.lock().await;
+        if all.len() >= MAX_OWNERS {
+            all.clear();
+        }
+        all.insert(bucket.to_string(), (Instant::now(), facts.clone()));
+        facts
+    }
+
+    /// Forgets what was read of `bucket` (its policy just changed on this gateway).
+    pub async fn forget_bucket(&self, bucket: &str) {
+        self.facts.lock().await.remove(bucket);
+    }
+
     /// Whether a canned ACL lets this request do operation `op` on `path`, which its caller's
     /// identity (or the lack of one: `signed` false) does not: `public-read` objects read and
     /// `public-read` buckets listed by anyone, objects written into a `public-read-write`
@@ -153,6 +214,8 @@ impl Shared {
         false
     }
 
+    /// The identities; on a failed re-read, the last ones read (a filer restart must not lock
+    /// everyone out, nor let anyone in).
     pub async fn identities(&self) -> Arc<Identities> {
         let mut c = self.cached.lock().await;
         if let Some((at, ids)) = c.as_ref()
@@ -222,18 +285,10 @@ impl S3Access for Access {
         let ids = self.0.identities().await;
         let ak = cx.credentials().map(|c| c.access_key.clone());
         let op = cx.s3_op().name().to_string();
-        let Some(caller) = ids.caller(ak.as_deref(), self.0.dev_key_allowed) else {
-            if ak.is_none() && self.0.acl_grants(false, &op, cx.s3_path()).await {
-                return Ok(());
-            }
-            return Err(denied(match ak {
-                Some(a) => format!("access key {a:?} is not configured"),
-                None => format!(
-                    "this request is unsigned, and no identity named {ANONYMOUS} says what unsigned requests may do"
-                ),
-            }));
-        };
-        check_skew(cx)?;
+        let caller = ids.caller(ak.as_deref(), self.0.dev_key_allowed);
+        if caller.is_some() {
+            check_skew(cx)?;
+        }
         let action = Action::of_operation(&op);
         let bucket = match cx.s3_path() {
             S3Path::Root => None,
@@ -241,13 +296,47 @@ impl S3Access for Access {
         };
         // Creating a bucket is about its name: one that exists answers BucketAlreadyExists
         // (another's) or BucketAlreadyOwnedByYou, as S3 does, not AccessDenied.
-        let owner = match &bucket {
-            Some(b) if op != "CreateBucket" => self.0.owner_of(b).await,
+        let facts = match &bucket {
+            Some(b) if op != "CreateBucket" => self.0.bucket_facts(b).await,
+            _ => BucketFacts::default(),
+        };
+        let name = match &caller {
+            Some(Caller::Identity(i)) => Some(i.name.clone()),
             _ => None,
         };
-        if !caller.allows(action, bucket.as_deref(), owner.as_deref())
-            && !self.0.acl_grants(ak.is_some(), &op, cx.s3_path()).await
-        {
+        let decision = match (&facts.policy, &bucket) {
+            (Some(p), Some(b)) => p.evaluate(&policy_request(cx, name.clone(), &op, b)),
+            _ => Decision::Silent,
+        };
+        // An explicit Deny wins, except over the creator managing the policy itself (a policy
+        // that locks everyone out can still be mended).
+        let managing = matches!(op.as_str(), "GetBucketPolicy" | "PutBucketPolicy" | "DeleteBucketPolicy");
+        let creator = name.is_some() && name == facts.owner || matches!(caller, Some(Caller::Dev));
+        if decision == Decision::Deny && !(managing && creator) {
+            return Err(denied(format!(
+                "bucket {}'s policy denies {op} to {}",
+                bucket.as_deref().unwrap_or_default(),
+                caller.as_ref().map(who).unwrap_or_else(|| "an unsigned request".into())
+            )));
+        }
+        let allowed = caller.as_ref().is_some_and(|c| c.allows(action, bucket.as_deref(), facts.owner.as_deref()))
+            || decision == Decision::Allow
+            || self.0.acl_grants(ak.is_some(), &op, cx.s3_path()).await;
+        let Some(caller) = caller.filter(|_| allowed || ak.is_some()) else {
+            if allowed && (op == "CopyObject" || op == "UploadPartCopy") {
+                return Err(denied("an unsigned request may not copy: the source's reader is not known".into()));
+            }
+            if allowed {
+                return Ok(());
+            }
+            return Err(denied(match ak {
+                Some(a) => format!("access key {a:?} is not configured"),
+                None => format!(
+                    "this request is unsigned, and no identity named {ANONYMOUS} (nor a canned ACL or a bucket policy) says it may {op}"
+                ),
+            }));
+        };
+        if !allowed {
             return Err(denied(format!(
                 "{} may not {op} (needs {}{})",
                 who(&caller),

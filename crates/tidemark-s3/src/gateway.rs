@@ -25,6 +25,7 @@ use crate::lifecycle::{self, ATTR_LIFECYCLE};
 use crate::list::{self, Item};
 use crate::multipart::{self, Upload};
 use crate::names::{self, BUCKETS_DIR, NameError};
+use crate::policy::{self, ATTR_POLICY};
 use crate::tagging;
 
 /// S3's limit on user metadata (names and values).
@@ -1279,6 +1280,54 @@ impl S3 for Gateway {
         let owner = owner_of(&bucket);
         let grants = acl::of(&e.extended).grants(&owner);
         Ok(S3Response::new(GetObjectAclOutput { grants: Some(grants), owner: Some(owner), ..Default::default() }))
+    }
+
+    async fn put_bucket_policy(
+        &self,
+        req: S3Request<PutBucketPolicyInput>,
+    ) -> S3Result<S3Response<PutBucketPolicyOutput>> {
+        let i = req.input;
+        policy::parse(&i.policy, &i.bucket)?;
+        self.set_bucket_attr(&i.bucket, ATTR_POLICY, Some(i.policy.clone())).await?;
+        self.shared.forget_bucket(&i.bucket).await;
+        Ok(S3Response::new(PutBucketPolicyOutput::default()))
+    }
+
+    async fn get_bucket_policy(
+        &self,
+        req: S3Request<GetBucketPolicyInput>,
+    ) -> S3Result<S3Response<GetBucketPolicyOutput>> {
+        let (_, e) = self.bucket_entry(&req.input.bucket).await?;
+        let text = e
+            .extended
+            .get(ATTR_POLICY)
+            .cloned()
+            .ok_or_else(|| s3_error!(NoSuchBucketPolicy, "The bucket policy does not exist"))?;
+        Ok(S3Response::new(GetBucketPolicyOutput { policy: Some(text) }))
+    }
+
+    async fn delete_bucket_policy(
+        &self,
+        req: S3Request<DeleteBucketPolicyInput>,
+    ) -> S3Result<S3Response<DeleteBucketPolicyOutput>> {
+        self.set_bucket_attr(&req.input.bucket, ATTR_POLICY, None).await?;
+        self.shared.forget_bucket(&req.input.bucket).await;
+        Ok(S3Response::new(DeleteBucketPolicyOutput::default()))
+    }
+
+    async fn get_bucket_policy_status(
+        &self,
+        req: S3Request<GetBucketPolicyStatusInput>,
+    ) -> S3Result<S3Response<GetBucketPolicyStatusOutput>> {
+        let (_, e) = self.bucket_entry(&req.input.bucket).await?;
+        let text = e
+            .extended
+            .get(ATTR_POLICY)
+            .ok_or_else(|| s3_error!(NoSuchBucketPolicy, "The bucket policy does not exist"))?;
+        let public = policy::parse(text, &req.input.bucket).is_ok_and(|p| p.is_public());
+        Ok(S3Response::new(GetBucketPolicyStatusOutput {
+            policy_status: Some(PolicyStatus { is_public: Some(public) }),
+        }))
     }
 
     async fn put_bucket_cors(&self, req: S3Request<PutBucketCorsInput>) -> S3Result<S3Response<PutBucketCorsOutput>> {

@@ -16,6 +16,7 @@ pub mod lifecycle;
 pub mod list;
 pub mod multipart;
 pub mod names;
+pub mod policy;
 pub mod tagging;
 
 use std::net::SocketAddr;

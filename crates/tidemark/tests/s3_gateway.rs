@@ -63,9 +63,12 @@ fn boto3_drives_every_operation() {
 /// A bucket created through S3 is its creator's: another identity (unless its `-buckets` names
 /// the bucket) can neither read, list, write nor delete it, and creating it again answers
 /// BucketAlreadyExists; canned ACLs (`public-read`, `public-read-write`) open objects and
-/// buckets to unsigned requests; grants to particular accounts are refused.
+/// buckets to unsigned requests; grants to particular accounts are refused. Bucket policies:
+/// an Allow opens (to everyone, or to an identity, under a prefix condition), a Deny wins (the
+/// owner's reads and deletes included, on the source address or on plain HTTP), and a document
+/// using what is not evaluated is refused.
 #[test]
-fn buckets_belong_to_who_made_them_and_canned_acls_open_them() {
+fn buckets_belong_to_who_made_them_and_acls_and_policies_open_them() {
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
     for who in ["one", "two"] {
@@ -77,6 +80,8 @@ fn buckets_belong_to_who_made_them_and_canned_acls_open_them() {
     std::thread::sleep(Duration::from_millis(2500));
     let out = python(&["owners", &endpoint(&server), "AKone", "one-secret-1", "AKtwo", "two-secret-1"], &server);
     assert!(out.contains("each identity's buckets are its own"), "{out}");
+    let out = python(&["policies", &endpoint(&server), "AKone", "one-secret-1", "AKtwo", "two-secret-1"], &server);
+    assert!(out.contains("allowed, denied and refused as written"), "{out}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
     python3 clients.py boto3  ENDPOINT ACCESS_KEY SECRET_KEY
     python3 clients.py access ENDPOINT ADMIN_AK ADMIN_SK READER_AK READER_SK
     python3 clients.py owners ENDPOINT ONE_AK ONE_SK TWO_AK TWO_SK
+    python3 clients.py policies ENDPOINT ONE_AK ONE_SK TWO_AK TWO_SK
     python3 clients.py errors ENDPOINT ACCESS_KEY SECRET_KEY
     python3 clients.py tools  ENDPOINT ACCESS_KEY SECRET_KEY WORKDIR
 
@@ -506,6 +507,50 @@ def owners_mode(endpoint, one_ak, one_sk, two_ak, two_sk):
     print("owners: each identity's buckets are its own")
 
 
+def policy_mode(endpoint, one_ak, one_sk, two_ak, two_sk):
+    """Bucket policies: Allow opens, Deny wins (the owner included), what is not evaluated is refused."""
+    one, two = client(endpoint, one_ak, one_sk), client(endpoint, two_ak, two_sk)
+    b = "pol-one"
+    one.create_bucket(Bucket=b)
+    for k in ("public/a", "private/b", "docs/c"):
+        one.put_object(Bucket=b, Key=k, Body=k.encode())
+    expect_code("NoSuchBucketPolicy", lambda: one.get_bucket_policy(Bucket=b), "no policy yet")
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{b}/public/*"},
+        {"Effect": "Allow", "Principal": {"AWS": ["arn:aws:iam:::user/two"]}, "Action": "s3:ListBucket",
+         "Resource": f"arn:aws:s3:::{b}", "Condition": {"StringLike": {"s3:prefix": "docs/*"}}},
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:DeleteObject", "Resource": f"arn:aws:s3:::{b}/*",
+         "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}
+    import json
+    one.put_bucket_policy(Bucket=b, Policy=json.dumps(policy))
+    assert json.loads(one.get_bucket_policy(Bucket=b)["Policy"]) == policy
+    assert one.get_bucket_policy_status(Bucket=b)["PolicyStatus"]["IsPublic"] is True
+    assert unsigned(endpoint, "GET", f"/{b}/public/a") == (200, b"public/a")
+    assert unsigned(endpoint, "GET", f"/{b}/private/b")[0] == 403
+    keys = [o["Key"] for o in two.list_objects_v2(Bucket=b, Prefix="docs/")["Contents"]]
+    assert keys == ["docs/c"], keys
+    expect_code("AccessDenied", lambda: two.list_objects_v2(Bucket=b), "a listing the condition does not allow")
+    expect_code("AccessDenied", lambda: two.get_object(Bucket=b, Key="private/b"), "not allowed to two")
+    expect_code("AccessDenied", lambda: one.delete_object(Bucket=b, Key="private/b"), "a Deny wins over the owner")
+    # A Deny on the source address (the client is on loopback): even the owner reads nothing, and
+    # may still mend the policy.
+    deny_local = {"Statement": [{"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{b}/*",
+                                 "Condition": {"IpAddress": {"aws:SourceIp": "127.0.0.0/8"}}}]}
+    one.put_bucket_policy(Bucket=b, Policy=json.dumps(deny_local))
+    expect_code("AccessDenied", lambda: one.get_object(Bucket=b, Key="docs/c"), "a source-address Deny")
+    one.delete_bucket_policy(Bucket=b)
+    assert one.get_object(Bucket=b, Key="docs/c")["Body"].read() == b"docs/c"
+    # Refused, and nothing stored.
+    expect_code("MalformedPolicy", lambda: one.put_bucket_policy(Bucket=b, Policy="{"), "not JSON")
+    tagged = {"Statement": [{"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{b}/*",
+                             "Condition": {"StringEquals": {"s3:ExistingObjectTag/secret": "yes"}}}]}
+    expect_code("NotImplemented", lambda: one.put_bucket_policy(Bucket=b, Policy=json.dumps(tagged)), "a key not evaluated")
+    other = {"Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::other/*"}]}
+    expect_code("MalformedPolicy", lambda: one.put_bucket_policy(Bucket=b, Policy=json.dumps(other)), "another bucket's resource")
+    expect_code("NoSuchBucketPolicy", lambda: one.get_bucket_policy(Bucket=b), "nothing stored")
+    print("policies: allowed, denied and refused as written")
+
+
 def anonymous_mode(endpoint):
     assert urllib.request.urlopen(f"{endpoint}/gw-public/open.txt").read() == b"for readers"
     try:
@@ -818,5 +863,5 @@ def tools_mode(endpoint, ak, sk, work):
 
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
-    {"boto3": boto3_mode, "access": access_mode, "owners": owners_mode, "anonymous": anonymous_mode, "errors": errors_mode,
+    {"boto3": boto3_mode, "access": access_mode, "owners": owners_mode, "policies": policy_mode, "anonymous": anonymous_mode, "errors": errors_mode,
      "tools": tools_mode}[mode](*rest)
