@@ -112,6 +112,9 @@ pub struct Shared {
 pub struct BucketFacts {
     pub owner: Option<String>,
     pub policy: Option<Arc<crate::policy::Policy>>,
+    /// The public access block's `IgnorePublicAcls` and `RestrictPublicBuckets`.
+    pub ignore_public_acls: bool,
+    pub restrict_public_buckets: bool,
 }
 
 /// The most buckets whose creators are remembered at once.
@@ -143,6 +146,10 @@ impl Shared {
         let Ok(dir) = crate::names::bucket_dir(bucket) else { return BucketFacts::default() };
         let facts = match self.filer.stat(&dir).await {
             Ok(Some(e)) => BucketFacts {
+                ignore_public_acls: crate::gateway::public_access_block_of(&e)
+                    .is_some_and(|c| c.ignore_public_acls == Some(true)),
+                restrict_public_buckets: crate::gateway::public_access_block_of(&e)
+                    .is_some_and(|c| c.restrict_public_buckets == Some(true)),
                 owner: e.extended.get(crate::gateway::ATTR_OWNER).cloned(),
                 policy: e
                     .extended
@@ -304,10 +311,18 @@ impl S3Access for Access {
             Some(Caller::Identity(i)) => Some(i.name.clone()),
             _ => None,
         };
-        let decision = match (&facts.policy, &bucket) {
+        let mut decision = match (&facts.policy, &bucket) {
             (Some(p), Some(b)) => p.evaluate(&policy_request(cx, name.clone(), &op, b)),
             _ => Decision::Silent,
         };
+        // A public policy of a bucket that restricts public buckets allows only its creator.
+        if decision == Decision::Allow
+            && facts.restrict_public_buckets
+            && facts.policy.as_ref().is_some_and(|p| p.is_public())
+            && !(name.is_some() && name == facts.owner)
+        {
+            decision = Decision::Silent;
+        }
         // An explicit Deny wins, except over the creator managing the policy itself (a policy
         // that locks everyone out can still be mended).
         let managing = matches!(op.as_str(), "GetBucketPolicy" | "PutBucketPolicy" | "DeleteBucketPolicy");
@@ -321,7 +336,7 @@ impl S3Access for Access {
         }
         let allowed = caller.as_ref().is_some_and(|c| c.allows(action, bucket.as_deref(), facts.owner.as_deref()))
             || decision == Decision::Allow
-            || self.0.acl_grants(ak.is_some(), &op, cx.s3_path()).await;
+            || (!facts.ignore_public_acls && self.0.acl_grants(ak.is_some(), &op, cx.s3_path()).await);
         let Some(caller) = caller.filter(|_| allowed || ak.is_some()) else {
             if allowed && (op == "CopyObject" || op == "UploadPartCopy") {
                 return Err(denied("an unsigned request may not copy: the source's reader is not known".into()));

@@ -234,6 +234,26 @@ fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
     ext
 }
 
+/// What a bucket blocks of public access (`s3.public-access-block`, s3s's type as JSON).
+pub const ATTR_PUBLIC_ACCESS_BLOCK: &str = "s3.public-access-block";
+
+pub fn public_access_block_of(bucket: &Entry) -> Option<PublicAccessBlockConfiguration> {
+    serde_json::from_str(bucket.extended.get(ATTR_PUBLIC_ACCESS_BLOCK)?).ok()
+}
+
+/// Refuses a canned ACL that would open `bucket` (or one of its objects) to the public when
+/// the bucket blocks public ACLs (`BlockPublicAcls`), as S3 does: 403, nothing stored.
+fn refuse_public_acl(bucket: &Entry, canned: Option<Canned>) -> S3Result<()> {
+    let blocks = public_access_block_of(bucket).is_some_and(|c| c.block_public_acls == Some(true));
+    if blocks && canned.is_some_and(|c| c.authenticated_read()) {
+        return Err(s3_error!(
+            AccessDenied,
+            "the bucket blocks public ACLs (its public access block); nothing was stored"
+        ));
+    }
+    Ok(())
+}
+
 /// A bucket's CORS configuration, if it has one.
 fn cors_of(bucket: &Entry) -> Option<CORSConfiguration> {
     serde_json::from_str(bucket.extended.get(ATTR_CORS)?).ok()
@@ -1237,6 +1257,7 @@ impl S3 for Gateway {
         let grants = [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp];
         acl::refuse_grants(grants.iter().any(|g| g.is_some()), i.access_control_policy.is_some())?;
         let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?.unwrap_or(Canned::Private);
+        refuse_public_acl(&self.bucket_entry(&i.bucket).await?.1, Some(canned))?;
         let value = (canned != Canned::Private).then(|| canned.as_str().to_string());
         self.set_bucket_attr(&i.bucket, ATTR_ACL, value).await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
@@ -1258,6 +1279,7 @@ impl S3 for Gateway {
         acl::refuse_grants(grants.iter().any(|g| g.is_some()), i.access_control_policy.is_some())?;
         let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?;
         let (p, e) = self.object_entry(&i.bucket, &i.key).await?;
+        refuse_public_acl(&self.bucket_entry(&i.bucket).await?.1, canned)?;
         let mut n = e.to_new();
         set_acl(&mut n.extended, canned);
         if n.extended != e.extended {
@@ -1287,7 +1309,14 @@ impl S3 for Gateway {
         req: S3Request<PutBucketPolicyInput>,
     ) -> S3Result<S3Response<PutBucketPolicyOutput>> {
         let i = req.input;
-        policy::parse(&i.policy, &i.bucket)?;
+        let parsed = policy::parse(&i.policy, &i.bucket)?;
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
+        if parsed.is_public() && public_access_block_of(&bucket).is_some_and(|c| c.block_public_policy == Some(true)) {
+            return Err(s3_error!(
+                AccessDenied,
+                "the bucket blocks public policies (its public access block): this one allows anyone; nothing was stored"
+            ));
+        }
         self.set_bucket_attr(&i.bucket, ATTR_POLICY, Some(i.policy.clone())).await?;
         self.shared.forget_bucket(&i.bucket).await;
         Ok(S3Response::new(PutBucketPolicyOutput::default()))
@@ -1328,6 +1357,44 @@ impl S3 for Gateway {
         Ok(S3Response::new(GetBucketPolicyStatusOutput {
             policy_status: Some(PolicyStatus { is_public: Some(public) }),
         }))
+    }
+
+    async fn put_public_access_block(
+        &self,
+        req: S3Request<PutPublicAccessBlockInput>,
+    ) -> S3Result<S3Response<PutPublicAccessBlockOutput>> {
+        let i = req.input;
+        let json =
+            serde_json::to_string(&i.public_access_block_configuration).map_err(|e| s3_error!(InternalError, "{e}"))?;
+        self.set_bucket_attr(&i.bucket, ATTR_PUBLIC_ACCESS_BLOCK, Some(json)).await?;
+        self.shared.forget_bucket(&i.bucket).await;
+        Ok(S3Response::new(PutPublicAccessBlockOutput::default()))
+    }
+
+    async fn get_public_access_block(
+        &self,
+        req: S3Request<GetPublicAccessBlockInput>,
+    ) -> S3Result<S3Response<GetPublicAccessBlockOutput>> {
+        let (_, e) = self.bucket_entry(&req.input.bucket).await?;
+        let c = public_access_block_of(&e).ok_or_else(|| {
+            // A code s3s does not name.
+            let mut err = S3Error::with_message(
+                S3ErrorCode::Custom("NoSuchPublicAccessBlockConfiguration".into()),
+                "The public access block configuration was not found",
+            );
+            err.set_status_code(hyper::StatusCode::NOT_FOUND);
+            err
+        })?;
+        Ok(S3Response::new(GetPublicAccessBlockOutput { public_access_block_configuration: Some(c) }))
+    }
+
+    async fn delete_public_access_block(
+        &self,
+        req: S3Request<DeletePublicAccessBlockInput>,
+    ) -> S3Result<S3Response<DeletePublicAccessBlockOutput>> {
+        self.set_bucket_attr(&req.input.bucket, ATTR_PUBLIC_ACCESS_BLOCK, None).await?;
+        self.shared.forget_bucket(&req.input.bucket).await;
+        Ok(S3Response::new(DeletePublicAccessBlockOutput::default()))
     }
 
     async fn put_bucket_cors(&self, req: S3Request<PutBucketCorsInput>) -> S3Result<S3Response<PutBucketCorsOutput>> {
@@ -1740,7 +1807,9 @@ impl S3 for Gateway {
         if let Some(t) = &i.tagging {
             tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
         }
-        set_acl(&mut extended, canned_acl!(i));
+        let canned = canned_acl!(i);
+        refuse_public_acl(&bucket, canned)?;
+        set_acl(&mut extended, canned);
         let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
@@ -1778,7 +1847,7 @@ impl S3 for Gateway {
         if i.copy_source_sse_customer_algorithm.is_some() {
             return Err(s3_error!(InvalidRequest, "the source object is not encrypted with a customer key"));
         }
-        self.bucket_entry(&i.bucket).await?;
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
             return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: nothing can be copied onto it"));
@@ -1802,7 +1871,9 @@ impl S3 for Gateway {
         };
         tagging::set(&mut extended, tagging::ATTR_TAGGING, &tags);
         // The copy's ACL is the request's (private unless it names one), never the source's.
-        set_acl(&mut extended, canned_acl!(i));
+        let canned = canned_acl!(i);
+        refuse_public_acl(&bucket, canned)?;
+        set_acl(&mut extended, canned);
         // The source's checksum of its whole bytes is the copy's (of the algorithm asked, if one
         // was); another algorithm is computed as the bytes are copied.
         let want = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
@@ -1885,7 +1956,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let i = req.input;
         refuse_unhonoured!(i);
-        self.bucket_entry(&i.bucket).await?;
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
         let (_, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
             return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: it holds no bytes"));
@@ -1894,7 +1965,9 @@ impl S3 for Gateway {
         if let Some(t) = &i.tagging {
             tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
         }
-        set_acl(&mut extended, canned_acl!(i));
+        let canned = canned_acl!(i);
+        refuse_public_acl(&bucket, canned)?;
+        set_acl(&mut extended, canned);
         let algo = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
         let full_object = match (i.checksum_type.as_ref().map(|t| t.as_str()), algo) {
             (Some(_), None) => {

@@ -548,6 +548,26 @@ def policy_mode(endpoint, one_ak, one_sk, two_ak, two_sk):
     other = {"Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::other/*"}]}
     expect_code("MalformedPolicy", lambda: one.put_bucket_policy(Bucket=b, Policy=json.dumps(other)), "another bucket's resource")
     expect_code("NoSuchBucketPolicy", lambda: one.get_bucket_policy(Bucket=b), "nothing stored")
+    # A public access block shuts what ACLs and policies opened, and refuses to open more.
+    p = "pab-one"
+    one.create_bucket(Bucket=p)
+    expect_code("NoSuchPublicAccessBlockConfiguration", lambda: one.get_public_access_block(Bucket=p), "none yet")
+    one.put_object(Bucket=p, Key="acl", Body=b"acl", ACL="public-read")
+    one.put_object(Bucket=p, Key="pol", Body=b"pol")
+    public = json.dumps({"Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+                                        "Resource": f"arn:aws:s3:::{p}/pol"}]})
+    one.put_bucket_policy(Bucket=p, Policy=public)
+    assert unsigned(endpoint, "GET", f"/{p}/acl")[0] == 200 and unsigned(endpoint, "GET", f"/{p}/pol")[0] == 200
+    block = {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True}
+    one.put_public_access_block(Bucket=p, PublicAccessBlockConfiguration=block)
+    assert one.get_public_access_block(Bucket=p)["PublicAccessBlockConfiguration"] == block
+    assert unsigned(endpoint, "GET", f"/{p}/acl")[0] == 403, "a public ACL ignored"
+    assert unsigned(endpoint, "GET", f"/{p}/pol")[0] == 403, "a public policy restricted"
+    expect_code("AccessDenied", lambda: one.put_object(Bucket=p, Key="x", Body=b"x", ACL="public-read"), "a public ACL blocked")
+    expect_code("AccessDenied", lambda: one.put_bucket_policy(Bucket=p, Policy=public), "a public policy blocked")
+    assert one.get_object(Bucket=p, Key="pol")["Body"].read() == b"pol", "the owner still reads"
+    one.delete_public_access_block(Bucket=p)
+    assert unsigned(endpoint, "GET", f"/{p}/acl")[0] == 200 and unsigned(endpoint, "GET", f"/{p}/pol")[0] == 200
     print("policies: allowed, denied and refused as written")
 
 
