@@ -200,6 +200,29 @@ fn oversized_xml<B>(req: &hyper::Request<B>) -> Option<hyper::Response<s3s::Body
         .ok()
 }
 
+/// A SigV2-signed request for a bucket (`/BUCKET`, no key) with the path it was signed for.
+/// SigV2's canonical resource for a bucket is `/BUCKET/` (AWS's rule, which botocore and every
+/// SigV2 client follow); s3s signs the path as sent, so every such request failed with
+/// SignatureDoesNotMatch. `/BUCKET/` routes as `/BUCKET` does.
+fn sigv2_bucket_path<B>(mut req: hyper::Request<B>) -> hyper::Request<B> {
+    let header_v2 = req.headers().get(hyper::header::AUTHORIZATION).is_some_and(|a| a.as_bytes().starts_with(b"AWS "));
+    let query = req.uri().query().unwrap_or("");
+    let presigned_v2 = query.split('&').any(|kv| kv.starts_with("AWSAccessKeyId="));
+    let path = req.uri().path();
+    if !(header_v2 || presigned_v2) || path.len() < 2 || path[1..].contains('/') {
+        return req;
+    }
+    let fixed = if query.is_empty() { format!("{path}/") } else { format!("{path}/?{query}") };
+    if let Ok(pq) = hyper::http::uri::PathAndQuery::try_from(fixed) {
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = hyper::Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
+    req
+}
+
 /// The bucket a path-style request names (`/BUCKET/...`).
 fn bucket_of(path: &str) -> Option<&str> {
     path.strip_prefix('/')?.split('/').next().filter(|b| !b.is_empty())
@@ -304,6 +327,7 @@ pub async fn serve_tls(
         let svc = service.clone();
         let gateway = gateway.clone();
         async move {
+            let req = sigv2_bucket_path(req);
             let bucket = bucket_of(req.uri().path()).map(str::to_string);
             if req.method() == hyper::Method::OPTIONS {
                 return Ok(with_request_id(preflight(&gateway, bucket.as_deref(), req.headers()).await).await);
