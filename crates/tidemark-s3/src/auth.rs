@@ -347,7 +347,7 @@ impl S3Access for Access {
             return Err(denied(match ak {
                 Some(a) => format!("access key {a:?} is not configured"),
                 None => format!(
-                    "this request is unsigned, and no identity named {ANONYMOUS} (nor a canned ACL or a bucket policy) says it may {op}"
+                    "this request is unsigned, and neither an identity named {ANONYMOUS}, a canned ACL nor the bucket's policy lets it {op}"
                 ),
             }));
         };

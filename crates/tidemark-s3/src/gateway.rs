@@ -237,8 +237,13 @@ fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
 /// What a bucket blocks of public access (`s3.public-access-block`, s3s's type as JSON).
 pub const ATTR_PUBLIC_ACCESS_BLOCK: &str = "s3.public-access-block";
 
+/// A bucket's configuration kept in attribute `attr` (s3s's own type as JSON), if it has one.
+fn config_of<T: serde::de::DeserializeOwned>(bucket: &Entry, attr: &str) -> Option<T> {
+    serde_json::from_str(bucket.extended.get(attr)?).ok()
+}
+
 pub fn public_access_block_of(bucket: &Entry) -> Option<PublicAccessBlockConfiguration> {
-    serde_json::from_str(bucket.extended.get(ATTR_PUBLIC_ACCESS_BLOCK)?).ok()
+    config_of(bucket, ATTR_PUBLIC_ACCESS_BLOCK)
 }
 
 /// Refuses a canned ACL that would open `bucket` (or one of its objects) to the public when
@@ -254,14 +259,12 @@ fn refuse_public_acl(bucket: &Entry, canned: Option<Canned>) -> S3Result<()> {
     Ok(())
 }
 
-/// A bucket's CORS configuration, if it has one.
 fn cors_of(bucket: &Entry) -> Option<CORSConfiguration> {
-    serde_json::from_str(bucket.extended.get(ATTR_CORS)?).ok()
+    config_of(bucket, ATTR_CORS)
 }
 
-/// A bucket's lifecycle configuration, if it has one.
 fn lifecycle_of(bucket: &Entry) -> Option<BucketLifecycleConfiguration> {
-    serde_json::from_str(bucket.extended.get(ATTR_LIFECYCLE)?).ok()
+    config_of(bucket, ATTR_LIFECYCLE)
 }
 
 /// The `x-amz-expiration` header of object `key` (entry `e`) in a bucket whose entry is `bucket`.
@@ -773,6 +776,12 @@ impl Gateway {
         }
     }
 
+    /// Keeps configuration `c` in attribute `attr` of the bucket's entry (`None`: removes it).
+    async fn set_bucket_config<T: serde::Serialize>(&self, bucket: &str, attr: &str, c: Option<&T>) -> S3Result<()> {
+        let json = c.map(serde_json::to_string).transpose().map_err(|e| s3_error!(InternalError, "{e}"))?;
+        self.set_bucket_attr(bucket, attr, json).await
+    }
+
     /// Sets one attribute of a bucket's entry (`None`: removes it), conditional on the version
     /// read, so a change in between is never undone.
     async fn set_bucket_attr(&self, bucket: &str, attr: &str, value: Option<String>) -> S3Result<()> {
@@ -786,13 +795,16 @@ impl Gateway {
             return Ok(());
         }
         let txn = Txn::put(p, n, Origin::Local).with_precondition(Precondition::Version(e.version));
-        match self.filer.apply(txn).await {
+        let applied = match self.filer.apply(txn).await {
             Ok(_) => Ok(()),
             Err(Error::PreconditionFailed { .. }) => {
                 Err(s3_error!(ServiceUnavailable, "the bucket changed while its configuration was set; retry"))
             }
             Err(e) => Err(s3_err(e)),
-        }
+        };
+        // This gateway's access checks see the change at once; others within 2 s.
+        self.shared.forget_bucket(bucket).await;
+        applied
     }
 
     /// Carries out the buckets' lifecycle rules at `now_ms`: deletes the objects due to expire
@@ -1318,7 +1330,6 @@ impl S3 for Gateway {
             ));
         }
         self.set_bucket_attr(&i.bucket, ATTR_POLICY, Some(i.policy.clone())).await?;
-        self.shared.forget_bucket(&i.bucket).await;
         Ok(S3Response::new(PutBucketPolicyOutput::default()))
     }
 
@@ -1340,7 +1351,6 @@ impl S3 for Gateway {
         req: S3Request<DeleteBucketPolicyInput>,
     ) -> S3Result<S3Response<DeleteBucketPolicyOutput>> {
         self.set_bucket_attr(&req.input.bucket, ATTR_POLICY, None).await?;
-        self.shared.forget_bucket(&req.input.bucket).await;
         Ok(S3Response::new(DeleteBucketPolicyOutput::default()))
     }
 
@@ -1364,10 +1374,7 @@ impl S3 for Gateway {
         req: S3Request<PutPublicAccessBlockInput>,
     ) -> S3Result<S3Response<PutPublicAccessBlockOutput>> {
         let i = req.input;
-        let json =
-            serde_json::to_string(&i.public_access_block_configuration).map_err(|e| s3_error!(InternalError, "{e}"))?;
-        self.set_bucket_attr(&i.bucket, ATTR_PUBLIC_ACCESS_BLOCK, Some(json)).await?;
-        self.shared.forget_bucket(&i.bucket).await;
+        self.set_bucket_config(&i.bucket, ATTR_PUBLIC_ACCESS_BLOCK, Some(&i.public_access_block_configuration)).await?;
         Ok(S3Response::new(PutPublicAccessBlockOutput::default()))
     }
 
@@ -1392,16 +1399,14 @@ impl S3 for Gateway {
         &self,
         req: S3Request<DeletePublicAccessBlockInput>,
     ) -> S3Result<S3Response<DeletePublicAccessBlockOutput>> {
-        self.set_bucket_attr(&req.input.bucket, ATTR_PUBLIC_ACCESS_BLOCK, None).await?;
-        self.shared.forget_bucket(&req.input.bucket).await;
+        self.set_bucket_config::<()>(&req.input.bucket, ATTR_PUBLIC_ACCESS_BLOCK, None).await?;
         Ok(S3Response::new(DeletePublicAccessBlockOutput::default()))
     }
 
     async fn put_bucket_cors(&self, req: S3Request<PutBucketCorsInput>) -> S3Result<S3Response<PutBucketCorsOutput>> {
         let i = req.input;
         cors::validate(&i.cors_configuration)?;
-        let json = serde_json::to_string(&i.cors_configuration).map_err(|e| s3_error!(InternalError, "{e}"))?;
-        self.set_bucket_attr(&i.bucket, ATTR_CORS, Some(json)).await?;
+        self.set_bucket_config(&i.bucket, ATTR_CORS, Some(&i.cors_configuration)).await?;
         Ok(S3Response::new(PutBucketCorsOutput::default()))
     }
 
@@ -1416,7 +1421,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<DeleteBucketCorsInput>,
     ) -> S3Result<S3Response<DeleteBucketCorsOutput>> {
-        self.set_bucket_attr(&req.input.bucket, ATTR_CORS, None).await?;
+        self.set_bucket_config::<()>(&req.input.bucket, ATTR_CORS, None).await?;
         Ok(S3Response::new(DeleteBucketCorsOutput::default()))
     }
 
@@ -1438,8 +1443,7 @@ impl S3 for Gateway {
                 m.location
             ));
         }
-        let json = serde_json::to_string(&c).map_err(|e| s3_error!(InternalError, "{e}"))?;
-        self.set_bucket_attr(&i.bucket, ATTR_LIFECYCLE, Some(json)).await?;
+        self.set_bucket_config(&i.bucket, ATTR_LIFECYCLE, Some(&c)).await?;
         Ok(S3Response::new(PutBucketLifecycleConfigurationOutput::default()))
     }
 
@@ -1457,7 +1461,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<DeleteBucketLifecycleInput>,
     ) -> S3Result<S3Response<DeleteBucketLifecycleOutput>> {
-        self.set_bucket_attr(&req.input.bucket, ATTR_LIFECYCLE, None).await?;
+        self.set_bucket_config::<()>(&req.input.bucket, ATTR_LIFECYCLE, None).await?;
         Ok(S3Response::new(DeleteBucketLifecycleOutput::default()))
     }
 

@@ -32,7 +32,8 @@ const KEYS: [&str; 10] = [
     "s3:x-amz-metadata-directive",
 ];
 
-const OPERATORS: [&str; 9] = [
+const OPERATORS: [&str; 10] = [
+    "Null",
     "StringEquals",
     "StringNotEquals",
     "StringLike",
@@ -114,6 +115,14 @@ pub fn parse(text: &str, bucket: &str) -> S3Result<Policy> {
         let principals = match o.get("Principal") {
             Some(Value::String(s)) if s == "*" => None,
             Some(Value::Object(p)) => {
+                if let Some(k) = p.keys().find(|k| *k != "AWS") {
+                    return Err(S3Error::with_message(
+                        S3ErrorCode::NotImplemented,
+                        format!(
+                            "{k} principals are not evaluated here (identities are AWS principals); nothing was stored"
+                        ),
+                    ));
+                }
                 let aws = p.get("AWS").map(many).ok_or_else(|| malformed("Principal names AWS principals or *"))?;
                 if aws.iter().any(|a| a == "*") { None } else { Some(aws) }
             }
@@ -241,6 +250,8 @@ fn condition_holds(op: &str, key: &str, values: &[String], r: &Request) -> bool 
     }
     let got = r.values.get(key);
     match op {
+        // "true": the request has no such value; "false": it has one.
+        "Null" => values.iter().any(|v| v.eq_ignore_ascii_case(&got.is_none().to_string())),
         "StringEquals" => got.is_some_and(|g| values.iter().any(|v| v == g)),
         "StringEqualsIgnoreCase" => got.is_some_and(|g| values.iter().any(|v| v.eq_ignore_ascii_case(g))),
         "StringNotEquals" => got.is_none_or(|g| values.iter().all(|v| v != g)),
@@ -380,5 +391,21 @@ mod tests {
             in_cidr("10.1.2.3".parse().unwrap(), "10.0.0.0/8") && !in_cidr("11.0.0.1".parse().unwrap(), "10.0.0.0/8")
         );
         assert_eq!(action_of("HeadObject"), "s3:GetObject");
+        let unencrypted = parse(
+            r#"{"Statement":{"Effect":"Deny","Principal":"*","Action":"s3:PutObject","Resource":"arn:aws:s3:::b/*",
+                "Condition":{"Null":{"s3:x-amz-server-side-encryption":"true"}}}}"#,
+            "b",
+        )
+        .unwrap();
+        let mut put = req(Some("a"), "s3:PutObject", "arn:aws:s3:::b/k");
+        assert_eq!(unencrypted.evaluate(&put), Decision::Deny, "no such header: Null is true");
+        put.values.insert("s3:x-amz-server-side-encryption".into(), "AES256".into());
+        assert_eq!(unencrypted.evaluate(&put), Decision::Silent);
+        assert_eq!(
+            code(
+                r#"{"Statement":{"Effect":"Allow","Principal":{"Service":"logging.s3.amazonaws.com"},"Action":"s3:PutObject","Resource":"arn:aws:s3:::b/*"}}"#
+            ),
+            S3ErrorCode::NotImplemented
+        );
     }
 }
