@@ -34,6 +34,11 @@ impl TidemarkProcess {
     /// the S3 gateway on free ports too, unless EXTRA says otherwise) and waits until it prints
     /// the addresses it listens on.
     pub fn server(bin: &Path, data_dir: &Path, extra: &[&str]) -> Self {
+        Self::server_with_env(bin, data_dir, extra, &[])
+    }
+
+    /// [`TidemarkProcess::server`], with variables added to its environment.
+    pub fn server_with_env(bin: &Path, data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut args = vec![
             "server",
             "--data-dir",
@@ -49,7 +54,7 @@ impl TidemarkProcess {
         }
         let s3_off = s3_set.and_then(|i| extra.get(i + 1)).is_some_and(|v| v.eq_ignore_ascii_case("off"));
         args.extend_from_slice(extra);
-        Self::start_with(bin, data_dir, &args, if s3_off { 2 } else { 3 })
+        Self::start_with_env(bin, data_dir, &args, if s3_off { 2 } else { 3 }, env)
     }
 
     /// Starts `tidemark ARGS...`, which must print `... listening on http://ADDR ...` on stdout.

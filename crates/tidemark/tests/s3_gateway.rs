@@ -383,18 +383,7 @@ fn a_stalled_body_is_given_up_and_stores_nothing() {
     use std::io::{Read, Write};
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let args = [
-        "server",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--filer-addr",
-        "127.0.0.1:0",
-        "--admin-addr",
-        "127.0.0.1:0",
-        "--s3-addr",
-        "127.0.0.1:0",
-    ];
-    let server = TidemarkProcess::start_with_env(bin(), &data, &args, 3, &[("TIDEMARK_BODY_IDLE_SECS", "2")]);
+    let server = TidemarkProcess::server_with_env(bin(), &data, &[], &[("TIDEMARK_BODY_IDLE_SECS", "2")]);
     let sh = |cmd: &str| tidemark_testkit::run_shell(bin(), &server.addr, cmd, &[]);
     // The filer's API answers 408 (the gateway reads bodies through the same limit and answers
     // S3's RequestTimeout: `tidemark-s3 body::tests::a_body_that_stalls_is_s3s_request_timeout`).
@@ -557,20 +546,9 @@ async fn lifecycle_rules_expire_objects_and_abort_uploads() {
     let tmp = tempfile::tempdir().unwrap();
     let (data, root) = (tmp.path().join("data"), tmp.path().join("root"));
     std::fs::create_dir_all(root.join("bkt")).unwrap();
-    let args = [
-        "server",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--filer-addr",
-        "127.0.0.1:0",
-        "--admin-addr",
-        "127.0.0.1:0",
-        "--s3-addr",
-        "127.0.0.1:0",
-        "--local-root",
-        root.to_str().unwrap(),
-    ];
-    let server = TidemarkProcess::start_with_env(bin(), &data, &args, 3, &[("TIDEMARK_S3_LIFECYCLE_DAY_SECS", "2")]);
+    let local_root = ["--local-root", root.to_str().unwrap()];
+    let server =
+        TidemarkProcess::server_with_env(bin(), &data, &local_root, &[("TIDEMARK_S3_LIFECYCLE_DAY_SECS", "2")]);
     let c = gateway_client(&server);
     c.create_bucket().bucket("lcycle").send().await.unwrap();
     for key in ["tmp/a", "tmp/deep/b", "keep/c", "tagged/x", "tagged/y"] {
