@@ -109,8 +109,8 @@ pub fn of(ext: &std::collections::BTreeMap<String, String>) -> Canned {
 }
 
 /// Refuses grants to particular accounts (headers or a policy document): not kept here.
-pub fn refuse_grants(any_grant: bool, policy_document: bool) -> S3Result<()> {
-    if any_grant || policy_document {
+pub fn refuse_grants(any_grant: bool) -> S3Result<()> {
+    if any_grant {
         return Err(S3Error::with_message(
             S3ErrorCode::NotImplemented,
             "grants to particular accounts (x-amz-grant-*, an AccessControlPolicy) are not kept: give identities their actions and buckets with s3.configure, or use a canned ACL (x-amz-acl); nothing was stored",
@@ -139,6 +139,6 @@ mod tests {
         assert_eq!(of(&ext), Canned::Private);
         ext.insert(ATTR_ACL.to_string(), "public-read".to_string());
         assert_eq!(of(&ext), Canned::PublicRead);
-        assert!(refuse_grants(true, false).is_err() && refuse_grants(false, false).is_ok());
+        assert!(refuse_grants(true).is_err() && refuse_grants(false).is_ok());
     }
 }

@@ -107,10 +107,15 @@ pub struct Shared {
     facts: Mutex<std::collections::HashMap<String, (Instant, BucketFacts)>>,
 }
 
-/// What the access check reads of a bucket.
+/// What the gateway reads of a bucket on every request (the access check, CORS, a HEAD's
+/// expiration), cached: its creator and configurations.
 #[derive(Debug, Clone, Default)]
 pub struct BucketFacts {
+    /// The bucket exists (what a preflight tells apart from having no CORS rules).
+    pub exists: bool,
     pub owner: Option<String>,
+    pub cors: Option<Arc<s3s::dto::CORSConfiguration>>,
+    pub lifecycle: Option<Arc<s3s::dto::BucketLifecycleConfiguration>>,
     pub policy: Option<Arc<crate::policy::Policy>>,
     /// The public access block's `IgnorePublicAcls` and `RestrictPublicBuckets`.
     pub ignore_public_acls: bool,
@@ -145,7 +150,10 @@ impl Shared {
         }
         let Ok(dir) = crate::names::bucket_dir(bucket) else { return BucketFacts::default() };
         let facts = match self.filer.stat(&dir).await {
-            Ok(Some(e)) => BucketFacts {
+            Ok(Some(e)) if e.is_dir() => BucketFacts {
+                exists: true,
+                cors: crate::gateway::config_of(&e, crate::cors::ATTR_CORS).map(Arc::new),
+                lifecycle: crate::gateway::config_of(&e, crate::lifecycle::ATTR_LIFECYCLE).map(Arc::new),
                 ignore_public_acls: crate::gateway::public_access_block_of(&e)
                     .is_some_and(|c| c.ignore_public_acls == Some(true)),
                 restrict_public_buckets: crate::gateway::public_access_block_of(&e)
@@ -158,7 +166,7 @@ impl Shared {
                     .map(Arc::new),
             },
             // No bucket yet (it may be created next), or unknown: nothing is remembered.
-            Ok(None) | Err(_) => return BucketFacts::default(),
+            Ok(_) | Err(_) => return BucketFacts::default(),
         };
         let mut all = self.facts.lock().await;
         if all.len() >= MAX_OWNERS {

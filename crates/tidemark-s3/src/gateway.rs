@@ -165,13 +165,20 @@ macro_rules! attrs {
 }
 
 /// The canned ACL a request asks for (`x-amz-acl`), after refusing grants to particular
-/// accounts; `private` (the default) is kept as nothing.
+/// accounts: the `x-amz-grant-*` every such request has, and the fields `$more` that only some
+/// have (`grant_write`, an `access_control_policy` document).
 macro_rules! canned_acl {
-    ($i:expr) => {{
+    ($i:expr $(, $more:ident)*) => {{
         let i = &$i;
-        let grants = [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write_acp];
-        acl::refuse_grants(grants.iter().any(|g| g.is_some()), false)?;
-        i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?.filter(|c| *c != Canned::Private)
+        let grants = [
+            i.grant_full_control.is_some(),
+            i.grant_read.is_some(),
+            i.grant_read_acp.is_some(),
+            i.grant_write_acp.is_some(),
+            $(i.$more.is_some(),)*
+        ];
+        acl::refuse_grants(grants.contains(&true))?;
+        i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?
     }};
 }
 
@@ -238,7 +245,7 @@ fn copied_attrs(e: &Entry) -> BTreeMap<String, String> {
 pub const ATTR_PUBLIC_ACCESS_BLOCK: &str = "s3.public-access-block";
 
 /// A bucket's configuration kept in attribute `attr` (s3s's own type as JSON), if it has one.
-fn config_of<T: serde::de::DeserializeOwned>(bucket: &Entry, attr: &str) -> Option<T> {
+pub(crate) fn config_of<T: serde::de::DeserializeOwned>(bucket: &Entry, attr: &str) -> Option<T> {
     serde_json::from_str(bucket.extended.get(attr)?).ok()
 }
 
@@ -267,10 +274,9 @@ fn lifecycle_of(bucket: &Entry) -> Option<BucketLifecycleConfiguration> {
     config_of(bucket, ATTR_LIFECYCLE)
 }
 
-/// The `x-amz-expiration` header of object `key` (entry `e`) in a bucket whose entry is `bucket`.
-fn expiration_of(bucket: &Entry, key: &str, e: &Entry) -> Option<String> {
-    let c = lifecycle_of(bucket)?;
-    lifecycle::expiration_header(&c, key, e.size, &tagging::kept(&e.extended, tagging::ATTR_TAGGING), e.mtime_ms)
+/// The `x-amz-expiration` header of object `key` (entry `e`) under its bucket's lifecycle rules.
+fn expiration_of(rules: Option<&BucketLifecycleConfiguration>, key: &str, e: &Entry) -> Option<String> {
+    lifecycle::expiration_header(rules?, key, e.size, &tagging::kept(&e.extended, tagging::ATTR_TAGGING), e.mtime_ms)
 }
 
 /// The algorithm a request names (`x-amz-checksum-algorithm`).
@@ -701,19 +707,58 @@ impl Gateway {
             Some(k) => (self.object_entry(bucket, k).await?, tagging::ATTR_TAGGING),
             None => (self.bucket_entry(bucket).await?, tagging::ATTR_BUCKET_TAGGING),
         };
+        self.update_extended(&p, &e, Origin::Local, "its tags were set", |ext| tagging::set(ext, attr, tags)).await
+    }
+
+    /// Changes the extended attributes of entry `e` at `p` — a metadata update, conditional on
+    /// the version read, so a write in between is never undone (it answers ServiceUnavailable:
+    /// retry). Nothing is written if nothing changes.
+    async fn update_extended(
+        &self,
+        p: &str,
+        e: &Entry,
+        origin: Origin,
+        what: &str,
+        change: impl FnOnce(&mut BTreeMap<String, String>),
+    ) -> S3Result<()> {
         let mut n = e.to_new();
-        tagging::set(&mut n.extended, attr, tags);
+        change(&mut n.extended);
         if n.extended == e.extended {
             return Ok(());
         }
-        let txn = Txn::put(p, n, Origin::Local).with_precondition(Precondition::Version(e.version));
+        let txn = Txn::put(p, n, origin).with_precondition(Precondition::Version(e.version));
         match self.filer.apply(txn).await {
             Ok(_) => Ok(()),
             Err(Error::PreconditionFailed { .. }) => {
-                Err(s3_error!(ServiceUnavailable, "the object changed while its tags were set; retry"))
+                Err(s3_error!(ServiceUnavailable, "{p} changed while {what}; retry"))
             }
             Err(e) => Err(s3_err(e)),
         }
+    }
+
+    /// Every upload in progress, with its id (any gateway's: they are staged in the namespace).
+    async fn uploads(&self) -> tidemark_core::Result<Vec<(String, Upload)>> {
+        let mut uploads = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.filer.list(multipart::UPLOADS, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. }) => break,
+                Err(e) => return Err(e),
+            };
+            for e in page.entries.iter().filter(|e| e.is_dir()) {
+                if let Ok(Some((u, _))) =
+                    docs::read_json::<Upload>(&*self.filer, &multipart::upload_doc(e.name())).await
+                {
+                    uploads.push((e.name().to_string(), u));
+                }
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        Ok(uploads)
     }
 
     async fn bucket_entry(&self, bucket: &str) -> S3Result<(String, Entry)> {
@@ -766,14 +811,11 @@ impl Gateway {
         }
     }
 
-    /// The CORS rules of `bucket`: `Err(())` if there is no such bucket, `Ok(None)` if it has
-    /// none (what a preflight must tell apart).
-    pub async fn bucket_cors(&self, bucket: &str) -> Result<Option<CORSConfiguration>, ()> {
-        let dir = names::bucket_dir(bucket).map_err(drop)?;
-        match self.filer.stat(&dir).await {
-            Ok(Some(e)) if e.is_dir() => Ok(cors_of(&e)),
-            _ => Err(()),
-        }
+    /// The CORS rules of `bucket` (cached with its other configuration): `Err(())` if there is
+    /// no such bucket, `Ok(None)` if it has none (what a preflight must tell apart).
+    pub async fn bucket_cors(&self, bucket: &str) -> Result<Option<Arc<CORSConfiguration>>, ()> {
+        let facts = self.shared.bucket_facts(bucket).await;
+        if facts.exists { Ok(facts.cors) } else { Err(()) }
     }
 
     /// Keeps configuration `c` in attribute `attr` of the bucket's entry (`None`: removes it).
@@ -786,22 +828,14 @@ impl Gateway {
     /// read, so a change in between is never undone.
     async fn set_bucket_attr(&self, bucket: &str, attr: &str, value: Option<String>) -> S3Result<()> {
         let (p, e) = self.bucket_entry(bucket).await?;
-        let mut n = e.to_new();
-        match value {
-            Some(v) => n.extended.insert(attr.to_string(), v),
-            None => n.extended.remove(attr),
-        };
-        if n.extended == e.extended {
-            return Ok(());
-        }
-        let txn = Txn::put(p, n, Origin::Local).with_precondition(Precondition::Version(e.version));
-        let applied = match self.filer.apply(txn).await {
-            Ok(_) => Ok(()),
-            Err(Error::PreconditionFailed { .. }) => {
-                Err(s3_error!(ServiceUnavailable, "the bucket changed while its configuration was set; retry"))
-            }
-            Err(e) => Err(s3_err(e)),
-        };
+        let applied = self
+            .update_extended(&p, &e, Origin::Local, "its configuration was set", |ext| {
+                match value {
+                    Some(v) => ext.insert(attr.to_string(), v),
+                    None => ext.remove(attr),
+                };
+            })
+            .await;
         // This gateway's access checks see the change at once; others within 2 s.
         self.shared.forget_bucket(bucket).await;
         applied
@@ -885,30 +919,14 @@ impl Gateway {
         day_ms: i64,
     ) -> tidemark_core::Result<u64> {
         let mut n = 0;
-        let mut after: Option<String> = None;
-        loop {
-            let page = match self.filer.list(multipart::UPLOADS, after.as_deref(), 1000).await {
-                Ok(p) => p,
-                Err(Error::NotFound { .. }) => break,
-                Err(e) => return Err(e),
-            };
-            for e in page.entries.iter().filter(|e| e.is_dir()) {
-                let Ok(Some((u, _))) = docs::read_json::<Upload>(&*self.filer, &multipart::upload_doc(e.name())).await
-                else {
-                    continue;
-                };
-                if u.bucket == bucket && lifecycle::abandoned(c, &u.key, u.initiated_ms, now_ms, day_ms) {
-                    let opts = DeleteOptions { recursive: true, precondition: Precondition::Any, ..Default::default() };
-                    match self.filer.delete(&e.path, opts).await {
-                        Ok(_) => n += 1,
-                        Err(Error::NotFound { .. }) => {}
-                        Err(err) => return Err(err),
-                    }
+        for (id, u) in self.uploads().await? {
+            if u.bucket == bucket && lifecycle::abandoned(c, &u.key, u.initiated_ms, now_ms, day_ms) {
+                let opts = DeleteOptions { recursive: true, precondition: Precondition::Any, ..Default::default() };
+                match self.filer.delete(&multipart::upload_dir(&id), opts).await {
+                    Ok(_) => n += 1,
+                    Err(Error::NotFound { .. }) => {}
+                    Err(err) => return Err(err),
                 }
-            }
-            match page.next {
-                Some(next) => after = Some(next),
-                None => break,
             }
         }
         Ok(n)
@@ -918,10 +936,10 @@ impl Gateway {
     /// computed here) on the entry they made — conditional on its version: if another write
     /// came in between, the checksum described bytes that are gone.
     async fn keep_checksum(&self, p: &str, e: &Entry, sum: &Sum, origin: Origin) {
-        let mut n = e.to_new();
-        n.extended.insert(ATTR_CHECKSUM.into(), sum.to_attr());
-        let txn = Txn::put(p, n, origin).with_precondition(Precondition::Version(e.version));
-        if let Err(err) = self.filer.apply(txn).await {
+        let kept = self.update_extended(p, e, origin, "its checksum was kept", |ext| {
+            ext.insert(ATTR_CHECKSUM.into(), sum.to_attr());
+        });
+        if let Err(err) = kept.await {
             tracing::debug!(path = %p, error = %err, "a checksum was not kept: the object changed meanwhile");
         }
     }
@@ -1266,11 +1284,9 @@ impl S3 for Gateway {
 
     async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
         let i = req.input;
-        let grants = [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp];
-        acl::refuse_grants(grants.iter().any(|g| g.is_some()), i.access_control_policy.is_some())?;
-        let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?.unwrap_or(Canned::Private);
-        refuse_public_acl(&self.bucket_entry(&i.bucket).await?.1, Some(canned))?;
-        let value = (canned != Canned::Private).then(|| canned.as_str().to_string());
+        let canned = canned_acl!(i, grant_write, access_control_policy);
+        refuse_public_acl(&self.bucket_entry(&i.bucket).await?.1, canned)?;
+        let value = canned.filter(|c| *c != Canned::Private).map(|c| c.as_str().to_string());
         self.set_bucket_attr(&i.bucket, ATTR_ACL, value).await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
     }
@@ -1287,23 +1303,10 @@ impl S3 for Gateway {
         if i.version_id.as_deref().is_some_and(|v| v != NULL_VERSION) {
             return Err(s3_error!(NotImplemented, "a version's ACL: the namespace keeps one version per key"));
         }
-        let grants = [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp];
-        acl::refuse_grants(grants.iter().any(|g| g.is_some()), i.access_control_policy.is_some())?;
-        let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?;
+        let canned = canned_acl!(i, grant_write, access_control_policy);
         let (p, e) = self.object_entry(&i.bucket, &i.key).await?;
         refuse_public_acl(&self.bucket_entry(&i.bucket).await?.1, canned)?;
-        let mut n = e.to_new();
-        set_acl(&mut n.extended, canned);
-        if n.extended != e.extended {
-            let txn = Txn::put(p, n, Origin::Local).with_precondition(Precondition::Version(e.version));
-            match self.filer.apply(txn).await {
-                Ok(_) => {}
-                Err(Error::PreconditionFailed { .. }) => {
-                    return Err(s3_error!(ServiceUnavailable, "the object changed while its ACL was set; retry"));
-                }
-                Err(e) => return Err(s3_err(e)),
-            }
-        }
+        self.update_extended(&p, &e, Origin::Local, "its ACL was set", |ext| set_acl(ext, canned)).await?;
         Ok(S3Response::new(PutObjectAclOutput::default()))
     }
 
@@ -1496,16 +1499,9 @@ impl S3 for Gateway {
     }
 
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
-        let i = &req.input;
-        let b = &i.bucket;
+        let b = &req.input.bucket;
         names::valid_new_bucket(b).map_err(name_err)?;
-        acl::refuse_grants(
-            [&i.grant_full_control, &i.grant_read, &i.grant_read_acp, &i.grant_write, &i.grant_write_acp]
-                .iter()
-                .any(|g| g.is_some()),
-            false,
-        )?;
-        let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?;
+        let canned = canned_acl!(req.input, grant_write);
         let dir = names::bucket_dir(b).map_err(name_err)?;
         let creator = self.identity_name(&req.credentials).await;
         let mut entry = NewEntry::dir(now_ms());
@@ -1699,9 +1695,7 @@ impl S3 for Gateway {
         let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
         let s = ask.shown(&e, range.as_ref());
         let mut out = shown_as!(HeadObjectOutput, s, parts_count: parts_count);
-        if let Ok((_, bucket)) = self.bucket_entry(&i.bucket).await {
-            out.expiration = expiration_of(&bucket, &i.key, &e);
-        }
+        out.expiration = expiration_of(self.shared.bucket_facts(&i.bucket).await.lifecycle.as_deref(), &i.key, &e);
         with_checksum!(out, read_sum(&e, i.checksum_mode.as_ref(), i.part_number, ranged).as_ref(), typed);
         let mut resp = S3Response::new(out);
         // S3 answers a HEAD with the tag count too; s3s's HeadObjectOutput has no field for it.
@@ -1838,7 +1832,7 @@ impl S3 for Gateway {
         let mut out = PutObjectOutput {
             e_tag: Some(ETag::Strong(etag_of(&e))),
             size: Some(e.size as i64),
-            expiration: expiration_of(&bucket, &i.key, &e),
+            expiration: expiration_of(lifecycle_of(&bucket).as_ref(), &i.key, &e),
             ..Default::default()
         };
         with_checksum!(out, early.as_ref().or(late.as_ref()), typed);
@@ -2272,28 +2266,14 @@ impl S3 for Gateway {
         self.bucket_entry(&i.bucket).await?;
         let max = i.max_uploads.unwrap_or(1000).clamp(0, 1000) as usize;
         let prefix = i.prefix.clone().unwrap_or_default();
-        let mut uploads: Vec<(String, String, i64)> = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = match self.filer.list(multipart::UPLOADS, after.as_deref(), 1000).await {
-                Ok(p) => p,
-                Err(Error::NotFound { .. }) => break,
-                Err(e) => return Err(s3_err(e)),
-            };
-            for e in page.entries.iter().filter(|e| e.is_dir()) {
-                let id = e.name();
-                if let Ok(Some((u, _))) = docs::read_json::<Upload>(&*self.filer, &multipart::upload_doc(id)).await
-                    && u.bucket == i.bucket
-                    && u.key.starts_with(&prefix)
-                {
-                    uploads.push((u.key, id.to_string(), u.initiated_ms));
-                }
-            }
-            match page.next {
-                Some(n) => after = Some(n),
-                None => break,
-            }
-        }
+        let mut uploads: Vec<(String, String, i64)> = self
+            .uploads()
+            .await
+            .map_err(s3_err)?
+            .into_iter()
+            .filter(|(_, u)| u.bucket == i.bucket && u.key.starts_with(&prefix))
+            .map(|(id, u)| (u.key, id, u.initiated_ms))
+            .collect();
         uploads.sort();
         let key_marker = i.key_marker.clone().unwrap_or_default();
         let id_marker = i.upload_id_marker.clone().unwrap_or_default();
