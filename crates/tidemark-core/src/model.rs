@@ -56,6 +56,14 @@ pub struct PosixAttrs {
     /// A device node's device number.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rdev: u64,
+    /// A hard link's name: the entry has no attributes or bytes of its own; they are those of
+    /// the inode entry at [`inode_path`] of this number, which every name of the file shares.
+    /// Written by the store only ([`Mutation::Link`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+    /// An inode entry's number of names (`None`: one). Kept by the store, whatever a put says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nlink: Option<u32>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -66,6 +74,22 @@ impl PosixAttrs {
     pub fn is_empty(&self) -> bool {
         *self == PosixAttrs::default()
     }
+}
+
+/// Where the files that have more than one name (hard links) keep their attributes and bytes:
+/// one inode entry each, named by its number, which each name's [`PosixAttrs::inode`] gives. A
+/// file's first second name moves it here (in the same transaction); its names stay where they
+/// are. Outside the data of any bucket or remote mount, which refuse hard links.
+pub const INODES_DIR: &str = "/.inodes";
+
+/// The inode entry of the file whose names carry inode number `id`.
+pub fn inode_path(id: u64) -> String {
+    format!("{INODES_DIR}/{id}")
+}
+
+/// The inode number of an inode entry's path (`None`: not one).
+pub fn inode_of_path(p: &str) -> Option<u64> {
+    p.strip_prefix(INODES_DIR)?.strip_prefix('/')?.parse().ok()
 }
 
 /// The longest symbolic-link target the namespace keeps (Linux's `PATH_MAX`).
@@ -299,6 +323,14 @@ pub enum Mutation {
         #[serde(default)]
         to_precondition: Precondition,
     },
+    /// Give the file at the transaction's path (not a directory, not remote-backed) a second
+    /// name `to`, as `link(2)` does. `to` must be absent and its parent a directory. The first
+    /// time, the entry moves to its inode entry ([`inode_path`]; records as a rename's, so its
+    /// bytes stay) and a name takes its place; every link adds a name and counts it in the
+    /// inode's [`PosixAttrs::nlink`] (its ctime set). Removing a name (a delete, a put or rename
+    /// over it) counts it off; the last name's removal deletes the inode entry. `Applied::new`
+    /// is the inode entry as it is after the link.
+    Link { to: String },
 }
 
 /// The one transaction primitive: check the fence (if any) and the precondition on `path`,
@@ -490,7 +522,7 @@ impl Txn {
     /// The paths the transaction writes at: its own, and a rename's destination.
     pub fn paths(&self) -> impl Iterator<Item = &str> {
         let to = match &self.mutation {
-            Mutation::Rename { to, .. } => Some(to.as_str()),
+            Mutation::Rename { to, .. } | Mutation::Link { to } => Some(to.as_str()),
             _ => None,
         };
         std::iter::once(self.path.as_str()).chain(to)
@@ -502,6 +534,18 @@ impl Txn {
             precondition: Precondition::Any,
             fence: None,
             mutation: Mutation::Rename { to: to.into(), to_precondition: Precondition::Any },
+            origin,
+            dir_times: false,
+        }
+    }
+
+    /// A second name `to` for the file at `from` ([`Mutation::Link`]).
+    pub fn link(from: impl Into<String>, to: impl Into<String>, origin: Origin) -> Self {
+        Txn {
+            path: from.into(),
+            precondition: Precondition::Any,
+            fence: None,
+            mutation: Mutation::Link { to: to.into() },
             origin,
             dir_times: false,
         }
@@ -556,6 +600,9 @@ impl Txn {
                     (Some(_), _) => return Err(Error::invalid_argument("only a symbolic link has a target")),
                     (None, _) => {}
                 }
+                if entry.posix.inode.is_some() {
+                    return Err(Error::invalid_argument("a hard link is made by a link, not written by a put"));
+                }
             }
             Mutation::Rename { to, .. } => {
                 path::validate(to)?;
@@ -567,6 +614,12 @@ impl Txn {
                 }
                 if path::is_within(to, &self.path) {
                     return Err(Error::invalid_argument(format!("{}: cannot be moved below itself ({to})", self.path)));
+                }
+            }
+            Mutation::Link { to } => {
+                path::validate(to)?;
+                if self.path == path::ROOT || to == path::ROOT || *to == self.path {
+                    return Err(Error::invalid_argument(format!("{}: cannot be linked as {to}", self.path)));
                 }
             }
             Mutation::Delete { .. } => {

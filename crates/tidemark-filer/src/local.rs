@@ -274,11 +274,53 @@ impl LocalFiler {
         Ok(())
     }
 
+    /// A hard link is a second name in the namespace only: a bucket's object has one key, so a
+    /// remote mount has no second names.
+    async fn check_link(&self, from: &str, to: &str) -> Result<()> {
+        let mapping = self.mount_mapping().await?;
+        for p in [from, to] {
+            if let Some(m) = mapping.find_for(p) {
+                return Err(Error::CrossMount {
+                    path: from.to_string(),
+                    message: format!(
+                        "{p} is in the remote mount {}, whose objects have one key each: no hard links",
+                        m.dir
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Hard links: each name of a file answers as the file — its inode entry's kind, size,
+    /// bytes, attributes and version, under the name's path, with `posix.inode` saying which
+    /// file it is. One batched read for the names among `entries`.
+    async fn resolve_links<'a>(&self, entries: impl Iterator<Item = &'a mut Entry>) -> Result<()> {
+        let names: Vec<&mut Entry> = entries.filter(|e| e.posix.inode.is_some()).collect();
+        for chunk in names.into_iter().collect::<Vec<_>>().chunks_mut(tidemark_core::model::MAX_BATCH) {
+            let paths: Vec<String> =
+                chunk.iter().filter_map(|e| e.posix.inode).map(tidemark_core::model::inode_path).collect();
+            let inodes = self.store.get_many(&paths).await?;
+            for (name, inode) in chunk.iter_mut().zip(inodes) {
+                // A name whose inode entry is gone (it cannot be: they go together) stays as it is.
+                if let Some(mut file) = inode {
+                    file.path = std::mem::take(&mut name.path);
+                    file.posix.inode = name.posix.inode;
+                    **name = file;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The filer's checks of a transaction before the store's: content that matches its size,
     /// kept content that is really there.
     async fn check_txn(&self, txn: &Txn) -> Result<()> {
         if let Mutation::Rename { to, .. } = &txn.mutation {
             self.check_rename(&txn.path, to).await?;
+        }
+        if let Mutation::Link { to } = &txn.mutation {
+            self.check_link(&txn.path, to).await?;
         }
         if let Mutation::Put { entry, data } = &txn.mutation {
             check_put(&txn.path, entry, data.as_ref())?;
@@ -435,19 +477,27 @@ impl Filer for LocalFiler {
     }
 
     async fn stat(&self, p: &str) -> Result<Option<Entry>> {
-        self.store.get(p).await
+        let mut e: Vec<Entry> = self.store.get(p).await?.into_iter().collect();
+        self.resolve_links(e.iter_mut()).await?;
+        Ok(e.pop())
     }
 
     async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
-        self.store.get_many(paths).await
+        let mut all = self.store.get_many(paths).await?;
+        self.resolve_links(all.iter_mut().flatten()).await?;
+        Ok(all)
     }
 
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
-        self.store.list(dir, start_after, limit).await
+        let mut page = self.store.list(dir, start_after, limit).await?;
+        self.resolve_links(page.entries.iter_mut()).await?;
+        Ok(page)
     }
 
     async fn scan(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
-        self.store.scan(dir, start_after, limit).await
+        let mut page = self.store.scan(dir, start_after, limit).await?;
+        self.resolve_links(page.entries.iter_mut()).await?;
+        Ok(page)
     }
 
     async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64> {
@@ -455,6 +505,13 @@ impl Filer for LocalFiler {
     }
 
     async fn read(&self, p: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
+        if let Some(id) = self.store.get(p).await?.and_then(|e| e.posix.inode) {
+            // A name of a hard-linked file: the bytes are its inode entry's.
+            let (mut e, stream) = Box::pin(self.read(&tidemark_core::model::inode_path(id), range)).await?;
+            e.path = p.to_string();
+            e.posix.inode = Some(id);
+            return Ok((e, stream));
+        }
         // A concurrent overwrite may remove the blob between reading the entry and opening it;
         // read the entry again then. Once open, the bytes stay readable whatever happens.
         for _ in 0..WRITE_RETRIES {
@@ -554,8 +611,12 @@ impl Filer for LocalFiler {
             // (its remote object, its extended attributes) and is conditional on that state.
             // Over a symbolic link or a device node, the write makes a file (as `open(2)` with
             // O_CREAT does not: the mount resolves links before it writes).
+            // Over a name of a hard-linked file, the write replaces that name (as a put of an
+            // object replaces it); the mount writes the file all its names share at its inode entry.
             let mut entry = match &current {
-                Some(e) if e.kind == EntryKind::File => NewEntry { size, content: content.clone(), ..e.to_new() },
+                Some(e) if e.kind == EntryKind::File && e.posix.inode.is_none() => {
+                    NewEntry { size, content: content.clone(), ..e.to_new() }
+                }
                 _ => {
                     let mut n = NewEntry::file(size, 0, content.clone());
                     n.posix.uid = opts.uid;
@@ -714,7 +775,7 @@ impl Filer for LocalFiler {
     }
 
     async fn local_file(&self, p: &str) -> Result<Option<tidemark_core::filer::LocalFile>> {
-        let Some(e) = self.store.get(p).await? else { return Ok(None) };
+        let Some(e) = self.stat(p).await? else { return Ok(None) };
         match (&e.content, &self.blobs) {
             (Content::Blob { id }, Blobs::Dir(d)) => Ok(Some(tidemark_core::filer::LocalFile {
                 file: d.file_of(id)?.to_string_lossy().into_owned(),

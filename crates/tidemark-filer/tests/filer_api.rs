@@ -68,6 +68,7 @@ both!(
     batches_of_transactions_and_of_reads,
     a_renamed_file_keeps_its_bytes_and_a_replaced_one_lets_go,
     renames_under_a_remote_mount_are_refused_as_cross_mount,
+    hard_links_answer_as_their_file_and_keep_its_bytes_until_the_last_name,
 );
 
 async fn write_and_read_small_and_large_files(s: &Setup) {
@@ -354,6 +355,52 @@ async fn renames_under_a_remote_mount_are_refused_as_cross_mount(s: &Setup) {
         }
     }
     assert_eq!(read_all(f, "/top/m/in", None).await, b"x");
+    // Nor a second name: an object has one key.
+    for (from, to) in [("/top/m/in", "/top/in-link"), ("/top/out", "/top/m/out-link")] {
+        match f.apply(Txn::link(from, to, Origin::Local)).await {
+            Err(Error::CrossMount { message, .. }) => assert!(message.contains("/top/m"), "{message}"),
+            other => panic!("link {from} -> {to}: {other:?}"),
+        }
+    }
+}
+
+/// Every name of a hard-linked file answers as the file (stat, list, scan, read: its size,
+/// bytes, count of names and version, under the name asked for); a write at its inode entry
+/// (what the mount does) changes it for every name; a write at a name through the API replaces
+/// that name alone, as a PUT replaces an object; the bytes go with the last name.
+async fn hard_links_answer_as_their_file_and_keep_its_bytes_until_the_last_name(s: &Setup) {
+    let f = &*s.filer;
+    f.write("/hl/a", body(&[7u8; 100_000]), WriteOptions::default()).await.unwrap();
+    let inode = f.apply(Txn::link("/hl/a", "/hl/b", Origin::Local)).await.unwrap().new.unwrap();
+    let id = tidemark_core::model::inode_of_path(&inode.path).unwrap();
+    assert_eq!(inode.posix.nlink, Some(2));
+    let seen = f.stat_many(&["/hl/a".into(), "/hl/b".into()]).await.unwrap();
+    let listed = f.list("/hl", None, 10).await.unwrap().entries;
+    let scanned = f.scan("/hl", None, 10).await.unwrap().entries;
+    for (i, p) in ["/hl/a", "/hl/b"].into_iter().enumerate() {
+        for e in [f.stat(p).await.unwrap().unwrap(), seen[i].clone().unwrap(), listed[i].clone(), scanned[i].clone()] {
+            assert_eq!(e.path, p);
+            assert_eq!((e.size, e.version, e.posix.nlink, e.posix.inode), (100_000, inode.version, Some(2), Some(id)));
+            assert_eq!(e.content, inode.content);
+        }
+        assert_eq!(read_all(f, p, Some(ByteRange { offset: 99_999, length: None })).await, vec![7u8]);
+    }
+    // The mount writes the file at its inode entry: every name reads the new bytes.
+    f.write(&inode.path, body(&[2u8; 50_000]), WriteOptions::default()).await.unwrap();
+    for p in ["/hl/a", "/hl/b"] {
+        assert_eq!(read_all(f, p, None).await, vec![2u8; 50_000], "{p}");
+    }
+    // A write at one name through the API replaces that name.
+    f.write("/hl/b", body(b"new object"), WriteOptions::default()).await.unwrap();
+    assert_eq!(read_all(f, "/hl/b", None).await, b"new object");
+    let a = f.stat("/hl/a").await.unwrap().unwrap();
+    assert_eq!((a.size, a.posix.nlink), (50_000, Some(1)));
+    assert_eq!(read_all(f, "/hl/a", None).await, vec![2u8; 50_000]);
+    // The last name takes the inode entry and its bytes with it (/hl/b's ten bytes are inline:
+    // no blob is left).
+    f.delete("/hl/a", DeleteOptions::default()).await.unwrap();
+    assert!(f.stat(&inode.path).await.unwrap().is_none());
+    assert_eq!(walk(&s._dir.path().join("blobs")), 0);
 }
 
 /// `apply_many` and `stat_many` through the filer: each transaction's own checks (the store's

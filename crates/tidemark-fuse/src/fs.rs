@@ -21,7 +21,7 @@ use fuser::{
 };
 use futures::StreamExt;
 
-use tidemark_core::model::{Content, EntryKind, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::model::{Content, EntryKind, INODES_DIR, NewEntry, Origin, Precondition, Txn, inode_path};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Entry, Error, Filer, WriteOptions, path};
 
 use crate::inodes::{Inodes, ROOT_INO};
@@ -446,7 +446,7 @@ impl TidemarkFs {
             crtime: t,
             kind: file_type(e.kind),
             perm: (e.mode & 0o7777) as u16,
-            nlink: if dir { 2 } else { 1 },
+            nlink: if dir { 2 } else { e.posix.nlink.unwrap_or(1) },
             // Entries written elsewhere (the bucket, the gateway, the shell) have no owner of
             // their own: the mounting user's.
             uid: e.posix.uid.unwrap_or(self.uid),
@@ -476,9 +476,20 @@ impl TidemarkFs {
         }
         self.counters.stats.fetch_add(1, Ordering::Relaxed);
         let epoch = self.inodes().epoch();
-        let e = self.call("stat", self.filer.stat(p))?.ok_or(Errno::ENOENT)?;
+        let mut e = self.call("stat", self.filer.stat(p))?.ok_or(Errno::ENOENT)?;
+        // A name of a hard-linked file is the file: its inode entry, one inode number for every
+        // name, and every operation on it goes to that entry. (A name is asked for each time.)
+        if let Some(id) = e.posix.inode.take() {
+            e.path = inode_path(id);
+        }
         self.inodes().remember_since(e.clone(), epoch);
         Ok(e)
+    }
+
+    /// Before the name `p` (whose entry is `e`) goes, by an unlink or a rename over it: the
+    /// handles open on its file keep its bytes if this is its last name.
+    fn last_name_going(&self, e: &Entry) -> Vec<Arc<Mutex<Handle>>> {
+        if e.is_dir() || e.posix.nlink.unwrap_or(1) > 1 { Vec::new() } else { self.keep_open_bytes(&e.path) }
     }
 
     /// The names in `dir` and their kinds (what `readdir` tells, so that `find -type` and
@@ -500,6 +511,10 @@ impl TidemarkFs {
                 Some(n) => after = Some(n),
                 None => break,
             }
+        }
+        // The inode entries of hard-linked files are reached through their names only.
+        if dir == path::ROOT {
+            all.retain(|e| e.path != INODES_DIR);
         }
         let names = all.iter().map(|e| (e.name().to_string(), e.kind)).collect();
         self.inodes().remember_listing_since(dir, all, epoch);
@@ -846,6 +861,9 @@ impl Filesystem for TidemarkFs {
         let r = (|| {
             let name = name_of(name)?;
             let p = self.inodes().child(parent.0, name).ok_or(Errno::ENOENT)?;
+            if p == INODES_DIR {
+                return Err(Errno::ENOENT);
+            }
             let e = self.stat(&p)?;
             Ok(self.attr(&e))
         })();
@@ -1118,10 +1136,50 @@ impl Filesystem for TidemarkFs {
         }
     }
 
-    /// No hard links: an entry is one path (docs/SEMANTICS.md). EPERM is what link(2) answers
-    /// on a file system without them.
-    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
-        reply.error(Errno::EPERM);
+    /// A second name: one transaction, which the first time moves the file to its inode entry
+    /// (the kernel's inode for it then names that entry). Where a file cannot have a second
+    /// name — a directory, a remote mount — EPERM, as link(2) answers there.
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let r = (|| {
+            self.writable()?;
+            let from = self.path_of(ino)?;
+            let to = self.inodes().child(newparent.0, name_of(newname)?).ok_or(Errno::ENOENT)?;
+            if self.stat(&from)?.is_dir() {
+                return Err(Errno::EPERM);
+            }
+            // What is written and not yet uploaded goes first: the file moves.
+            self.flush_path(&from)?;
+            let txn = Txn {
+                path: from.clone(),
+                precondition: Precondition::Any,
+                fence: None,
+                mutation: tidemark_core::model::Mutation::Link { to: to.clone() },
+                origin: Origin::Local,
+                dir_times: true,
+            };
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            let applied = match self.call_or("link", self.filer.apply(txn), Errno::EEXIST) {
+                Err(Errno::EXDEV | Errno::EISDIR) => Err(Errno::EPERM),
+                r => r,
+            }?;
+            let inode = applied.new.ok_or(Errno::EIO)?;
+            if inode.path != from {
+                // The file moved to its inode entry: its handles and its inode number follow.
+                for h in self.open_on(|h| h == from) {
+                    h.lock().unwrap_or_else(|p| p.into_inner()).path = inode.path.clone();
+                }
+                self.inodes().renamed(&from, &inode.path);
+            }
+            self.forget(&to);
+            self.forget(&inode.path);
+            self.dirs_changed(&applied.dirs);
+            self.inodes().remember(inode.clone());
+            Ok(self.attr(&inode))
+        })();
+        match r {
+            Ok(a) => reply.entry(&self.opts.ttl, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1163,8 +1221,10 @@ impl Filesystem for TidemarkFs {
                 return self.stat(&from).map(drop);
             }
             // A file open under the name the rename replaces keeps its bytes.
-            let replaced = self.keep_open_bytes(&to);
-            let gone = if replaced.is_empty() { None } else { self.stat(&to).ok() };
+            let gone = self.stat(&to).ok();
+            let replaced = gone.as_ref().map(|g| self.last_name_going(g)).unwrap_or_default();
+            // A hard-linked file's inode entry, whose ctime the rename sets.
+            let linked = self.stat(&from).ok().map(|e| e.path).filter(|p| *p != from);
             // One transaction, whatever the size of the tree.
             let txn = Txn {
                 path: from.clone(),
@@ -1187,6 +1247,12 @@ impl Filesystem for TidemarkFs {
             }
             if let Some(gone) = &gone {
                 self.unlinked(&replaced, gone);
+                if gone.path != to {
+                    self.forget(&gone.path);
+                }
+            }
+            if let Some(inode) = &linked {
+                self.forget(inode);
             }
             // Handles open below the old name write to the new one at their close.
             let below = format!("{from}/");
@@ -1506,11 +1572,18 @@ impl TidemarkFs {
             (false, true) => return Err(Errno::EISDIR),
             _ => {}
         }
-        let open = if e.is_dir() { Vec::new() } else { self.keep_open_bytes(&p) };
+        let open = self.last_name_going(&e);
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        let del = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version), dir_times: true };
+        // A name of a hard-linked file has a version of its own (`e` is its file's).
+        let linked = e.path != p;
+        let precondition = if linked { Precondition::Any } else { Precondition::Version(e.version) };
+        let del = DeleteOptions { recursive: false, precondition, dir_times: true };
         let r = self.call("delete", self.filer.delete(&p, del));
         self.forget(&p);
+        if linked {
+            // Its count of names and its ctime changed.
+            self.forget(&e.path);
+        }
         self.dirs_changed(&r?.dirs);
         self.unlinked(&open, &e);
         Ok(())

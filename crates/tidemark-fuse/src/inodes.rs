@@ -94,7 +94,8 @@ impl Inodes {
 
     pub fn remember_listing(&mut self, dir: &str, children: Vec<Entry>) {
         let names = children.iter().map(|e| (e.name().to_string(), e.kind)).collect();
-        for e in children {
+        // A name of a hard-linked file is remembered as its file, by a stat of the name.
+        for e in children.into_iter().filter(|e| e.posix.inode.is_none()) {
             self.remember(e);
         }
         self.dirs.insert(dir.to_string(), names);
@@ -168,9 +169,10 @@ impl Inodes {
         self.changed(to);
     }
 
-    /// Whether `p` is shown by this mount (the root or below it).
+    /// Whether `p` is shown by this mount (the root or below it, or a hard-linked file's inode entry).
     pub fn shows(&self, p: &str) -> bool {
-        path::is_within(p, &self.root)
+        // The inode entries of hard-linked files are what the names below the root show.
+        path::is_within(p, &self.root) || path::is_within(p, tidemark_core::model::INODES_DIR)
     }
 }
 

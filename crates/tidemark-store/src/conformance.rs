@@ -55,7 +55,8 @@ macro_rules! metastore_conformance {
             batches_from_many_tasks_interleave_whole, get_many_answers_in_order,
             a_batch_may_write_one_path_several_times, fenced_batches_racing_a_takeover_land_whole_or_not_at_all,
             links_devices_and_owners_round_trip, a_rename_moves_a_tree_in_one_transaction,
-            a_rename_follows_the_rules_of_rename_2, dir_times_follow_the_names_a_directory_gains_and_loses);
+            a_rename_follows_the_rules_of_rename_2, dir_times_follow_the_names_a_directory_gains_and_loses,
+            hard_links_share_one_inode_entry_and_count_their_names);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -425,6 +426,89 @@ pub async fn a_rename_follows_the_rules_of_rename_2(h: &Harness) {
     assert!(s.get("/q/f").await.unwrap().is_none());
     s.apply(Txn::rename("/q/d", "/q/empty", Origin::Local)).await.unwrap();
     assert!(s.get("/q/empty/inside").await.unwrap().is_some());
+}
+
+/// A link moves the file to its inode entry (its inline bytes along, the records as a rename's)
+/// and leaves names that point there; the count of names follows links, unlinks, renames and
+/// puts over a name, whatever a put of the inode says; the last name takes the inode entry with
+/// it. What link(2) refuses, the store refuses, writing nothing.
+pub async fn hard_links_share_one_inode_entry_and_count_their_names(h: &Harness) {
+    use tidemark_core::model::{inode_of_path, inode_path};
+    let s = &*h.store;
+    let link = |from: &str, to: &str| Txn::link(from, to, Origin::Local);
+    let data = Bytes::from_static(b"abc");
+    s.apply(Txn::put("/h/a", NewEntry::file(3, 1, Content::Inline), Origin::Local).with_data(data.clone()))
+        .await
+        .unwrap();
+    let a = s.get("/h/a").await.unwrap().unwrap();
+    let last = s.last_seq().await.unwrap();
+    let applied = s.apply(link("/h/a", "/h/b")).await.unwrap();
+    let inode = applied.new.clone().unwrap();
+    let id = inode_of_path(&inode.path).expect("an inode entry");
+    assert_eq!(inode.posix.nlink, Some(2));
+    assert_eq!((inode.kind, inode.size, inode.mode), (a.kind, a.size, a.mode));
+    assert_eq!(s.read_inline(&inode.path).await.unwrap(), Some(data.clone()), "the bytes moved with it");
+    for p in ["/h/a", "/h/b"] {
+        let n = s.get(p).await.unwrap().unwrap();
+        assert_eq!((n.posix.inode, n.kind, n.content.clone()), (Some(id), EntryKind::File, Content::Empty), "{p}");
+    }
+    let recs = s.changes(last, 100).await.unwrap();
+    assert!(
+        recs.iter().any(|r| r.path == "/h/a" && r.new.is_none() && r.moved_to.as_deref() == Some(&*inode.path)),
+        "the file moved to its inode entry, as a rename records it: {recs:?}"
+    );
+    assert_eq!(applied.seq, recs.last().unwrap().seq);
+
+    // What link(2) refuses.
+    put(s, "/h/f").await;
+    s.apply(Txn::put("/h/dir", NewEntry::dir(1), Origin::Local)).await.unwrap();
+    let last = s.last_seq().await.unwrap();
+    let refused = [
+        (link("/h/nothing", "/h/x"), "not_found"),
+        (link("/h/a", "/h/no/such/x"), "not_found"),
+        (link("/h/a", "/h/f/x"), "not_a_directory"),
+        (link("/h/a", "/h/f"), "precondition_failed"),
+        (link("/h/a", "/h/a"), "invalid_argument"),
+        (link("/h/dir", "/h/dir2"), "is_a_directory"),
+        (link("/h/a", &inode_path(99)), "invalid_argument"),
+        (Txn::delete(inode_path(id), false, Origin::Local), "invalid_argument"),
+        (Txn::rename(inode_path(id), "/h/stolen", Origin::Local), "invalid_argument"),
+        (Txn::put(inode_path(12345), file(1), Origin::Local), "not_found"),
+    ];
+    for (txn, code) in refused {
+        let what = format!("{} -> {:?}", txn.path, txn.mutation);
+        let err = s.apply(txn).await.unwrap_err();
+        assert_eq!(err.code(), code, "{what}: {err}");
+    }
+    assert_eq!(s.last_seq().await.unwrap(), last, "a refused link writes nothing");
+
+    // A third name, through a name or through the inode entry itself.
+    s.apply(link("/h/b", "/h/c")).await.unwrap();
+    let inode = s.apply(link(&inode_path(id), "/h/dir/d")).await.unwrap().new.unwrap();
+    assert_eq!(inode.posix.nlink, Some(4));
+    // A put of the inode (a chmod) keeps the count.
+    let mut chmod = inode.to_new();
+    (chmod.mode, chmod.posix.nlink) = (0o600, Some(99));
+    let inode = s.apply(Txn::put(&inode.path, chmod, Origin::Local)).await.unwrap().new.unwrap();
+    assert_eq!((inode.mode, inode.posix.nlink), (0o600, Some(4)));
+    // rename(2) between two names of one file does nothing.
+    let last = s.last_seq().await.unwrap();
+    s.apply(Txn::rename("/h/a", "/h/c", Origin::Local)).await.unwrap();
+    assert_eq!(s.last_seq().await.unwrap(), last);
+    let nlink = || async { s.get(&inode_path(id)).await.unwrap().map(|e| e.posix.nlink) };
+    // Each way a name goes counts it off: unlink, a rename over it, a put over it, a recursive
+    // delete of its directory.
+    s.apply(Txn::delete("/h/a", false, Origin::Local)).await.unwrap();
+    assert_eq!(nlink().await, Some(Some(3)));
+    s.apply(Txn::rename("/h/f", "/h/b", Origin::Local)).await.unwrap();
+    assert_eq!(nlink().await, Some(Some(2)));
+    s.apply(Txn::delete("/h/dir", true, Origin::Local)).await.unwrap();
+    assert_eq!(nlink().await, Some(Some(1)));
+    assert_eq!(s.read_inline(&inode_path(id)).await.unwrap(), Some(data), "one name left: the bytes stay");
+    let applied = s.apply(Txn::put("/h/c", file(7), Origin::Local)).await.unwrap();
+    assert_eq!(nlink().await, None, "the last name took the inode entry with it");
+    let recs = s.changes(applied.first_seq - 1, 10).await.unwrap();
+    assert!(recs.iter().any(|r| r.path == inode_path(id) && r.new.is_none() && r.moved_to.is_none()));
 }
 
 /// With `dir_times`, a new name, a removed one and both ends of a rename set their directory's

@@ -10,7 +10,8 @@
 
 use tidemark_core::cache::{self, CachedChunk};
 use tidemark_core::model::{
-    Applied, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, RemoteEntry, Txn, TxnBatch,
+    Applied, Content, Entry, EntryKind, Fence, INODES_DIR, Lease, Mutation, NewEntry, Origin, PosixAttrs, RemoteEntry,
+    Txn, TxnBatch, inode_of_path, inode_path,
 };
 use tidemark_core::{Error, Result, path};
 
@@ -184,6 +185,10 @@ async fn apply_unfenced(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
     }
     let origin = txn.origin;
     let mut dirs: Vec<String> = path::parent(&txn.path).map(str::to_string).into_iter().collect();
+    if let Mutation::Link { to } = &txn.mutation {
+        // The link's source keeps its name: only the new name's directory changes.
+        dirs = path::parent(to).map(str::to_string).into_iter().collect();
+    }
     if let Mutation::Rename { to, .. } = &txn.mutation
         && let Some(d) = path::parent(to)
         && !dirs.iter().any(|x| x == d)
@@ -249,8 +254,29 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
     ) -> Change<'a> {
         Change { seq, ts_ms, path, origin, old, new, moved_to: None }
     }
+    // The inode entries of hard-linked files are the store's to create, move and remove.
+    let in_inodes = |p: &str| path::is_within(p, INODES_DIR);
+    match &txn.mutation {
+        Mutation::Put { .. } if current.is_none() && in_inodes(&txn.path) => {
+            return Err(Error::not_found(&txn.path));
+        }
+        Mutation::Delete { .. } if in_inodes(&txn.path) => {
+            return Err(refused_in_inodes(&txn.path));
+        }
+        Mutation::Rename { to, .. } | Mutation::Link { to } if in_inodes(to) => {
+            return Err(refused_in_inodes(to));
+        }
+        Mutation::Rename { .. } if in_inodes(&txn.path) => {
+            return Err(refused_in_inodes(&txn.path));
+        }
+        _ => {}
+    }
     match &txn.mutation {
         Mutation::Put { entry, data } => {
+            // An inode's count of names is the store's; a put over a name replaces that name.
+            let mut entry = entry.clone();
+            entry.posix.nlink = current.as_ref().filter(|c| c.posix.inode.is_none()).and_then(|c| c.posix.nlink);
+            let entry = &entry;
             // The checks.
             let ancestors = path::ancestors(&txn.path);
             let existing = ops.entries(&ancestors).await?;
@@ -308,6 +334,9 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 ops.drop_cache(&txn.path).await?;
             }
             ops.log_change(change(seq, now_ms, origin, &txn.path, current.as_ref(), Some(&new))).await?;
+            if let Some(id) = current.as_ref().and_then(|c| c.posix.inode) {
+                unlink_inode(ops, id, now_ms, origin).await?;
+            }
             Ok(Applied { first_seq, seq, old: current, new: Some(new), dirs: Vec::new() })
         }
         Mutation::Delete { recursive } => {
@@ -334,6 +363,10 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 ops.drop_cache(&txn.path).await?;
             }
             ops.log_change(change(seq, now_ms, origin, &txn.path, Some(&cur), None)).await?;
+            for id in below.iter().chain(std::iter::once(&cur)).filter_map(|e| e.posix.inode) {
+                unlink_inode(ops, id, now_ms, origin).await?;
+            }
+            let seq = ops.current_seq();
             Ok(Applied { first_seq, seq, old: Some(cur), new: None, dirs: Vec::new() })
         }
         Mutation::Rename { to, to_precondition } => {
@@ -350,6 +383,18 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 Some(p) if p.is_dir() => {}
                 Some(_) => return Err(Error::NotADirectory { path: parent.to_string() }),
                 None => return Err(Error::not_found(parent)),
+            }
+            if let (Some(a), Some(d)) = (src.posix.inode, dest.as_ref())
+                && d.posix.inode == Some(a)
+            {
+                // Two names of one file: rename(2) does nothing.
+                return Ok(Applied {
+                    first_seq,
+                    seq: ops.current_seq(),
+                    old: Some(src.clone()),
+                    new: Some(src),
+                    dirs: Vec::new(),
+                });
             }
             if let Some(d) = &dest {
                 match (src.is_dir(), d.is_dir()) {
@@ -395,9 +440,8 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 }
             }
             // Then the old paths, children before parents, each record naming where it went.
-            let mut seq = ops.current_seq();
             for (e, new_path) in moved.iter().rev() {
-                seq = ops.next_seq();
+                let seq = ops.next_seq();
                 ops.delete_row(&e.path).await?;
                 if cache::invalidates(e, None) {
                     ops.drop_cache(&e.path).await?;
@@ -405,9 +449,146 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 let c = Change { moved_to: Some(new_path), ..change(seq, now_ms, origin, &e.path, Some(e), None) };
                 ops.log_change(c).await?;
             }
+            if let Some(id) = dest.as_ref().and_then(|d| d.posix.inode) {
+                unlink_inode(ops, id, now_ms, origin).await?;
+            }
+            // A hard-linked file's status is its inode's: the rename sets that ctime.
+            if let Some(id) = src.posix.inode
+                && let Some(inode) = ops.entry(&inode_path(id)).await?
+            {
+                let mut n = inode.to_new();
+                n.posix.ctime_ms = Some(now_ms);
+                rewrite(ops, &inode, n, now_ms, origin).await?;
+            }
+            let seq = ops.current_seq();
             Ok(Applied { first_seq, seq, old: Some(src), new: top, dirs: Vec::new() })
         }
+        Mutation::Link { to } => {
+            let Some(src) = current else {
+                return Err(Error::not_found(&txn.path));
+            };
+            // The checks, as link(2) makes them.
+            if src.is_dir() {
+                return Err(Error::IsADirectory { path: txn.path.clone() });
+            }
+            if src.remote.is_some() {
+                return Err(Error::CrossMount {
+                    path: txn.path.clone(),
+                    message: "its bytes are a remote object's, which has one key: it cannot have a second name".into(),
+                });
+            }
+            if let Some(d) = ops.entry(to).await? {
+                return Err(Error::PreconditionFailed { path: to.clone(), current: Some(d.version) });
+            }
+            let parent = path::parent(to).unwrap_or(path::ROOT);
+            match ops.entry(parent).await? {
+                Some(p) if p.is_dir() => {}
+                Some(_) => return Err(Error::NotADirectory { path: parent.to_string() }),
+                None => return Err(Error::not_found(parent)),
+            }
+            // The writes. The file's inode entry, made on its first second name: the entry moves
+            // there (records as a rename's: its bytes live on) and a name takes its place.
+            let (id, inode) = match (src.posix.inode, inode_of_path(&txn.path)) {
+                (Some(id), _) | (None, Some(id)) => {
+                    let inode = ops.entry(&inode_path(id)).await?.ok_or_else(|| {
+                        Error::internal(format!("{}: the inode entry of hard link {id} is missing", txn.path))
+                    })?;
+                    (id, inode)
+                }
+                (None, None) => {
+                    if ops.entry(INODES_DIR).await?.is_none() {
+                        let seq = ops.next_seq();
+                        let mut d = NewEntry::dir(now_ms);
+                        d.mode = 0o700;
+                        let dir = materialise(INODES_DIR, seq, d);
+                        ops.put_row(&dir, None).await?;
+                        ops.log_change(change(seq, now_ms, Origin::System, INODES_DIR, None, Some(&dir))).await?;
+                    }
+                    let data = match src.content {
+                        Content::Inline => ops.inline_data(&src.path).await?,
+                        _ => None,
+                    };
+                    let seq = ops.next_seq();
+                    let ip = inode_path(seq);
+                    let inode = materialise(&ip, seq, src.to_new());
+                    ops.put_row(&inode, data.as_deref()).await?;
+                    ops.log_change(change(seq, now_ms, origin, &ip, None, Some(&inode))).await?;
+                    let gone = ops.next_seq();
+                    ops.delete_row(&src.path).await?;
+                    let c = Change { moved_to: Some(&ip), ..change(gone, now_ms, origin, &src.path, Some(&src), None) };
+                    ops.log_change(c).await?;
+                    put_name(ops, &src.path, &inode, seq, now_ms, origin).await?;
+                    (seq, inode)
+                }
+            };
+            put_name(ops, to, &inode, id, now_ms, origin).await?;
+            let mut n = inode.to_new();
+            n.posix.nlink = Some(inode.posix.nlink.unwrap_or(1) + 1);
+            n.posix.ctime_ms = Some(now_ms);
+            let inode = rewrite(ops, &inode, n, now_ms, origin).await?;
+            Ok(Applied { first_seq, seq: inode.version, old: Some(src), new: Some(inode), dirs: Vec::new() })
+        }
     }
+}
+
+fn refused_in_inodes(p: &str) -> Error {
+    Error::invalid_argument(format!(
+        "{p}: {INODES_DIR} holds the files that have several names; it changes through their names only"
+    ))
+}
+
+/// A name of inode `id` (whose entry is `inode`) at `p`, with its record.
+async fn put_name(ops: &mut impl TxnOps, p: &str, inode: &Entry, id: u64, now_ms: i64, origin: Origin) -> Result<()> {
+    let n = NewEntry {
+        kind: inode.kind,
+        size: 0,
+        mtime_ms: now_ms,
+        mode: inode.mode,
+        remote: None,
+        content: Content::Empty,
+        extended: Default::default(),
+        posix: PosixAttrs { inode: Some(id), ..Default::default() },
+    };
+    let seq = ops.next_seq();
+    let name = materialise(p, seq, n);
+    ops.put_row(&name, None).await?;
+    let c = Change { seq, ts_ms: now_ms, path: p, origin, old: None, new: Some(&name), moved_to: None };
+    ops.log_change(c).await
+}
+
+/// Writes `n` over `old` at its path, keeping its inline bytes, with its record.
+async fn rewrite(ops: &mut impl TxnOps, old: &Entry, n: NewEntry, now_ms: i64, origin: Origin) -> Result<Entry> {
+    let data = match (&old.content, &n.content) {
+        (Content::Inline, Content::Inline) => ops.inline_data(&old.path).await?,
+        _ => None,
+    };
+    let seq = ops.next_seq();
+    let new = materialise(&old.path, seq, n);
+    ops.put_row(&new, data.as_deref()).await?;
+    let c = Change { seq, ts_ms: now_ms, path: &old.path, origin, old: Some(old), new: Some(&new), moved_to: None };
+    ops.log_change(c).await?;
+    Ok(new)
+}
+
+/// A name of inode `id` went: its count goes down and its ctime is set; the last name's going
+/// deletes the inode entry (and so its bytes).
+async fn unlink_inode(ops: &mut impl TxnOps, id: u64, now_ms: i64, origin: Origin) -> Result<()> {
+    let p = inode_path(id);
+    let Some(inode) = ops.entry(&p).await? else { return Ok(()) };
+    let links = inode.posix.nlink.unwrap_or(1);
+    if links <= 1 {
+        let seq = ops.next_seq();
+        ops.delete_row(&p).await?;
+        if cache::invalidates(&inode, None) {
+            ops.drop_cache(&p).await?;
+        }
+        let c = Change { seq, ts_ms: now_ms, path: &p, origin, old: Some(&inode), new: None, moved_to: None };
+        return ops.log_change(c).await;
+    }
+    let mut n = inode.to_new();
+    n.posix.nlink = Some(links - 1);
+    n.posix.ctime_ms = Some(now_ms);
+    rewrite(ops, &inode, n, now_ms, origin).await.map(drop)
 }
 
 /// `MetaStore::cache_record`: only while the entry still serves the chunk's content id, so a
