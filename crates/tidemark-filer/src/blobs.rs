@@ -198,6 +198,9 @@ impl Blobs {
     }
 }
 
+/// The shortest run of zeros a blob leaves as a hole (a file system block).
+const HOLE_MIN: usize = 4096;
+
 impl BlobDir {
     /// Opens the blob directories under `root`, discarding partial writes a crash left in `tmp/`.
     pub fn open(root: &Path) -> Result<Self> {
@@ -239,9 +242,17 @@ impl BlobDir {
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| Error::io("reading the request body", e))?;
                 md5.update(&chunk);
-                f.write_all(&chunk).await.map_err(|e| io("writing", e))?;
+                // A run of zeros (a sparse file written through the mount) is left a hole:
+                // it reads back as zeros and takes no disk.
+                if chunk.len() >= HOLE_MIN && chunk.iter().all(|b| *b == 0) {
+                    f.seek(SeekFrom::Current(chunk.len() as i64)).await.map_err(|e| io("seeking in", e))?;
+                } else {
+                    f.write_all(&chunk).await.map_err(|e| io("writing", e))?;
+                }
                 size += chunk.len() as u64;
             }
+            // A hole at the end is made by the length alone.
+            f.set_len(size).await.map_err(|e| io("sizing", e))?;
             f.sync_all().await.map_err(|e| io("syncing", e))?;
             Ok(size)
         }
@@ -379,6 +390,30 @@ mod tests {
         dir.remove(&id).await.unwrap();
         assert!(matches!(dir.open_range(&id, None).await, Err(Error::NotFound { .. })));
         assert!(dir.open_range("../../etc/passwd", None).await.is_err());
+    }
+
+    /// Zeros (a sparse file from the mount) are holes: the bytes read back whole, the disk holds
+    /// only what is not zero.
+    #[tokio::test]
+    async fn runs_of_zeros_are_stored_as_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = BlobDir::open(root.path()).unwrap();
+        let blobs = Blobs::Dir(dir.clone());
+        let mib = 1 << 20;
+        let mut whole = vec![1u8; 100_000];
+        whole.extend(vec![0u8; 64 * mib]);
+        whole.extend(b"tail");
+        whole.extend(vec![0u8; 8 * mib]);
+        let chunks = whole.chunks(mib).map(|c| c.to_vec()).collect();
+        let stored = blobs.store(body(chunks)).await.unwrap();
+        assert_eq!(stored.md5, hex(&Md5::digest(&whole)));
+        let Stored::Blob { id, size } = stored.stored else { panic!("expected a blob") };
+        assert_eq!(size, whole.len() as u64);
+        assert!(collect(blobs.open_range(&id, None).await.unwrap()).await == whole);
+        let m = std::fs::metadata(dir.path_of(&id).unwrap()).unwrap();
+        assert_eq!(m.len(), whole.len() as u64);
+        assert!(m.blocks() * 512 < 4 * mib as u64, "{} bytes on disk for a 72 MiB file of zeros", m.blocks() * 512);
     }
 
     #[tokio::test]

@@ -277,6 +277,12 @@ impl LocalFiler {
     /// A hard link is a second name in the namespace only: a bucket's object has one key, so a
     /// remote mount has no second names.
     async fn check_link(&self, from: &str, to: &str) -> Result<()> {
+        // The control plane reads its documents by path: they keep theirs.
+        for p in [from, to] {
+            if tidemark_core::remote::system_paths::is_system(p) {
+                return Err(Error::invalid_argument(format!("{p}: the system directory's documents have one name")));
+            }
+        }
         let mapping = self.mount_mapping().await?;
         for p in [from, to] {
             if let Some(m) = mapping.find_for(p) {

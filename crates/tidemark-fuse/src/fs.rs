@@ -486,6 +486,39 @@ impl TidemarkFs {
         Ok(e)
     }
 
+    /// An open handle with unflushed writes knows a file's size better than the filer: the one
+    /// asking (`fh`), or the handles open on the file (a stat or lookup by name while it is
+    /// written — the kernel takes the size of the answer: a file written at a large offset must
+    /// not read as empty). Handles busy (uploading) are not waited for: they are about to tell
+    /// the filer.
+    fn unflushed_size(&self, e: &mut Entry, fh: Option<FileHandle>) {
+        let all = match fh.and_then(|fh| self.handle(fh).ok()) {
+            Some(h) => vec![h],
+            None => self.handles.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect(),
+        };
+        for h in all {
+            let h = if fh.is_some() {
+                h.lock().unwrap_or_else(|p| p.into_inner())
+            } else {
+                match h.try_lock() {
+                    Ok(h) => h,
+                    Err(_) => continue,
+                }
+            };
+            let Some(len) = h.spool.as_ref().filter(|_| h.dirty).and_then(|s| s.metadata().ok()).map(|m| m.len())
+            else {
+                continue;
+            };
+            match fh {
+                Some(_) => e.size = len,
+                // Several handles may write the file, each its own copy until it closes: by
+                // name, the largest size any of them (or the filer) has.
+                None if h.path == e.path => e.size = e.size.max(len),
+                None => {}
+            }
+        }
+    }
+
     /// Before the name `p` (whose entry is `e`) goes, by an unlink or a rename over it: the
     /// handles open on its file keep its bytes if this is its last name.
     fn last_name_going(&self, e: &Entry) -> Vec<Arc<Mutex<Handle>>> {
@@ -864,7 +897,8 @@ impl Filesystem for TidemarkFs {
             if p == INODES_DIR {
                 return Err(Errno::ENOENT);
             }
-            let e = self.stat(&p)?;
+            let mut e = self.stat(&p)?;
+            self.unflushed_size(&mut e, None);
             Ok(self.attr(&e))
         })();
         match r {
@@ -882,15 +916,7 @@ impl Filesystem for TidemarkFs {
                 Err(Errno::ENOENT) => return unlinked(),
                 r => r?,
             };
-            // An open handle with unflushed writes knows the size better than the filer.
-            if let Some(fh) = fh
-                && let Ok(h) = self.handle(fh)
-            {
-                let h = h.lock().unwrap_or_else(|p| p.into_inner());
-                if let (true, Some(s)) = (h.dirty, &h.spool) {
-                    e.size = s.metadata().map(|m| m.len()).unwrap_or(e.size);
-                }
-            }
+            self.unflushed_size(&mut e, fh);
             Ok(self.attr(&e))
         })();
         match r {

@@ -19,7 +19,11 @@
 //!    acknowledgement); `applied <= received`, and `received` is what the queue delivered;
 //! 5. a read (through the filer's content cache: tiny chunks and budget, so reads cross chunks
 //!    and evict; some files uncached at random) returns exactly the bytes of the version its
-//!    entry describes — never another version's (checked at every read).
+//!    entry describes — never another version's (checked at every read);
+//! 6. renames and hard links: in the mount the filer refuses both (a user's `mv` there is the
+//!    mount's copy then delete, which the properties above then cover); outside it, every name of
+//!    a file reads that file's bytes and counts its names, whatever links, unlinks, renames and
+//!    writes through a name did (checked after every such step).
 
 mod queue;
 mod rng;
@@ -78,11 +82,14 @@ pub struct Config {
     /// Whether the bucket also sees metadata-preserving copies and restores. Off only to replay
     /// runs recorded before they existed (the seeds that found bugs), which they would change.
     pub copies: bool,
+    /// Whether users also rename and hard-link (property 6). Off, like `copies`, only to replay
+    /// runs recorded before they existed.
+    pub links: bool,
 }
 
 impl Config {
     pub fn new(seed: u64) -> Self {
-        Config { seed, steps: 120, variant: Variant::Correct, copies: true }
+        Config { seed, steps: 120, variant: Variant::Correct, copies: true, links: true }
     }
 }
 
@@ -106,6 +113,8 @@ pub struct Report {
 }
 
 const DIR: &str = "/m";
+/// A local directory beside the mount, where users hard-link (property 6).
+const LINKS: &str = "/l";
 const LEASE: &str = "remote_events/sim";
 const LEASE_TTL: Duration = Duration::from_secs(10);
 const VISIBILITY: Duration = Duration::from_secs(5);
@@ -160,6 +169,11 @@ struct World {
     /// the object the entry was backed by (`None`: a local file never uploaded).
     user_deletes: BTreeMap<String, (u64, Option<String>)>,
     version: u64,
+    /// Property 6's model of the local directory `LINKS`: each name's file, each file's bytes.
+    names: BTreeMap<String, usize>,
+    files: Vec<Bytes>,
+    /// The bytes of the mount's copies (a user's `mv`), by their MD5: property 5's oracle.
+    copied: BTreeMap<String, Bytes>,
     counters: Counters,
     report: Report,
     drop_pct: u64,
@@ -299,6 +313,9 @@ impl World {
             uploads: Vec::new(),
             user_deletes: BTreeMap::new(),
             version: 0,
+            names: BTreeMap::new(),
+            files: Vec::new(),
+            copied: BTreeMap::new(),
             counters: Counters::default(),
             drop_pct,
             dup_pct,
@@ -458,6 +475,167 @@ impl World {
         Ok(())
     }
 
+    /// A user's `mv` of a file in the mount: the filer refuses the rename (the bucket's keys
+    /// would have to move), and the mount copies the bytes to the new name, then deletes the old
+    /// one — a local write and a user's delete, which properties 1 and 2 then hold to. Only
+    /// where deletes reach the bucket, as `local_delete`.
+    async fn user_rename_in_mount(&mut self) -> Result<(), Error> {
+        let from = format!("{DIR}/{}", KEYS[self.rng.below(KEYS.len() as u64) as usize]);
+        // The new name is one of the keys local writes go to, so the others keep converging.
+        let to = format!("{DIR}/{}", KEYS[self.rng.below(2) as usize * 3]);
+        if from == to {
+            return Ok(());
+        }
+        match self.filer.apply(tidemark_core::model::Txn::rename(&from, &to, tidemark_core::Origin::Local)).await {
+            Err(Error::CrossMount { .. }) => {}
+            other => violate(&self.violations, format!("a rename in the remote mount was not refused: {other:?}")),
+        }
+        let Some(src) = self.filer.stat(&from).await?.filter(|e| !e.is_dir()) else { return Ok(()) };
+        if !self.sync {
+            return Ok(());
+        }
+        // The copy reads through the cache; a flaky bucket fails it, and the mv with it.
+        let Ok((_, stream)) = self.filer.read(&from, None).await else { return Ok(()) };
+        let Ok(parts) = stream.collect::<Vec<_>>().await.into_iter().collect::<Result<Vec<Bytes>, _>>() else {
+            return Ok(());
+        };
+        let bytes = Bytes::from(parts.concat());
+        let size = bytes.len() as u64;
+        let copy = bytes.clone();
+        let body = futures::stream::once(async move { Ok(copy) }).boxed();
+        let e = self.filer.write(&to, body, WriteOptions::default()).await?;
+        if let Some(md5) = e.extended.get(tidemark_core::model::MD5_ATTR) {
+            self.copied.insert(md5.clone(), bytes);
+        }
+        self.trace(|| format!("user: mv {from} {to}: copied ({size} B, v{})", e.version));
+        self.local.insert(to, size);
+        let etag = src.remote.as_ref().map(|r| r.etag.clone());
+        let del = tidemark_core::DeleteOptions {
+            precondition: tidemark_core::model::Precondition::Version(src.version),
+            ..Default::default()
+        };
+        match self.filer.delete(&from, del).await {
+            Ok(_) => {
+                self.trace(|| format!("user: mv: delete {from} (was {etag:?})"));
+                self.local.remove(&from);
+                self.user_deletes.insert(from, (self.version, etag));
+            }
+            // Changed since it was read (an event applied meanwhile): the mv leaves both names.
+            Err(Error::PreconditionFailed { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// A user's `ln` into, out of or within the mount: refused, and nothing changes.
+    async fn user_link_in_mount(&mut self) -> Result<(), Error> {
+        let inside = format!("{DIR}/{}", KEYS[self.rng.below(KEYS.len() as u64) as usize]);
+        let outside = format!("{LINKS}/n{}", self.rng.below(4));
+        let (from, to) = match self.rng.below(3) {
+            0 => (inside.clone(), format!("{DIR}/linked")),
+            1 => (inside.clone(), format!("{LINKS}/from-mount")),
+            _ => (outside, format!("{DIR}/linked")),
+        };
+        let before = self.filer.stat(&from).await?;
+        match self.filer.apply(tidemark_core::model::Txn::link(&from, &to, tidemark_core::Origin::Local)).await {
+            Err(Error::CrossMount { .. }) => {}
+            // Nothing to link: the mount would have answered ENOENT before asking.
+            Err(Error::NotFound { .. }) if before.is_none() => {}
+            other => violate(&self.violations, format!("a link {from} -> {to} was not refused: {other:?}")),
+        }
+        if self.filer.stat(&to).await?.is_some() {
+            violate(&self.violations, format!("a refused link left {to}"));
+        }
+        Ok(())
+    }
+
+    /// Property 6: a step of users working with hard links in a local directory — a new file, a
+    /// write through a name (at the file's inode entry, as the mount writes), a link, an unlink,
+    /// a rename — against a model of names and files, then every name checked.
+    async fn links_step(&mut self) -> Result<(), Error> {
+        use tidemark_core::model::{Precondition, Txn, inode_path};
+        let name = |i: u64| format!("{LINKS}/n{i}");
+        let (a, b) = (name(self.rng.below(4)), name(self.rng.below(4)));
+        let op = self.rng.below(5);
+        let file = self.names.get(&a).copied();
+        match (op, file) {
+            (0, None) | (1, Some(_)) => {
+                let bytes = Bytes::from(format!("file {} at step {}", self.files.len(), self.report.steps));
+                let at = match self.filer.stat(&a).await?.and_then(|e| e.posix.inode) {
+                    Some(id) => inode_path(id),
+                    None => a.clone(),
+                };
+                let data = bytes.clone();
+                let body = futures::stream::once(async move { Ok(data) }).boxed();
+                self.filer.write(&at, body, WriteOptions::default()).await?;
+                match file {
+                    Some(f) => self.files[f] = bytes,
+                    None => {
+                        self.files.push(bytes);
+                        self.names.insert(a.clone(), self.files.len() - 1);
+                    }
+                }
+                self.trace(|| format!("user: write {a} (at {at})"));
+            }
+            (2, Some(f)) => {
+                let r = self.filer.apply(Txn::link(&a, &b, tidemark_core::Origin::Local)).await;
+                match (r, self.names.contains_key(&b)) {
+                    (Ok(_), false) => {
+                        self.names.insert(b.clone(), f);
+                    }
+                    (Err(Error::PreconditionFailed { .. }), true) => {}
+                    (Err(Error::InvalidArgument { .. }), _) if a == b => {}
+                    (other, _) => violate(&self.violations, format!("link {a} -> {b}: {other:?}")),
+                }
+                self.trace(|| format!("user: ln {a} {b}"));
+            }
+            (3, Some(_)) => {
+                self.filer.delete(&a, Default::default()).await?;
+                self.names.remove(&a);
+                self.trace(|| format!("user: rm {a}"));
+            }
+            (4, Some(f)) => {
+                let r = self
+                    .filer
+                    .apply(Txn { precondition: Precondition::Any, ..Txn::rename(&a, &b, tidemark_core::Origin::Local) })
+                    .await;
+                match r {
+                    Ok(_) => {
+                        // Onto another name of the same file, rename(2) does nothing.
+                        if self.names.get(&b) != Some(&f) {
+                            self.names.remove(&a);
+                            self.names.insert(b.clone(), f);
+                        }
+                    }
+                    Err(Error::InvalidArgument { .. }) if a == b => {}
+                    Err(e) => violate(&self.violations, format!("rename {a} -> {b}: {e}")),
+                }
+                self.trace(|| format!("user: mv {a} {b}"));
+            }
+            _ => return Ok(()),
+        }
+        for i in 0..4 {
+            let n = name(i);
+            let want = self.names.get(&n).map(|f| {
+                let count = self.names.values().filter(|g| *g == f).count() as u32;
+                (self.files[*f].clone(), count)
+            });
+            let got = match self.filer.stat(&n).await? {
+                None => None,
+                Some(e) => {
+                    let (_, s) = self.filer.read(&n, None).await?;
+                    let parts = s.collect::<Vec<_>>().await.into_iter().collect::<Result<Vec<Bytes>, _>>();
+                    let bytes = Bytes::from(parts.map_err(|e| Error::io("read", e))?.concat());
+                    Some((bytes, e.posix.nlink.unwrap_or(1)))
+                }
+            };
+            if got != want {
+                violate(&self.violations, format!("{n}: the namespace has {got:?}, the model {want:?}"));
+            }
+        }
+        Ok(())
+    }
+
     /// The outbound sync handles the next change records, as the filer's loop does; its
     /// uploads and deletes reach the bucket and, like any change, its notifications.
     async fn outbound_step(&mut self, max: usize) -> Result<bool, Error> {
@@ -490,6 +668,9 @@ impl World {
                         self.version += 1;
                         {
                             let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some((_, bytes, _)) = self.uploads.last() {
+                                h.content.entry(o.etag.clone()).or_insert_with(|| bytes.clone());
+                            }
                             h.etag_version.insert(o.etag.clone(), self.version);
                             h.changes.entry(key.clone()).or_default().push((self.version, true));
                         }
@@ -742,7 +923,14 @@ impl World {
                 let known = self.history.lock().unwrap_or_else(|p| p.into_inner()).content.get(etag).cloned();
                 known.or_else(|| self.uploaded.contains(etag).then(|| Bytes::from(vec![b'L'; e.size as usize])))
             }
-            Content::Inline | Content::Blob { .. } => Some(Bytes::from(vec![b'L'; e.size as usize])),
+            // A user's write is of `L`s; a mv's copy is of what it copied.
+            Content::Inline | Content::Blob { .. } => Some(
+                e.extended
+                    .get(tidemark_core::model::MD5_ATTR)
+                    .and_then(|m| self.copied.get(m))
+                    .cloned()
+                    .unwrap_or_else(|| Bytes::from(vec![b'L'; e.size as usize])),
+            ),
             Content::Empty => Some(Bytes::new()),
         }
     }
@@ -803,6 +991,13 @@ impl World {
     }
 
     async fn step(&mut self) -> Result<(), Error> {
+        if self.cfg.links && self.rng.chance(8) {
+            return match self.rng.below(3) {
+                0 => self.user_rename_in_mount().await,
+                1 => self.user_link_in_mount().await,
+                _ => self.links_step().await,
+            };
+        }
         match self.rng.below(100) {
             0..=22 if self.cfg.copies && self.rng.chance(25) => self.external_copy().await?,
             0..=22 => self.external_put()?,

@@ -653,7 +653,7 @@ fn pjdfstest_passes_what_the_namespace_supports() {
         eprintln!("  {l}");
     }
     assert!(out.status.code() != Some(124), "pjdfstest hung:\n{text}\n{}", m.process.stderr());
-    // 380 pass on 2026-12-05 (docs/SEMANTICS.md lists the 2 that fail and why); a few cases
+    // 381 pass on 2026-12-05 (docs/SEMANTICS.md lists the one that fails and why); a few cases
     // depend on timing, so the guard leaves some room.
     assert!(passed >= 372, "only {passed} pjdfstest cases pass:\n{text}");
     // And the mount still works after all that.
