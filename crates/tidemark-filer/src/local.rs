@@ -10,7 +10,7 @@ use futures::StreamExt;
 use tidemark_core::cache::{self, CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{
     Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, MAX_BATCH, MAX_INLINE_BYTES, MD5_ATTR, Mutation,
-    NewEntry, Page, Precondition, Txn, TxnBatch,
+    NewEntry, Page, Precondition, Txn, TxnBatch, inode_path,
 };
 use tidemark_core::{
     ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions,
@@ -296,6 +296,16 @@ impl LocalFiler {
             }
         }
         Ok(())
+    }
+
+    /// A precondition on the version a name of a hard-linked file answered (its file's), as the
+    /// store checks it — on the name's own version — while the file is still at that version;
+    /// `None` when `p` is not such a name or the file has changed.
+    async fn on_name(&self, p: &str, pre: Precondition) -> Result<Option<Precondition>> {
+        let Precondition::Version(v) = pre else { return Ok(None) };
+        let Some(name) = self.store.get(p).await?.filter(|e| e.posix.inode.is_some()) else { return Ok(None) };
+        let file = self.store.get(&inode_path(name.posix.inode.unwrap_or_default())).await?;
+        Ok(file.filter(|f| f.version == v).map(|_| Precondition::Version(name.version)))
     }
 
     /// Hard links: each name of a file answers as the file — its inode entry's kind, size,
@@ -595,6 +605,12 @@ impl Filer for LocalFiler {
         if before.as_ref().is_some_and(Entry::is_dir) {
             return Err(Error::IsADirectory { path: p.into() });
         }
+        let mut opts = opts;
+        if !opts.precondition.holds(before.as_ref().map(|e| e.version))
+            && let Some(pre) = self.on_name(p, opts.precondition).await?
+        {
+            opts.precondition = pre;
+        }
         if !opts.precondition.holds(before.as_ref().map(|e| e.version)) {
             return Err(Error::PreconditionFailed { path: p.into(), current: before.map(|e| e.version) });
         }
@@ -700,12 +716,42 @@ impl Filer for LocalFiler {
         self.tombstone_before_delete(p, opts.recursive).await?;
         let mut txn = Txn::delete(p, opts.recursive, tidemark_core::Origin::Local).with_precondition(opts.precondition);
         txn.dir_times = opts.dir_times;
-        self.commit(txn).await
+        match self.commit(txn.clone()).await {
+            Err(e @ Error::PreconditionFailed { .. }) => match self.on_name(p, opts.precondition).await? {
+                Some(pre) => self.commit(Txn { precondition: pre, ..txn }).await,
+                None => Err(e),
+            },
+            r => r,
+        }
     }
 
-    async fn apply(&self, txn: Txn) -> Result<Applied> {
+    async fn apply(&self, mut txn: Txn) -> Result<Applied> {
+        // A name of a hard-linked file answers as the file: what a writer read of it and writes
+        // back (an update of its attributes) goes to the file.
+        let mut name = None;
+        if let Mutation::Put { entry, .. } = &mut txn.mutation
+            && let Some(id) = entry.posix.inode.take()
+        {
+            name = Some((std::mem::replace(&mut txn.path, inode_path(id)), id));
+        }
         self.check_txn(&txn).await?;
-        self.commit(txn).await
+        let applied = match self.commit(txn.clone()).await {
+            Err(e @ Error::PreconditionFailed { .. }) if name.is_none() => {
+                match self.on_name(&txn.path, txn.precondition).await? {
+                    Some(pre) => self.commit(Txn { precondition: pre, ..txn }).await,
+                    None => Err(e),
+                }
+            }
+            r => r,
+        };
+        let mut applied = applied?;
+        if let Some((p, id)) = name {
+            for e in applied.old.iter_mut().chain(applied.new.iter_mut()) {
+                e.path = p.clone();
+                e.posix.inode = Some(id);
+            }
+        }
+        Ok(applied)
     }
 
     async fn apply_many(&self, batch: TxnBatch) -> Result<Vec<Result<Applied>>> {

@@ -366,8 +366,10 @@ async fn renames_under_a_remote_mount_are_refused_as_cross_mount(s: &Setup) {
 
 /// Every name of a hard-linked file answers as the file (stat, list, scan, read: its size,
 /// bytes, count of names and version, under the name asked for); a write at its inode entry
-/// (what the mount does) changes it for every name; a write at a name through the API replaces
-/// that name alone, as a PUT replaces an object; the bytes go with the last name.
+/// (what the mount does) changes it for every name, and so does a put of what was read at a name
+/// (its attributes); a write of content at a name through the API replaces that name alone, as a
+/// PUT replaces an object; preconditions hold on the version a name answered; the bytes go with
+/// the last name.
 async fn hard_links_answer_as_their_file_and_keep_its_bytes_until_the_last_name(s: &Setup) {
     let f = &*s.filer;
     f.write("/hl/a", body(&[7u8; 100_000]), WriteOptions::default()).await.unwrap();
@@ -390,15 +392,32 @@ async fn hard_links_answer_as_their_file_and_keep_its_bytes_until_the_last_name(
     for p in ["/hl/a", "/hl/b"] {
         assert_eq!(read_all(f, p, None).await, vec![2u8; 50_000], "{p}");
     }
-    // A write at one name through the API replaces that name.
-    f.write("/hl/b", body(b"new object"), WriteOptions::default()).await.unwrap();
+    // What a writer read of a name and writes back — attributes, as the gateway's tagging does —
+    // goes to the file; a precondition on the version it read holds.
+    let b = f.stat("/hl/b").await.unwrap().unwrap();
+    let mut tagged = b.to_new();
+    tagged.extended.insert("s3.tag.colour".into(), "blue".into());
+    let put = Txn::put("/hl/b", tagged, Origin::Local).with_precondition(Precondition::Version(b.version));
+    let applied = f.apply(put).await.unwrap();
+    assert_eq!(applied.new.as_ref().map(|e| (e.path.as_str(), e.posix.inode)), Some(("/hl/b", Some(id))));
+    let a = f.stat("/hl/a").await.unwrap().unwrap();
+    assert_eq!(a.extended.get("s3.tag.colour").map(String::as_str), Some("blue"), "seen through the other name");
+    let stale = Txn::put("/hl/b", b.to_new(), Origin::Local).with_precondition(Precondition::Version(b.version));
+    assert!(matches!(f.apply(stale).await, Err(Error::PreconditionFailed { .. })), "the file changed since");
+    // A write at one name through the API replaces that name (conditional on what it read).
+    let opts = WriteOptions { precondition: Precondition::Version(a.version), ..Default::default() };
+    f.write("/hl/b", body(b"new object"), opts).await.unwrap();
     assert_eq!(read_all(f, "/hl/b", None).await, b"new object");
     let a = f.stat("/hl/a").await.unwrap().unwrap();
     assert_eq!((a.size, a.posix.nlink), (50_000, Some(1)));
     assert_eq!(read_all(f, "/hl/a", None).await, vec![2u8; 50_000]);
     // The last name takes the inode entry and its bytes with it (/hl/b's ten bytes are inline:
     // no blob is left).
-    f.delete("/hl/a", DeleteOptions::default()).await.unwrap();
+    let del = DeleteOptions { precondition: Precondition::Version(a.version + 1), ..Default::default() };
+    assert!(matches!(f.delete("/hl/a", del).await, Err(Error::PreconditionFailed { .. })));
+    let a = f.stat("/hl/a").await.unwrap().unwrap();
+    let del = DeleteOptions { precondition: Precondition::Version(a.version), ..Default::default() };
+    f.delete("/hl/a", del).await.unwrap();
     assert!(f.stat(&inode.path).await.unwrap().is_none());
     assert_eq!(walk(&s._dir.path().join("blobs")), 0);
 }

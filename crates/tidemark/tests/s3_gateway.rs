@@ -438,6 +438,40 @@ async fn links_and_device_nodes_are_not_objects() {
     assert_eq!(gateway_get(&c, "specials", "real.txt").await.unwrap().0, b"real");
 }
 
+/// A file with two names in a bucket (hard-linked through the mount) is two objects with one
+/// file's bytes and attributes: both listed and read, a tag put through one seen through the
+/// other, a conditional delete of one leaving the other whole, a PUT to one replacing that key
+/// only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_linked_file_is_an_object_under_each_name() {
+    use aws_sdk_s3::types::{Tag, Tagging};
+    use tidemark_core::Filer;
+    use tidemark_core::model::{Origin, Txn};
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let c = gateway_client(&server);
+    c.create_bucket().bucket("linked").send().await.unwrap();
+    let data = vec![5u8; 100_000];
+    c.put_object().bucket("linked").key("a").body(Bytes::from(data.clone()).into()).send().await.unwrap();
+    let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+    filer.apply(Txn::link("/buckets/linked/a", "/buckets/linked/b", Origin::Local)).await.unwrap();
+    assert_eq!(gateway_keys(&c, "linked").await, vec!["a".to_string(), "b".to_string()]);
+    let (got, etag) = gateway_get(&c, "linked", "b").await.unwrap();
+    assert_eq!((got, etag.clone()), (data.clone(), gateway_get(&c, "linked", "a").await.unwrap().1));
+    let tags = Tagging::builder().tag_set(Tag::builder().key("k").value("v").build().unwrap()).build().unwrap();
+    c.put_object_tagging().bucket("linked").key("a").tagging(tags).send().await.unwrap();
+    let seen = c.get_object_tagging().bucket("linked").key("b").send().await.unwrap();
+    assert_eq!(seen.tag_set().iter().map(|t| (t.key(), t.value())).collect::<Vec<_>>(), vec![("k", "v")]);
+    let etag = c.head_object().bucket("linked").key("a").send().await.unwrap().e_tag().unwrap().to_string();
+    c.delete_object().bucket("linked").key("a").if_match(&etag).send().await.unwrap();
+    assert_eq!(gateway_get(&c, "linked", "b").await.unwrap().0, data);
+    c.put_object().bucket("linked").key("c").body(Bytes::from_static(b"c").into()).send().await.unwrap();
+    filer.apply(Txn::link("/buckets/linked/c", "/buckets/linked/d", Origin::Local)).await.unwrap();
+    c.put_object().bucket("linked").key("d").body(Bytes::from_static(b"new").into()).send().await.unwrap();
+    assert_eq!(gateway_get(&c, "linked", "c").await.unwrap().0, b"c");
+    assert_eq!(gateway_get(&c, "linked", "d").await.unwrap().0, b"new");
+}
+
 /// The AWS SDK for Rust's checksums (as it sends them by default: computed as the body
 /// streams): verified and kept, answered to HEAD and to its own validation of a GET, combined
 /// for an object from parts — and forgotten once the bytes are rewritten another way (here the
