@@ -176,6 +176,22 @@ impl Shared {
         facts
     }
 
+    /// Whether the object `key` of `bucket` surely does not exist.
+    pub async fn object_absent(&self, bucket: &str, key: &str) -> bool {
+        let Ok((p, marker)) = crate::names::object_path(bucket, key) else { return false };
+        match self.filer.stat(&p).await {
+            Ok(None) => true,
+            Ok(Some(e)) => e.is_dir() != marker,
+            Err(_) => false,
+        }
+    }
+
+    /// Whether `bucket` surely does not exist (not when the filer cannot say).
+    pub async fn is_absent(&self, bucket: &str) -> bool {
+        let Ok(dir) = crate::names::bucket_dir(bucket) else { return false };
+        matches!(self.filer.stat(&dir).await, Ok(None))
+    }
+
     /// Forgets what was read of `bucket` (its policy just changed on this gateway).
     pub async fn forget_bucket(&self, bucket: &str) {
         self.facts.lock().await.remove(bucket);
@@ -319,6 +335,15 @@ impl S3Access for Access {
             Some(Caller::Identity(i)) => Some(i.name.clone()),
             _ => None,
         };
+        // `x-amz-expected-bucket-owner`: a request meant for someone else's bucket (a name
+        // reused, a typo) is refused before it reads or writes anything there.
+        if let (Some(b), Some(expected)) =
+            (&bucket, cx.headers().get("x-amz-expected-bucket-owner").and_then(|v| v.to_str().ok()))
+            && facts.exists
+            && expected != facts.owner.as_deref().unwrap_or(crate::gateway::UNOWNED)
+        {
+            return Err(denied(format!("bucket {b} is not owned by {expected:?} (x-amz-expected-bucket-owner)")));
+        }
         let mut decision = match (&facts.policy, &bucket) {
             (Some(p), Some(b)) => p.evaluate(&policy_request(cx, name.clone(), &op, b)),
             _ => Decision::Silent,
@@ -345,6 +370,33 @@ impl S3Access for Access {
         let allowed = caller.as_ref().is_some_and(|c| c.allows(action, bucket.as_deref(), facts.owner.as_deref()))
             || decision == Decision::Allow
             || (!facts.ignore_public_acls && self.0.acl_grants(ak.is_some(), &op, cx.s3_path()).await);
+        // A request about a bucket that does not exist is told so (S3 answers NoSuchBucket
+        // before AccessDenied: bucket names are public), whoever asks.
+        if !allowed
+            && op != "CreateBucket"
+            && let Some(b) = &bucket
+            && self.0.is_absent(b).await
+        {
+            return Err(S3Error::with_message(S3ErrorCode::NoSuchBucket, format!("no bucket named {b:?}")));
+        }
+        // A read of a missing object by someone who may list where it would be is told it is
+        // missing (404), as S3 does; anyone else is refused (403), learning nothing.
+        if !allowed
+            && matches!(op.as_str(), "GetObject" | "HeadObject")
+            && let (Some(b), S3Path::Object { key, .. }) = (&bucket, cx.s3_path())
+        {
+            let key = key.to_string();
+            let mut list = policy_request(cx, name.clone(), "ListObjects", b);
+            list.resource = format!("arn:aws:s3:::{b}");
+            list.values.insert("s3:prefix".into(), key.clone());
+            let bucket_path = S3Path::Bucket { bucket: b.as_str().into() };
+            let may_list = caller.as_ref().is_some_and(|c| c.allows(Action::List, Some(b), facts.owner.as_deref()))
+                || facts.policy.as_ref().is_some_and(|p| p.evaluate(&list) == Decision::Allow)
+                || (!facts.ignore_public_acls && self.0.acl_grants(ak.is_some(), "ListObjects", &bucket_path).await);
+            if may_list && self.0.object_absent(b, &key).await {
+                return Err(S3Error::with_message(S3ErrorCode::NoSuchKey, format!("no object {key:?}")));
+            }
+        }
         let Some(caller) = caller.filter(|_| allowed || ak.is_some()) else {
             if allowed && (op == "CopyObject" || op == "UploadPartCopy") {
                 return Err(denied("an unsigned request may not copy: the source's reader is not known".into()));

@@ -588,6 +588,14 @@ def anonymous_mode(endpoint):
         raise AssertionError("anonymous read outside its bucket")
     except urllib.error.HTTPError as e:
         assert e.code == 403, e.code
+    # A missing object: 404 where the bucket lets anyone list, 403 where it does not; a missing
+    # bucket: 404.
+    for path, code in [("gw-public/absent.txt", 404), ("gw-private/absent.txt", 403), ("no-such-bucket-here/x", 404)]:
+        try:
+            urllib.request.urlopen(f"{endpoint}/{path}")
+            raise AssertionError(f"anonymous read of {path}")
+        except urllib.error.HTTPError as e:
+            assert e.code == code, (path, e.code)
     print("anonymous: reads what it was granted, nothing else")
 
 
@@ -789,6 +797,27 @@ def errors_mode(endpoint, ak, sk):
     assert [e["Code"] for e in r.get("Errors", [])] == ["PreconditionFailed"], r
     s3.delete_object(Bucket=b, Key="cond.txt", IfMatch=etag)
     expect_code("404", lambda: s3.head_object(Bucket=b, Key="cond.txt"), "deleted when the etag matched")
+    # If-None-Match with an ETag: refused over the object that has it, done over any other.
+    s3.put_object(Bucket=b, Key="inm.txt", Body=b"one")
+    etag = s3.head_object(Bucket=b, Key="inm.txt")["ETag"]
+    expect_code("PreconditionFailed", lambda: s3.put_object(Bucket=b, Key="inm.txt", Body=b"two", IfNoneMatch=etag), "put if-none-match, its etag")
+    s3.put_object(Bucket=b, Key="inm.txt", Body=b"three", IfNoneMatch='"0123"')
+    assert s3.get_object(Bucket=b, Key="inm.txt")["Body"].read() == b"three"
+    # S3 Express's delete conditions: the size and the last-modified time.
+    h = s3.head_object(Bucket=b, Key="inm.txt")
+    expect_code("PreconditionFailed", lambda: s3.delete_object(Bucket=b, Key="inm.txt", IfMatchSize=h["ContentLength"] + 1), "delete if-match-size")
+    expect_code("PreconditionFailed", lambda: s3.delete_object(Bucket=b, Key="inm.txt", IfMatchLastModifiedTime="2015-01-01T00:00:00Z"), "delete if-match-last-modified-time")
+    s3.delete_object(Bucket=b, Key="inm.txt", IfMatchSize=h["ContentLength"], IfMatchLastModifiedTime=h["LastModified"])
+    expect_code("404", lambda: s3.head_object(Bucket=b, Key="inm.txt"), "deleted when size and time matched")
+    # Expires is kept; x-amz-expected-bucket-owner is checked; the policy status answers.
+    import datetime
+    exp = datetime.datetime(2031, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    s3.put_object(Bucket=b, Key="exp.txt", Body=b"x", Expires=exp)
+    assert s3.head_object(Bucket=b, Key="exp.txt")["Expires"] == exp
+    owner = s3.get_bucket_acl(Bucket=b)["Owner"]["ID"]
+    s3.list_objects_v2(Bucket=b, ExpectedBucketOwner=owner)
+    expect_code("AccessDenied", lambda: s3.list_objects_v2(Bucket=b, ExpectedBucketOwner=owner + "x"), "expected bucket owner")
+    assert s3.get_bucket_policy_status(Bucket=b)["PolicyStatus"]["IsPublic"] is False
     # Encryption and object lock are not done, so never accepted as if they were: refused, and
     # nothing stored (an SSE-C object would otherwise be readable without its key).
     key = b"k" * 32
