@@ -42,6 +42,12 @@ fn policy_request(
             values.insert(format!("s3:{h}"), v.to_string());
         }
     }
+    // Said by the client, so only as good as a client's word (as on S3).
+    for (h, k) in [("referer", "aws:referer"), ("user-agent", "aws:useragent")] {
+        if let Some(v) = cx.headers().get(h).and_then(|v| v.to_str().ok()) {
+            values.insert(k.into(), v.to_string());
+        }
+    }
     if let Some(p) = &principal {
         values.insert("aws:username".into(), p.clone());
     }
@@ -200,7 +206,7 @@ impl Shared {
     /// Whether a canned ACL lets this request do operation `op` on `path`, which its caller's
     /// identity (or the lack of one: `signed` false) does not: `public-read` objects read and
     /// `public-read` buckets listed by anyone, objects written into a `public-read-write`
-    /// bucket by anyone, `authenticated-read` ones read by any identity. Reading or changing an
+    /// bucket by anyone (signed or not), `authenticated-read` ones read by any identity. Reading or changing an
     /// ACL or any configuration is never granted this way.
     pub async fn acl_grants(&self, signed: bool, op: &str, path: &S3Path) -> bool {
         const READS: [&str; 2] = ["GetObject", "HeadObject"];
@@ -239,7 +245,9 @@ impl Shared {
                 .await
                 .is_some_and(|c| if signed { c.authenticated_read() } else { c.anonymous().0 });
         }
-        if WRITES.contains(&op) && key.is_some() && !signed {
+        // `public-read-write` lets everyone write, every identity included.
+        // (A POST form names its key in the form: the request is the bucket's.)
+        if (WRITES.contains(&op) && key.is_some()) || op == "PostObject" {
             return entry_acl(bucket_dir).await.is_some_and(|c| c.anonymous().1);
         }
         false

@@ -19,7 +19,9 @@ use s3s::{S3Error, S3ErrorCode, S3Result};
 pub const ATTR_POLICY: &str = "s3.policy";
 
 /// Condition keys evaluated here.
-const KEYS: [&str; 10] = [
+const KEYS: [&str; 12] = [
+    "aws:referer",
+    "aws:useragent",
     "s3:prefix",
     "s3:delimiter",
     "s3:max-keys",
@@ -99,6 +101,9 @@ pub fn parse(text: &str, bucket: &str) -> S3Result<Policy> {
     let mut statements = Vec::new();
     for s in raw {
         let o = s.as_object().ok_or_else(|| malformed("a statement is an object"))?;
+        if o.contains_key("NotPrincipal") && o.get("Effect").and_then(Value::as_str) == Some("Allow") {
+            return Err(malformed("NotPrincipal goes with Deny only (an Allow to all but some is too broad)"));
+        }
         for k in o.keys() {
             if !["Sid", "Effect", "Principal", "Action", "NotAction", "Resource", "Condition"].contains(&k.as_str()) {
                 return Err(S3Error::with_message(
@@ -150,7 +155,9 @@ pub fn parse(text: &str, bucket: &str) -> S3Result<Policy> {
         if let Some(c) = o.get("Condition") {
             let c = c.as_object().ok_or_else(|| malformed("Condition is an object"))?;
             for (op, kv) in c {
-                if !OPERATORS.contains(&op.as_str()) {
+                // `…IfExists`: the operator, or true when the request has no such value.
+                let base = op.strip_suffix("IfExists").filter(|b| *b != "Null").unwrap_or(op);
+                if !OPERATORS.contains(&base) {
                     return Err(S3Error::with_message(
                         S3ErrorCode::NotImplemented,
                         format!("the condition operator {op} is not evaluated here; nothing was stored"),
@@ -249,6 +256,9 @@ fn condition_holds(op: &str, key: &str, values: &[String], r: &Request) -> bool 
         return if op == "IpAddress" { inside } else { !inside };
     }
     let got = r.values.get(key);
+    if let Some(base) = op.strip_suffix("IfExists") {
+        return got.is_none() || condition_holds(base, key, values, r);
+    }
     match op {
         // "true": the request has no such value; "false": it has one.
         "Null" => values.iter().any(|v| v.eq_ignore_ascii_case(&got.is_none().to_string())),
@@ -339,6 +349,22 @@ mod tests {
         }
     }
 
+    /// `…IfExists` holds where the request has no such value, and is its operator where it has.
+    #[test]
+    fn if_exists_conditions_hold_where_the_value_is_absent() {
+        let p = parse(
+            r#"{"Statement":{"Effect":"Allow","Principal":"*","Action":"s3:ListBucket","Resource":"arn:aws:s3:::b","Condition":{"StringLikeIfExists":{"s3:prefix":"public/*"}}}}"#,
+            "b",
+        )
+        .unwrap();
+        let mut r = req(None, "s3:ListBucket", "arn:aws:s3:::b");
+        assert_eq!(p.evaluate(&r), Decision::Allow, "no prefix asked");
+        r.values.insert("s3:prefix".into(), "public/x".into());
+        assert_eq!(p.evaluate(&r), Decision::Allow);
+        r.values.insert("s3:prefix".into(), "private/x".into());
+        assert_eq!(p.evaluate(&r), Decision::Silent);
+    }
+
     #[test]
     fn policies_allow_deny_and_refuse_what_they_cannot_say() {
         let p = parse(
@@ -383,6 +409,12 @@ mod tests {
         assert_eq!(
             code(
                 r#"{"Statement":{"Effect":"Allow","NotPrincipal":"*","Action":"s3:GetObject","Resource":"arn:aws:s3:::b/*"}}"#
+            ),
+            S3ErrorCode::MalformedPolicy
+        );
+        assert_eq!(
+            code(
+                r#"{"Statement":{"Effect":"Deny","NotPrincipal":"*","Action":"s3:GetObject","Resource":"arn:aws:s3:::b/*"}}"#
             ),
             S3ErrorCode::NotImplemented
         );
