@@ -427,13 +427,21 @@ impl S3Access for Access {
                 bucket.as_deref().map(|b| format!(" on bucket {b}")).unwrap_or_default()
             )));
         }
-        // A copy reads its source: that needs Read there.
+        // A copy reads its source: that needs Read there — by the caller's identity or the
+        // source bucket's policy, which may also deny it.
         if (op == "CopyObject" || op == "UploadPartCopy")
             && let Some(src) = cx.headers().get("x-amz-copy-source").and_then(|v| v.to_str().ok())
-            && let Ok(CopySource::Bucket { bucket: sb, .. }) = CopySource::parse(src)
-            && !caller.allows(Action::Read, Some(&sb), self.0.owner_of(&sb).await.as_deref())
+            && let Ok(CopySource::Bucket { bucket: sb, key: sk, .. }) = CopySource::parse(src)
         {
-            return Err(denied(format!("{} may not read the copy source in bucket {sb}", who(&caller))));
+            let src_facts = self.0.bucket_facts(&sb).await;
+            let mut read = policy_request(cx, name.clone(), "GetObject", &sb);
+            read.resource = format!("arn:aws:s3:::{sb}/{sk}");
+            let by_policy = src_facts.policy.as_ref().map_or(Decision::Silent, |p| p.evaluate(&read));
+            let may_read = by_policy != Decision::Deny
+                && (caller.allows(Action::Read, Some(&sb), src_facts.owner.as_deref()) || by_policy == Decision::Allow);
+            if !may_read {
+                return Err(denied(format!("{} may not read the copy source in bucket {sb}", who(&caller))));
+            }
         }
         Ok(())
     }

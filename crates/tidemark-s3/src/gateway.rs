@@ -288,6 +288,69 @@ fn refuse_public_acl(bucket: &Entry, canned: Option<Canned>) -> S3Result<()> {
     Ok(())
 }
 
+/// A bucket's object ownership control (`s3.ownership`): BucketOwnerEnforced, BucketOwnerPreferred
+/// or ObjectWriter; none set behaves as BucketOwnerEnforced without refusing ACLs (every object
+/// the bucket owner's, as before buckets had the setting).
+pub const ATTR_OWNERSHIP: &str = "s3.ownership";
+const ENFORCED: &str = "BucketOwnerEnforced";
+const PREFERRED: &str = "BucketOwnerPreferred";
+const OBJECT_WRITER: &str = "ObjectWriter";
+
+/// An S3 error whose code s3s does not name, with its status.
+fn custom_error(code: &str, status: hyper::StatusCode, message: impl Into<String>) -> S3Error {
+    let mut err = S3Error::with_message(S3ErrorCode::Custom(code.to_string().into()), message.into());
+    err.set_status_code(status);
+    err
+}
+
+fn acls_off() -> S3Error {
+    custom_error(
+        "AccessControlListNotSupported",
+        hyper::StatusCode::BAD_REQUEST,
+        "The bucket does not allow ACLs (its object ownership is BucketOwnerEnforced)",
+    )
+}
+
+/// Whether the writer of a new object in `bucket` with ACL `canned` owns it (else the bucket's
+/// owner does), by the bucket's ownership control; under BucketOwnerEnforced ACLs are off, and
+/// one other than `bucket-owner-full-control` is refused, as S3 does.
+fn writer_owns(bucket: &Entry, canned: Option<Canned>) -> S3Result<bool> {
+    match bucket.extended.get(ATTR_OWNERSHIP).map(String::as_str) {
+        Some(ENFORCED) => match canned {
+            None | Some(Canned::BucketOwnerFullControl) => Ok(false),
+            Some(_) => Err(acls_off()),
+        },
+        Some(PREFERRED) => Ok(canned != Some(Canned::BucketOwnerFullControl)),
+        Some(OBJECT_WRITER) => Ok(true),
+        _ => Ok(false),
+    }
+}
+
+/// Checks an ownership control as S3 does: a known one, and BucketOwnerEnforced only over a
+/// private ACL.
+fn check_ownership(o: &str, acl: Option<Canned>) -> S3Result<()> {
+    if ![ENFORCED, PREFERRED, OBJECT_WRITER].contains(&o) {
+        return Err(s3_error!(
+            InvalidArgument,
+            "ObjectOwnership {o:?}: BucketOwnerEnforced, BucketOwnerPreferred or ObjectWriter"
+        ));
+    }
+    if o == ENFORCED && acl.is_some_and(|c| c != Canned::Private) {
+        return Err(custom_error(
+            "InvalidBucketAclWithObjectOwnership",
+            hyper::StatusCode::BAD_REQUEST,
+            "Bucket cannot have ACLs set with ObjectOwnership's BucketOwnerEnforced setting",
+        ));
+    }
+    Ok(())
+}
+
+/// The owner S3 shows for an object: its writer where the bucket's ownership control made it so,
+/// else the bucket's owner.
+fn object_owner(bucket: &Entry, object: &Entry) -> Owner {
+    object.extended.get(ATTR_OWNER).map_or_else(|| owner_of(bucket), |n| owner_named(n))
+}
+
 fn cors_of(bucket: &Entry) -> Option<CORSConfiguration> {
     config_of(bucket, ATTR_CORS)
 }
@@ -827,6 +890,24 @@ impl Gateway {
 
     /// The name of the identity whose key signed a request (none for the development key or an
     /// unsigned request).
+    /// Records who owns a new object (its writer, where the bucket's ownership control makes it
+    /// so; else nobody: the bucket's owner) — never the owner of what it was copied from.
+    async fn set_object_owner(
+        &self,
+        ext: &mut BTreeMap<String, String>,
+        bucket: &Entry,
+        canned: Option<Canned>,
+        credentials: &Option<s3s::auth::Credentials>,
+    ) -> S3Result<()> {
+        ext.remove(ATTR_OWNER);
+        if writer_owns(bucket, canned)?
+            && let Some(name) = self.identity_name(credentials).await
+        {
+            ext.insert(ATTR_OWNER.to_string(), name);
+        }
+        Ok(())
+    }
+
     async fn identity_name(&self, credentials: &Option<s3s::auth::Credentials>) -> Option<String> {
         let ak = credentials.as_ref()?.access_key.clone();
         let ids = self.shared.identities().await;
@@ -1337,10 +1418,55 @@ impl S3 for Gateway {
     async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
         let i = req.input;
         let canned = canned_acl!(i, grant_write, access_control_policy);
-        refuse_public_acl(&self.bucket_entry(&i.bucket).await?.1, canned)?;
+        let bucket = self.bucket_entry(&i.bucket).await?.1;
+        refuse_public_acl(&bucket, canned)?;
+        // ACLs are off under BucketOwnerEnforced: none may be set.
+        if bucket.extended.get(ATTR_OWNERSHIP).is_some_and(|o| o == ENFORCED) {
+            return Err(acls_off());
+        }
         let value = canned.filter(|c| *c != Canned::Private).map(|c| c.as_str().to_string());
         self.set_bucket_attr(&i.bucket, ATTR_ACL, value).await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
+    }
+
+    async fn put_bucket_ownership_controls(
+        &self,
+        req: S3Request<PutBucketOwnershipControlsInput>,
+    ) -> S3Result<S3Response<PutBucketOwnershipControlsOutput>> {
+        let i = req.input;
+        let [rule] = i.ownership_controls.rules.as_slice() else {
+            return Err(s3_error!(MalformedXML, "OwnershipControls has exactly one rule"));
+        };
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
+        check_ownership(rule.object_ownership.as_str(), Some(acl::of(&bucket.extended)))?;
+        self.set_bucket_attr(&i.bucket, ATTR_OWNERSHIP, Some(rule.object_ownership.as_str().to_string())).await?;
+        Ok(S3Response::new(PutBucketOwnershipControlsOutput::default()))
+    }
+
+    async fn get_bucket_ownership_controls(
+        &self,
+        req: S3Request<GetBucketOwnershipControlsInput>,
+    ) -> S3Result<S3Response<GetBucketOwnershipControlsOutput>> {
+        let (_, e) = self.bucket_entry(&req.input.bucket).await?;
+        let o = e.extended.get(ATTR_OWNERSHIP).ok_or_else(|| {
+            custom_error(
+                "OwnershipControlsNotFoundError",
+                hyper::StatusCode::NOT_FOUND,
+                "The bucket ownership controls were not found",
+            )
+        })?;
+        let rule = OwnershipControlsRule { object_ownership: ObjectOwnership::from(o.clone()) };
+        Ok(S3Response::new(GetBucketOwnershipControlsOutput {
+            ownership_controls: Some(OwnershipControls { rules: vec![rule] }),
+        }))
+    }
+
+    async fn delete_bucket_ownership_controls(
+        &self,
+        req: S3Request<DeleteBucketOwnershipControlsInput>,
+    ) -> S3Result<S3Response<DeleteBucketOwnershipControlsOutput>> {
+        self.set_bucket_attr(&req.input.bucket, ATTR_OWNERSHIP, None).await?;
+        Ok(S3Response::new(DeleteBucketOwnershipControlsOutput::default()))
     }
 
     async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
@@ -1357,7 +1483,9 @@ impl S3 for Gateway {
         }
         let canned = canned_acl!(i, grant_write, access_control_policy);
         let (p, e) = self.object_entry(&i.bucket, &i.key).await?;
-        refuse_public_acl(&self.bucket_entry(&i.bucket).await?.1, canned)?;
+        let bucket = self.bucket_entry(&i.bucket).await?.1;
+        refuse_public_acl(&bucket, canned)?;
+        writer_owns(&bucket, canned)?;
         self.update_extended(&p, &e, Origin::Local, "its ACL was set", |ext| set_acl(ext, canned)).await?;
         Ok(S3Response::new(PutObjectAclOutput::default()))
     }
@@ -1366,7 +1494,7 @@ impl S3 for Gateway {
         let i = req.input;
         let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
         let (_, bucket) = self.bucket_entry(&i.bucket).await?;
-        let owner = owner_of(&bucket);
+        let owner = object_owner(&bucket, &e);
         let grants = acl::of(&e.extended).grants(&owner);
         Ok(S3Response::new(GetObjectAclOutput { grants: Some(grants), owner: Some(owner), ..Default::default() }))
     }
@@ -1561,6 +1689,10 @@ impl S3 for Gateway {
         let creator = self.identity_name(&req.credentials).await;
         let mut entry = NewEntry::dir(now_ms());
         set_acl(&mut entry.extended, canned);
+        if let Some(o) = &req.input.object_ownership {
+            check_ownership(o.as_str(), canned)?;
+            entry.extended.insert(ATTR_OWNERSHIP.to_string(), o.as_str().to_string());
+        }
         if let Some(name) = &creator {
             entry.extended.insert(ATTR_OWNER.to_string(), name.clone());
         }
@@ -1863,6 +1995,7 @@ impl S3 for Gateway {
         let canned = canned_acl!(i);
         refuse_public_acl(&bucket, canned)?;
         set_acl(&mut extended, canned);
+        self.set_object_owner(&mut extended, &bucket, canned, &req.credentials).await?;
         let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
@@ -1923,10 +2056,12 @@ impl S3 for Gateway {
             false => tagging::kept(&src.extended, tagging::ATTR_TAGGING),
         };
         tagging::set(&mut extended, tagging::ATTR_TAGGING, &tags);
-        // The copy's ACL is the request's (private unless it names one), never the source's.
+        // The copy's ACL is the request's (private unless it names one), never the source's;
+        // its owner is its writer's, never the source's.
         let canned = canned_acl!(i);
         refuse_public_acl(&bucket, canned)?;
         set_acl(&mut extended, canned);
+        self.set_object_owner(&mut extended, &bucket, canned, &req.credentials).await?;
         // The source's checksum of its whole bytes is the copy's (of the algorithm asked, if one
         // was); another algorithm is computed as the bytes are copied.
         let want = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
@@ -2034,6 +2169,7 @@ impl S3 for Gateway {
         let canned = canned_acl!(i);
         refuse_public_acl(&bucket, canned)?;
         set_acl(&mut extended, canned);
+        self.set_object_owner(&mut extended, &bucket, canned, &req.credentials).await?;
         let algo = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
         let full_object = match (i.checksum_type.as_ref().map(|t| t.as_str()), algo) {
             (Some(_), None) => {
@@ -2311,7 +2447,14 @@ impl S3 for Gateway {
             })
             .collect();
         let next = truncated.then(|| parts.last().and_then(|p| p.part_number)).flatten();
+        // The object's owner-to-be: its writer where the ownership control makes it so.
+        let owner = match upload.extended.get(ATTR_OWNER) {
+            Some(n) => owner_named(n),
+            None => owner_of(&self.bucket_entry(&i.bucket).await?.1),
+        };
         Ok(S3Response::new(ListPartsOutput {
+            owner: Some(owner.clone()),
+            initiator: Some(Initiator { display_name: owner.display_name, id: owner.id }),
             bucket: Some(i.bucket),
             key: Some(i.key),
             upload_id: Some(i.upload_id),
@@ -2331,37 +2474,43 @@ impl S3 for Gateway {
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
         let i = req.input;
-        self.bucket_entry(&i.bucket).await?;
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
         let max = i.max_uploads.unwrap_or(1000).clamp(0, 1000) as usize;
         let prefix = i.prefix.clone().unwrap_or_default();
-        let mut uploads: Vec<(String, String, i64)> = self
+        let mut uploads: Vec<(String, String, i64, Option<String>)> = self
             .uploads()
             .await
             .map_err(s3_err)?
             .into_iter()
             .filter(|(_, u)| u.bucket == i.bucket && u.key.starts_with(&prefix))
-            .map(|(id, u)| (u.key, id, u.initiated_ms))
+            .map(|(id, u)| (u.key, id, u.initiated_ms, u.extended.get(ATTR_OWNER).cloned()))
             .collect();
         uploads.sort();
         let key_marker = i.key_marker.clone().unwrap_or_default();
         let id_marker = i.upload_id_marker.clone().unwrap_or_default();
         let rest: Vec<_> = uploads
             .into_iter()
-            .filter(|(k, id, _)| key_marker.is_empty() || *k > key_marker || (*k == key_marker && *id > id_marker))
+            .filter(|(k, id, _, _)| key_marker.is_empty() || *k > key_marker || (*k == key_marker && *id > id_marker))
             .collect();
         let truncated = rest.len() > max;
         let shown: Vec<_> = rest.into_iter().take(max).collect();
         let (next_key, next_id) = match (truncated, shown.last()) {
-            (true, Some((k, id, _))) => (Some(k.clone()), Some(id.clone())),
+            (true, Some((k, id, _, _))) => (Some(k.clone()), Some(id.clone())),
             _ => (None, None),
         };
         let list = shown
             .into_iter()
-            .map(|(key, id, ms)| MultipartUpload {
-                key: Some(key),
-                upload_id: Some(id),
-                initiated: Some(timestamp(ms)),
-                ..Default::default()
+            .map(|(key, id, ms, writer)| {
+                // Who started it: the object's owner-to-be (its writer, or the bucket's owner).
+                let owner = writer.map_or_else(|| owner_of(&bucket), |n| owner_named(&n));
+                MultipartUpload {
+                    key: Some(key),
+                    upload_id: Some(id),
+                    initiated: Some(timestamp(ms)),
+                    initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
+                    owner: Some(owner),
+                    ..Default::default()
+                }
             })
             .collect();
         Ok(S3Response::new(ListMultipartUploadsOutput {

@@ -514,6 +514,34 @@ def owners_mode(endpoint, one_ak, one_sk, two_ak, two_sk):
     expect_code("NotImplemented", lambda: one.put_object_acl(Bucket="own-one", Key="k", GrantRead='id="two"'), "a grant")
     expect_code("NotImplemented", lambda: one.create_bucket(Bucket="own-grant", GrantRead='id="two"'), "a grant at creation")
     expect_code("404", lambda: one.head_bucket(Bucket="own-grant"), "nothing created")
+    # Object ownership: another identity writes into the public-read-write bucket; who owns what
+    # it wrote follows the bucket's ownership control.
+    rule = lambda o: {"Rules": [{"ObjectOwnership": o}]}
+    expect_code("OwnershipControlsNotFoundError", lambda: one.get_bucket_ownership_controls(Bucket="own-one"), "no controls")
+    owner_of = lambda k: one.get_object_acl(Bucket="own-one", Key=k)["Owner"]["ID"]
+    two.put_object(Bucket="own-one", Key="by-two", Body=b"2")
+    assert owner_of("by-two") == "one", "no controls: the bucket owner's"
+    one.put_bucket_ownership_controls(Bucket="own-one", OwnershipControls=rule("ObjectWriter"))
+    two.put_object(Bucket="own-one", Key="by-two", Body=b"2")
+    assert owner_of("by-two") == "two", "ObjectWriter: its writer's"
+    mpu = two.create_multipart_upload(Bucket="own-one", Key="mpu-two")
+    assert one.list_parts(Bucket="own-one", Key="mpu-two", UploadId=mpu["UploadId"])["Owner"]["ID"] == "two"
+    two.abort_multipart_upload(Bucket="own-one", Key="mpu-two", UploadId=mpu["UploadId"])
+    one.put_bucket_ownership_controls(Bucket="own-one", OwnershipControls=rule("BucketOwnerPreferred"))
+    two.put_object(Bucket="own-one", Key="by-two", Body=b"2", ACL="bucket-owner-full-control")
+    assert owner_of("by-two") == "one", "BucketOwnerPreferred, given full control: the bucket owner's"
+    expect_code("InvalidBucketAclWithObjectOwnership",
+                lambda: one.put_bucket_ownership_controls(Bucket="own-one", OwnershipControls=rule("BucketOwnerEnforced")),
+                "ACLs off over a public ACL")
+    one.put_bucket_acl(Bucket="own-one", ACL="private")
+    one.put_bucket_ownership_controls(Bucket="own-one", OwnershipControls=rule("BucketOwnerEnforced"))
+    assert one.get_bucket_ownership_controls(Bucket="own-one")["OwnershipControls"]["Rules"] == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+    expect_code("AccessControlListNotSupported",
+                lambda: one.put_object(Bucket="own-one", Key="acl", Body=b"x", ACL="public-read"), "an ACL with ACLs off")
+    expect_code("AccessControlListNotSupported", lambda: one.put_bucket_acl(Bucket="own-one", ACL="private"), "a bucket ACL with ACLs off")
+    one.put_object(Bucket="own-one", Key="acl", Body=b"x", ACL="bucket-owner-full-control")
+    one.delete_bucket_ownership_controls(Bucket="own-one")
+    expect_code("OwnershipControlsNotFoundError", lambda: one.get_bucket_ownership_controls(Bucket="own-one"), "deleted")
     print("owners: each identity's buckets are its own")
 
 
