@@ -756,6 +756,12 @@ fn copy_source(cs: &CopySource) -> S3Result<(String, String)> {
 fn copy_range(spec: &str, size: u64) -> S3Result<ByteRange> {
     let r = Range::parse(spec)
         .map_err(|_| s3_error!(InvalidArgument, "x-amz-copy-source-range {spec:?}: use bytes=first-last"))?;
+    // Unlike a GET's Range, a copy's is not cut to the source: it must lie within it.
+    if let Range::Int { last: Some(last), .. } = r
+        && last >= size
+    {
+        return Err(s3_error!(InvalidRange, "x-amz-copy-source-range {spec:?} lies outside the {size}-byte source"));
+    }
     let r = r
         .check(size)
         .map_err(|_| s3_error!(InvalidRange, "x-amz-copy-source-range {spec:?} lies outside the {size}-byte source"))?;

@@ -837,6 +837,12 @@ def errors_mode(endpoint, ak, sk):
     expect_code("PreconditionFailed", lambda: s3.delete_object(Bucket=b, Key="inm.txt", IfMatchLastModifiedTime="2015-01-01T00:00:00Z"), "delete if-match-last-modified-time")
     s3.delete_object(Bucket=b, Key="inm.txt", IfMatchSize=h["ContentLength"], IfMatchLastModifiedTime=h["LastModified"])
     expect_code("404", lambda: s3.head_object(Bucket=b, Key="inm.txt"), "deleted when size and time matched")
+    # A copy's range must lie within its source (a GET's is cut to the object instead).
+    s3.put_object(Bucket=b, Key="five.txt", Body=b"12345")
+    mpu = s3.create_multipart_upload(Bucket=b, Key="ranged")
+    expect_code("InvalidRange", lambda: s3.upload_part_copy(Bucket=b, Key="ranged", UploadId=mpu["UploadId"], PartNumber=1,
+                CopySource={"Bucket": b, "Key": "five.txt"}, CopySourceRange="bytes=0-21"), "a copy range past the source")
+    s3.abort_multipart_upload(Bucket=b, Key="ranged", UploadId=mpu["UploadId"])
     # Expires is kept; x-amz-expected-bucket-owner is checked; the policy status answers.
     import datetime
     exp = datetime.datetime(2031, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
