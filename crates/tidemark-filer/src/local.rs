@@ -248,22 +248,32 @@ impl LocalFiler {
         Ok(crate::remotes::read_doc(self.store.as_ref(), path).await?.map(|(m, _)| m).unwrap_or_default())
     }
 
-    /// A rename is one transaction in the namespace only: under a remote mount the bucket's keys
-    /// would have to move too (copies, then deletes), and an entry whose bytes are a remote
-    /// object's would name a key nothing is at. There the caller copies instead.
-    async fn check_rename(&self, from: &str, to: &str) -> Result<()> {
+    /// `CrossMount` if `from` or `to` lies in a remote mount (`why`: what that rules out); the
+    /// mount table otherwise.
+    async fn outside_remote_mounts(
+        &self,
+        from: &str,
+        to: &str,
+        why: &str,
+    ) -> Result<tidemark_core::remote::MountMapping> {
         let mapping = self.mount_mapping().await?;
         for p in [from, to] {
             if let Some(m) = mapping.find_for(p) {
                 return Err(Error::CrossMount {
                     path: from.to_string(),
-                    message: format!(
-                        "{p} is in the remote mount {}; renames there are copies (copy, then delete the original)",
-                        m.dir
-                    ),
+                    message: format!("{p} is in the remote mount {}; {why}", m.dir),
                 });
             }
         }
+        Ok(mapping)
+    }
+
+    /// A rename is one transaction in the namespace only: under a remote mount the bucket's keys
+    /// would have to move too (copies, then deletes), and an entry whose bytes are a remote
+    /// object's would name a key nothing is at. There the caller copies instead.
+    async fn check_rename(&self, from: &str, to: &str) -> Result<()> {
+        let mapping =
+            self.outside_remote_mounts(from, to, "renames there are copies (copy, then delete the original)").await?;
         // A directory that holds a remote mount cannot move from under it.
         if let Some(m) = mapping.mounts.iter().find(|m| path::is_within(&m.dir, from)) {
             return Err(Error::CrossMount {
@@ -283,19 +293,7 @@ impl LocalFiler {
                 return Err(Error::invalid_argument(format!("{p}: the system directory's documents have one name")));
             }
         }
-        let mapping = self.mount_mapping().await?;
-        for p in [from, to] {
-            if let Some(m) = mapping.find_for(p) {
-                return Err(Error::CrossMount {
-                    path: from.to_string(),
-                    message: format!(
-                        "{p} is in the remote mount {}, whose objects have one key each: no hard links",
-                        m.dir
-                    ),
-                });
-            }
-        }
-        Ok(())
+        self.outside_remote_mounts(from, to, "its objects have one key each: no hard links").await.map(drop)
     }
 
     /// A precondition on the version a name of a hard-linked file answered (its file's), as the

@@ -1576,13 +1576,11 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<GetPublicAccessBlockOutput>> {
         let (_, e) = self.bucket_entry(&req.input.bucket).await?;
         let c = public_access_block_of(&e).ok_or_else(|| {
-            // A code s3s does not name.
-            let mut err = S3Error::with_message(
-                S3ErrorCode::Custom("NoSuchPublicAccessBlockConfiguration".into()),
+            custom_error(
+                "NoSuchPublicAccessBlockConfiguration",
+                hyper::StatusCode::NOT_FOUND,
                 "The public access block configuration was not found",
-            );
-            err.set_status_code(hyper::StatusCode::NOT_FOUND);
-            err
+            )
         })?;
         Ok(S3Response::new(GetPublicAccessBlockOutput { public_access_block_configuration: Some(c) }))
     }
