@@ -519,17 +519,17 @@ impl Filer for LocalFiler {
     }
 
     async fn read(&self, p: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
-        if let Some(id) = self.store.get(p).await?.and_then(|e| e.posix.inode) {
-            // A name of a hard-linked file: the bytes are its inode entry's.
-            let (mut e, stream) = Box::pin(self.read(&tidemark_core::model::inode_path(id), range)).await?;
-            e.path = p.to_string();
-            e.posix.inode = Some(id);
-            return Ok((e, stream));
-        }
         // A concurrent overwrite may remove the blob between reading the entry and opening it;
         // read the entry again then. Once open, the bytes stay readable whatever happens.
         for _ in 0..WRITE_RETRIES {
             let entry = self.store.get(p).await?.ok_or_else(|| Error::not_found(p))?;
+            if let Some(id) = entry.posix.inode {
+                // A name of a hard-linked file: the bytes are its inode entry's.
+                let (mut e, stream) = Box::pin(self.read(&inode_path(id), range)).await?;
+                e.path = p.to_string();
+                e.posix.inode = Some(id);
+                return Ok((e, stream));
+            }
             if entry.is_dir() {
                 return Err(Error::IsADirectory { path: p.into() });
             }
