@@ -116,15 +116,39 @@ async fn with_request_id(mut resp: hyper::Response<s3s::Body>) -> hyper::Respons
         return resp;
     }
     let Ok(body) = resp.body_mut().store_all_limited(MAX_ERROR_BODY).await else { return resp };
-    let text = String::from_utf8_lossy(&body);
+    let mut text = String::from_utf8_lossy(&body).into_owned();
+    if let Some(refused) = failed_post_condition(&text) {
+        text = refused;
+        *resp.status_mut() = hyper::StatusCode::FORBIDDEN;
+    }
     let Some(end) = text.rfind("</Error>").filter(|_| !text.contains("<RequestId>")) else {
-        *resp.body_mut() = s3s::Body::from(body);
+        resp.headers_mut().insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(text.len()));
+        *resp.body_mut() = s3s::Body::from(text);
         return resp;
     };
     let with_id = format!("{}<RequestId>{id}</RequestId>{}", &text[..end], &text[end..]);
     resp.headers_mut().insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(with_id.len()));
     *resp.body_mut() = s3s::Body::from(with_id);
     resp
+}
+
+/// A POST form that fails a condition of its policy is refused as S3 refuses it — 403
+/// `AccessDenied`, "Invalid according to Policy: Policy Condition failed" — where s3s answers 400
+/// `InvalidPolicyDocument` (which S3 keeps for a policy it cannot read). The error document to
+/// answer instead, if `text` is such a failure.
+fn failed_post_condition(text: &str) -> Option<String> {
+    if !text.contains("<Code>InvalidPolicyDocument</Code>") {
+        return None;
+    }
+    let start = text.find("<Message>")? + "<Message>".len();
+    let message = &text[start..start + text[start..].find("</Message>")?];
+    let lower = message.to_ascii_lowercase();
+    if !(lower.contains("condition") && lower.contains("failed")) {
+        return None;
+    }
+    Some(format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>Invalid according to Policy: {message}</Message></Error>"
+    ))
 }
 
 /// GetObjectAttributes answers its ETag without quotes (AWS does; s3s writes every ETag quoted).

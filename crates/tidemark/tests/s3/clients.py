@@ -837,6 +837,16 @@ def errors_mode(endpoint, ak, sk):
     expect_code("PreconditionFailed", lambda: s3.delete_object(Bucket=b, Key="inm.txt", IfMatchLastModifiedTime="2015-01-01T00:00:00Z"), "delete if-match-last-modified-time")
     s3.delete_object(Bucket=b, Key="inm.txt", IfMatchSize=h["ContentLength"], IfMatchLastModifiedTime=h["LastModified"])
     expect_code("404", lambda: s3.head_object(Bucket=b, Key="inm.txt"), "deleted when size and time matched")
+    # A browser form (POST) is stored as its policy allows; one its conditions refuse is 403,
+    # as S3 answers, and stores nothing.
+    import requests
+    post = s3.generate_presigned_post(Bucket=b, Key="form.txt", Conditions=[["starts-with", "$key", "form"]])
+    r = requests.post(post["url"], data=post["fields"], files={"file": ("f", b"by form")})
+    assert r.status_code == 204, (r.status_code, r.text)
+    assert s3.get_object(Bucket=b, Key="form.txt")["Body"].read() == b"by form"
+    r = requests.post(post["url"], data=post["fields"] | {"key": "other.txt"}, files={"file": ("f", b"x")})
+    assert r.status_code == 403 and "<Code>AccessDenied</Code>" in r.text, (r.status_code, r.text)
+    expect_code("404", lambda: s3.head_object(Bucket=b, Key="other.txt"), "a refused form stores nothing")
     # A copy's range must lie within its source (a GET's is cut to the object instead).
     s3.put_object(Bucket=b, Key="five.txt", Body=b"12345")
     mpu = s3.create_multipart_upload(Bucket=b, Key="ranged")
