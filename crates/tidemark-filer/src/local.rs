@@ -296,24 +296,13 @@ impl LocalFiler {
         self.outside_remote_mounts(from, to, "its objects have one key each: no hard links").await.map(drop)
     }
 
-    /// A precondition on the version a name of a hard-linked file answered (its file's), as the
-    /// store checks it — on the name's own version — while the file is still at that version;
-    /// `None` when `p` is not such a name or the file has changed.
-    async fn on_name(&self, p: &str, pre: Precondition) -> Result<Option<Precondition>> {
-        let Precondition::Version(v) = pre else { return Ok(None) };
-        let Some(name) = self.store.get(p).await?.filter(|e| e.posix.inode.is_some()) else { return Ok(None) };
-        let file = self.store.get(&inode_path(name.posix.inode.unwrap_or_default())).await?;
-        Ok(file.filter(|f| f.version == v).map(|_| Precondition::Version(name.version)))
-    }
-
     /// Hard links: each name of a file answers as the file — its inode entry's kind, size,
     /// bytes, attributes and version, under the name's path, with `posix.inode` saying which
     /// file it is. One batched read for the names among `entries`.
     async fn resolve_links<'a>(&self, entries: impl Iterator<Item = &'a mut Entry>) -> Result<()> {
-        let names: Vec<&mut Entry> = entries.filter(|e| e.posix.inode.is_some()).collect();
-        for chunk in names.into_iter().collect::<Vec<_>>().chunks_mut(tidemark_core::model::MAX_BATCH) {
-            let paths: Vec<String> =
-                chunk.iter().filter_map(|e| e.posix.inode).map(tidemark_core::model::inode_path).collect();
+        let mut names: Vec<&mut Entry> = entries.filter(|e| e.posix.inode.is_some()).collect();
+        for chunk in names.chunks_mut(tidemark_core::model::MAX_BATCH) {
+            let paths: Vec<String> = chunk.iter().filter_map(|e| e.posix.inode).map(inode_path).collect();
             let inodes = self.store.get_many(&paths).await?;
             for (name, inode) in chunk.iter_mut().zip(inodes) {
                 // A name whose inode entry is gone (it cannot be: they go together) stays as it is.
@@ -603,13 +592,10 @@ impl Filer for LocalFiler {
         if before.as_ref().is_some_and(Entry::is_dir) {
             return Err(Error::IsADirectory { path: p.into() });
         }
-        let mut opts = opts;
+        // (A name of a hard-linked file answers with its file's version: the store checks that.)
         if !opts.precondition.holds(before.as_ref().map(|e| e.version))
-            && let Some(pre) = self.on_name(p, opts.precondition).await?
+            && before.as_ref().is_none_or(|e| e.posix.inode.is_none())
         {
-            opts.precondition = pre;
-        }
-        if !opts.precondition.holds(before.as_ref().map(|e| e.version)) {
             return Err(Error::PreconditionFailed { path: p.into(), current: before.map(|e| e.version) });
         }
         if let Some(len) = opts.declared_len {
@@ -714,13 +700,7 @@ impl Filer for LocalFiler {
         self.tombstone_before_delete(p, opts.recursive).await?;
         let mut txn = Txn::delete(p, opts.recursive, tidemark_core::Origin::Local).with_precondition(opts.precondition);
         txn.dir_times = opts.dir_times;
-        match self.commit(txn.clone()).await {
-            Err(e @ Error::PreconditionFailed { .. }) => match self.on_name(p, opts.precondition).await? {
-                Some(pre) => self.commit(Txn { precondition: pre, ..txn }).await,
-                None => Err(e),
-            },
-            r => r,
-        }
+        self.commit(txn).await
     }
 
     async fn apply(&self, mut txn: Txn) -> Result<Applied> {
@@ -733,16 +713,7 @@ impl Filer for LocalFiler {
             name = Some((std::mem::replace(&mut txn.path, inode_path(id)), id));
         }
         self.check_txn(&txn).await?;
-        let applied = match self.commit(txn.clone()).await {
-            Err(e @ Error::PreconditionFailed { .. }) if name.is_none() => {
-                match self.on_name(&txn.path, txn.precondition).await? {
-                    Some(pre) => self.commit(Txn { precondition: pre, ..txn }).await,
-                    None => Err(e),
-                }
-            }
-            r => r,
-        };
-        let mut applied = applied?;
+        let mut applied = self.commit(txn).await?;
         if let Some((p, id)) = name {
             for e in applied.old.iter_mut().chain(applied.new.iter_mut()) {
                 e.path = p.clone();

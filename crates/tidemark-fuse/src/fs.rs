@@ -492,29 +492,22 @@ impl TidemarkFs {
     /// not read as empty). Handles busy (uploading) are not waited for: they are about to tell
     /// the filer.
     fn unflushed_size(&self, e: &mut Entry, fh: Option<FileHandle>) {
-        let all = match fh.and_then(|fh| self.handle(fh).ok()) {
-            Some(h) => vec![h],
-            None => self.handles.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect(),
-        };
-        for h in all {
-            let h = if fh.is_some() {
-                h.lock().unwrap_or_else(|p| p.into_inner())
-            } else {
-                match h.try_lock() {
-                    Ok(h) => h,
-                    Err(_) => continue,
-                }
-            };
-            let Some(len) = h.spool.as_ref().filter(|_| h.dirty).and_then(|s| s.metadata().ok()).map(|m| m.len())
-            else {
-                continue;
-            };
-            match fh {
-                Some(_) => e.size = len,
-                // Several handles may write the file, each its own copy until it closes: by
-                // name, the largest size any of them (or the filer) has.
-                None if h.path == e.path => e.size = e.size.max(len),
-                None => {}
+        let written =
+            |h: &Handle| h.spool.as_ref().filter(|_| h.dirty).and_then(|s| s.metadata().ok()).map(|m| m.len());
+        if let Some(h) = fh.and_then(|fh| self.handle(fh).ok()) {
+            if let Some(len) = written(&h.lock().unwrap_or_else(|p| p.into_inner())) {
+                e.size = len;
+            }
+            return;
+        }
+        // Several handles may write the file, each its own copy until it closes: by name, the
+        // largest size any of them (or the filer) has.
+        for h in self.handles.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            if let Ok(h) = h.try_lock()
+                && h.path == e.path
+                && let Some(len) = written(&h)
+            {
+                e.size = e.size.max(len);
             }
         }
     }
@@ -1175,14 +1168,7 @@ impl Filesystem for TidemarkFs {
             }
             // What is written and not yet uploaded goes first: the file moves.
             self.flush_path(&from)?;
-            let txn = Txn {
-                path: from.clone(),
-                precondition: Precondition::Any,
-                fence: None,
-                mutation: tidemark_core::model::Mutation::Link { to: to.clone() },
-                origin: Origin::Local,
-                dir_times: true,
-            };
+            let txn = Txn::link(from.clone(), to.clone(), Origin::Local).with_dir_times();
             self.counters.writes.fetch_add(1, Ordering::Relaxed);
             let applied = match self.call_or("link", self.filer.apply(txn), Errno::EEXIST) {
                 Err(Errno::EXDEV | Errno::EISDIR) => Err(Errno::EPERM),
@@ -1600,10 +1586,9 @@ impl TidemarkFs {
         }
         let open = self.last_name_going(&e);
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        // A name of a hard-linked file has a version of its own (`e` is its file's).
+        // (For a name of a hard-linked file, `e` is its file: the store checks the file's version.)
         let linked = e.path != p;
-        let precondition = if linked { Precondition::Any } else { Precondition::Version(e.version) };
-        let del = DeleteOptions { recursive: false, precondition, dir_times: true };
+        let del = DeleteOptions { recursive: false, precondition: Precondition::Version(e.version), dir_times: true };
         let r = self.call("delete", self.filer.delete(&p, del));
         self.forget(&p);
         if linked {

@@ -149,11 +149,6 @@ struct DeleteIf<'a> {
     size: Option<i64>,
 }
 
-/// A timestamp's whole seconds since the epoch (what an object's Last-Modified shows).
-fn seconds_of(t: &Timestamp) -> Option<i64> {
-    Some(time::OffsetDateTime::from(t.clone()).unix_timestamp())
-}
-
 struct Attrs<'a> {
     content_type: Option<&'a str>,
     cache_control: Option<&'a str>,
@@ -1063,33 +1058,31 @@ impl Gateway {
         if_none_match: Option<&ETagCondition>,
     ) -> S3Result<Precondition> {
         match (if_match, if_none_match) {
-            (None, None) => Ok(Precondition::Any),
-            (None, Some(ETagCondition::Any)) => Ok(Precondition::Absent),
+            (None, None) => return Ok(Precondition::Any),
+            (None, Some(ETagCondition::Any)) => return Ok(Precondition::Absent),
+            (Some(_), Some(_)) => {
+                return Err(s3_error!(InvalidArgument, "If-Match and If-None-Match exclude each other"));
+            }
+            _ => {}
+        }
+        let current = self.filer.stat(p).await.map_err(s3_err)?.filter(|e| !e.is_dir());
+        match (if_match, if_none_match) {
             // An ETag: the write goes ahead unless the object has it (and then only over the
             // object it saw).
-            (None, Some(ETagCondition::ETag(t))) => {
-                match self.filer.stat(p).await.map_err(s3_err)?.filter(|e| !e.is_dir()) {
-                    None => Ok(Precondition::Absent),
-                    Some(e) if t.value() == etag_of(&e) => {
-                        Err(s3_error!(PreconditionFailed, "If-None-Match: the object's ETag is {}", etag_of(&e)))
-                    }
-                    Some(e) => Ok(Precondition::Version(e.version)),
+            (None, Some(ETagCondition::ETag(t))) => match current {
+                None => Ok(Precondition::Absent),
+                Some(e) if t.value() == etag_of(&e) => {
+                    Err(s3_error!(PreconditionFailed, "If-None-Match: the object's ETag is {}", etag_of(&e)))
                 }
-            }
-            (Some(c), None) => {
-                let current = self.filer.stat(p).await.map_err(s3_err)?.filter(|e| !e.is_dir());
-                match (c, current) {
-                    (_, None) => Err(s3_error!(NoSuchKey, "If-Match: there is no object to match")),
-                    (ETagCondition::Any, Some(e)) => Ok(Precondition::Version(e.version)),
-                    (ETagCondition::ETag(t), Some(e)) if t.value() == etag_of(&e) => {
-                        Ok(Precondition::Version(e.version))
-                    }
-                    (_, Some(e)) => {
-                        Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {}", etag_of(&e)))
-                    }
-                }
-            }
-            (Some(_), Some(_)) => Err(s3_error!(InvalidArgument, "If-Match and If-None-Match exclude each other")),
+                Some(e) => Ok(Precondition::Version(e.version)),
+            },
+            (Some(c), _) => match (c, current) {
+                (_, None) => Err(s3_error!(NoSuchKey, "If-Match: there is no object to match")),
+                (ETagCondition::Any, Some(e)) => Ok(Precondition::Version(e.version)),
+                (ETagCondition::ETag(t), Some(e)) if t.value() == etag_of(&e) => Ok(Precondition::Version(e.version)),
+                (_, Some(e)) => Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {}", etag_of(&e))),
+            },
+            (None, _) => Ok(Precondition::Any),
         }
     }
 
@@ -1142,7 +1135,8 @@ impl Gateway {
             return Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {}", etag_of(&e)));
         }
         if let Some(t) = cond.last_modified
-            && seconds_of(t) != Some(whole_seconds(e.mtime_ms))
+            // Last-Modified shows whole seconds.
+            && crate::lifecycle::ms_of(t).map(whole_seconds) != Some(whole_seconds(e.mtime_ms))
         {
             return Err(s3_error!(
                 PreconditionFailed,

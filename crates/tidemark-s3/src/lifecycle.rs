@@ -37,7 +37,8 @@ fn err(code: S3ErrorCode, msg: impl Into<String>) -> S3Error {
     S3Error::with_message(code, msg.into())
 }
 
-fn ms_of(t: &Timestamp) -> Option<i64> {
+/// A timestamp in milliseconds since the epoch.
+pub(crate) fn ms_of(t: &Timestamp) -> Option<i64> {
     let at: time::OffsetDateTime = t.clone().into();
     i64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok()
 }

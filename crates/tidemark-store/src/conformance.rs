@@ -496,9 +496,14 @@ pub async fn hard_links_share_one_inode_entry_and_count_their_names(h: &Harness)
     s.apply(Txn::rename("/h/a", "/h/c", Origin::Local)).await.unwrap();
     assert_eq!(s.last_seq().await.unwrap(), last);
     let nlink = || async { s.get(&inode_path(id)).await.unwrap().map(|e| e.posix.nlink) };
-    // Each way a name goes counts it off: unlink, a rename over it, a put over it, a recursive
-    // delete of its directory.
-    s.apply(Txn::delete("/h/a", false, Origin::Local)).await.unwrap();
+    // A precondition on a name holds on its file's version too (what a name answers as), and
+    // only while the file is at it.
+    let at = s.get(&inode_path(id)).await.unwrap().unwrap().version;
+    let stale = Txn::delete("/h/a", false, Origin::Local).with_precondition(Precondition::Version(at - 1));
+    assert_eq!(s.apply(stale).await.unwrap_err().code(), "precondition_failed");
+    // Each way a name goes counts it off: unlink (conditional on the file's version), a rename
+    // over it, a put over it, a recursive delete of its directory.
+    s.apply(Txn::delete("/h/a", false, Origin::Local).with_precondition(Precondition::Version(at))).await.unwrap();
     assert_eq!(nlink().await, Some(Some(3)));
     s.apply(Txn::rename("/h/f", "/h/b", Origin::Local)).await.unwrap();
     assert_eq!(nlink().await, Some(Some(2)));

@@ -10,8 +10,8 @@
 
 use tidemark_core::cache::{self, CachedChunk};
 use tidemark_core::model::{
-    Applied, Content, Entry, EntryKind, Fence, INODES_DIR, Lease, Mutation, NewEntry, Origin, PosixAttrs, RemoteEntry,
-    Txn, TxnBatch, inode_of_path, inode_path,
+    Applied, Content, Entry, EntryKind, Fence, INODES_DIR, Lease, Mutation, NewEntry, Origin, PosixAttrs, Precondition,
+    RemoteEntry, Txn, TxnBatch, inode_of_path, inode_path,
 };
 use tidemark_core::{Error, Result, path};
 
@@ -228,19 +228,16 @@ async fn touch_dir(
     n.posix.atime_ms = Some(d.posix.atime_ms.unwrap_or(d.mtime_ms));
     n.mtime_ms = now_ms.max(d.mtime_ms);
     n.posix.ctime_ms = None;
-    let seq = ops.next_seq();
-    let new = materialise(dir, seq, n);
-    ops.put_row(&new, None).await?;
-    let c = Change { seq, ts_ms: now_ms, path: dir, origin, old: Some(&d), new: Some(&new), moved_to: None };
-    ops.log_change(c).await?;
-    Ok(Some(new))
+    rewrite(ops, &d, n, now_ms, origin).await.map(Some)
 }
 
 /// The mutation of `apply_unfenced`, without the directories' times.
 async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<Applied> {
     let first_seq = ops.current_seq() + 1;
     let current = ops.entry(&txn.path).await?;
-    if !txn.precondition.holds(current.as_ref().map(|e| e.version)) {
+    if !txn.precondition.holds(current.as_ref().map(|e| e.version))
+        && !holds_on_file(ops, current.as_ref(), txn.precondition).await?
+    {
         return Err(Error::PreconditionFailed { path: txn.path.clone(), current: current.map(|e| e.version) });
     }
     let origin = txn.origin;
@@ -273,10 +270,18 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
     }
     match &txn.mutation {
         Mutation::Put { entry, data } => {
-            // An inode's count of names is the store's; a put over a name replaces that name.
-            let mut entry = entry.clone();
-            entry.posix.nlink = current.as_ref().filter(|c| c.posix.inode.is_none()).and_then(|c| c.posix.nlink);
-            let entry = &entry;
+            // An inode's count of names is the store's, whatever the put says; a put over a name
+            // replaces that name.
+            let nlink = current.as_ref().filter(|c| c.posix.inode.is_none()).and_then(|c| c.posix.nlink);
+            let entry = match entry.posix.nlink == nlink {
+                true => std::borrow::Cow::Borrowed(entry),
+                false => {
+                    let mut e = entry.clone();
+                    e.posix.nlink = nlink;
+                    std::borrow::Cow::Owned(e)
+                }
+            };
+            let entry = entry.as_ref();
             // The checks.
             let ancestors = path::ancestors(&txn.path);
             let existing = ops.entries(&ancestors).await?;
@@ -529,6 +534,13 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
             Ok(Applied { first_seq, seq: inode.version, old: Some(src), new: Some(inode), dirs: Vec::new() })
         }
     }
+}
+
+/// A name of a hard-linked file answers as its file (the filer shows the file's version under
+/// the name): a precondition on that version holds on the name while the file is at it.
+async fn holds_on_file(ops: &mut impl TxnOps, name: Option<&Entry>, pre: Precondition) -> Result<bool> {
+    let (Some(id), Precondition::Version(v)) = (name.and_then(|n| n.posix.inode), pre) else { return Ok(false) };
+    Ok(ops.entry(&inode_path(id)).await?.is_some_and(|f| f.version == v))
 }
 
 fn refused_in_inodes(p: &str) -> Error {
