@@ -280,6 +280,7 @@ mod tests {
                 version_id: None,
                 last_local_sync_ms: None,
                 dirty_after: None,
+                moved_from: None,
             }),
             content: Content::Remote,
             extended: Default::default(),

@@ -140,11 +140,19 @@ pub struct RemoteSide<'a> {
 
 /// Whether the entry was written locally after its last sync. Local writes to a remote-backed
 /// entry always move its mtime past the recorded remote mtime (see `LocalFiler::write`).
+/// A file renamed in its mount whose object is still at its old key is dirty too: its own key
+/// holds nothing of it yet.
 pub fn is_locally_dirty(e: &Entry) -> bool {
     match &e.remote {
         None => e.kind == EntryKind::File,
-        Some(r) => e.kind == EntryKind::File && e.mtime_ms > r.remote_mtime_ms,
+        Some(r) => e.kind == EntryKind::File && (e.mtime_ms > r.remote_mtime_ms || r.moved_from.is_some()),
     }
+}
+
+/// Whether the entry (file or directory) was renamed in its mount and the outbound sync has not
+/// yet carried the rename to the bucket: nothing at its own key says anything about it.
+pub fn is_moved(e: &Entry) -> bool {
+    e.remote.as_ref().is_some_and(|r| r.moved_from.is_some())
 }
 
 /// The entry version of which `o` is this cluster's upload *for `path`*, if it is one: its
@@ -223,6 +231,7 @@ pub fn entry_for(remote: RemoteSide<'_>, storage: &str, keep: Option<&Entry>) ->
             version_id: o.version_id.clone(),
             last_local_sync_ms: None,
             dirty_after: None,
+            moved_from: None,
         }),
         content: if is_dir || o.size == 0 { Content::Empty } else { Content::Remote },
         extended: attrs_for(remote, keep),
@@ -254,7 +263,7 @@ pub fn decide(local: Option<&Entry>, remote: Option<RemoteSide<'_>>, ctx: &Decid
         let Some(recorded) = &l.remote else {
             return Action::Skip(SkipReason::LocalOnly);
         };
-        if is_locally_dirty(l) {
+        if is_locally_dirty(l) || is_moved(l) {
             return Action::Skip(SkipReason::LocalDirty);
         }
         let Some(r) = remote else {
@@ -351,6 +360,7 @@ mod tests {
                 version_id: None,
                 last_local_sync_ms: None,
                 dirty_after: None,
+                moved_from: None,
             }),
             content: Content::Remote,
             extended: Default::default(),

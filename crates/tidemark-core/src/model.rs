@@ -129,6 +129,12 @@ pub struct RemoteEntry {
     /// its pending local writes; earlier ones are of what it held before (`decide::is_pending_upload`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dirty_after: Option<u64>,
+    /// While the entry was renamed in its mount and the outbound sync has not yet put its object
+    /// at its new key: the path whose key still holds that object (the first of several renames).
+    /// Reads fetch from there; the outbound sync uploads the object at the entry's own key, then
+    /// deletes the old one (never before) — docs/SEMANTICS.md, "Renames in a remote mount".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<String>,
 }
 
 /// One entry of the namespace as stored.

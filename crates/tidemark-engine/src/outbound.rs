@@ -14,7 +14,7 @@ use futures::StreamExt;
 
 use tidemark_core::decide::{DecideCtx, RemoteSide, is_entrys_pending_upload, is_locally_dirty, upload_metadata};
 use tidemark_core::keymap::KeyMap;
-use tidemark_core::model::{ChangeRecord, Content, Origin, Precondition, RemoteEntry, Txn, object_attrs};
+use tidemark_core::model::{ChangeRecord, Content, Entry, Origin, Precondition, RemoteEntry, Txn, object_attrs};
 use tidemark_core::remote::{Mount, ObjectHeaders};
 use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
 
@@ -34,6 +34,27 @@ pub enum OutboundOutcome {
     KeptNewer {
         path: String,
         key: String,
+    },
+    /// A rename in the mount carried to the bucket: the object is at the entry's key now (put
+    /// there from the old key's bytes, or from the local ones), and the old key's object, once
+    /// it was, deleted.
+    Moved {
+        path: String,
+        from: String,
+        key: String,
+    },
+    /// A rename carried with no bytes to move: a directory (its old marker object, if any,
+    /// deleted) or a file renamed back to where its object is.
+    Carried {
+        path: String,
+        from: String,
+    },
+    /// A renamed entry whose object someone else deleted or replaced at its old key before the
+    /// rename reached the bucket, and whose bytes are not here: the entry goes, as a delete of its
+    /// object would have taken it.
+    SourceGone {
+        path: String,
+        from: String,
     },
     /// Nothing to do: not a local change, already synced, superseded, a directory, a symbolic
     /// link or another entry without bytes (they stay in the namespace: docs/SEMANTICS.md).
@@ -56,8 +77,37 @@ pub async fn sync_record(
     let map = KeyMap::new(&mount.dir, &mount.location.path)?;
     match &record.new {
         None => {
-            // A delete a user made: remove the object the entry was backed by.
             let Some(old) = &record.old else { return Ok(OutboundOutcome::Nothing) };
+            if record.moved_to.is_some() {
+                // Renamed: the moved entry carries its object (at this path's key, or at an
+                // older one) to its new key, and deletes the old one after. An entry with no
+                // object of its own here (local-only, or itself renamed from elsewhere) hid
+                // whatever someone else put at this key: that appears now.
+                if old.remote.as_ref().is_none_or(|r| r.moved_from.is_some()) {
+                    uncover(filer, storage, mount, &map, cluster_id, &record.path, old.is_dir()).await?;
+                }
+                return Ok(OutboundOutcome::Nothing);
+            }
+            if let Some(from) = moved_from(old) {
+                // A user deleted a renamed entry before its object moved: this path's key never
+                // held it; the old one does.
+                let from = from.to_string();
+                release(filer, storage, mount, &map, cluster_id, &from, old).await?;
+                // A later delete of this path (its tombstone names another version) is its own
+                // record's to finish. Otherwise an object at this path's own key is someone
+                // else's (the entry never put one there), its event skipped while the entry was
+                // pending: it appears now.
+                let tomb = crate::docs::tombstone(filer, &record.path).await?;
+                if tomb.as_ref().is_none_or(|t| t.version == old.version) {
+                    if tomb.is_some() {
+                        crate::docs::remove_tombstone(filer, &record.path).await?;
+                    }
+                    uncover(filer, storage, mount, &map, cluster_id, &record.path, old.is_dir()).await?;
+                }
+                let key = map.path_to_key(&from, old.is_dir()).unwrap_or_default();
+                return Ok(OutboundOutcome::Deleted { path: record.path.clone(), key });
+            }
+            // A delete a user made: remove the object the entry was backed by.
             if old.kind.is_special() {
                 return Ok(OutboundOutcome::Nothing); // a link or a device node never had an object
             }
@@ -98,35 +148,50 @@ pub async fn sync_record(
             if let (OutboundOutcome::KeptNewer { .. }, Some(o)) = (&outcome, &object) {
                 // Its notification may have been handled while the local file hid it (and
                 // skipped): mirror it now rather than at the next reconcile.
-                let ctx = DecideCtx { storage: &mount.location.storage, cluster_id: Some(cluster_id), tombstone: None };
-                let side = RemoteSide { object: o, is_dir_marker: old.is_dir() };
-                let rules =
-                    crate::write::WriteRules { fence: None, allow_delete: true, check_tombstones: false, heads: None };
-                crate::write::decide_and_write(filer, &record.path, None, Some(side), &ctx, rules).await?;
+                mirror(filer, mount, cluster_id, &record.path, o, old.is_dir()).await?;
             }
             Ok(outcome)
         }
-        Some(_) => {
+        Some(new) => {
+            // An entry this one replaced whose object was still at an older key (renamed, not yet
+            // carried): nothing names that object any more.
+            if let Some(old) = &record.old
+                && let Some(from) = moved_from(old)
+                && moved_from(new) != Some(from)
+            {
+                let from = from.to_string();
+                release(filer, storage, mount, &map, cluster_id, &from, old).await?;
+            }
             let Some(entry) = filer.stat(&record.path).await? else { return Ok(OutboundOutcome::Nothing) };
-            if entry.is_dir() || !is_locally_dirty(&entry) || entry.content == Content::Remote {
+            let moved = moved_from(&entry).map(str::to_string);
+            if let Some(from) = &moved {
+                if entry.is_dir() || *from == entry.path {
+                    return carry_without_bytes(filer, storage, mount, &map, cluster_id, entry, from.clone()).await;
+                }
+            } else if entry.is_dir() || !is_locally_dirty(&entry) || entry.content == Content::Remote {
                 return Ok(OutboundOutcome::Nothing);
             }
             let Some(key) = map.path_to_key(&entry.path, false) else { return Ok(OutboundOutcome::Nothing) };
-            let (read, mut stream) = filer.read(&entry.path, None).await?;
-            if read.version != entry.version {
-                return Ok(OutboundOutcome::Nothing); // changed again: the newer record uploads it
-            }
-            let mut body = BytesMut::with_capacity(read.size as usize);
-            while let Some(chunk) = stream.next().await {
-                body.extend_from_slice(&chunk.map_err(|e| Error::io(format!("reading {}", entry.path), e))?);
-            }
+            // A renamed entry's bytes are its own (written here, or cached) or its old key's object.
+            let body = match read_all(filer, &entry).await {
+                Ok(Some(b)) => b,
+                Ok(None) => return Ok(OutboundOutcome::Nothing), // changed again: the newer record uploads it
+                Err(e) => {
+                    if let Some(from) = moved
+                        && source_is_gone(storage, &map, &entry, &from).await?
+                    {
+                        return source_gone(filer, storage, mount, &map, cluster_id, entry, from).await;
+                    }
+                    return Err(e);
+                }
+            };
             // What a reader of the object should get back (a PUT through the gateway kept its
             // headers and metadata); Tidemark's own metadata last, so no user name replaces it.
             let mut meta = object_attrs::user_metadata(&entry.extended);
             meta.extend(upload_metadata(cluster_id, &entry.path, entry.version));
             let headers =
                 ObjectHeaders { storage_class: None, restore: None, ..object_attrs::headers(&entry.extended) };
-            let object = storage.put_with_headers(&key, body.freeze(), meta, &headers).await?;
+            let object = storage.put_with_headers(&key, body, meta, &headers).await?;
             let mut synced = entry.to_new();
             // As the bucket now answers for it (its storage class, too).
             object_attrs::refresh(&mut synced.extended, &object, false);
@@ -139,15 +204,197 @@ pub async fn sync_record(
                 version_id: object.version_id.clone(),
                 last_local_sync_ms: Some(clock.now_ms()),
                 dirty_after: None,
+                moved_from: None,
             });
             // Bookkeeping, not a local change: `System`, so it is not uploaded again.
             let txn =
                 Txn::put(&entry.path, synced, Origin::System).with_precondition(Precondition::Version(entry.version));
             match filer.apply(txn).await {
-                Ok(_) | Err(Error::PreconditionFailed { .. }) => {}
+                Ok(_) => {}
+                Err(Error::PreconditionFailed { .. }) => {
+                    // Written again (its own record uploads it) or renamed away meanwhile: then
+                    // nothing names this upload; it goes rather than come back as a file.
+                    if filer.stat(&entry.path).await?.is_none()
+                        && storage.stat(&key).await?.is_some_and(|o| o.etag == object.etag)
+                    {
+                        storage.delete(&key).await?;
+                    }
+                    return Ok(OutboundOutcome::Nothing);
+                }
                 Err(e) => return Err(e),
+            }
+            if let Some(from) = moved_from(&entry) {
+                // The object is at its new key: now, and only now, the old one goes.
+                let from = from.to_string();
+                release(filer, storage, mount, &map, cluster_id, &from, &entry).await?;
+                return Ok(OutboundOutcome::Moved { path: entry.path, from, key });
             }
             Ok(OutboundOutcome::Uploaded { path: entry.path, key })
         }
     }
+}
+
+/// Once an entry that hid `path`'s key has gone from `path` (renamed away or deleted, never
+/// having put an object there), what someone else put at that key — its event skipped while
+/// the entry was there — appears now rather than at the next reconcile.
+async fn uncover(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    map: &KeyMap,
+    cluster_id: &str,
+    path: &str,
+    is_dir: bool,
+) -> Result<()> {
+    if filer.stat(path).await?.is_some() {
+        return Ok(());
+    }
+    let Some(key) = map.path_to_key(path, is_dir) else { return Ok(()) };
+    match storage.stat(&key).await? {
+        Some(o) => mirror(filer, mount, cluster_id, path, &o, is_dir).await,
+        None => Ok(()),
+    }
+}
+
+/// Writes the object at `path`'s key into the namespace as an event's apply would, `path`
+/// having no entry now: for an object whose event was skipped while a local change hid it.
+async fn mirror(
+    filer: &dyn Filer,
+    mount: &Mount,
+    cluster_id: &str,
+    path: &str,
+    object: &tidemark_core::RemoteObject,
+    is_dir_marker: bool,
+) -> Result<()> {
+    let ctx = DecideCtx { storage: &mount.location.storage, cluster_id: Some(cluster_id), tombstone: None };
+    let side = RemoteSide { object, is_dir_marker };
+    // A user's delete of `path` still to be propagated (its tombstone) keeps the object out.
+    let rules = crate::write::WriteRules { fence: None, allow_delete: true, check_tombstones: true, heads: None };
+    // Absent as far as the caller knows; a conditional write that finds otherwise decides again.
+    crate::write::decide_and_write(filer, path, None, Some(side), &ctx, rules).await.map(drop)
+}
+
+/// Where a renamed entry's object still is, if the rename has not reached the bucket.
+fn moved_from(e: &Entry) -> Option<&str> {
+    e.remote.as_ref().and_then(|r| r.moved_from.as_deref())
+}
+
+/// The entry's bytes, if it is still at the version stat'ed.
+async fn read_all(filer: &dyn Filer, entry: &Entry) -> Result<Option<bytes::Bytes>> {
+    let (read, mut stream) = filer.read(&entry.path, None).await?;
+    if read.version != entry.version {
+        return Ok(None);
+    }
+    let mut body = BytesMut::with_capacity(read.size as usize);
+    while let Some(chunk) = stream.next().await {
+        body.extend_from_slice(&chunk.map_err(|e| Error::io(format!("reading {}", entry.path), e))?);
+    }
+    Ok(Some(body.freeze()))
+}
+
+/// Whether a renamed entry's object is no longer at its old key as recorded (deleted there, or
+/// replaced by someone else's), so its bytes cannot be had from the bucket.
+async fn source_is_gone(storage: &dyn RemoteStorage, map: &KeyMap, entry: &Entry, from: &str) -> Result<bool> {
+    let Some(key) = map.path_to_key(from, false) else { return Ok(true) };
+    let recorded = entry.remote.as_ref().map(|r| r.etag.as_str());
+    Ok(storage.stat(&key).await?.is_none_or(|o| Some(o.etag.as_str()) != recorded))
+}
+
+/// Deletes the object at `from`'s key that `was` (an entry renamed from there) was backed by,
+/// now that nothing names it: unless an entry at `from` is backed by it again (renamed back, or
+/// mirrored from it), or the key holds someone else's object (it stays, and is mirrored if
+/// nothing is at `from`). An entry at `from` that is not (a new local file, one renamed in) does
+/// not keep it: its own sync writes that key. Then the tombstone the rename left at `from` goes.
+async fn release(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    map: &KeyMap,
+    cluster_id: &str,
+    from: &str,
+    was: &Entry,
+) -> Result<()> {
+    let Some(recorded) = &was.remote else { return Ok(()) };
+    let tomb = crate::docs::tombstone(filer, from).await?;
+    let ours_tomb = tomb.as_ref().is_some_and(|t| t.etag == recorded.etag);
+    let here = filer.stat(from).await?;
+    let backed_here = here.as_ref().and_then(|e| e.remote.as_ref()).is_some_and(|r| {
+        r.etag == recorded.etag && r.moved_from.as_deref().is_none_or(|m| m == from)
+    });
+    let is_dir = was.is_dir();
+    let implied = is_dir && recorded.etag.is_empty(); // an implied directory had no object
+    if !backed_here && !implied
+        && let Some(key) = map.path_to_key(from, is_dir)
+    {
+        match storage.stat(&key).await? {
+            Some(o) if o.etag == recorded.etag => storage.delete(&key).await?,
+            // Someone else's object, put there since the rename: it stays, and appears at
+            // `from` now rather than at the next reconcile.
+            Some(o) if here.is_none() => {
+                if ours_tomb {
+                    crate::docs::remove_tombstone(filer, from).await?;
+                }
+                return mirror(filer, mount, cluster_id, from, &o, is_dir).await;
+            }
+            _ => {}
+        }
+    }
+    if ours_tomb {
+        crate::docs::remove_tombstone(filer, from).await?;
+    }
+    Ok(())
+}
+
+/// Carries the rename of an entry whose bytes need not move: a directory (moved in the mount,
+/// it is as a directory made there: local until something below it is synced; the old marker
+/// object, if it had one, goes) or an entry moved back to where its object is.
+async fn carry_without_bytes(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    map: &KeyMap,
+    cluster_id: &str,
+    entry: Entry,
+    from: String,
+) -> Result<OutboundOutcome> {
+    let mut carried = entry.to_new();
+    if entry.is_dir() && from != entry.path {
+        carried.remote = None;
+    } else if let Some(r) = carried.remote.as_mut() {
+        r.moved_from = None;
+    }
+    let txn = Txn::put(&entry.path, carried, Origin::System).with_precondition(Precondition::Version(entry.version));
+    match filer.apply(txn).await {
+        Ok(_) => {}
+        Err(Error::PreconditionFailed { .. }) => return Ok(OutboundOutcome::Nothing), // its next record
+        Err(e) => return Err(e),
+    }
+    release(filer, storage, mount, map, cluster_id, &from, &entry).await?;
+    Ok(OutboundOutcome::Carried { path: entry.path, from })
+}
+
+/// A renamed entry whose object is gone from its old key (or replaced there by someone else's)
+/// and whose bytes are not here: it goes, as the object's delete would have taken it had the
+/// rename not been made; what is at the old key now is mirrored there.
+async fn source_gone(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    map: &KeyMap,
+    cluster_id: &str,
+    entry: Entry,
+    from: String,
+) -> Result<OutboundOutcome> {
+    let txn = Txn::delete(&entry.path, false, Origin::Remote).with_precondition(Precondition::Version(entry.version));
+    match filer.apply(txn).await {
+        Ok(_) => {}
+        Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => return Ok(OutboundOutcome::Nothing),
+        Err(e) => return Err(e),
+    }
+    tracing::warn!(path = %entry.path, from = %from, "outbound sync: a renamed file's object was deleted or replaced in the bucket before the rename reached it; the file goes, as that delete would have taken it");
+    // An object someone put at its own key meanwhile (its event skipped: the renamed file was
+    // pending there) appears now rather than at the next reconcile.
+    uncover(filer, storage, mount, map, cluster_id, &entry.path, false).await?;
+    release(filer, storage, mount, map, cluster_id, &from, &entry).await?;
+    Ok(OutboundOutcome::SourceGone { path: entry.path, from })
 }

@@ -114,3 +114,139 @@ async fn a_superseded_version_is_left_to_its_newer_record() {
     let rest = sync_all_since(&filer, &bucket, &mount, first.last().unwrap().seq).await;
     assert!(rest.iter().all(|o| *o == OutboundOutcome::Nothing), "{rest:?}");
 }
+
+/// A mount of the memory bucket that syncs, as `remote.mount` leaves it (its mapping document,
+/// so the filer renames in place and leaves tombstones), with reads served by `bucket`.
+async fn synced_mount_of(filer: &LocalFiler, bucket: &MemoryStorage, mount: &Mount) {
+    use tidemark_core::model::Content;
+    use tidemark_core::remote::{MountMapping, system_paths};
+    let doc = Bytes::from(serde_json::to_vec(&MountMapping { mounts: vec![mount.clone()] }).unwrap());
+    let txn =
+        Txn::put(system_paths::MOUNT_MAPPING, NewEntry::file(doc.len() as u64, 1, Content::Inline), Origin::System)
+            .with_data(doc);
+    filer.apply(txn).await.unwrap();
+    filer.remotes().provide("mem", "b", Arc::new(bucket.clone()));
+}
+
+async fn reconcile_mount(filer: &LocalFiler, bucket: &MemoryStorage, mount: &Mount) {
+    let opts = tidemark_engine::reconcile::ReconcileOptions {
+        delete: true,
+        cluster_id: Some("cluster-1".into()),
+        ..Default::default()
+    };
+    tidemark_engine::reconcile::reconcile(filer, bucket, mount, &opts, &mut |_| {}).await.unwrap();
+}
+
+async fn read(filer: &LocalFiler, p: &str) -> Vec<u8> {
+    let (_, mut s) = filer.read(p, None).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(c) = s.next().await {
+        out.extend_from_slice(&c.unwrap());
+    }
+    out
+}
+
+async fn keys(bucket: &MemoryStorage) -> Vec<String> {
+    let page = tidemark_core::RemoteStorage::list(bucket, "pre/", None, None, 1000).await.unwrap();
+    page.objects.into_iter().map(|o| o.key).collect()
+}
+
+/// A rename in a mount that syncs moves the bucket's keys: each object is put at its new key
+/// (from the old key's bytes, the file not being cached), then the old key deleted — never
+/// before, whichever record a crash stops at (every prefix of the records is handled, then all
+/// of them again, as a restart does). Meanwhile the files read their bytes from the old keys, and
+/// a reconcile neither brings the old keys back nor drops the moved files.
+#[tokio::test]
+async fn a_rename_moves_the_keys_after_their_copies_at_any_point_of_a_restart() {
+    let objects = [("pre/d/a", "A"), ("pre/d/sub/b", "BB"), ("pre/c", "CCC")];
+    let moved = [("/m/e/a", "pre/d/a", "pre/e/a", "A"), ("/m/e/sub/b", "pre/d/sub/b", "pre/e/sub/b", "BB")];
+    for stop in 0..12 {
+        let (filer, bucket, mount, _d) = setup().await;
+        synced_mount_of(&filer, &bucket, &mount).await;
+        for (k, v) in objects {
+            tidemark_core::RemoteStorage::put(&bucket, k, Bytes::from(v), Default::default()).await.unwrap();
+        }
+        reconcile_mount(&filer, &bucket, &mount).await;
+        assert_eq!(read(&filer, "/m/d/a").await, b"A");
+        let start = filer.store().last_seq().await.unwrap();
+        filer.apply(Txn::rename("/m/d", "/m/e", Origin::Local)).await.unwrap();
+        // Not carried yet: read from the old keys; a reconcile changes nothing.
+        for (p, _, _, v) in moved {
+            assert_eq!(read(&filer, p).await, v.as_bytes(), "{p}");
+        }
+        reconcile_mount(&filer, &bucket, &mount).await;
+        assert!(filer.stat("/m/d").await.unwrap().is_none(), "the old keys are not brought back");
+        assert!(filer.stat("/m/e/sub/b").await.unwrap().is_some(), "the moved files stay");
+        let records = filer.changes(start, 1000, std::time::Duration::ZERO).await.unwrap();
+        for r in records.iter().take(stop) {
+            sync_record(&*filer, &bucket, &mount, "cluster-1", &SystemClock, r).await.unwrap();
+            // No object is ever deleted before its copy exists.
+            let now = keys(&bucket).await;
+            for (p, old, new, _) in moved {
+                assert!(now.iter().any(|k| k == old || k == new), "after {stop} records, {p} has no object: {now:?}");
+            }
+        }
+        // The restart: every record again, from the cursor before the rename.
+        let mut outcomes = Vec::new();
+        for r in records.iter().filter(|r| tidemark_core::path::is_within(&r.path, "/m")) {
+            outcomes.push(sync_record(&*filer, &bucket, &mount, "cluster-1", &SystemClock, r).await.unwrap());
+        }
+        assert_eq!(keys(&bucket).await, vec!["pre/c", "pre/e/a", "pre/e/sub/b"], "after a stop at {stop}");
+        for (p, _, new, v) in moved {
+            let e = filer.stat(p).await.unwrap().unwrap();
+            assert!(!is_locally_dirty(&e) && !tidemark_core::decide::is_moved(&e), "{p}: {e:?}");
+            let o = tidemark_core::RemoteStorage::stat(&bucket, new).await.unwrap().unwrap();
+            assert_eq!(e.remote.as_ref().unwrap().etag, o.etag);
+            assert_eq!(read(&filer, p).await, v.as_bytes());
+        }
+        let tombstones = filer.list(tidemark_core::remote::system_paths::TOMBSTONES_DIR, None, 10).await;
+        assert!(tombstones.map(|p| p.entries.is_empty()).unwrap_or(true), "the rename's tombstones are gone");
+        // The bucket's events for the copies are echoes; a reconcile now changes nothing.
+        let before = filer.store().last_seq().await.unwrap();
+        reconcile_mount(&filer, &bucket, &mount).await;
+        let writes = filer.changes(before, 10, std::time::Duration::ZERO).await.unwrap();
+        assert!(writes.is_empty(), "{writes:?}");
+        if stop == 0 {
+            assert!(outcomes.iter().any(|o| matches!(o, OutboundOutcome::Moved { path, .. } if path == "/m/e/a")), "{outcomes:?}");
+        }
+    }
+}
+
+/// Renamed twice before the sync, renamed back, deleted after a rename, or replaced by another
+/// rename: each object ends at the key of the entry holding it and nowhere else. A renamed file
+/// whose object someone else deleted at its old key before the sync goes, as that delete
+/// would have taken it.
+#[tokio::test]
+async fn renames_before_the_sync_end_at_the_last_key_and_lose_nothing() {
+    let (filer, bucket, mount, _d) = setup().await;
+    synced_mount_of(&filer, &bucket, &mount).await;
+    for (k, v) in [("pre/a", "1"), ("pre/back", "2"), ("pre/gone", "3"), ("pre/x", "4"), ("pre/y", "5"), ("pre/z", "6")] {
+        tidemark_core::RemoteStorage::put(&bucket, k, Bytes::from(v), Default::default()).await.unwrap();
+    }
+    reconcile_mount(&filer, &bucket, &mount).await;
+    let start = filer.store().last_seq().await.unwrap();
+    let mv = |a: &'static str, b: &'static str| Txn::rename(a, b, Origin::Local);
+    for t in [mv("/m/a", "/m/b"), mv("/m/b", "/m/c"), mv("/m/back", "/m/tmp"), mv("/m/tmp", "/m/back"), mv("/m/gone", "/m/gone2")]
+    {
+        filer.apply(t).await.unwrap();
+    }
+    // x is renamed, then deleted; y is renamed over z (whose own object goes with it).
+    filer.apply(mv("/m/x", "/m/x2")).await.unwrap();
+    filer.delete("/m/x2", DeleteOptions::default()).await.unwrap();
+    filer.apply(mv("/m/z", "/m/z2")).await.unwrap();
+    filer.apply(mv("/m/y", "/m/z2")).await.unwrap();
+    // Someone deletes the object behind a renamed file before the sync.
+    tidemark_core::RemoteStorage::delete(&bucket, "pre/gone").await.unwrap();
+    let out = sync_all_since(&filer, &bucket, &mount, start).await;
+    assert!(out.iter().any(|o| matches!(o, OutboundOutcome::SourceGone { path, .. } if path == "/m/gone2")), "{out:?}");
+    assert_eq!(keys(&bucket).await, vec!["pre/back", "pre/c", "pre/z2"]);
+    assert_eq!(read(&filer, "/m/c").await, b"1");
+    assert_eq!(read(&filer, "/m/back").await, b"2");
+    assert_eq!(read(&filer, "/m/z2").await, b"5");
+    assert!(filer.stat("/m/gone2").await.unwrap().is_none());
+    let names: Vec<String> = filer.list("/m", None, 100).await.unwrap().entries.into_iter().map(|e| e.path).collect();
+    assert_eq!(names, vec!["/m/back", "/m/c", "/m/z2"]);
+    reconcile_mount(&filer, &bucket, &mount).await;
+    let again: Vec<String> = filer.list("/m", None, 100).await.unwrap().entries.into_iter().map(|e| e.path).collect();
+    assert_eq!(again, names, "a reconcile after the sync finds nothing to change");
+}

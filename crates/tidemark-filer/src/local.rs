@@ -151,45 +151,61 @@ impl LocalFiler {
     /// nothing reads), so that remote state the user deleted does not bring them back before the
     /// outbound sync deletes the objects. It removes the tombstones once it has.
     async fn tombstone_before_delete(&self, p: &str, recursive: bool) -> Result<()> {
-        use tidemark_core::decide::Tombstone;
-        use tidemark_core::remote::system_paths;
-        let Some(entry) = self.store.get(p).await? else { return Ok(()) };
         let mapping = self.mount_mapping().await?;
         if !mapping.find_for(p).is_some_and(|m| m.sync && m.dir != p) {
             return Ok(());
         }
-        let mut victims = vec![entry.clone()];
-        if recursive && entry.is_dir() {
+        let victims = self.entry_and_below(p, recursive).await?;
+        self.write_tombstones(victims.iter().filter(|e| !e.is_dir())).await
+    }
+
+    /// The entry at `p` and, with `below`, every entry under it (none if `p` is absent).
+    async fn entry_and_below(&self, p: &str, below: bool) -> Result<Vec<Entry>> {
+        let Some(entry) = self.store.get(p).await? else { return Ok(Vec::new()) };
+        let mut all = vec![entry.clone()];
+        if below && entry.is_dir() {
             let mut after: Option<String> = None;
             loop {
                 let page = self.store.scan(p, after.as_deref(), 1000).await?;
-                victims.extend(page.entries.iter().cloned());
+                all.extend(page.entries);
                 match page.next {
                     Some(n) => after = Some(n),
                     None => break,
                 }
             }
         }
+        Ok(all)
+    }
+
+    /// A tombstone for each remote-backed entry of `gone` (whose objects the outbound sync will
+    /// delete), a batch of transactions at a time.
+    async fn write_tombstones(&self, gone: impl Iterator<Item = &Entry>) -> Result<()> {
+        use tidemark_core::decide::Tombstone;
+        use tidemark_core::remote::system_paths;
         let now = self.clock.now_ms();
-        for e in victims.iter().filter(|e| !e.is_dir()) {
-            let Some(r) = &e.remote else { continue };
-            let t = Tombstone {
-                path: e.path.clone(),
-                version: e.version,
-                etag: r.etag.clone(),
-                remote_mtime_ms: r.remote_mtime_ms,
-                deleted_at_ms: now,
-                pending_upload: tidemark_core::decide::is_locally_dirty(e),
-                pending_after: r.dirty_after,
-            };
-            let data = bytes::Bytes::from(serde_json::to_vec(&t).map_err(Error::internal)?);
-            let txn = Txn::put(
-                system_paths::tombstone(&e.path),
-                NewEntry::file(data.len() as u64, now, Content::Inline),
-                tidemark_core::Origin::System,
-            )
-            .with_data(data);
-            self.store.apply(txn).await?;
+        let txns: Vec<Txn> = gone
+            .filter_map(|e| {
+                let r = e.remote.as_ref()?;
+                let t = Tombstone {
+                    path: e.path.clone(),
+                    version: e.version,
+                    etag: r.etag.clone(),
+                    remote_mtime_ms: r.remote_mtime_ms,
+                    deleted_at_ms: now,
+                    pending_upload: tidemark_core::decide::is_locally_dirty(e),
+                    pending_after: r.dirty_after,
+                };
+                let data = bytes::Bytes::from(serde_json::to_vec(&t).ok()?);
+                let entry = NewEntry::file(data.len() as u64, now, Content::Inline);
+                Some(Txn::put(system_paths::tombstone(&e.path), entry, tidemark_core::Origin::System).with_data(data))
+            })
+            .collect();
+        let mut txns = txns.into_iter().peekable();
+        while txns.peek().is_some() {
+            let batch: Vec<Txn> = txns.by_ref().take(tidemark_core::model::MAX_BATCH).collect();
+            for r in self.store.apply_many(TxnBatch { fence: None, txns: batch }).await? {
+                r?;
+            }
         }
         Ok(())
     }
@@ -268,12 +284,14 @@ impl LocalFiler {
         Ok(mapping)
     }
 
-    /// A rename is one transaction in the namespace only: under a remote mount the bucket's keys
-    /// would have to move too (copies, then deletes), and an entry whose bytes are a remote
-    /// object's would name a key nothing is at. There the caller copies instead.
+    /// A rename is one transaction in the namespace. In a remote mount whose sync is on, the
+    /// bucket's keys follow: each moved entry keeps its object's old key (`moved_from`, set by the
+    /// store) until the outbound sync has put the object at the new key, then deletes the old
+    /// one; a tombstone at each old path (written first, as a delete's) keeps a reconcile from
+    /// bringing the old key back meanwhile. Elsewhere in remote mounts (sync off, across mounts,
+    /// the mount's own directory, a directory holding one) it is refused: the caller copies.
     async fn check_rename(&self, from: &str, to: &str) -> Result<()> {
-        let mapping =
-            self.outside_remote_mounts(from, to, "renames there are copies (copy, then delete the original)").await?;
+        let mapping = self.mount_mapping().await?;
         // A directory that holds a remote mount cannot move from under it.
         if let Some(m) = mapping.mounts.iter().find(|m| path::is_within(&m.dir, from)) {
             return Err(Error::CrossMount {
@@ -281,7 +299,29 @@ impl LocalFiler {
                 message: format!("the remote mount {} is below it", m.dir),
             });
         }
-        Ok(())
+        let (a, b) = (mapping.find_for(from), mapping.find_for(to));
+        match (a, b) {
+            (None, None) => Ok(()),
+            (Some(m), Some(n)) if m.dir == n.dir && m.sync && to != m.dir => {
+                let moved = self.entry_and_below(from, true).await?;
+                // Only those whose object is at their own key: a renamed entry not yet carried
+                // still has its first old path's tombstone.
+                let at_own_key = |e: &&Entry| {
+                    e.remote.as_ref().is_some_and(|r| r.moved_from.is_none() && !(e.is_dir() && r.etag.is_empty()))
+                };
+                self.write_tombstones(moved.iter().filter(at_own_key)).await
+            }
+            _ => {
+                let p = if a.is_some() { from } else { to };
+                let m = a.or(b).map(|m| m.dir.as_str()).unwrap_or_default();
+                let why = if a.is_some_and(|m| !m.sync) && a.map(|m| &m.dir) == b.map(|m| &m.dir) {
+                    "its sync is off, so its bucket's keys cannot follow a rename (remote.sync.enable -dir turns it on); renames there are copies"
+                } else {
+                    "renames into or out of it are copies (copy, then delete the original)"
+                };
+                Err(Error::CrossMount { path: from.to_string(), message: format!("{p} is in the remote mount {m}; {why}") })
+            }
+        }
     }
 
     /// A hard link is a second name in the namespace only: a bucket's object has one key, so a

@@ -76,9 +76,10 @@ impl Remotes {
             .unwrap_or_else(|p| p.into_inner())
             .get(&(mount.location.storage.clone(), mount.location.bucket.clone()))
             .cloned();
+        // A file renamed in the mount is read from its old key until the outbound sync moves it.
+        let at = recorded.moved_from.as_deref().unwrap_or(&entry.path);
         let map = KeyMap::new(&mount.dir, &mount.location.path)?;
-        let key =
-            map.path_to_key(&entry.path, false).ok_or_else(|| Error::internal(format!("{} has no key", entry.path)))?;
+        let key = map.path_to_key(at, false).ok_or_else(|| Error::internal(format!("{at} has no key")))?;
         let located = |storage| Located {
             storage,
             key: key.clone(),
@@ -98,16 +99,7 @@ impl Remotes {
                 ),
             })?;
         let storage = self.storage(&conf, conf_version, &mount.location.bucket).await?;
-        let map = KeyMap::new(&mount.dir, &mount.location.path)?;
-        let key =
-            map.path_to_key(&entry.path, false).ok_or_else(|| Error::internal(format!("{} has no key", entry.path)))?;
-        Ok(Located {
-            storage,
-            key,
-            etag: recorded.etag.clone(),
-            path: entry.path.clone(),
-            mount_dir: mount.dir.clone(),
-        })
+        Ok(located(storage))
     }
 
     /// Streams the content of a remote-backed entry from its object, refusing other bytes than

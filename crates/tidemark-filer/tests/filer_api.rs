@@ -67,7 +67,7 @@ both!(
     apply_cannot_steal_a_blob,
     batches_of_transactions_and_of_reads,
     a_renamed_file_keeps_its_bytes_and_a_replaced_one_lets_go,
-    renames_under_a_remote_mount_are_refused_as_cross_mount,
+    renames_under_a_remote_mount_are_in_place_where_it_syncs_and_refused_elsewhere,
     hard_links_answer_as_their_file_and_keep_its_bytes_until_the_last_name,
 );
 
@@ -326,37 +326,51 @@ async fn a_renamed_file_keeps_its_bytes_and_a_replaced_one_lets_go(s: &Setup) {
     assert_eq!(walk(&s._dir.path().join("blobs")), 1);
 }
 
-/// In a remote mount a rename would have to move the bucket's keys: the filer refuses it with
-/// `CrossMount` (the mount then copies), into, out of and within the mount alike, and for a
-/// directory that holds one.
-async fn renames_under_a_remote_mount_are_refused_as_cross_mount(s: &Setup) {
+/// In a remote mount whose sync is on, a rename is made in place (the outbound sync moves the
+/// bucket's keys after it); into, out of and across mounts, within a mount whose sync is off, and
+/// for a directory that holds a mount, the filer refuses it with `CrossMount` (the mount then
+/// copies).
+async fn renames_under_a_remote_mount_are_in_place_where_it_syncs_and_refused_elsewhere(s: &Setup) {
     use tidemark_core::remote::{Mount, MountMapping, RemoteLocation, system_paths};
     let f = &*s.filer;
-    let mapping = MountMapping {
-        mounts: vec![Mount {
-            dir: "/top/m".into(),
-            location: RemoteLocation { storage: "s".into(), bucket: "b".into(), path: String::new() },
-            sync: true,
-        }],
+    let mount = |dir: &str, sync| Mount {
+        dir: dir.into(),
+        location: RemoteLocation { storage: "s".into(), bucket: "b".into(), path: String::new() },
+        sync,
     };
+    let mapping = MountMapping { mounts: vec![mount("/top/m", true), mount("/top/n", false)] };
     let doc = Bytes::from(serde_json::to_vec(&mapping).unwrap());
     let txn =
         Txn::put(system_paths::MOUNT_MAPPING, NewEntry::file(doc.len() as u64, 1, Content::Inline), Origin::System)
             .with_data(doc);
     f.apply(txn).await.unwrap();
     f.write("/top/m/in", body(b"x"), WriteOptions::default()).await.unwrap();
+    f.write("/top/n/in", body(b"z"), WriteOptions::default()).await.unwrap();
     f.write("/top/out", body(b"y"), WriteOptions::default()).await.unwrap();
-    for (from, to) in
-        [("/top/m/in", "/top/m/in2"), ("/top/m/in", "/top/in"), ("/top/out", "/top/m/out"), ("/top", "/top2")]
-    {
+    for (from, to, says) in [
+        ("/top/m/in", "/top/in", "/top/m"),
+        ("/top/out", "/top/m/out", "/top/m"),
+        ("/top/m/in", "/top/n/in2", "/top/m"),
+        ("/top/n/in", "/top/n/in2", "sync is off"),
+        ("/top", "/top2", "/top/m"),
+        ("/top/m", "/top/m2", "/top/m"),
+    ] {
         match f.apply(Txn::rename(from, to, Origin::Local)).await {
-            Err(Error::CrossMount { message, .. }) => assert!(message.contains("/top/m"), "{message}"),
+            Err(Error::CrossMount { message, .. }) => assert!(message.contains(says), "{message}"),
             other => panic!("{from} -> {to}: {other:?}"),
         }
     }
     assert_eq!(read_all(f, "/top/m/in", None).await, b"x");
+    assert_eq!(read_all(f, "/top/n/in", None).await, b"z");
+    // Within the mount that syncs: in place, and back.
+    f.apply(Txn::rename("/top/m/in", "/top/m/d/in2", Origin::Local)).await.unwrap_err();
+    f.write("/top/m/d/keep", body(b"k"), WriteOptions::default()).await.unwrap();
+    f.apply(Txn::rename("/top/m/in", "/top/m/d/in2", Origin::Local)).await.unwrap();
+    assert_eq!(read_all(f, "/top/m/d/in2", None).await, b"x");
+    f.apply(Txn::rename("/top/m/d", "/top/m/e", Origin::Local)).await.unwrap();
+    assert_eq!(read_all(f, "/top/m/e/in2", None).await, b"x");
     // Nor a second name: an object has one key.
-    for (from, to) in [("/top/m/in", "/top/in-link"), ("/top/out", "/top/m/out-link")] {
+    for (from, to) in [("/top/m/e/in2", "/top/in-link"), ("/top/out", "/top/m/out-link")] {
         match f.apply(Txn::link(from, to, Origin::Local)).await {
             Err(Error::CrossMount { message, .. }) => assert!(message.contains("/top/m"), "{message}"),
             other => panic!("link {from} -> {to}: {other:?}"),

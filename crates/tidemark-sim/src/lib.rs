@@ -172,8 +172,6 @@ struct World {
     /// Property 6's model of the local directory `LINKS`: each name's file, each file's bytes.
     names: BTreeMap<String, usize>,
     files: Vec<Bytes>,
-    /// The bytes of the mount's copies (a user's `mv`), by their MD5: property 5's oracle.
-    copied: BTreeMap<String, Bytes>,
     counters: Counters,
     report: Report,
     drop_pct: u64,
@@ -315,7 +313,6 @@ impl World {
             version: 0,
             names: BTreeMap::new(),
             files: Vec::new(),
-            copied: BTreeMap::new(),
             counters: Counters::default(),
             drop_pct,
             dup_pct,
@@ -475,10 +472,9 @@ impl World {
         Ok(())
     }
 
-    /// A user's `mv` of a file in the mount: the filer refuses the rename (the bucket's keys
-    /// would have to move), and the mount copies the bytes to the new name, then deletes the old
-    /// one — a local write and a user's delete, which properties 1 and 2 then hold to. Only
-    /// where deletes reach the bucket, as `local_delete`.
+    /// A user's `mv` of a file in the mount: where the outbound sync is on, a rename in place
+    /// (the sync then moves the bucket's keys); where it is off, refused (the mount would copy,
+    /// and deletes do not reach the bucket there: see `local_delete`).
     async fn user_rename_in_mount(&mut self) -> Result<(), Error> {
         let from = format!("{DIR}/{}", KEYS[self.rng.below(KEYS.len() as u64) as usize]);
         // The new name is one of the keys local writes go to, so the others keep converging.
@@ -486,43 +482,27 @@ impl World {
         if from == to {
             return Ok(());
         }
+        let src = self.filer.stat(&from).await?.filter(|e| !e.is_dir());
         match self.filer.apply(tidemark_core::model::Txn::rename(&from, &to, tidemark_core::Origin::Local)).await {
-            Err(Error::CrossMount { .. }) => {}
-            other => violate(&self.violations, format!("a rename in the remote mount was not refused: {other:?}")),
-        }
-        let Some(src) = self.filer.stat(&from).await?.filter(|e| !e.is_dir()) else { return Ok(()) };
-        if !self.sync {
-            return Ok(());
-        }
-        // The copy reads through the cache; a flaky bucket fails it, and the mv with it.
-        let Ok((_, stream)) = self.filer.read(&from, None).await else { return Ok(()) };
-        let Ok(parts) = stream.collect::<Vec<_>>().await.into_iter().collect::<Result<Vec<Bytes>, _>>() else {
-            return Ok(());
-        };
-        let bytes = Bytes::from(parts.concat());
-        let size = bytes.len() as u64;
-        let copy = bytes.clone();
-        let body = futures::stream::once(async move { Ok(copy) }).boxed();
-        let e = self.filer.write(&to, body, WriteOptions::default()).await?;
-        if let Some(md5) = e.extended.get(tidemark_core::model::MD5_ATTR) {
-            self.copied.insert(md5.clone(), bytes);
-        }
-        self.trace(|| format!("user: mv {from} {to}: copied ({size} B, v{})", e.version));
-        self.local.insert(to, size);
-        let etag = src.remote.as_ref().map(|r| r.etag.clone());
-        let del = tidemark_core::DeleteOptions {
-            precondition: tidemark_core::model::Precondition::Version(src.version),
-            ..Default::default()
-        };
-        match self.filer.delete(&from, del).await {
-            Ok(_) => {
-                self.trace(|| format!("user: mv: delete {from} (was {etag:?})"));
+            // Where the sync is off the bucket's keys cannot follow: refused, and mv copies.
+            Err(Error::CrossMount { .. }) if !self.sync => {}
+            // Where it is on, in place: the moved file is pending (properties 1 and 2 hold to it
+            // as to a local write) until the outbound sync has put its object at the new key,
+            // and the old key's object, the user's no more, must then be gone (as a delete's).
+            Ok(_) if self.sync => {
+                let Some(src) = src else {
+                    violate(&self.violations, format!("renamed {from}, which was not a file"));
+                    return Ok(());
+                };
+                self.trace(|| format!("user: mv {from} {to} (in place, v{})", src.version));
                 self.local.remove(&from);
-                self.user_deletes.insert(from, (self.version, etag));
+                self.local.insert(to, src.size);
+                self.user_deletes.insert(from, (self.version, src.remote.map(|r| r.etag)));
+                return Ok(());
             }
-            // Changed since it was read (an event applied meanwhile): the mv leaves both names.
-            Err(Error::PreconditionFailed { .. }) => {}
-            Err(e) => return Err(e),
+            // Nothing to move, or no directory to move it to.
+            Err(Error::NotFound { .. }) if self.sync => return Ok(()),
+            other => violate(&self.violations, format!("a rename in the remote mount (sync {}): {other:?}", self.sync)),
         }
         Ok(())
     }
@@ -642,11 +622,16 @@ impl World {
         let records = self.filer.changes(self.outbound_cursor, max, Duration::ZERO).await?;
         for r in &records {
             if r.path.starts_with(&format!("{DIR}/")) {
-                // What the bucket holds before a user's delete is propagated: it must be the
-                // object the user deleted (or this cluster's upload of it), never one someone
-                // else put since.
-                let key = &r.path[DIR.len() + 1..];
-                let before = if r.new.is_none() { self.bucket.stat(key).await? } else { None };
+                // What the bucket holds before: a key the record's handling deletes (a user's
+                // delete propagated, or the old key of a rename carried) must hold the object the
+                // user deleted or moved (or this cluster's upload of it), never one someone else
+                // put since.
+                let mut before = BTreeMap::new();
+                for k in KEYS {
+                    if let Some(o) = self.bucket.stat(k).await? {
+                        before.insert(*k, o);
+                    }
+                }
                 let out = tidemark_engine::outbound::sync_record(
                     &*self.filer,
                     &self.bucket,
@@ -659,55 +644,60 @@ impl World {
                 let seq = r.seq;
                 let what = format!("{out:?}");
                 self.trace(|| format!("outbound: record {seq} {what}"));
-                match out {
-                    tidemark_engine::outbound::OutboundOutcome::Uploaded { key, .. } => {
-                        let (body, meta) =
-                            self.bucket_bytes(&key).await?.ok_or_else(|| Error::internal("uploaded object gone"))?;
-                        self.uploads.push((key.clone(), body, meta));
-                        let o = self.bucket.stat(&key).await?.ok_or_else(|| Error::internal("uploaded object gone"))?;
-                        self.version += 1;
-                        {
-                            let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
-                            if let Some((_, bytes, _)) = self.uploads.last() {
-                                h.content.entry(o.etag.clone()).or_insert_with(|| bytes.clone());
-                            }
-                            h.etag_version.insert(o.etag.clone(), self.version);
-                            h.changes.entry(key.clone()).or_default().push((self.version, true));
+                use tidemark_engine::outbound::OutboundOutcome::{Moved, Uploaded};
+                if let Uploaded { key, .. } | Moved { key, .. } = &out {
+                    let (body, meta) =
+                        self.bucket_bytes(key).await?.ok_or_else(|| Error::internal("uploaded object gone"))?;
+                    self.uploads.push((key.clone(), body, meta));
+                    let o = self.bucket.stat(key).await?.ok_or_else(|| Error::internal("uploaded object gone"))?;
+                    self.version += 1;
+                    {
+                        let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some((_, bytes, _)) = self.uploads.last() {
+                            h.content.entry(o.etag.clone()).or_insert_with(|| bytes.clone());
                         }
-                        self.uploaded.insert(o.etag.clone());
-                        self.notify(&key, Some((&o.etag, o.size)));
+                        h.etag_version.insert(o.etag.clone(), self.version);
+                        h.changes.entry(key.clone()).or_default().push((self.version, true));
                     }
-                    tidemark_engine::outbound::OutboundOutcome::Deleted { key, .. } => {
-                        if let (Some(o), Some((at, _))) = (&before, self.user_deletes.get(&r.path)) {
-                            let put_at = self
-                                .history
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .etag_version
-                                .get(&o.etag)
-                                .copied();
-                            if !self.uploaded.contains(&o.etag) && put_at.is_some_and(|v| v > *at) {
-                                violate(
-                                    &self.violations,
-                                    format!(
-                                        "the outbound sync deleted {key} ({}), which someone put after the user's delete",
-                                        o.etag
-                                    ),
-                                );
-                            }
-                        }
-                        self.version += 1;
-                        self.history
+                    self.uploaded.insert(o.etag.clone());
+                    self.notify(key, Some((&o.etag, o.size)));
+                }
+                for (key, o) in before {
+                    if self.bucket.stat(key).await?.is_some() {
+                        continue;
+                    }
+                    if let Some((at, _)) = self.user_deletes.get(&format!("{DIR}/{key}")) {
+                        let put_at = self
+                            .history
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .changes
-                            .entry(key.clone())
-                            .or_default()
-                            .push((self.version, false));
-                        self.notify(&key, None);
+                            .etag_version
+                            .get(&o.etag)
+                            .copied();
+                        if !self.uploaded.contains(&o.etag) && put_at.is_some_and(|v| v > *at) {
+                            violate(
+                                &self.violations,
+                                format!(
+                                    "the outbound sync deleted {key} ({}), which someone put after the user's delete",
+                                    o.etag
+                                ),
+                            );
+                        }
                     }
-                    tidemark_engine::outbound::OutboundOutcome::KeptNewer { .. }
-                    | tidemark_engine::outbound::OutboundOutcome::Nothing => {}
+                    self.version += 1;
+                    self.history
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .changes
+                        .entry(key.to_string())
+                        .or_default()
+                        .push((self.version, false));
+                    self.notify(key, None);
+                }
+                if let tidemark_engine::outbound::OutboundOutcome::SourceGone { path, .. } = &out {
+                    // Its object was deleted or replaced by someone else before the rename
+                    // reached the bucket, and its bytes were not here: gone as that delete took it.
+                    self.local.remove(path);
                 }
             }
             self.outbound_cursor = r.seq;
@@ -923,14 +913,8 @@ impl World {
                 let known = self.history.lock().unwrap_or_else(|p| p.into_inner()).content.get(etag).cloned();
                 known.or_else(|| self.uploaded.contains(etag).then(|| Bytes::from(vec![b'L'; e.size as usize])))
             }
-            // A user's write is of `L`s; a mv's copy is of what it copied.
-            Content::Inline | Content::Blob { .. } => Some(
-                e.extended
-                    .get(tidemark_core::model::MD5_ATTR)
-                    .and_then(|m| self.copied.get(m))
-                    .cloned()
-                    .unwrap_or_else(|| Bytes::from(vec![b'L'; e.size as usize])),
-            ),
+            // A user's write is of `L`s (a renamed file keeps its bytes, and their etag).
+            Content::Inline | Content::Blob { .. } => Some(Bytes::from(vec![b'L'; e.size as usize])),
             Content::Empty => Some(Bytes::new()),
         }
     }

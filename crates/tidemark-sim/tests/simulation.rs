@@ -137,6 +137,19 @@ async fn seeds_that_found_bugs_stay_fixed() {
         let r = run(Config { copies: false, links: false, ..Config::new(seed) }).await;
         assert!(r.violations.is_empty(), "seed {seed} ({what}) broke again: {:?}", r.violations);
     }
+    // Found once renames in a synced mount were made in place (2026-12-05), with every operation.
+    let found = [
+        (164, "a renamed file's object replaced at its old key: the file went, and hid a newer object at its new key"),
+        (256, "carrying a rename mirrored an object at the old key that the user had deleted since"),
+        (397, "a user's delete of a renamed file hid a newer object someone put at its key"),
+        (450, "a local file renamed away hid a newer object someone put at its old key"),
+        (1561, "a user's delete of a renamed file removed the tombstone of a later delete of its path"),
+        (2476, "an old key was kept for a file renamed into its path, which then went, and the old object came back"),
+    ];
+    for (seed, what) in found {
+        let r = run(Config::new(seed)).await;
+        assert!(r.violations.is_empty(), "seed {seed} ({what}) broke again: {:?}", r.violations);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -259,6 +259,7 @@ pub async fn implicit_parents_and_kind_conflicts(h: &Harness) {
         version_id: None,
         last_local_sync_ms: None,
         dirty_after: None,
+        moved_from: None,
     };
     let mut backed = file(0);
     backed.remote = Some(remote);
@@ -773,6 +774,7 @@ fn remote_file(etag: &str, size: u64) -> NewEntry {
         version_id: None,
         last_local_sync_ms: None,
         dirty_after: None,
+        moved_from: None,
     });
     e
 }

@@ -427,6 +427,14 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 let data = data_of.remove(&e.path);
                 let seq = ops.next_seq();
                 let mut kept = e.to_new();
+                // A remote-backed entry's object stays at its old key until the outbound sync
+                // puts it at the new one; it remembers where (the first old path, over several
+                // renames), so reads find it and the old key is deleted only after the new one.
+                if let Some(r) = kept.remote.as_mut()
+                    && r.moved_from.is_none()
+                {
+                    r.moved_from = Some(e.path.clone());
+                }
                 if new_path == to {
                     // Its name is part of its status (as ext4 and most file systems have it).
                     kept.posix.ctime_ms = Some(now_ms);
@@ -682,6 +690,7 @@ fn implied_parent(child: &NewEntry) -> NewEntry {
         version_id: None,
         last_local_sync_ms: None,
         dirty_after: None,
+        moved_from: None,
     });
     dir
 }

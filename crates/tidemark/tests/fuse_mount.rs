@@ -386,6 +386,42 @@ fn the_mount_follows_the_bucket_through_events() {
         "cd '{mnt_s}' && mv sub sub2 && test \"$(cat sub2/one.txt)\" = 1 && test ! -e sub \
          && mv sub2/one.txt top.txt && test \"$(cat top.txt)\" = 1 && test ! -e sub2/one.txt"
     ));
+
+    // With the outbound sync on, a rename is made in place, at once, and the sync then moves the
+    // bucket's keys (each object put at its new key before its old key goes); the files read
+    // their bytes from the old keys meanwhile, and the events of the moves change nothing.
+    shell("remote.sync.enable -dir=/mnt/s3");
+    let big: Vec<u8> = (0..3 << 20).map(|i: u32| (i * 7 % 251) as u8).collect();
+    rt.block_on(async {
+        s3.put("tree/a.txt", Bytes::from_static(b"a"), Default::default()).await.unwrap();
+        s3.put("tree/deep/big.bin", Bytes::from(big.clone()), Default::default()).await.unwrap();
+    });
+    wait("a tree", &|| mnt.join("tree/deep/big.bin").exists());
+    let t = Instant::now();
+    sh(&format!("cd '{mnt_s}' && mv tree moved && mv moved/a.txt moved/deep/a2.txt"));
+    let took = t.elapsed();
+    assert_eq!(std::fs::read(mnt.join("moved/deep/big.bin")).unwrap(), big, "read from its old key");
+    assert_eq!(std::fs::read(mnt.join("moved/deep/a2.txt")).unwrap(), b"a");
+    assert!(!mnt.join("tree").exists());
+    let keys = || {
+        let mut k: Vec<String> =
+            rt.block_on(s3.list("", None, None, 100)).unwrap().objects.into_iter().map(|o| o.key).collect();
+        k.retain(|k| k.starts_with("tree/") || k.starts_with("moved/"));
+        k
+    };
+    wait("the keys to move", &|| keys() == ["moved/deep/a2.txt", "moved/deep/big.bin"]);
+    let moved = rt.block_on(s3.get("moved/deep/big.bin", None, None)).unwrap();
+    let moved: Vec<u8> = rt.block_on(async {
+        use futures::StreamExt;
+        moved.map(|c| c.unwrap()).collect::<Vec<_>>().await.concat()
+    });
+    assert_eq!(moved, big, "the object at the new key holds the file's bytes");
+    shell("remote.meta.sync -dir=/mnt/s3");
+    std::thread::sleep(Duration::from_millis(500)); // the moves' events, applied
+    assert_eq!(std::fs::read(mnt.join("moved/deep/big.bin")).unwrap(), big);
+    assert!(!mnt.join("tree").exists(), "the old keys' deletes and the reconcile bring nothing back");
+    assert_eq!(sh(&format!("cd '{mnt_s}' && find moved -type f | sort")).trim(), "moved/deep/a2.txt\nmoved/deep/big.bin");
+    eprintln!("mv of a directory in a synced bucket mount: {took:?}; the keys moved after it");
 }
 
 #[test]
