@@ -318,12 +318,14 @@ async fn release(
     let tomb = crate::docs::tombstone(filer, from).await?;
     let ours_tomb = tomb.as_ref().is_some_and(|t| t.etag == recorded.etag);
     let here = filer.stat(from).await?;
-    let backed_here = here.as_ref().and_then(|e| e.remote.as_ref()).is_some_and(|r| {
-        r.etag == recorded.etag && r.moved_from.as_deref().is_none_or(|m| m == from)
-    });
+    let backed_here = here
+        .as_ref()
+        .and_then(|e| e.remote.as_ref())
+        .is_some_and(|r| r.etag == recorded.etag && r.moved_from.as_deref().is_none_or(|m| m == from));
     let is_dir = was.is_dir();
     let implied = is_dir && recorded.etag.is_empty(); // an implied directory had no object
-    if !backed_here && !implied
+    if !backed_here
+        && !implied
         && let Some(key) = map.path_to_key(from, is_dir)
     {
         match storage.stat(&key).await? {

@@ -207,7 +207,10 @@ async fn a_rename_moves_the_keys_after_their_copies_at_any_point_of_a_restart() 
         let writes = filer.changes(before, 10, std::time::Duration::ZERO).await.unwrap();
         assert!(writes.is_empty(), "{writes:?}");
         if stop == 0 {
-            assert!(outcomes.iter().any(|o| matches!(o, OutboundOutcome::Moved { path, .. } if path == "/m/e/a")), "{outcomes:?}");
+            assert!(
+                outcomes.iter().any(|o| matches!(o, OutboundOutcome::Moved { path, .. } if path == "/m/e/a")),
+                "{outcomes:?}"
+            );
         }
     }
 }
@@ -220,14 +223,20 @@ async fn a_rename_moves_the_keys_after_their_copies_at_any_point_of_a_restart() 
 async fn renames_before_the_sync_end_at_the_last_key_and_lose_nothing() {
     let (filer, bucket, mount, _d) = setup().await;
     synced_mount_of(&filer, &bucket, &mount).await;
-    for (k, v) in [("pre/a", "1"), ("pre/back", "2"), ("pre/gone", "3"), ("pre/x", "4"), ("pre/y", "5"), ("pre/z", "6")] {
+    for (k, v) in [("pre/a", "1"), ("pre/back", "2"), ("pre/gone", "3"), ("pre/x", "4"), ("pre/y", "5"), ("pre/z", "6")]
+    {
         tidemark_core::RemoteStorage::put(&bucket, k, Bytes::from(v), Default::default()).await.unwrap();
     }
     reconcile_mount(&filer, &bucket, &mount).await;
     let start = filer.store().last_seq().await.unwrap();
     let mv = |a: &'static str, b: &'static str| Txn::rename(a, b, Origin::Local);
-    for t in [mv("/m/a", "/m/b"), mv("/m/b", "/m/c"), mv("/m/back", "/m/tmp"), mv("/m/tmp", "/m/back"), mv("/m/gone", "/m/gone2")]
-    {
+    for t in [
+        mv("/m/a", "/m/b"),
+        mv("/m/b", "/m/c"),
+        mv("/m/back", "/m/tmp"),
+        mv("/m/tmp", "/m/back"),
+        mv("/m/gone", "/m/gone2"),
+    ] {
         filer.apply(t).await.unwrap();
     }
     // x is renamed, then deleted; y is renamed over z (whose own object goes with it).

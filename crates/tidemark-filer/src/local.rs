@@ -319,7 +319,10 @@ impl LocalFiler {
                 } else {
                     "renames into or out of it are copies (copy, then delete the original)"
                 };
-                Err(Error::CrossMount { path: from.to_string(), message: format!("{p} is in the remote mount {m}; {why}") })
+                Err(Error::CrossMount {
+                    path: from.to_string(),
+                    message: format!("{p} is in the remote mount {m}; {why}"),
+                })
             }
         }
     }

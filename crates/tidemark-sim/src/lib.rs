@@ -667,13 +667,8 @@ impl World {
                         continue;
                     }
                     if let Some((at, _)) = self.user_deletes.get(&format!("{DIR}/{key}")) {
-                        let put_at = self
-                            .history
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .etag_version
-                            .get(&o.etag)
-                            .copied();
+                        let put_at =
+                            self.history.lock().unwrap_or_else(|p| p.into_inner()).etag_version.get(&o.etag).copied();
                         if !self.uploaded.contains(&o.etag) && put_at.is_some_and(|v| v > *at) {
                             violate(
                                 &self.violations,

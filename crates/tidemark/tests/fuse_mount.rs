@@ -420,7 +420,10 @@ fn the_mount_follows_the_bucket_through_events() {
     std::thread::sleep(Duration::from_millis(500)); // the moves' events, applied
     assert_eq!(std::fs::read(mnt.join("moved/deep/big.bin")).unwrap(), big);
     assert!(!mnt.join("tree").exists(), "the old keys' deletes and the reconcile bring nothing back");
-    assert_eq!(sh(&format!("cd '{mnt_s}' && find moved -type f | sort")).trim(), "moved/deep/a2.txt\nmoved/deep/big.bin");
+    assert_eq!(
+        sh(&format!("cd '{mnt_s}' && find moved -type f | sort")).trim(),
+        "moved/deep/a2.txt\nmoved/deep/big.bin"
+    );
     eprintln!("mv of a directory in a synced bucket mount: {took:?}; the keys moved after it");
 }
 
