@@ -232,6 +232,10 @@ pub async fn directory_markers(h: &Harness) {
     let m = s.stat("mk/dir/").await.unwrap().expect("a marker stats");
     assert_eq!(m.size, 0);
     assert_eq!(list_all(s, "mk/", None, 10).await, expected_listing(&["mk/dir/", "mk/dir/inside"], h.caps, "mk/"));
+    // Deleting a marker with keys below it succeeds and leaves them (a renamed directory's old
+    // marker goes so; on a file system the directory stays while it holds files).
+    s.delete("mk/dir/").await.unwrap();
+    assert_eq!(read(s, "mk/dir/inside", None).await, b"i");
 }
 
 pub async fn hostile_keys_are_kept_verbatim_or_refused(h: &Harness) {

@@ -498,6 +498,9 @@ impl RemoteStorage for LocalStorage {
             };
             match rustix::fs::unlinkat(&dir, name.as_str(), flags) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                // A directory marker with keys below it: in a bucket the keys stay when their
+                // prefix's marker goes; here the directory stays for them.
+                Err(rustix::io::Errno::NOTEMPTY) if key.ends_with('/') => Ok(()),
                 Err(e) => Err(this.errno("removing", &key, e)),
             }
         })

@@ -124,6 +124,11 @@ pub struct Tombstone {
     /// so an older upload of the path someone restored is not taken for the deleted write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_after: Option<u64>,
+    /// For a rename (not a delete): where the renamed entry is now, while its bytes are still
+    /// this path's object (`RemoteEntry::moved_from`). The outbound sync asks it before it
+    /// overwrites or deletes that object, so no renamed file loses the bytes it reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
 }
 
 fn pending_by_default() -> bool {
@@ -392,6 +397,7 @@ mod tests {
             deleted_at_ms: 0,
             pending_upload: true,
             pending_after: None,
+            moved_to: None,
         }))
     }
 

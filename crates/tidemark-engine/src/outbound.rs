@@ -80,10 +80,15 @@ pub async fn sync_record(
             let Some(old) = &record.old else { return Ok(OutboundOutcome::Nothing) };
             if record.moved_to.is_some() {
                 // Renamed: the moved entry carries its object (at this path's key, or at an
-                // older one) to its new key, and deletes the old one after. An entry with no
+                // older one) to its new key, and deletes the old one after. A directory's
+                // marker goes now, its children's records being before this one (a bucket on a
+                // file system removes the directory only once they have gone). An entry with no
                 // object of its own here (local-only, or itself renamed from elsewhere) hid
                 // whatever someone else put at this key: that appears now.
-                if old.remote.as_ref().is_none_or(|r| r.moved_from.is_some()) {
+                if old.is_dir() && old.remote.as_ref().is_some_and(|r| !r.etag.is_empty()) {
+                    let at = moved_from(old).unwrap_or(&record.path).to_string();
+                    release(filer, storage, mount, &map, cluster_id, &at, old).await?;
+                } else if old.remote.as_ref().is_none_or(|r| r.moved_from.is_some()) {
                     uncover(filer, storage, mount, &map, cluster_id, &record.path, old.is_dir()).await?;
                 }
                 return Ok(OutboundOutcome::Nothing);
@@ -164,6 +169,17 @@ pub async fn sync_record(
             }
             let Some(entry) = filer.stat(&record.path).await? else { return Ok(OutboundOutcome::Nothing) };
             let moved = moved_from(&entry).map(str::to_string);
+            // Handled again (a restart) after the rename was carried but before its old key was
+            // deleted: that deletion is still owed.
+            if moved.is_none()
+                && let Some(from) = moved_from(new).filter(|f| *f != record.path && !new.is_dir())
+            {
+                let tomb = crate::docs::tombstone(filer, from).await?;
+                if tomb.is_some_and(|t| new.remote.as_ref().is_some_and(|r| r.etag == t.etag)) {
+                    let from = from.to_string();
+                    release(filer, storage, mount, &map, cluster_id, &from, new).await?;
+                }
+            }
             if let Some(from) = &moved {
                 if entry.is_dir() || *from == entry.path {
                     return carry_without_bytes(filer, storage, mount, &map, cluster_id, entry, from.clone()).await;
@@ -185,6 +201,13 @@ pub async fn sync_record(
                     return Err(e);
                 }
             };
+            // A renamed file that still reads its bytes from this key keeps them: they become
+            // its local bytes before this upload replaces the object.
+            if let Some(x) = needed_by(filer, &entry.path).await?
+                && x.path != entry.path
+            {
+                localize(filer, storage, mount, &map, cluster_id, x).await?;
+            }
             // What a reader of the object should get back (a PUT through the gateway kept its
             // headers and metadata); Tidemark's own metadata last, so no user name replaces it.
             let mut meta = object_attrs::user_metadata(&entry.extended);
@@ -274,6 +297,53 @@ async fn mirror(
     crate::write::decide_and_write(filer, path, None, Some(side), &ctx, rules).await.map(drop)
 }
 
+/// The renamed file that still reads its bytes from `path`'s object, if one does: the entry
+/// where the rename's tombstone at `path` says it went, if it still names `path` as where its
+/// object is, that object is the tombstone's, and its bytes are not here.
+async fn needed_by(filer: &dyn Filer, path: &str) -> Result<Option<Entry>> {
+    let Some(t) = crate::docs::tombstone(filer, path).await? else { return Ok(None) };
+    let Some(at) = &t.moved_to else { return Ok(None) };
+    let Some(x) = filer.stat(at).await? else { return Ok(None) };
+    let reads_it = x.content == Content::Remote
+        && x.remote.as_ref().is_some_and(|r| r.moved_from.as_deref() == Some(path) && r.etag == t.etag);
+    Ok(reads_it.then_some(x))
+}
+
+/// Makes the bytes of `x` (a renamed file reading them from its old key) local — written as its
+/// content, its times, mode and attributes kept; still to be carried to its new key — so that
+/// key can be overwritten. If they are gone from the bucket already, `x` goes (`source_gone`).
+async fn localize(
+    filer: &dyn Filer,
+    storage: &dyn RemoteStorage,
+    mount: &Mount,
+    map: &KeyMap,
+    cluster_id: &str,
+    x: Entry,
+) -> Result<()> {
+    let from = moved_from(&x).unwrap_or_default().to_string();
+    let bytes = match read_all(filer, &x).await {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            return Err(Error::Unavailable { message: format!("{}: changed while its bytes were kept; retry", x.path) });
+        }
+        Err(e) => {
+            if source_is_gone(storage, map, &x, &from).await? {
+                return source_gone(filer, storage, mount, map, cluster_id, x, from).await.map(drop);
+            }
+            return Err(e);
+        }
+    };
+    let body = futures::stream::once(async move { Ok(bytes) }).boxed();
+    let opts = tidemark_core::WriteOptions {
+        precondition: Precondition::Version(x.version),
+        mode: Some(x.mode),
+        mtime_ms: Some(x.mtime_ms),
+        extended: Some(x.extended.clone()),
+        ..Default::default()
+    };
+    filer.write(&x.path, body, opts).await.map(drop)
+}
+
 /// Where a renamed entry's object still is, if the rename has not reached the bucket.
 fn moved_from(e: &Entry) -> Option<&str> {
     e.remote.as_ref().and_then(|r| r.moved_from.as_deref())
@@ -315,6 +385,9 @@ async fn release(
     was: &Entry,
 ) -> Result<()> {
     let Some(recorded) = &was.remote else { return Ok(()) };
+    if needed_by(filer, from).await?.is_some_and(|x| x.path != was.path) {
+        return Ok(()); // another renamed file still reads it: its own carry releases it
+    }
     let tomb = crate::docs::tombstone(filer, from).await?;
     let ours_tomb = tomb.as_ref().is_some_and(|t| t.etag == recorded.etag);
     let here = filer.stat(from).await?;
@@ -371,7 +444,10 @@ async fn carry_without_bytes(
         Err(Error::PreconditionFailed { .. }) => return Ok(OutboundOutcome::Nothing), // its next record
         Err(e) => return Err(e),
     }
-    release(filer, storage, mount, map, cluster_id, &from, &entry).await?;
+    // A directory's old marker goes with its old path's record, after its children's.
+    if !entry.is_dir() {
+        release(filer, storage, mount, map, cluster_id, &from, &entry).await?;
+    }
     Ok(OutboundOutcome::Carried { path: entry.path, from })
 }
 

@@ -259,3 +259,124 @@ async fn renames_before_the_sync_end_at_the_last_key_and_lose_nothing() {
     let again: Vec<String> = filer.list("/m", None, 100).await.unwrap().entries.into_iter().map(|e| e.path).collect();
     assert_eq!(again, names, "a reconcile after the sync finds nothing to change");
 }
+
+/// A file renamed away and renamed again before the sync, while a new file is written at its
+/// first path: the new file's upload must not overwrite the object the renamed file still reads
+/// from (its old key) before that object has been copied.
+#[tokio::test]
+async fn a_new_file_at_an_old_path_waits_for_the_renamed_file_to_be_copied() {
+    let (filer, bucket, mount, _d) = setup().await;
+    synced_mount_of(&filer, &bucket, &mount).await;
+    tidemark_core::RemoteStorage::put(&bucket, "pre/a", Bytes::from("first"), Default::default()).await.unwrap();
+    reconcile_mount(&filer, &bucket, &mount).await;
+    let start = filer.store().last_seq().await.unwrap();
+    filer.apply(Txn::rename("/m/a", "/m/b", Origin::Local)).await.unwrap();
+    filer.write("/m/a", body("second"), WriteOptions::default()).await.unwrap();
+    filer.apply(Txn::rename("/m/b", "/m/c", Origin::Local)).await.unwrap();
+    let out = sync_all_since(&filer, &bucket, &mount, start).await;
+    assert_eq!(read(&filer, "/m/c").await, b"first", "{out:?}");
+    assert_eq!(read(&filer, "/m/a").await, b"second");
+    assert_eq!(keys(&bucket).await, vec!["pre/a", "pre/c"]);
+}
+
+/// The memory bucket whose deletes fail while `failing` is set (a bucket that refuses, or a
+/// crash between the copy's record and the old key's delete).
+struct FailingDeletes {
+    inner: MemoryStorage,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl tidemark_core::RemoteStorage for FailingDeletes {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn stat(&self, key: &str) -> tidemark_core::Result<Option<tidemark_core::remote::RemoteObject>> {
+        self.inner.stat(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        page: Option<&str>,
+        max: usize,
+    ) -> tidemark_core::Result<tidemark_core::remote::ListPage> {
+        self.inner.list(prefix, start_after, page, max).await
+    }
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<tidemark_core::ByteRange>,
+        if_etag: Option<&str>,
+    ) -> tidemark_core::Result<ByteStream> {
+        self.inner.get(key, range, if_etag).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        metadata: std::collections::BTreeMap<String, String>,
+    ) -> tidemark_core::Result<tidemark_core::remote::RemoteObject> {
+        self.inner.put(key, body, metadata).await
+    }
+    async fn delete(&self, key: &str) -> tidemark_core::Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(tidemark_core::Error::Unavailable { message: format!("{key}: injected") });
+        }
+        self.inner.delete(key).await
+    }
+}
+
+/// A rename carried (the object put at its new key and recorded) whose old key's delete failed,
+/// or never ran (a crash): handling the records again deletes it, and nothing else.
+#[tokio::test]
+async fn an_old_key_whose_delete_failed_is_deleted_when_the_records_are_handled_again() {
+    let (filer, bucket, mount, _d) = setup().await;
+    synced_mount_of(&filer, &bucket, &mount).await;
+    tidemark_core::RemoteStorage::put(&bucket, "pre/a", Bytes::from("A"), Default::default()).await.unwrap();
+    reconcile_mount(&filer, &bucket, &mount).await;
+    let start = filer.store().last_seq().await.unwrap();
+    filer.apply(Txn::rename("/m/a", "/m/b", Origin::Local)).await.unwrap();
+    let failing = FailingDeletes { inner: bucket.clone(), failing: true.into() };
+    let records = filer.changes(start, 100, std::time::Duration::ZERO).await.unwrap();
+    let mine: Vec<_> = records.iter().filter(|r| tidemark_core::path::is_within(&r.path, "/m")).collect();
+    let first = sync_record(&*filer, &failing, &mount, "cluster-1", &SystemClock, mine[0]).await;
+    assert!(first.is_err(), "{first:?}");
+    assert_eq!(keys(&bucket).await, vec!["pre/a", "pre/b"], "copied, recorded, the old key still there");
+    failing.failing.store(false, Ordering::SeqCst);
+    for r in &mine {
+        sync_record(&*filer, &failing, &mount, "cluster-1", &SystemClock, r).await.unwrap();
+    }
+    assert_eq!(keys(&bucket).await, vec!["pre/b"]);
+    assert_eq!(read(&filer, "/m/b").await, b"A");
+    let tombstones = filer.list(tidemark_core::remote::system_paths::TOMBSTONES_DIR, None, 10).await;
+    assert!(tombstones.map(|p| p.entries.is_empty()).unwrap_or(true));
+}
+
+/// Two files swapped through a third name before the sync (neither cached): each key ends with
+/// the other's bytes, and neither is lost on the way, though each upload overwrites the object
+/// the other reads.
+#[tokio::test]
+async fn a_swap_before_the_sync_keeps_both_files() {
+    let (filer, bucket, mount, _d) = setup().await;
+    synced_mount_of(&filer, &bucket, &mount).await;
+    for (k, v) in [("pre/x", "ex"), ("pre/y", "why")] {
+        tidemark_core::RemoteStorage::put(&bucket, k, Bytes::from(v), Default::default()).await.unwrap();
+    }
+    reconcile_mount(&filer, &bucket, &mount).await;
+    let start = filer.store().last_seq().await.unwrap();
+    for (a, b) in [("/m/x", "/m/t"), ("/m/y", "/m/x"), ("/m/t", "/m/y")] {
+        filer.apply(Txn::rename(a, b, Origin::Local)).await.unwrap();
+    }
+    let out = sync_all_since(&filer, &bucket, &mount, start).await;
+    assert_eq!(read(&filer, "/m/x").await, b"why", "{out:?}");
+    assert_eq!(read(&filer, "/m/y").await, b"ex");
+    assert_eq!(keys(&bucket).await, vec!["pre/x", "pre/y"]);
+    for (k, v) in [("pre/x", "why"), ("pre/y", "ex")] {
+        let o = tidemark_core::RemoteStorage::stat(&bucket, k).await.unwrap().unwrap();
+        assert_eq!(o.size, v.len() as u64, "{k}");
+    }
+    reconcile_mount(&filer, &bucket, &mount).await;
+    assert_eq!(read(&filer, "/m/x").await, b"why");
+    assert!(filer.stat("/m/t").await.unwrap().is_none(), "nothing at the third name");
+}

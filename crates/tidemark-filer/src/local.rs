@@ -156,7 +156,7 @@ impl LocalFiler {
             return Ok(());
         }
         let victims = self.entry_and_below(p, recursive).await?;
-        self.write_tombstones(victims.iter().filter(|e| !e.is_dir())).await
+        self.write_tombstones(victims.iter().filter(|e| !e.is_dir()).map(|e| (e, None))).await
     }
 
     /// The entry at `p` and, with `below`, every entry under it (none if `p` is absent).
@@ -178,13 +178,12 @@ impl LocalFiler {
     }
 
     /// A tombstone for each remote-backed entry of `gone` (whose objects the outbound sync will
-    /// delete), a batch of transactions at a time.
-    async fn write_tombstones(&self, gone: impl Iterator<Item = &Entry>) -> Result<()> {
+    /// delete), with where it was renamed to if it was; a batch of transactions at a time.
+    async fn write_tombstones<'a>(&self, gone: impl Iterator<Item = (&'a Entry, Option<String>)>) -> Result<()> {
         use tidemark_core::decide::Tombstone;
-        use tidemark_core::remote::system_paths;
         let now = self.clock.now_ms();
         let txns: Vec<Txn> = gone
-            .filter_map(|e| {
+            .filter_map(|(e, moved_to)| {
                 let r = e.remote.as_ref()?;
                 let t = Tombstone {
                     path: e.path.clone(),
@@ -194,10 +193,9 @@ impl LocalFiler {
                     deleted_at_ms: now,
                     pending_upload: tidemark_core::decide::is_locally_dirty(e),
                     pending_after: r.dirty_after,
+                    moved_to,
                 };
-                let data = bytes::Bytes::from(serde_json::to_vec(&t).ok()?);
-                let entry = NewEntry::file(data.len() as u64, now, Content::Inline);
-                Some(Txn::put(system_paths::tombstone(&e.path), entry, tidemark_core::Origin::System).with_data(data))
+                Some(tombstone_txn(&t, now))
             })
             .collect();
         let mut txns = txns.into_iter().peekable();
@@ -304,12 +302,26 @@ impl LocalFiler {
             (None, None) => Ok(()),
             (Some(m), Some(n)) if m.dir == n.dir && m.sync && to != m.dir => {
                 let moved = self.entry_and_below(from, true).await?;
-                // Only those whose object is at their own key: a renamed entry not yet carried
-                // still has its first old path's tombstone.
-                let at_own_key = |e: &&Entry| {
+                let new_path = |e: &Entry| format!("{to}{}", &e.path[from.len()..]);
+                // Those whose object is at their own key get a tombstone there; a renamed entry
+                // not yet carried has its first old path's, which learns where it is now.
+                let at_own_key = moved.iter().filter(|e| {
                     e.remote.as_ref().is_some_and(|r| r.moved_from.is_none() && !(e.is_dir() && r.etag.is_empty()))
-                };
-                self.write_tombstones(moved.iter().filter(at_own_key)).await
+                });
+                self.write_tombstones(at_own_key.map(|e| (e, Some(new_path(e))))).await?;
+                let now = self.clock.now_ms();
+                for e in &moved {
+                    let Some(old) = e.remote.as_ref().and_then(|r| r.moved_from.as_deref()) else { continue };
+                    let at = tidemark_core::remote::system_paths::tombstone(old);
+                    if let Some((mut t, _)) =
+                        crate::remotes::read_doc::<tidemark_core::decide::Tombstone>(self.store.as_ref(), &at).await?
+                        && t.moved_to.as_deref() == Some(&e.path)
+                    {
+                        t.moved_to = Some(new_path(e));
+                        self.store.apply(tombstone_txn(&t, now)).await?;
+                    }
+                }
+                Ok(())
             }
             _ => {
                 let p = if a.is_some() { from } else { to };
@@ -414,6 +426,14 @@ impl LocalFiler {
             let _ = self.blobs.remove(id).await;
         }
     }
+}
+
+/// The write of a tombstone document.
+fn tombstone_txn(t: &tidemark_core::decide::Tombstone, now: i64) -> Txn {
+    let data = Bytes::from(serde_json::to_vec(t).unwrap_or_default());
+    let entry = NewEntry::file(data.len() as u64, now, Content::Inline);
+    Txn::put(tidemark_core::remote::system_paths::tombstone(&t.path), entry, tidemark_core::Origin::System)
+        .with_data(data)
 }
 
 /// Why the content of `entry` cannot be read here.

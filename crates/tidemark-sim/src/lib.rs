@@ -172,6 +172,10 @@ struct World {
     /// Property 6's model of the local directory `LINKS`: each name's file, each file's bytes.
     names: BTreeMap<String, usize>,
     files: Vec<Bytes>,
+    /// Renamed files whose bytes were their old key's object (not local) when renamed: the key
+    /// they read from and the bucket version that put that object. If that key changes before
+    /// the sync carries the rename, the file goes (`SourceGone`): its bytes are gone.
+    moved: BTreeMap<String, (String, u64)>,
     counters: Counters,
     report: Report,
     drop_pct: u64,
@@ -310,6 +314,7 @@ impl World {
             uploaded: BTreeSet::new(),
             uploads: Vec::new(),
             user_deletes: BTreeMap::new(),
+            moved: BTreeMap::new(),
             version: 0,
             names: BTreeMap::new(),
             files: Vec::new(),
@@ -430,6 +435,7 @@ impl World {
         }
         self.bucket.remove(key)?;
         self.version += 1;
+        self.trace(|| format!("bucket: delete {key}"));
         self.history
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -450,6 +456,7 @@ impl World {
         match self.filer.write(&path, body, WriteOptions::default()).await {
             Ok(e) => {
                 self.trace(|| format!("user: write {path} ({size} B, v{})", e.version));
+                self.moved.remove(&path);
                 self.local.insert(path, size);
                 Ok(())
             }
@@ -468,6 +475,7 @@ impl World {
         self.filer.delete(&path, Default::default()).await?;
         self.trace(|| format!("user: delete {path} (was {etag:?})"));
         self.local.remove(&path);
+        self.moved.remove(&path);
         self.user_deletes.insert(path, (self.version, etag));
         Ok(())
     }
@@ -496,6 +504,17 @@ impl World {
                 };
                 self.trace(|| format!("user: mv {from} {to} (in place, v{})", src.version));
                 self.local.remove(&from);
+                let origin = self.moved.remove(&from);
+                if src.content == tidemark_core::Content::Remote {
+                    // Changes to its old key since its object was put there take its bytes.
+                    let key = from[DIR.len() + 1..].to_string();
+                    let put_at = src.remote.as_ref().and_then(|r| {
+                        self.history.lock().unwrap_or_else(|p| p.into_inner()).etag_version.get(&r.etag).copied()
+                    });
+                    self.moved.insert(to.clone(), origin.unwrap_or((key, put_at.unwrap_or(0))));
+                } else {
+                    self.moved.remove(&to);
+                }
                 self.local.insert(to, src.size);
                 self.user_deletes.insert(from, (self.version, src.remote.map(|r| r.etag)));
                 return Ok(());
@@ -689,11 +708,6 @@ impl World {
                         .push((self.version, false));
                     self.notify(key, None);
                 }
-                if let tidemark_engine::outbound::OutboundOutcome::SourceGone { path, .. } = &out {
-                    // Its object was deleted or replaced by someone else before the rename
-                    // reached the bucket, and its bytes were not here: gone as that delete took it.
-                    self.local.remove(path);
-                }
             }
             self.outbound_cursor = r.seq;
         }
@@ -708,13 +722,25 @@ impl World {
             let e = self.filer.stat(&path).await?;
             match &e {
                 Some(e) if tidemark_core::decide::is_locally_dirty(e) && e.size == size => {}
+                // A renamed file whose old key someone else changed before the rename reached the
+                // bucket: its bytes are gone with that object, and so is it (what someone put at
+                // its new key meanwhile may be there instead).
+                _ if self.moved.get(&path).is_some_and(|(key, at)| {
+                    let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+                    h.changes.get(key).is_some_and(|c| c.iter().any(|(v, _)| v > at))
+                }) =>
+                {
+                    self.local.remove(&path);
+                    self.moved.remove(&path);
+                }
                 Some(e) if e.size == size && e.remote.as_ref().is_some_and(|r| self.uploaded.contains(&r.etag)) => {
                     self.local.remove(&path);
                 }
                 other => violate(
                     &self.violations,
                     format!(
-                        "{when}: the local write of {path} ({size} bytes) was overwritten: {:?}",
+                        "{when}: the local write of {path} ({size} bytes) was overwritten (moved {:?}): {:?}",
+                        self.moved.get(&path),
                         other.as_ref().map(|e| (e.size, e.remote.as_ref().map(|r| r.etag.clone())))
                     ),
                 ),
@@ -908,8 +934,23 @@ impl World {
                 let known = self.history.lock().unwrap_or_else(|p| p.into_inner()).content.get(etag).cloned();
                 known.or_else(|| self.uploaded.contains(etag).then(|| Bytes::from(vec![b'L'; e.size as usize])))
             }
-            // A user's write is of `L`s (a renamed file keeps its bytes, and their etag).
-            Content::Inline | Content::Blob { .. } => Some(Bytes::from(vec![b'L'; e.size as usize])),
+            // A user's write is of `L`s; a renamed file's bytes kept here before the upload that
+            // replaced its old key's object are that object's (their MD5 says which).
+            Content::Inline | Content::Blob { .. } => {
+                let kept = e.remote.as_ref().and_then(|r| {
+                    let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+                    h.content.get(&r.etag).cloned()
+                });
+                let md5 = |b: &[u8]| {
+                    use md5::Digest;
+                    md5::Md5::digest(b).iter().map(|x| format!("{x:02x}")).collect::<String>()
+                };
+                let wrote = e.extended.get(tidemark_core::model::MD5_ATTR);
+                Some(match kept {
+                    Some(b) if wrote == Some(&md5(&b)) => b,
+                    _ => Bytes::from(vec![b'L'; e.size as usize]),
+                })
+            }
             Content::Empty => Some(Bytes::new()),
         }
     }
