@@ -74,7 +74,8 @@ pub async fn sync_record(
     if record.origin != Origin::Local || record.path == mount.dir {
         return Ok(OutboundOutcome::Nothing);
     }
-    let map = KeyMap::new(&mount.dir, &mount.location.path)?;
+    let cx = Ctx { filer, storage, mount, map: KeyMap::new(&mount.dir, &mount.location.path)?, cluster_id };
+    let map = &cx.map;
     match &record.new {
         None => {
             let Some(old) = &record.old else { return Ok(OutboundOutcome::Nothing) };
@@ -87,9 +88,9 @@ pub async fn sync_record(
                 // whatever someone else put at this key: that appears now.
                 if old.is_dir() && old.remote.as_ref().is_some_and(|r| !r.etag.is_empty()) {
                     let at = moved_from(old).unwrap_or(&record.path).to_string();
-                    release(filer, storage, mount, &map, cluster_id, &at, old).await?;
+                    cx.release(&at, old).await?;
                 } else if old.remote.as_ref().is_none_or(|r| r.moved_from.is_some()) {
-                    uncover(filer, storage, mount, &map, cluster_id, &record.path, old.is_dir()).await?;
+                    cx.uncover(&record.path, old.is_dir()).await?;
                 }
                 return Ok(OutboundOutcome::Nothing);
             }
@@ -97,7 +98,7 @@ pub async fn sync_record(
                 // A user deleted a renamed entry before its object moved: this path's key never
                 // held it; the old one does.
                 let from = from.to_string();
-                release(filer, storage, mount, &map, cluster_id, &from, old).await?;
+                cx.release(&from, old).await?;
                 // A later delete of this path (its tombstone names another version) is its own
                 // record's to finish. Otherwise an object at this path's own key is someone
                 // else's (the entry never put one there), its event skipped while the entry was
@@ -107,7 +108,7 @@ pub async fn sync_record(
                     if tomb.is_some() {
                         crate::docs::remove_tombstone(filer, &record.path).await?;
                     }
-                    uncover(filer, storage, mount, &map, cluster_id, &record.path, old.is_dir()).await?;
+                    cx.uncover(&record.path, old.is_dir()).await?;
                 }
                 let key = map.path_to_key(&from, old.is_dir()).unwrap_or_default();
                 return Ok(OutboundOutcome::Deleted { path: record.path.clone(), key });
@@ -153,7 +154,7 @@ pub async fn sync_record(
             if let (OutboundOutcome::KeptNewer { .. }, Some(o)) = (&outcome, &object) {
                 // Its notification may have been handled while the local file hid it (and
                 // skipped): mirror it now rather than at the next reconcile.
-                mirror(filer, mount, cluster_id, &record.path, o, old.is_dir()).await?;
+                cx.mirror(&record.path, o, old.is_dir()).await?;
             }
             Ok(outcome)
         }
@@ -165,7 +166,7 @@ pub async fn sync_record(
                 && moved_from(new) != Some(from)
             {
                 let from = from.to_string();
-                release(filer, storage, mount, &map, cluster_id, &from, old).await?;
+                cx.release(&from, old).await?;
             }
             let Some(entry) = filer.stat(&record.path).await? else { return Ok(OutboundOutcome::Nothing) };
             let moved = moved_from(&entry).map(str::to_string);
@@ -177,12 +178,12 @@ pub async fn sync_record(
                 let tomb = crate::docs::tombstone(filer, from).await?;
                 if tomb.is_some_and(|t| new.remote.as_ref().is_some_and(|r| r.etag == t.etag)) {
                     let from = from.to_string();
-                    release(filer, storage, mount, &map, cluster_id, &from, new).await?;
+                    cx.release(&from, new).await?;
                 }
             }
             if let Some(from) = &moved {
                 if entry.is_dir() || *from == entry.path {
-                    return carry_without_bytes(filer, storage, mount, &map, cluster_id, entry, from.clone()).await;
+                    return cx.carry_without_bytes(entry, from.clone()).await;
                 }
             } else if entry.is_dir() || !is_locally_dirty(&entry) || entry.content == Content::Remote {
                 return Ok(OutboundOutcome::Nothing);
@@ -194,9 +195,9 @@ pub async fn sync_record(
                 Ok(None) => return Ok(OutboundOutcome::Nothing), // changed again: the newer record uploads it
                 Err(e) => {
                     if let Some(from) = moved
-                        && source_is_gone(storage, &map, &entry, &from).await?
+                        && source_is_gone(storage, map, &entry, &from).await?
                     {
-                        return source_gone(filer, storage, mount, &map, cluster_id, entry, from).await;
+                        return cx.source_gone(entry, from).await;
                     }
                     return Err(e);
                 }
@@ -206,7 +207,7 @@ pub async fn sync_record(
             if let Some(x) = needed_by(filer, &entry.path).await?
                 && x.path != entry.path
             {
-                localize(filer, storage, mount, &map, cluster_id, x).await?;
+                cx.localize(x).await?;
             }
             // What a reader of the object should get back (a PUT through the gateway kept its
             // headers and metadata); Tidemark's own metadata last, so no user name replaces it.
@@ -249,7 +250,7 @@ pub async fn sync_record(
             if let Some(from) = moved_from(&entry) {
                 // The object is at its new key: now, and only now, the old one goes.
                 let from = from.to_string();
-                release(filer, storage, mount, &map, cluster_id, &from, &entry).await?;
+                cx.release(&from, &entry).await?;
                 return Ok(OutboundOutcome::Moved { path: entry.path, from, key });
             }
             Ok(OutboundOutcome::Uploaded { path: entry.path, key })
@@ -257,44 +258,161 @@ pub async fn sync_record(
     }
 }
 
-/// Once an entry that hid `path`'s key has gone from `path` (renamed away or deleted, never
-/// having put an object there), what someone else put at that key — its event skipped while
-/// the entry was there — appears now rather than at the next reconcile.
-async fn uncover(
-    filer: &dyn Filer,
-    storage: &dyn RemoteStorage,
-    mount: &Mount,
-    map: &KeyMap,
-    cluster_id: &str,
-    path: &str,
-    is_dir: bool,
-) -> Result<()> {
-    if filer.stat(path).await?.is_some() {
-        return Ok(());
-    }
-    let Some(key) = map.path_to_key(path, is_dir) else { return Ok(()) };
-    match storage.stat(&key).await? {
-        Some(o) => mirror(filer, mount, cluster_id, path, &o, is_dir).await,
-        None => Ok(()),
-    }
+/// What the handling of one record works with.
+struct Ctx<'a> {
+    filer: &'a dyn Filer,
+    storage: &'a dyn RemoteStorage,
+    mount: &'a Mount,
+    map: KeyMap,
+    cluster_id: &'a str,
 }
 
-/// Writes the object at `path`'s key into the namespace as an event's apply would, `path`
-/// having no entry now: for an object whose event was skipped while a local change hid it.
-async fn mirror(
-    filer: &dyn Filer,
-    mount: &Mount,
-    cluster_id: &str,
-    path: &str,
-    object: &tidemark_core::RemoteObject,
-    is_dir_marker: bool,
-) -> Result<()> {
-    let ctx = DecideCtx { storage: &mount.location.storage, cluster_id: Some(cluster_id), tombstone: None };
-    let side = RemoteSide { object, is_dir_marker };
-    // A user's delete of `path` still to be propagated (its tombstone) keeps the object out.
-    let rules = crate::write::WriteRules { fence: None, allow_delete: true, check_tombstones: true, heads: None };
-    // Absent as far as the caller knows; a conditional write that finds otherwise decides again.
-    crate::write::decide_and_write(filer, path, None, Some(side), &ctx, rules).await.map(drop)
+impl Ctx<'_> {
+    /// Once an entry that hid `path`'s key has gone from `path` (renamed away or deleted, never
+    /// having put an object there), what someone else put at that key — its event skipped while
+    /// the entry was there — appears now rather than at the next reconcile.
+    async fn uncover(&self, path: &str, is_dir: bool) -> Result<()> {
+        let (filer, storage, map) = (self.filer, self.storage, &self.map);
+        if filer.stat(path).await?.is_some() {
+            return Ok(());
+        }
+        let Some(key) = map.path_to_key(path, is_dir) else { return Ok(()) };
+        match storage.stat(&key).await? {
+            Some(o) => self.mirror(path, &o, is_dir).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Writes the object at `path`'s key into the namespace as an event's apply would, `path`
+    /// having no entry now: for an object whose event was skipped while a local change hid it.
+    async fn mirror(&self, path: &str, object: &tidemark_core::RemoteObject, is_dir_marker: bool) -> Result<()> {
+        let (filer, mount, cluster_id) = (self.filer, self.mount, self.cluster_id);
+        let ctx = DecideCtx { storage: &mount.location.storage, cluster_id: Some(cluster_id), tombstone: None };
+        let side = RemoteSide { object, is_dir_marker };
+        // A user's delete of `path` still to be propagated (its tombstone) keeps the object out.
+        let rules = crate::write::WriteRules { fence: None, allow_delete: true, check_tombstones: true, heads: None };
+        // Absent as far as the caller knows; a conditional write that finds otherwise decides again.
+        crate::write::decide_and_write(filer, path, None, Some(side), &ctx, rules).await.map(drop)
+    }
+
+    /// Makes the bytes of `x` (a renamed file reading them from its old key) local — written as its
+    /// content, its times, mode and attributes kept; still to be carried to its new key — so that
+    /// key can be overwritten. If they are gone from the bucket already, `x` goes (`source_gone`).
+    async fn localize(&self, x: Entry) -> Result<()> {
+        let (filer, storage, map) = (self.filer, self.storage, &self.map);
+        let from = moved_from(&x).unwrap_or_default().to_string();
+        let bytes = match read_all(filer, &x).await {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                return Err(Error::Unavailable {
+                    message: format!("{}: changed while its bytes were kept; retry", x.path),
+                });
+            }
+            Err(e) => {
+                if source_is_gone(storage, map, &x, &from).await? {
+                    return self.source_gone(x, from).await.map(drop);
+                }
+                return Err(e);
+            }
+        };
+        let body = futures::stream::once(async move { Ok(bytes) }).boxed();
+        let opts = tidemark_core::WriteOptions {
+            precondition: Precondition::Version(x.version),
+            mode: Some(x.mode),
+            mtime_ms: Some(x.mtime_ms),
+            extended: Some(x.extended.clone()),
+            ..Default::default()
+        };
+        filer.write(&x.path, body, opts).await.map(drop)
+    }
+
+    /// Deletes the object at `from`'s key that `was` (an entry renamed from there) was backed by,
+    /// now that nothing names it: unless an entry at `from` is backed by it again (renamed back, or
+    /// mirrored from it), or the key holds someone else's object (it stays, and is mirrored if
+    /// nothing is at `from`). An entry at `from` that is not (a new local file, one renamed in) does
+    /// not keep it: its own sync writes that key. Then the tombstone the rename left at `from` goes.
+    async fn release(&self, from: &str, was: &Entry) -> Result<()> {
+        let (filer, storage, map) = (self.filer, self.storage, &self.map);
+        let Some(recorded) = &was.remote else { return Ok(()) };
+        if needed_by(filer, from).await?.is_some_and(|x| x.path != was.path) {
+            return Ok(()); // another renamed file still reads it: its own carry releases it
+        }
+        let tomb = crate::docs::tombstone(filer, from).await?;
+        let ours_tomb = tomb.as_ref().is_some_and(|t| t.etag == recorded.etag);
+        let here = filer.stat(from).await?;
+        let backed_here = here
+            .as_ref()
+            .and_then(|e| e.remote.as_ref())
+            .is_some_and(|r| r.etag == recorded.etag && r.moved_from.as_deref().is_none_or(|m| m == from));
+        let is_dir = was.is_dir();
+        let implied = is_dir && recorded.etag.is_empty(); // an implied directory had no object
+        if !backed_here
+            && !implied
+            && let Some(key) = map.path_to_key(from, is_dir)
+        {
+            match storage.stat(&key).await? {
+                Some(o) if o.etag == recorded.etag => storage.delete(&key).await?,
+                // Someone else's object, put there since the rename: it stays, and appears at
+                // `from` now rather than at the next reconcile.
+                Some(o) if here.is_none() => {
+                    if ours_tomb {
+                        crate::docs::remove_tombstone(filer, from).await?;
+                    }
+                    return self.mirror(from, &o, is_dir).await;
+                }
+                _ => {}
+            }
+        }
+        if ours_tomb {
+            crate::docs::remove_tombstone(filer, from).await?;
+        }
+        Ok(())
+    }
+
+    /// Carries the rename of an entry whose bytes need not move: a directory (moved in the mount,
+    /// it is as a directory made there: local until something below it is synced; the old marker
+    /// object, if it had one, goes) or an entry moved back to where its object is.
+    async fn carry_without_bytes(&self, entry: Entry, from: String) -> Result<OutboundOutcome> {
+        let filer = self.filer;
+        let mut carried = entry.to_new();
+        if entry.is_dir() && from != entry.path {
+            carried.remote = None;
+        } else if let Some(r) = carried.remote.as_mut() {
+            r.moved_from = None;
+        }
+        let txn =
+            Txn::put(&entry.path, carried, Origin::System).with_precondition(Precondition::Version(entry.version));
+        match filer.apply(txn).await {
+            Ok(_) => {}
+            Err(Error::PreconditionFailed { .. }) => return Ok(OutboundOutcome::Nothing), // its next record
+            Err(e) => return Err(e),
+        }
+        // A directory's old marker goes with its old path's record, after its children's.
+        if !entry.is_dir() {
+            self.release(&from, &entry).await?;
+        }
+        Ok(OutboundOutcome::Carried { path: entry.path, from })
+    }
+
+    /// A renamed entry whose object is gone from its old key (or replaced there by someone else's)
+    /// and whose bytes are not here: it goes, as the object's delete would have taken it had the
+    /// rename not been made; what is at the old key now is mirrored there.
+    async fn source_gone(&self, entry: Entry, from: String) -> Result<OutboundOutcome> {
+        let filer = self.filer;
+        let txn =
+            Txn::delete(&entry.path, false, Origin::Remote).with_precondition(Precondition::Version(entry.version));
+        match filer.apply(txn).await {
+            Ok(_) => {}
+            Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => return Ok(OutboundOutcome::Nothing),
+            Err(e) => return Err(e),
+        }
+        tracing::warn!(path = %entry.path, from = %from, "outbound sync: a renamed file's object was deleted or replaced in the bucket before the rename reached it; the file goes, as that delete would have taken it");
+        // An object someone put at its own key meanwhile (its event skipped: the renamed file was
+        // pending there) appears now rather than at the next reconcile.
+        self.uncover(&entry.path, false).await?;
+        self.release(&from, &entry).await?;
+        Ok(OutboundOutcome::SourceGone { path: entry.path, from })
+    }
 }
 
 /// The renamed file that still reads its bytes from `path`'s object, if one does: the entry
@@ -307,41 +425,6 @@ async fn needed_by(filer: &dyn Filer, path: &str) -> Result<Option<Entry>> {
     let reads_it = x.content == Content::Remote
         && x.remote.as_ref().is_some_and(|r| r.moved_from.as_deref() == Some(path) && r.etag == t.etag);
     Ok(reads_it.then_some(x))
-}
-
-/// Makes the bytes of `x` (a renamed file reading them from its old key) local — written as its
-/// content, its times, mode and attributes kept; still to be carried to its new key — so that
-/// key can be overwritten. If they are gone from the bucket already, `x` goes (`source_gone`).
-async fn localize(
-    filer: &dyn Filer,
-    storage: &dyn RemoteStorage,
-    mount: &Mount,
-    map: &KeyMap,
-    cluster_id: &str,
-    x: Entry,
-) -> Result<()> {
-    let from = moved_from(&x).unwrap_or_default().to_string();
-    let bytes = match read_all(filer, &x).await {
-        Ok(Some(b)) => b,
-        Ok(None) => {
-            return Err(Error::Unavailable { message: format!("{}: changed while its bytes were kept; retry", x.path) });
-        }
-        Err(e) => {
-            if source_is_gone(storage, map, &x, &from).await? {
-                return source_gone(filer, storage, mount, map, cluster_id, x, from).await.map(drop);
-            }
-            return Err(e);
-        }
-    };
-    let body = futures::stream::once(async move { Ok(bytes) }).boxed();
-    let opts = tidemark_core::WriteOptions {
-        precondition: Precondition::Version(x.version),
-        mode: Some(x.mode),
-        mtime_ms: Some(x.mtime_ms),
-        extended: Some(x.extended.clone()),
-        ..Default::default()
-    };
-    filer.write(&x.path, body, opts).await.map(drop)
 }
 
 /// Where a renamed entry's object still is, if the rename has not reached the bucket.
@@ -368,111 +451,4 @@ async fn source_is_gone(storage: &dyn RemoteStorage, map: &KeyMap, entry: &Entry
     let Some(key) = map.path_to_key(from, false) else { return Ok(true) };
     let recorded = entry.remote.as_ref().map(|r| r.etag.as_str());
     Ok(storage.stat(&key).await?.is_none_or(|o| Some(o.etag.as_str()) != recorded))
-}
-
-/// Deletes the object at `from`'s key that `was` (an entry renamed from there) was backed by,
-/// now that nothing names it: unless an entry at `from` is backed by it again (renamed back, or
-/// mirrored from it), or the key holds someone else's object (it stays, and is mirrored if
-/// nothing is at `from`). An entry at `from` that is not (a new local file, one renamed in) does
-/// not keep it: its own sync writes that key. Then the tombstone the rename left at `from` goes.
-async fn release(
-    filer: &dyn Filer,
-    storage: &dyn RemoteStorage,
-    mount: &Mount,
-    map: &KeyMap,
-    cluster_id: &str,
-    from: &str,
-    was: &Entry,
-) -> Result<()> {
-    let Some(recorded) = &was.remote else { return Ok(()) };
-    if needed_by(filer, from).await?.is_some_and(|x| x.path != was.path) {
-        return Ok(()); // another renamed file still reads it: its own carry releases it
-    }
-    let tomb = crate::docs::tombstone(filer, from).await?;
-    let ours_tomb = tomb.as_ref().is_some_and(|t| t.etag == recorded.etag);
-    let here = filer.stat(from).await?;
-    let backed_here = here
-        .as_ref()
-        .and_then(|e| e.remote.as_ref())
-        .is_some_and(|r| r.etag == recorded.etag && r.moved_from.as_deref().is_none_or(|m| m == from));
-    let is_dir = was.is_dir();
-    let implied = is_dir && recorded.etag.is_empty(); // an implied directory had no object
-    if !backed_here
-        && !implied
-        && let Some(key) = map.path_to_key(from, is_dir)
-    {
-        match storage.stat(&key).await? {
-            Some(o) if o.etag == recorded.etag => storage.delete(&key).await?,
-            // Someone else's object, put there since the rename: it stays, and appears at
-            // `from` now rather than at the next reconcile.
-            Some(o) if here.is_none() => {
-                if ours_tomb {
-                    crate::docs::remove_tombstone(filer, from).await?;
-                }
-                return mirror(filer, mount, cluster_id, from, &o, is_dir).await;
-            }
-            _ => {}
-        }
-    }
-    if ours_tomb {
-        crate::docs::remove_tombstone(filer, from).await?;
-    }
-    Ok(())
-}
-
-/// Carries the rename of an entry whose bytes need not move: a directory (moved in the mount,
-/// it is as a directory made there: local until something below it is synced; the old marker
-/// object, if it had one, goes) or an entry moved back to where its object is.
-async fn carry_without_bytes(
-    filer: &dyn Filer,
-    storage: &dyn RemoteStorage,
-    mount: &Mount,
-    map: &KeyMap,
-    cluster_id: &str,
-    entry: Entry,
-    from: String,
-) -> Result<OutboundOutcome> {
-    let mut carried = entry.to_new();
-    if entry.is_dir() && from != entry.path {
-        carried.remote = None;
-    } else if let Some(r) = carried.remote.as_mut() {
-        r.moved_from = None;
-    }
-    let txn = Txn::put(&entry.path, carried, Origin::System).with_precondition(Precondition::Version(entry.version));
-    match filer.apply(txn).await {
-        Ok(_) => {}
-        Err(Error::PreconditionFailed { .. }) => return Ok(OutboundOutcome::Nothing), // its next record
-        Err(e) => return Err(e),
-    }
-    // A directory's old marker goes with its old path's record, after its children's.
-    if !entry.is_dir() {
-        release(filer, storage, mount, map, cluster_id, &from, &entry).await?;
-    }
-    Ok(OutboundOutcome::Carried { path: entry.path, from })
-}
-
-/// A renamed entry whose object is gone from its old key (or replaced there by someone else's)
-/// and whose bytes are not here: it goes, as the object's delete would have taken it had the
-/// rename not been made; what is at the old key now is mirrored there.
-async fn source_gone(
-    filer: &dyn Filer,
-    storage: &dyn RemoteStorage,
-    mount: &Mount,
-    map: &KeyMap,
-    cluster_id: &str,
-    entry: Entry,
-    from: String,
-) -> Result<OutboundOutcome> {
-    let txn = Txn::delete(&entry.path, false, Origin::Remote).with_precondition(Precondition::Version(entry.version));
-    match filer.apply(txn).await {
-        Ok(_) => {}
-        Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => return Ok(OutboundOutcome::Nothing),
-        Err(e) => return Err(e),
-    }
-    tracing::warn!(path = %entry.path, from = %from, "outbound sync: a renamed file's object was deleted or replaced in the bucket before the rename reached it; the file goes, as that delete would have taken it");
-    // An object someone put at its own key meanwhile (its event skipped: the renamed file was
-    // pending there) appears now rather than at the next reconcile.
-    uncover(filer, storage, mount, map, cluster_id, &entry.path, false).await?;
-    release(filer, storage, mount, map, cluster_id, &from, &entry).await?;
-    Ok(OutboundOutcome::SourceGone { path: entry.path, from })
 }

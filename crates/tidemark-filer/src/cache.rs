@@ -858,7 +858,7 @@ impl Inner {
         let (p, d) = (part.clone(), dest.clone());
         // At most `CHUNK_WRITERS` at once, across the filer.
         let _writing = self.write_permits.acquire().await.ok();
-        blocking(move || {
+        let placed = blocking(move || {
             let write = || -> std::io::Result<()> {
                 let mut f = std::fs::File::create(&p)?;
                 f.write_all(&bytes)?;
@@ -872,13 +872,24 @@ impl Inner {
             let placed = std::fs::create_dir_all(&shard)
                 .and_then(|()| std::fs::rename(&p, &d))
                 .and_then(|()| std::fs::File::open(&shard)?.sync_all());
-            if let Err(e) = placed {
-                let _ = std::fs::remove_file(&p);
-                return Err(io_err("placing", &d, e));
+            match placed {
+                Ok(()) => Ok(true),
+                // The version was replaced and its cached bytes reclaimed meanwhile (a write, or
+                // the outbound sync recording an upload): nobody needs this chunk.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let _ = std::fs::remove_file(&p);
+                    Ok(false)
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&p);
+                    Err(io_err("placing", &d, e))
+                }
             }
-            Ok(())
         })
         .await?;
+        if !placed {
+            return Ok(false);
+        }
         let len = chunk_range(entry.size, k, self.config.chunk_bytes);
         let record = CachedChunk {
             node: self.node.clone(),
