@@ -1248,7 +1248,8 @@ impl Filesystem for TidemarkFs {
             };
             self.counters.writes.fetch_add(1, Ordering::Relaxed);
             let renamed = match self.call_or("rename", self.filer.apply(txn), Errno::EEXIST) {
-                // Under a remote mount a rename is a copy.
+                // Where the bucket's keys cannot follow (a remote mount whose sync is off, across
+                // mounts) a rename is a copy; where the mount syncs, the filer renamed in place.
                 Err(Errno::EXDEV) => self.rename_by_copy(&from, &to, to_precondition),
                 r => r.map(|a| self.dirs_changed(&a.dirs)),
             };
@@ -1540,9 +1541,9 @@ impl Filesystem for TidemarkFs {
 }
 
 impl TidemarkFs {
-    /// A rename under a remote mount: the file's bytes written at the new name, then the old
-    /// name removed (the outbound sync uploads the one and deletes the other's object in that
-    /// order). A directory is `EXDEV`: `mv` copies it and removes the original.
+    /// A rename the filer refused in place (into, out of or across remote mounts, or within one
+    /// whose sync is off): the file's bytes written at the new name, then the old name removed.
+    /// A directory is `EXDEV`: `mv` copies it and removes the original.
     fn rename_by_copy(&self, from: &str, to: &str, precondition: Precondition) -> Result<(), Errno> {
         let src = self.stat(from)?;
         if src.is_dir() {
