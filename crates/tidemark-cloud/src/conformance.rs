@@ -41,7 +41,7 @@ macro_rules! remote_storage_conformance {
             put_stat_get_round_trip, tricky_keys_list_in_byte_order_across_pages,
             prefix_and_start_after, ranged_and_conditional_reads, deletes, user_metadata_round_trip,
             directory_markers, hostile_keys_are_kept_verbatim_or_refused,
-            keys_xml_cannot_carry_list_with_the_others, headers_round_trip);
+            keys_xml_cannot_carry_list_with_the_others, headers_round_trip, copies_are_conditional);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -220,6 +220,31 @@ pub async fn headers_round_trip(h: &Harness) {
         assert_eq!(listed, got, "a listing that carries headers carries the HEAD's");
         assert_eq!(strip(listed), given);
     }
+}
+
+/// A copy (a rename carried to the bucket) takes the source's bytes if it is still the version
+/// named, with the metadata given; a changed or missing source is refused, and nothing written.
+pub async fn copies_are_conditional(h: &Harness) {
+    let s = &*h.storage;
+    let src = "cp/a b+c%d";
+    put(s, src, b"copied bytes").await;
+    let o = s.stat(src).await.unwrap().unwrap();
+    let meta = BTreeMap::from([("tidemark-origin".to_string(), "c1".to_string())]);
+    let headers = tidemark_core::remote::ObjectHeaders::default();
+    let c = s.copy(src, "cp/to", &o.etag, meta.clone(), &headers).await.unwrap();
+    assert_eq!(c.size, 12);
+    assert_eq!(read(s, "cp/to", None).await, b"copied bytes");
+    if h.caps.user_metadata {
+        let got = s.stat("cp/to").await.unwrap().unwrap().user_metadata.unwrap_or_default();
+        assert_eq!(got.get("tidemark-origin").map(String::as_str), Some("c1"), "{got:?}");
+    }
+    put(s, src, b"changed").await;
+    let e = s.copy(src, "cp/to2", &o.etag, meta.clone(), &headers).await.unwrap_err();
+    assert!(matches!(e, Error::PreconditionFailed { .. }), "{e}");
+    s.delete(src).await.unwrap();
+    let e = s.copy(src, "cp/to2", &o.etag, meta, &headers).await.unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. } | Error::PreconditionFailed { .. }), "{e}");
+    assert!(s.stat("cp/to2").await.unwrap().is_none());
 }
 
 pub async fn directory_markers(h: &Harness) {

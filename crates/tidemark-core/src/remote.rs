@@ -142,6 +142,27 @@ pub trait RemoteStorage: Send + Sync + 'static {
 
     /// Deleting a missing key is not an error.
     async fn delete(&self, key: &str) -> Result<()>;
+
+    /// Puts at `to` a copy of the object at `from` if it is still the version `if_etag` names
+    /// (`PreconditionFailed` if not, `NotFound` if gone), with `metadata` and `headers` in place
+    /// of its own. Stores with a server-side copy override this; here the bytes go through
+    /// memory, a GET and a PUT.
+    async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        if_etag: &str,
+        metadata: BTreeMap<String, String>,
+        headers: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
+        use futures::StreamExt;
+        let mut stream = self.get(from, None, Some(if_etag)).await?;
+        let mut body = bytes::BytesMut::new();
+        while let Some(chunk) = stream.next().await {
+            body.extend_from_slice(&chunk.map_err(|e| crate::Error::io(format!("reading {from}"), e))?);
+        }
+        self.put_with_headers(to, body.freeze(), metadata, headers).await
+    }
 }
 
 /// The kinds of remote storage.

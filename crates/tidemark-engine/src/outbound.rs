@@ -189,33 +189,49 @@ pub async fn sync_record(
                 return Ok(OutboundOutcome::Nothing);
             }
             let Some(key) = map.path_to_key(&entry.path, false) else { return Ok(OutboundOutcome::Nothing) };
-            // A renamed entry's bytes are its own (written here, or cached) or its old key's object.
-            let body = match read_all(filer, &entry).await {
-                Ok(Some(b)) => b,
-                Ok(None) => return Ok(OutboundOutcome::Nothing), // changed again: the newer record uploads it
-                Err(e) => {
-                    if let Some(from) = moved
-                        && source_is_gone(storage, map, &entry, &from).await?
-                    {
-                        return cx.source_gone(entry, from).await;
-                    }
-                    return Err(e);
-                }
-            };
-            // A renamed file that still reads its bytes from this key keeps them: they become
-            // its local bytes before this upload replaces the object.
-            if let Some(x) = needed_by(filer, &entry.path).await?
-                && x.path != entry.path
-            {
-                cx.localize(x).await?;
-            }
             // What a reader of the object should get back (a PUT through the gateway kept its
             // headers and metadata); Tidemark's own metadata last, so no user name replaces it.
             let mut meta = object_attrs::user_metadata(&entry.extended);
             meta.extend(upload_metadata(cluster_id, &entry.path, entry.version));
             let headers =
                 ObjectHeaders { storage_class: None, restore: None, ..object_attrs::headers(&entry.extended) };
-            let object = storage.put_with_headers(&key, body, meta, &headers).await?;
+            // A renamed file whose bytes are its old key's object is copied in the bucket
+            // (server-side where the store can); otherwise its bytes are read — its own (written
+            // here, or cached), or the old key's object — and put.
+            let copy_from = moved
+                .as_deref()
+                .filter(|_| entry.content == Content::Remote && entry.size <= MAX_COPY_BYTES)
+                .and_then(|from| map.path_to_key(from, false));
+            let mut object = None;
+            if let Some(old_key) = &copy_from {
+                cx.keep_what_reads(&entry).await?;
+                let etag = entry.remote.as_ref().map(|r| r.etag.as_str()).unwrap_or_default();
+                match storage.copy(old_key, &key, etag, meta.clone(), &headers).await {
+                    Ok(o) => object = Some(o),
+                    // Changed or gone at the old key: the cache may still hold the bytes.
+                    Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let object = match object {
+                Some(o) => o,
+                None => {
+                    let body = match read_all(filer, &entry).await {
+                        Ok(Some(b)) => b,
+                        Ok(None) => return Ok(OutboundOutcome::Nothing), // changed again: the newer record uploads it
+                        Err(e) => {
+                            if let Some(from) = moved
+                                && source_is_gone(storage, map, &entry, &from).await?
+                            {
+                                return cx.source_gone(entry, from).await;
+                            }
+                            return Err(e);
+                        }
+                    };
+                    cx.keep_what_reads(&entry).await?;
+                    storage.put_with_headers(&key, body, meta, &headers).await?
+                }
+            };
             let mut synced = entry.to_new();
             // As the bucket now answers for it (its storage class, too).
             object_attrs::refresh(&mut synced.extended, &object, false);
@@ -258,6 +274,9 @@ pub async fn sync_record(
     }
 }
 
+/// CopyObject's limit; a larger renamed object's bytes are read and put.
+const MAX_COPY_BYTES: u64 = 5 << 30;
+
 /// What the handling of one record works with.
 struct Ctx<'a> {
     filer: &'a dyn Filer,
@@ -268,6 +287,15 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// Before `entry`'s upload replaces the object at its key: a renamed file that still reads
+    /// its bytes from that object keeps them, as its local bytes.
+    async fn keep_what_reads(&self, entry: &Entry) -> Result<()> {
+        match needed_by(self.filer, &entry.path).await? {
+            Some(x) if x.path != entry.path => self.localize(x).await,
+            _ => Ok(()),
+        }
+    }
+
     /// Once an entry that hid `path`'s key has gone from `path` (renamed away or deleted, never
     /// having put an object there), what someone else put at that key — its event skipped while
     /// the entry was there — appears now rather than at the next reconcile.

@@ -153,6 +153,20 @@ impl S3Storage {
     }
 }
 
+/// A key as `x-amz-copy-source` carries it: every byte but the unreserved ones and `/`
+/// percent-encoded.
+fn copy_source_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// The storage class named in an archived-object error when the reader does not know which.
 pub const ARCHIVAL: &str = "GLACIER or DEEP_ARCHIVE";
 
@@ -309,6 +323,54 @@ impl RemoteStorage for S3Storage {
         self.stat(key)
             .await?
             .ok_or_else(|| Error::internal(format!("s3://{}/{key}: missing right after PutObject", self.bucket)))
+    }
+
+    /// CopyObject: the bytes stay in the bucket (up to 5 GiB, CopyObject's limit; the caller
+    /// copies larger objects through [`RemoteStorage::get`] and a put).
+    async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        if_etag: &str,
+        metadata: BTreeMap<String, String>,
+        headers: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
+        let h = headers.clone();
+        let expires = h.expires.as_deref().and_then(|e| {
+            aws_sdk_s3::primitives::DateTime::from_str(e, aws_sdk_s3::primitives::DateTimeFormat::HttpDate).ok()
+        });
+        // S3 enforces `x-amz-copy-source-if-match` itself; some S3-compatible stores ignore it
+        // (moto 5 does), so the source's version is checked first too.
+        match self.stat(from).await? {
+            None => return Err(Error::not_found(format!("s3://{}/{from}", self.bucket))),
+            Some(o) if o.etag != if_etag => {
+                return Err(Error::PreconditionFailed { path: format!("s3://{}/{from}", self.bucket), current: None });
+            }
+            Some(_) => {}
+        }
+        // The copy source is `bucket/key`, the key URL-encoded (S3 decodes it).
+        let source = format!("{}/{}", self.bucket, copy_source_key(from));
+        let mut req = self
+            .client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(to)
+            .copy_source(source)
+            .copy_source_if_match(format!("\"{if_etag}\""))
+            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+            .set_content_type(h.content_type)
+            .set_content_encoding(h.content_encoding)
+            .set_content_disposition(h.content_disposition)
+            .set_content_language(h.content_language)
+            .set_cache_control(h.cache_control)
+            .set_expires(expires);
+        for (k, v) in metadata {
+            req = req.metadata(k, v);
+        }
+        req.send().await.map_err(|e| self.error("CopyObject", from, e))?;
+        self.stat(to)
+            .await?
+            .ok_or_else(|| Error::internal(format!("s3://{}/{to}: missing right after CopyObject", self.bucket)))
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
