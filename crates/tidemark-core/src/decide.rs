@@ -194,7 +194,16 @@ pub fn is_pending_upload(
 /// local-only or locally dirty).
 pub fn is_entrys_pending_upload(o: &RemoteObject, cluster_id: Option<&str>, e: &Entry) -> bool {
     let pending = e.remote.is_none() || is_locally_dirty(e);
-    pending && is_pending_upload(o, cluster_id, &e.path, e.version, e.remote.as_ref().and_then(|r| r.dirty_after))
+    pending && is_pending_upload(o, cluster_id, &e.path, e.version, pending_after(e))
+}
+
+/// The version after which this cluster's uploads of `e`'s path are of its pending writes: where
+/// it was last clean (remote-backed), or from before it was created (local-only).
+pub fn pending_after(e: &Entry) -> Option<u64> {
+    match &e.remote {
+        Some(r) => r.dirty_after,
+        None => e.extended.get(crate::model::CREATED_AFTER_ATTR).and_then(|v| v.parse().ok()),
+    }
 }
 
 /// Whether `o` is the object `recorded` describes (the same test that decides an update).

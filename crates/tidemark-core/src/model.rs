@@ -366,6 +366,12 @@ pub const MAX_INLINE_BYTES: usize = 64 * 1024;
 /// local content; a remote-backed entry's ETag is its remote object's.
 pub const MD5_ATTR: &str = "md5";
 
+/// On a file made here and not yet backed by an object (local-only): a change-log sequence number
+/// from before it was created. This cluster's uploads of its path at versions up to it are of
+/// earlier files there (recorded, then removed), never of this one's pending writes — as
+/// `RemoteEntry::dirty_after` says for a remote-backed file.
+pub const CREATED_AFTER_ATTR: &str = "created_after";
+
 /// The extended attributes that hold what a client reads back about an object besides its
 /// bytes (the headers a GET answers with, user metadata, the storage class): set by the S3
 /// gateway from a PUT's headers for a local file, and from the bucket's object (HEAD or listing)

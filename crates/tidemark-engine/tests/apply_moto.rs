@@ -462,12 +462,7 @@ async fn a_copy_of_an_own_upload_to_another_key_is_applied_not_an_echo() {
     let w = world().await;
     let mut c = Counters::default();
     pump(&w, &*w.s3, &mut c, |c| c.ignored >= 1).await; // the s3:TestEvent
-    // /mnt/data/b.txt mirrors an object someone else put, at a version above the upload's.
-    w.s3.put("b.txt", Bytes::from_static(b"theirs"), BTreeMap::new()).await.unwrap();
-    pump(&w, &*w.s3, &mut c, |c| c.applied >= 1).await;
-    let b = w.filer.stat("/mnt/data/b.txt").await.unwrap().unwrap();
-    // This cluster's upload of /mnt/data/a.txt at a version no newer than b's entry: the old
-    // rule took any such object for an echo.
+    // A local write to /mnt/data/a.txt, and this cluster's upload of it.
     let a = w
         .filer
         .write(
@@ -478,13 +473,15 @@ async fn a_copy_of_an_own_upload_to_another_key_is_applied_not_an_echo() {
         .await
         .unwrap();
     assert!(a.version > 0);
-    w.s3.put(
-        "a.txt",
-        Bytes::from_static(b"ours"),
-        upload_metadata("cluster-a", "/mnt/data/a.txt", b.version.min(a.version)),
-    )
-    .await
-    .unwrap();
+    // /mnt/data/b.txt mirrors an object someone else put, at a version above the upload's: the
+    // old rule took any such object for an echo.
+    w.s3.put("b.txt", Bytes::from_static(b"theirs"), BTreeMap::new()).await.unwrap();
+    pump(&w, &*w.s3, &mut c, |c| c.applied >= 1).await;
+    let b = w.filer.stat("/mnt/data/b.txt").await.unwrap().unwrap();
+    assert!(b.version > a.version);
+    w.s3.put("a.txt", Bytes::from_static(b"ours"), upload_metadata("cluster-a", "/mnt/data/a.txt", a.version))
+        .await
+        .unwrap();
     pump(&w, &*w.s3, &mut c, |c| c.echo_suppressed >= 1).await;
     let before = c.clone();
     w.s3.client()

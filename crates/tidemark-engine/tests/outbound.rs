@@ -380,3 +380,37 @@ async fn a_swap_before_the_sync_keeps_both_files() {
     assert_eq!(read(&filer, "/m/x").await, b"why");
     assert!(filer.stat("/m/t").await.unwrap().is_none(), "nothing at the third name");
 }
+
+/// A file written, uploaded and recorded, then deleted from the bucket (and so from the
+/// namespace); a new file written at its path and deleted by its user before it was uploaded;
+/// meanwhile someone restores the first file's upload: that object is not the new file's pending
+/// upload (it is from before the new file was created) and the user's delete leaves it.
+#[tokio::test]
+async fn a_restored_upload_of_an_earlier_file_is_not_taken_for_a_new_files_own() {
+    let (filer, bucket, mount, _d) = setup().await;
+    synced_mount_of(&filer, &bucket, &mount).await;
+    let start = filer.store().last_seq().await.unwrap();
+    filer.write("/m/a", body("first"), WriteOptions::default()).await.unwrap();
+    sync_all_since(&filer, &bucket, &mount, start).await;
+    let first = tidemark_core::RemoteStorage::stat(&bucket, "pre/a").await.unwrap().unwrap();
+    let s = tidemark_core::RemoteStorage::get(&bucket, "pre/a", None, None).await.unwrap();
+    let first_bytes: Vec<u8> = s.map(|c| c.unwrap()).collect::<Vec<_>>().await.concat();
+    // Deleted in the bucket; its event applied.
+    tidemark_core::RemoteStorage::delete(&bucket, "pre/a").await.unwrap();
+    let v = filer.stat("/m/a").await.unwrap().unwrap().version;
+    filer
+        .apply(Txn::delete("/m/a", false, Origin::Remote).with_precondition(tidemark_core::Precondition::Version(v)))
+        .await
+        .unwrap();
+    // A new file there, deleted before the sync uploaded it.
+    let mid = filer.store().last_seq().await.unwrap();
+    filer.write("/m/a", body("second"), WriteOptions::default()).await.unwrap();
+    filer.delete("/m/a", DeleteOptions::default()).await.unwrap();
+    // Someone restores the first file's upload (a copy keeps its metadata).
+    tidemark_core::RemoteStorage::put(&bucket, "pre/a", Bytes::from(first_bytes), first.user_metadata.clone().unwrap())
+        .await
+        .unwrap();
+    let out = sync_all_since(&filer, &bucket, &mount, mid).await;
+    assert!(tidemark_core::RemoteStorage::stat(&bucket, "pre/a").await.unwrap().is_some(), "{out:?}");
+    assert!(out.iter().any(|o| matches!(o, OutboundOutcome::KeptNewer { .. })), "{out:?}");
+}

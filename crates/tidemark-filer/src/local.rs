@@ -9,8 +9,8 @@ use futures::StreamExt;
 
 use tidemark_core::cache::{self, CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::model::{
-    Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, MAX_BATCH, MAX_INLINE_BYTES, MD5_ATTR, Mutation,
-    NewEntry, Page, Precondition, Txn, TxnBatch, inode_path,
+    Applied, CREATED_AFTER_ATTR, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, MAX_BATCH, MAX_INLINE_BYTES,
+    MD5_ATTR, Mutation, NewEntry, Page, Precondition, Txn, TxnBatch, inode_path,
 };
 use tidemark_core::{
     ByteRange, ByteStream, Clock, DeleteOptions, Error, Filer, Health, MetaStore, Result, SystemClock, WriteOptions,
@@ -38,6 +38,9 @@ pub struct LocalFiler {
     remotes: Arc<Remotes>,
     cache: ContentCache,
     clock: Arc<dyn Clock>,
+    /// The highest change-log sequence number this filer has committed or read (0: none yet), a
+    /// lower bound of the log's end: what a new local file's `CREATED_AFTER_ATTR` says.
+    seen_seq: std::sync::atomic::AtomicU64,
     _data_dir: Option<DataDir>,
 }
 
@@ -77,7 +80,16 @@ impl LocalFiler {
         let blobs = Blobs::Dir(BlobDir::open(root)?);
         let remotes = Arc::new(Remotes::default());
         let cache = ContentCache::open(root, store.clone(), remotes.clone(), clock.clone(), CacheConfig::default())?;
-        Ok(LocalFiler { store, root: root.to_path_buf(), blobs, remotes, cache, clock, _data_dir: data_dir })
+        Ok(LocalFiler {
+            store,
+            root: root.to_path_buf(),
+            blobs,
+            remotes,
+            cache,
+            clock,
+            seen_seq: Default::default(),
+            _data_dir: data_dir,
+        })
     }
 
     /// Keeps content on a shared object store instead of the data directory (`--blob-store`),
@@ -215,11 +227,27 @@ impl LocalFiler {
         Ok(applied)
     }
 
+    /// A lower bound of the change log's end: what this filer has committed since it started, or
+    /// the store's answer the first time.
+    async fn log_end(&self) -> Result<u64> {
+        match self.seen_seq.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => {
+                let seq = self.store.last_seq().await?;
+                self.seen_seq.fetch_max(seq, std::sync::atomic::Ordering::Relaxed);
+                Ok(seq)
+            }
+            seq => Ok(seq),
+        }
+    }
+
     /// After transactions committed (one, or a batch's): removes the blobs no entry names any
     /// more and the cached bytes of versions they replaced. The records of a transaction, and of
     /// a batch's transactions, are one dense range, so they are read back exactly. A failure
     /// here leaks space and loses nothing: the entries that named those bytes are gone.
     async fn after_commit(&self, applied: &[&Applied]) {
+        if let Some(seq) = applied.iter().map(|a| a.seq).max() {
+            self.seen_seq.fetch_max(seq, std::sync::atomic::Ordering::Relaxed);
+        }
         let needs_records = |a: &&Applied| {
             a.seq > a.first_seq
                 || blob_of(a.old.as_ref()).is_some()
@@ -715,6 +743,18 @@ impl Filer for LocalFiler {
                 None => tidemark_core::model::object_attrs::forget_bytes(&mut entry.extended),
             }
             entry.extended.insert(MD5_ATTR.into(), md5.clone());
+            if entry.remote.is_none() {
+                // A local-only file keeps when it was created (a new one: from before now), so
+                // an earlier file's upload at its path is never taken for one of its own.
+                let kept = current.as_ref().filter(|e| e.remote.is_none() && e.kind == EntryKind::File);
+                match kept.and_then(|e| e.extended.get(CREATED_AFTER_ATTR)) {
+                    Some(v) => entry.extended.insert(CREATED_AFTER_ATTR.into(), v.clone()),
+                    None if kept.is_none() => {
+                        entry.extended.insert(CREATED_AFTER_ATTR.into(), self.log_end().await?.to_string())
+                    }
+                    None => None,
+                };
+            }
             let precondition = match (&opts.precondition, &current) {
                 (Precondition::Any, Some(e)) => Precondition::Version(e.version),
                 (Precondition::Any, None) => Precondition::Absent,

@@ -145,6 +145,7 @@ async fn seeds_that_found_bugs_stay_fixed() {
         (450, "a local file renamed away hid a newer object someone put at its old key"),
         (1561, "a user's delete of a renamed file removed the tombstone of a later delete of its path"),
         (2476, "an old key was kept for a file renamed into its path, which then went, and the old object came back"),
+        (5769, "a user's delete of a new local file deleted a restored upload of the earlier file at its path"),
     ];
     for (seed, what) in found {
         let r = run(Config::new(seed)).await;
