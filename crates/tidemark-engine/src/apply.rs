@@ -216,8 +216,14 @@ async fn apply_keys(
         })
         .collect();
     let dctx = DecideCtx { storage: &ctx.mount.location.storage, cluster_id: ctx.cluster_id, tombstone: None };
-    // The objects come from HEADs, with their metadata: nothing to complete.
-    let rules = WriteRules { fence: ctx.fence, allow_delete: true, check_tombstones: ctx.mount.sync, heads: None };
+    // The objects come from HEADs, with their metadata: nothing to complete. Tombstones are
+    // looked up whatever the slice's copy of the mount says of its sync: that copy is as old as
+    // the slice, and a delete or rename made since the sync was turned on must not come back
+    // with an event (found by `fuse_mount::the_mount_follows_the_bucket_through_events`: a
+    // renamed file's in-flight copy re-created at its old name). Where the sync is off no
+    // tombstone is written, and the reconcile (which does not look) brings back what an old
+    // one hides.
+    let rules = WriteRules { fence: ctx.fence, allow_delete: true, check_tombstones: true, heads: None };
     let results = match write::decide_and_write_many(filer, items, &dctx, rules).await {
         Ok(r) => r,
         Err(e) => {

@@ -12,7 +12,9 @@
 use bytes::BytesMut;
 use futures::StreamExt;
 
-use tidemark_core::decide::{DecideCtx, RemoteSide, is_entrys_pending_upload, is_locally_dirty, upload_metadata};
+use tidemark_core::decide::{
+    DecideCtx, RemoteSide, is_entrys_pending_upload, is_locally_dirty, is_pending_upload, upload_metadata,
+};
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::{ChangeRecord, Content, Entry, Origin, Precondition, RemoteEntry, Txn, object_attrs};
 use tidemark_core::remote::{Mount, ObjectHeaders};
@@ -90,6 +92,9 @@ pub async fn sync_record(
                     let at = moved_from(old).unwrap_or(&record.path).to_string();
                     cx.release(&at, old).await?;
                 } else if old.remote.as_ref().is_none_or(|r| r.moved_from.is_some()) {
+                    if !old.is_dir() {
+                        cx.forget_pending_upload(&record.path, old).await?;
+                    }
                     cx.uncover(&record.path, old.is_dir()).await?;
                 }
                 return Ok(OutboundOutcome::Nothing);
@@ -105,8 +110,9 @@ pub async fn sync_record(
                 // pending: it appears now.
                 let tomb = crate::docs::tombstone(filer, &record.path).await?;
                 if tomb.as_ref().is_none_or(|t| t.version == old.version) {
+                    // Its upload to this key may have been in flight when it was deleted.
                     if tomb.is_some() {
-                        crate::docs::remove_tombstone(filer, &record.path).await?;
+                        cx.forget_pending_upload(&record.path, old).await?;
                     }
                     cx.uncover(&record.path, old.is_dir()).await?;
                 }
@@ -294,6 +300,25 @@ impl Ctx<'_> {
             Some(x) if x.path != entry.path => self.localize(x).await,
             _ => Ok(()),
         }
+    }
+
+    /// A file renamed away from `path` before its object was put at `path`'s key may have been
+    /// put there all the same (its upload in flight when the rename was made; the rename left a
+    /// tombstone of that pending upload): that object is nobody's, and goes. Then the tombstone.
+    async fn forget_pending_upload(&self, path: &str, old: &Entry) -> Result<()> {
+        let (filer, storage) = (self.filer, self.storage);
+        let Some(t) = crate::docs::tombstone(filer, path).await? else { return Ok(()) };
+        if t.version != old.version || !t.pending_upload {
+            return Ok(()); // a later delete's or rename's: its own record's to finish
+        }
+        if filer.stat(path).await?.is_none()
+            && let Some(key) = self.map.path_to_key(path, false)
+            && let Some(o) = storage.stat(&key).await?
+            && is_pending_upload(&o, Some(self.cluster_id), path, t.version, t.pending_after)
+        {
+            storage.delete(&key).await?;
+        }
+        crate::docs::remove_tombstone(filer, path).await
     }
 
     /// Once an entry that hid `path`'s key has gone from `path` (renamed away or deleted, never

@@ -338,6 +338,34 @@ impl LocalFiler {
                 });
                 self.write_tombstones(at_own_key.map(|e| (e, Some(new_path(e))))).await?;
                 let now = self.clock.now_ms();
+                // A file whose object is not at its own key yet (local-only, or renamed and not
+                // carried) may be on its way there: the outbound sync may be putting it at this
+                // very moment. A tombstone of that pending upload keeps its event from bringing
+                // the file back here, and tells the sync the object is nobody's.
+                let pending: Vec<Txn> = moved
+                    .iter()
+                    .filter(|e| e.kind == tidemark_core::model::EntryKind::File)
+                    .filter(|e| e.remote.as_ref().is_none_or(|r| r.moved_from.is_some()))
+                    .map(|e| {
+                        let r = e.remote.as_ref();
+                        let t = tidemark_core::decide::Tombstone {
+                            path: e.path.clone(),
+                            version: e.version,
+                            etag: r.map(|r| r.etag.clone()).unwrap_or_default(),
+                            remote_mtime_ms: r.map_or(0, |r| r.remote_mtime_ms),
+                            deleted_at_ms: now,
+                            pending_upload: true,
+                            pending_after: tidemark_core::decide::pending_after(e),
+                            moved_to: Some(new_path(e)),
+                        };
+                        tombstone_txn(&t, now)
+                    })
+                    .collect();
+                for batch in pending.chunks(tidemark_core::model::MAX_BATCH) {
+                    for r in self.store.apply_many(TxnBatch { fence: None, txns: batch.to_vec() }).await? {
+                        r?;
+                    }
+                }
                 for e in &moved {
                     let Some(old) = e.remote.as_ref().and_then(|r| r.moved_from.as_deref()) else { continue };
                     let at = tidemark_core::remote::system_paths::tombstone(old);
