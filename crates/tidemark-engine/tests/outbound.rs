@@ -414,3 +414,33 @@ async fn a_restored_upload_of_an_earlier_file_is_not_taken_for_a_new_files_own()
     assert!(tidemark_core::RemoteStorage::stat(&bucket, "pre/a").await.unwrap().is_some(), "{out:?}");
     assert!(out.iter().any(|o| matches!(o, OutboundOutcome::KeptNewer { .. })), "{out:?}");
 }
+
+/// `mv a b; mv b c` while the sync is copying b's bytes to b's key: that copy is nobody's. Its
+/// event (here a reconcile, which decides as an event's apply does) must not bring `b` back — the
+/// second rename left a tombstone of b's pending upload — and the sync deletes it when it handles
+/// b's old path; `c` ends at its key with its bytes.
+#[tokio::test]
+async fn an_upload_in_flight_when_its_file_is_renamed_again_is_nobodys_and_goes() {
+    let (filer, bucket, mount, _d) = setup().await;
+    synced_mount_of(&filer, &bucket, &mount).await;
+    tidemark_core::RemoteStorage::put(&bucket, "pre/a", Bytes::from("1"), Default::default()).await.unwrap();
+    reconcile_mount(&filer, &bucket, &mount).await;
+    let start = filer.store().last_seq().await.unwrap();
+    filer.apply(Txn::rename("/m/a", "/m/b", Origin::Local)).await.unwrap();
+    // The sync's copy of b, as it makes it (its metadata names b's version)...
+    let b = filer.stat("/m/b").await.unwrap().unwrap();
+    let meta = tidemark_core::decide::upload_metadata("cluster-1", "/m/b", b.version);
+    let etag = b.remote.as_ref().unwrap().etag.clone();
+    tidemark_core::RemoteStorage::copy(&bucket, "pre/a", "pre/b", &etag, meta, &Default::default()).await.unwrap();
+    // ...lands just after the user's second rename.
+    filer.apply(Txn::rename("/m/b", "/m/c", Origin::Local)).await.unwrap();
+    reconcile_mount(&filer, &bucket, &mount).await;
+    assert!(filer.stat("/m/b").await.unwrap().is_none(), "the in-flight copy brought the renamed file back");
+    sync_all_since(&filer, &bucket, &mount, start).await;
+    assert_eq!(keys(&bucket).await, vec!["pre/c"]);
+    assert_eq!(read(&filer, "/m/c").await, b"1");
+    let names: Vec<String> = filer.list("/m", None, 100).await.unwrap().entries.into_iter().map(|e| e.path).collect();
+    assert_eq!(names, vec!["/m/c"]);
+    reconcile_mount(&filer, &bucket, &mount).await;
+    assert!(filer.stat("/m/b").await.unwrap().is_none());
+}
