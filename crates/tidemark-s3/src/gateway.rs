@@ -27,6 +27,10 @@ use crate::multipart::{self, Upload};
 use crate::names::{self, BUCKETS_DIR, NameError};
 use crate::policy::{self, ATTR_POLICY};
 use crate::tagging;
+use crate::versioning::{self, Mode, VERSIONS_NAME};
+
+mod versions;
+use versions::{VersionsQuery, check_delete};
 
 /// S3's limit on user metadata (names and values).
 const MAX_METADATA_BYTES: usize = 2048;
@@ -133,8 +137,20 @@ fn name_err(e: NameError) -> S3Error {
     }
 }
 
+/// `NoSuchKey`; `x-amz-delete-marker: false` says it is not a delete marker's doing (as RGW
+/// answers; a marker's 404 says `true`).
 fn no_such_key(key: &str) -> S3Error {
-    S3Error::with_message(S3ErrorCode::NoSuchKey, format!("no object {key:?}"))
+    let mut err = S3Error::with_message(S3ErrorCode::NoSuchKey, format!("no object {key:?}"));
+    let mut h = hyper::HeaderMap::new();
+    h.insert("x-amz-delete-marker", hyper::header::HeaderValue::from_static("false"));
+    err.set_headers(h);
+    err
+}
+
+/// The version id a write answers with: the new version's, in a bucket whose versioning is on
+/// (while it is suspended, none, as RGW answers: every write there is the `null` version).
+fn answered_version(stamp: Option<&versioning::Stamp>) -> Option<String> {
+    stamp.filter(|s| !s.is_null()).map(versioning::Stamp::id)
 }
 
 fn no_such_upload(id: &str) -> S3Error {
@@ -142,8 +158,10 @@ fn no_such_upload(id: &str) -> S3Error {
 }
 
 /// What a conditional delete must find to delete.
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct DeleteIf<'a> {
+    /// The version of the entry seen (the lifecycle sweep's): a write since is not deleted.
+    version: Option<u64>,
     etag: Option<&'a ETag>,
     last_modified: Option<&'a Timestamp>,
     size: Option<i64>,
@@ -652,14 +670,12 @@ fn completed_output(done: &multipart::Completed) -> CompleteMultipartUploadOutpu
         key: Some(done.key.clone()),
         e_tag: Some(ETag::Strong(done.etag.clone())),
         location: Some(format!("/{}/{}", done.bucket, done.key)),
+        version_id: done.version_id.clone(),
         ..Default::default()
     };
     with_checksum!(out, done.checksum.as_deref().and_then(Sum::from_attr).as_ref(), typed);
     out
 }
-
-/// The version id S3 gives every object of an unversioned bucket (the only kind here).
-const NULL_VERSION: &str = "null";
 
 /// The identity that created a bucket (`s3.owner` in its entry); its objects are its owner's,
 /// as in S3 with ACLs disabled. Buckets made otherwise (the shell, a remote mount) and every
@@ -737,11 +753,11 @@ fn token_decode(t: &str) -> S3Result<String> {
         .ok_or_else(|| s3_error!(InvalidArgument, "the continuation token is not one this gateway gave out"))
 }
 
-fn copy_source(cs: &CopySource) -> S3Result<(String, String)> {
+/// The bucket, key and version (if one is named) a copy reads.
+fn copy_source(cs: &CopySource) -> S3Result<(String, String, Option<String>)> {
     match cs {
-        CopySource::Bucket { bucket, key, version_id: None } => Ok((bucket.to_string(), key.to_string())),
-        CopySource::Bucket { .. } => {
-            Err(s3_error!(NotImplemented, "copying a version: the namespace keeps one version per key"))
+        CopySource::Bucket { bucket, key, version_id } => {
+            Ok((bucket.to_string(), key.to_string(), version_id.as_ref().map(|v| v.to_string())))
         }
         _ => Err(s3_error!(NotImplemented, "copying from an access point or outpost")),
     }
@@ -889,6 +905,23 @@ impl Gateway {
         }
     }
 
+    /// [`Self::write`] of a new version: a precondition the gateway set itself (the version
+    /// [`Self::make_way`] kept) that fails means another write came in between: retry.
+    async fn write_version(
+        &self,
+        p: &str,
+        key: &str,
+        stream: tidemark_core::ByteStream,
+        verdict: &body::Verdict,
+        opts: WriteOptions,
+        ours: bool,
+    ) -> S3Result<Entry> {
+        match self.write(p, stream, verdict, opts).await {
+            Err(e) if ours && *e.code() == S3ErrorCode::PreconditionFailed => Err(versions::raced(key)),
+            r => r,
+        }
+    }
+
     /// The name of the identity whose key signed a request (none for the development key or an
     /// unsigned request).
     /// Records who owns a new object (its writer, where the bucket's ownership control makes it
@@ -960,11 +993,12 @@ impl Gateway {
                 Err(Error::NotFound { .. }) => break,
                 Err(e) => return Err(e),
             };
-            for b in page.entries.iter().filter(|e| e.is_dir()) {
+            for b in page.entries.iter().filter(|e| e.is_dir() && e.name() != VERSIONS_NAME) {
                 let Some(c) = lifecycle_of(b) else { continue };
                 let (objects, uploads) = lifecycle::acts(&c);
                 if objects {
-                    expired += self.expire_objects(&b.path, &c, now_ms, day_ms).await?;
+                    let mode = versioning::mode_of(b);
+                    expired += self.expire_objects(b.name(), &b.path, mode, &c, now_ms, day_ms).await?;
                 }
                 if uploads {
                     aborted += self.abort_abandoned(b.name(), &c, now_ms, day_ms).await?;
@@ -980,7 +1014,9 @@ impl Gateway {
 
     async fn expire_objects(
         &self,
+        bucket: &str,
         dir: &str,
+        mode: Mode,
         c: &BucketLifecycleConfiguration,
         now_ms: i64,
         day_ms: i64,
@@ -993,6 +1029,15 @@ impl Gateway {
                 let Some(key) = names::key_of(dir, &e.path) else { continue };
                 let tags = tagging::kept(&e.extended, tagging::ATTR_TAGGING);
                 if !lifecycle::expired(c, &key, e.size, &tags, e.mtime_ms, now_ms, day_ms) {
+                    continue;
+                }
+                if mode != Mode::Off {
+                    // Versioned: the expired version is kept, behind a delete marker, as S3 does.
+                    let cond = DeleteIf { version: Some(e.version), ..Default::default() };
+                    match self.delete_to_marker(bucket, &key, mode, &cond).await {
+                        Ok(_) => n += 1,
+                        Err(err) => tracing::debug!(bucket, key, error = %err, "not expired: it changed meanwhile"),
+                    }
                     continue;
                 }
                 let opts = DeleteOptions {
@@ -1112,6 +1157,24 @@ impl Gateway {
         }
     }
 
+    /// DeleteObject(s) of one key: of version `version` if one is named; else, in a versioned
+    /// bucket, a delete marker; else the object.
+    async fn delete_any(
+        &self,
+        bucket: &str,
+        key: &str,
+        version: Option<&str>,
+        cond: DeleteIf<'_>,
+    ) -> S3Result<versions::Deleted> {
+        if let Some(v) = version {
+            return self.delete_version(bucket, key, v, &cond).await;
+        }
+        match versioning::mode_of(&self.bucket_entry(bucket).await?.1) {
+            Mode::Off => self.delete_one(bucket, key, cond).await.map(|_| versions::Deleted::default()),
+            mode => self.delete_to_marker(bucket, key, mode, &cond).await,
+        }
+    }
+
     /// Deletes one key; with conditions (`If-Match`, and S3 Express's last-modified time and
     /// size) only while the object is still the one they describe — atomically: a write in
     /// between fails the delete, not the other way round.
@@ -1129,25 +1192,7 @@ impl Gateway {
                 None => Ok(()),
             };
         };
-        if let Some(t) = cond.etag
-            && t.value() != etag_of(&e)
-        {
-            return Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {}", etag_of(&e)));
-        }
-        if let Some(t) = cond.last_modified
-            // Last-Modified shows whole seconds.
-            && crate::lifecycle::ms_of(t).map(whole_seconds) != Some(whole_seconds(e.mtime_ms))
-        {
-            return Err(s3_error!(
-                PreconditionFailed,
-                "x-amz-if-match-last-modified-time: the object was modified at another time"
-            ));
-        }
-        if let Some(n) = cond.size
-            && n != e.size as i64
-        {
-            return Err(s3_error!(PreconditionFailed, "x-amz-if-match-size: the object has {} bytes", e.size));
-        }
+        check_delete(&e, key, &cond)?;
         let if_match = cond.etag;
         let opts =
             DeleteOptions { recursive: false, precondition: Precondition::Version(e.version), ..Default::default() };
@@ -1237,9 +1282,10 @@ impl Gateway {
         range: Option<&str>,
         if_match: Option<&ETagCondition>,
         if_none_match: Option<&ETagCondition>,
-    ) -> S3Result<(Entry, tidemark_core::ByteStream)> {
-        let (sb, sk) = copy_source(cs)?;
-        let (sp, se) = self.object_entry(&sb, &sk).await?;
+    ) -> S3Result<(Entry, tidemark_core::ByteStream, Option<String>)> {
+        let (sb, sk, version) = copy_source(cs)?;
+        let found = self.locate(&sb, &sk, version.as_deref()).await?;
+        let (sp, se) = (found.path, found.entry);
         if se.is_dir() {
             return Err(no_such_key(&sk));
         }
@@ -1257,7 +1303,7 @@ impl Gateway {
         if entry.version != se.version {
             return Err(s3_error!(ServiceUnavailable, "the copy source changed while it was read; retry"));
         }
-        Ok((entry, stream))
+        Ok((entry, stream, found.version_id))
     }
 }
 
@@ -1284,7 +1330,11 @@ impl S3 for Gateway {
                 Err(Error::NotFound { .. }) => break,
                 Err(e) => return Err(s3_err(e)),
             };
-            for e in page.entries.iter().filter(|e| e.is_dir() && e.name().starts_with(prefix.as_str())) {
+            for e in page
+                .entries
+                .iter()
+                .filter(|e| e.is_dir() && e.name() != VERSIONS_NAME && e.name().starts_with(prefix.as_str()))
+            {
                 if caller
                     .as_ref()
                     .is_some_and(|c| c.sees_bucket(e.name(), e.extended.get(ATTR_OWNER).map(String::as_str)))
@@ -1335,13 +1385,15 @@ impl S3 for Gateway {
         if i.sse_customer_algorithm.is_some() {
             return Err(s3_error!(InvalidRequest, "the object is not encrypted with a customer key"));
         }
-        if i.version_id.as_deref().is_some_and(|v| v != NULL_VERSION) {
-            return Err(s3_error!(NotImplemented, "a version's attributes: the namespace keeps one version per key"));
-        }
-        let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
+        let found = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?;
+        let e = found.entry;
         // One header, comma-separated: s3s may hand it over whole.
         let asked = |a: &str| i.object_attributes.iter().flat_map(|x| x.as_str().split(',')).any(|x| x.trim() == a);
-        let mut out = GetObjectAttributesOutput { last_modified: Some(timestamp(e.mtime_ms)), ..Default::default() };
+        let mut out = GetObjectAttributesOutput {
+            last_modified: Some(timestamp(e.mtime_ms)),
+            version_id: found.version_id,
+            ..Default::default()
+        };
         if asked(ObjectAttributes::ETAG) {
             out.e_tag = Some(ETag::Strong(etag_of(&e)));
         }
@@ -1478,11 +1530,9 @@ impl S3 for Gateway {
 
     async fn put_object_acl(&self, req: S3Request<PutObjectAclInput>) -> S3Result<S3Response<PutObjectAclOutput>> {
         let i = req.input;
-        if i.version_id.as_deref().is_some_and(|v| v != NULL_VERSION) {
-            return Err(s3_error!(NotImplemented, "a version's ACL: the namespace keeps one version per key"));
-        }
         let canned = canned_acl!(i, grant_write, access_control_policy);
-        let (p, e) = self.object_entry(&i.bucket, &i.key).await?;
+        let found = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?;
+        let (p, e) = (found.path, found.entry);
         let bucket = self.bucket_entry(&i.bucket).await?.1;
         refuse_public_acl(&bucket, canned)?;
         writer_owns(&bucket, canned)?;
@@ -1492,7 +1542,7 @@ impl S3 for Gateway {
 
     async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
         let i = req.input;
-        let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
+        let e = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?.entry;
         let (_, bucket) = self.bucket_entry(&i.bucket).await?;
         let owner = object_owner(&bucket, &e);
         let grants = acl::of(&e.extended).grants(&owner);
@@ -1679,6 +1729,50 @@ impl S3 for Gateway {
         Ok(S3Response::new(DeleteBucketTaggingOutput::default()))
     }
 
+    async fn put_bucket_versioning(
+        &self,
+        req: S3Request<PutBucketVersioningInput>,
+    ) -> S3Result<S3Response<PutBucketVersioningOutput>> {
+        let i = req.input;
+        let c = i.versioning_configuration;
+        if c.mfa_delete.as_ref().is_some_and(|m| m.as_str() == MFADelete::ENABLED) {
+            return Err(s3_error!(NotImplemented, "MFA delete: this gateway has no MFA devices"));
+        }
+        let status = match c.status.as_ref().map(|s| s.as_str()) {
+            Some(s @ (BucketVersioningStatus::ENABLED | BucketVersioningStatus::SUSPENDED)) => s.to_string(),
+            Some(other) => return Err(s3_error!(MalformedXML, "versioning status {other:?}: Enabled or Suspended")),
+            None => return Err(s3_error!(MalformedXML, "the versioning configuration names no Status")),
+        };
+        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let mounts: MountMapping =
+            docs::read_json(&*self.filer, MOUNT_MAPPING).await.map_err(s3_err)?.map(|(m, _)| m).unwrap_or_default();
+        if let Some(m) = mounts.mounts.iter().find(|m| path::is_within(&m.dir, &dir) || path::is_within(&dir, &m.dir)) {
+            return Err(s3_error!(
+                NotImplemented,
+                "bucket {:?} is (in) the remote mount {} of {}: its objects are the remote bucket's, whose own \
+                 versioning keeps their versions",
+                i.bucket,
+                m.dir,
+                m.location
+            ));
+        }
+        self.set_bucket_attr(&i.bucket, versioning::ATTR_VERSIONING, Some(status)).await?;
+        Ok(S3Response::new(PutBucketVersioningOutput::default()))
+    }
+
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        let (_, bucket) = self.bucket_entry(&req.input.bucket).await?;
+        let status = match versioning::mode_of(&bucket) {
+            Mode::Off => None,
+            Mode::Enabled => Some(BucketVersioningStatus::from_static(BucketVersioningStatus::ENABLED)),
+            Mode::Suspended => Some(BucketVersioningStatus::from_static(BucketVersioningStatus::SUSPENDED)),
+        };
+        Ok(S3Response::new(GetBucketVersioningOutput { status, ..Default::default() }))
+    }
+
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         let b = &req.input.bucket;
         names::valid_new_bucket(b).map_err(name_err)?;
@@ -1737,10 +1831,19 @@ impl S3 for Gateway {
         if !page.entries.is_empty() {
             return Err(s3_error!(BucketNotEmpty, "bucket {b:?} is not empty"));
         }
+        if self.has_kept_versions(b).await? {
+            return Err(s3_error!(
+                BucketNotEmpty,
+                "bucket {b:?} keeps older versions or delete markers: delete them by version id first"
+            ));
+        }
         let opts =
             DeleteOptions { recursive: false, precondition: Precondition::Version(e.version), ..Default::default() };
         match self.filer.delete(&dir, opts).await {
-            Ok(_) => Ok(S3Response::new(DeleteBucketOutput::default())),
+            Ok(_) => {
+                self.forget_versions(b).await;
+                Ok(S3Response::new(DeleteBucketOutput::default()))
+            }
             Err(Error::DirectoryNotEmpty { .. } | Error::PreconditionFailed { .. }) => {
                 Err(s3_error!(BucketNotEmpty, "bucket {b:?} is not empty"))
             }
@@ -1793,30 +1896,52 @@ impl S3 for Gateway {
         req: S3Request<ListObjectVersionsInput>,
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
         let i = req.input;
-        let (dir, bucket) = self.bucket_entry(&i.bucket).await?;
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
         let url = wants_url(&i.encoding_type)?;
         let max = max_keys(i.max_keys)?;
         let prefix = i.prefix.clone().unwrap_or_default();
         let delimiter = i.delimiter.filter(|d| !d.is_empty());
-        let q = list::Query { prefix: &prefix, delimiter: delimiter.as_deref(), after: i.key_marker.as_deref(), max };
-        let listing = list::list(&*self.filer, &dir, &q).await.map_err(s3_err)?;
-        let owner = owner_of(&bucket);
-        let (objects, prefixes) = listed(&listing.items, url, Some(&owner));
-        let versions: Vec<ObjectVersion> = objects
-            .into_iter()
-            .map(|o| ObjectVersion {
-                key: o.key,
-                version_id: Some(NULL_VERSION.into()),
-                is_latest: Some(true),
-                e_tag: o.e_tag,
-                size: o.size,
-                last_modified: o.last_modified,
-                owner: o.owner,
-                storage_class: o.storage_class.map(|c| ObjectVersionStorageClass::from(c.as_str().to_string())),
+        let q = VersionsQuery {
+            bucket: &i.bucket,
+            prefix: &prefix,
+            delimiter: delimiter.as_deref(),
+            key_marker: i.key_marker.as_deref().filter(|k| !k.is_empty()),
+            version_id_marker: i.version_id_marker.as_deref().filter(|v| !v.is_empty()),
+            max,
+        };
+        let page = self.versions_page(q).await?;
+        let (mut versions, mut markers) = (Vec::new(), Vec::new());
+        for v in page.versions {
+            let owner = Some(object_owner(&bucket, &v.entry));
+            if v.marker {
+                markers.push(DeleteMarkerEntry {
+                    key: Some(encode_key(&v.key, url)),
+                    version_id: Some(v.id),
+                    is_latest: Some(v.latest),
+                    last_modified: Some(timestamp(v.entry.mtime_ms)),
+                    owner,
+                });
+                continue;
+            }
+            let class = attr(&v.entry, ATTR_STORAGE_CLASS).unwrap_or_else(|| ObjectStorageClass::STANDARD.to_string());
+            versions.push(ObjectVersion {
+                key: Some(encode_key(&v.key, url)),
+                version_id: Some(v.id),
+                is_latest: Some(v.latest),
+                e_tag: Some(ETag::Strong(etag_of(&v.entry))),
+                size: Some(v.entry.size as i64),
+                last_modified: Some(timestamp(v.entry.mtime_ms)),
+                owner,
+                storage_class: Some(ObjectVersionStorageClass::from(class)),
                 ..Default::default()
-            })
-            .collect();
-        let next = listing.truncated.then(|| listing.items.last().map(|it| encode_key(it.key(), url))).flatten();
+            });
+        }
+        let prefixes: Vec<CommonPrefix> =
+            page.prefixes.iter().map(|p| CommonPrefix { prefix: Some(encode_key(p, url)) }).collect();
+        let (next_key, next_version) = match page.next {
+            Some((k, v)) => (Some(encode_key(&k, url)), v),
+            None => (None, None),
+        };
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(i.bucket),
             prefix: Some(encode_key(&prefix, url)),
@@ -1824,11 +1949,12 @@ impl S3 for Gateway {
             key_marker: Some(i.key_marker.map(|m| encode_key(&m, url)).unwrap_or_default()),
             version_id_marker: i.version_id_marker,
             max_keys: Some(max as i32),
-            is_truncated: Some(listing.truncated),
-            next_version_id_marker: next.as_ref().map(|_| NULL_VERSION.to_string()),
-            next_key_marker: next,
+            is_truncated: Some(page.truncated),
+            next_version_id_marker: next_version,
+            next_key_marker: next_key,
             encoding_type: i.encoding_type,
-            versions: Some(versions),
+            versions: (!versions.is_empty()).then_some(versions),
+            delete_markers: (!markers.is_empty()).then_some(markers),
             common_prefixes: (!prefixes.is_empty()).then_some(prefixes),
             ..Default::default()
         }))
@@ -1875,11 +2001,12 @@ impl S3 for Gateway {
         let ranged = i.range.is_some();
         let parts_count = self.part_as_range(&i.bucket, &i.key, i.part_number, &mut i.range).await?;
         let ask = read_ask!(i);
-        let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
+        let found = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?;
+        let e = found.entry;
         ask.check(&e)?;
         let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
         let s = ask.shown(&e, range.as_ref());
-        let mut out = shown_as!(HeadObjectOutput, s, parts_count: parts_count);
+        let mut out = shown_as!(HeadObjectOutput, s, parts_count: parts_count, version_id: found.version_id);
         out.expiration = expiration_of(self.shared.bucket_facts(&i.bucket).await.lifecycle.as_deref(), &i.key, &e);
         with_checksum!(out, read_sum(&e, i.checksum_mode.as_ref(), i.part_number, ranged).as_ref(), typed);
         let mut resp = S3Response::new(out);
@@ -1914,25 +2041,18 @@ impl S3 for Gateway {
             };
             return Ok(S3Response::new(out));
         }
-        // A ranged read needs the size first; a whole read opens at once and checks after.
-        let (entry, stream, range) = match &i.range {
-            Some(r) => {
-                let (_, e) = self.object_entry(&i.bucket, &i.key).await?;
-                ask.check(&e)?;
-                let r = satisfiable(r, e.size)?;
-                let br = ByteRange { offset: r.start, length: Some(r.end - r.start) };
-                let (entry, stream) = self.filer.read(&p, Some(br)).await.map_err(s3_err)?;
-                if entry.version != e.version {
-                    return Err(s3_error!(ServiceUnavailable, "the object changed while it was opened; retry"));
-                }
-                (entry, stream, Some(r))
-            }
-            None => {
+        // A ranged read, or one of a named version, needs the entry first; a whole read of the
+        // current version opens at once and checks after.
+        let (entry, stream, range) = match (&i.range, i.version_id.as_deref()) {
+            (None, None) => {
                 let (entry, stream) = match self.filer.read(&p, None).await {
                     Ok(r) => r,
                     Err(Error::NotFound { .. } | Error::IsADirectory { .. } | Error::NotADirectory { .. }) => {
-                        self.bucket_entry(&i.bucket).await?;
-                        return Err(no_such_key(&i.key));
+                        // No such bucket, no such key, or a delete marker: each its own error.
+                        return Err(match self.locate(&i.bucket, &i.key, None).await {
+                            Err(e) => e,
+                            Ok(_) => s3_error!(ServiceUnavailable, "the object changed while it was opened; retry"),
+                        });
                     }
                     Err(e) => return Err(s3_err(e)),
                 };
@@ -1943,6 +2063,18 @@ impl S3 for Gateway {
                 ask.check(&entry)?;
                 (entry, stream, None)
             }
+            (r, version) => {
+                let found = self.locate(&i.bucket, &i.key, version).await?;
+                let e = found.entry;
+                ask.check(&e)?;
+                let r = r.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
+                let br = r.as_ref().map(|r| ByteRange { offset: r.start, length: Some(r.end - r.start) });
+                let (entry, stream) = self.filer.read(&found.path, br).await.map_err(s3_err)?;
+                if entry.version != e.version {
+                    return Err(s3_error!(ServiceUnavailable, "the object changed while it was opened; retry"));
+                }
+                (entry, stream, r)
+            }
         };
         let s = ask.shown(&entry, range.as_ref());
         let tag_count = tag_count(&entry);
@@ -1952,6 +2084,7 @@ impl S3 for Gateway {
             body: Some(body::to_response(stream)),
             tag_count: tag_count,
             parts_count: parts_count,
+            version_id: versioning::Stamp::of(&entry).map(|s| s.id()).or(i.version_id),
         );
         with_checksum!(out, read_sum(&entry, i.checksum_mode.as_ref(), i.part_number, ranged).as_ref(), typed);
         Ok(S3Response::new(out))
@@ -1994,7 +2127,12 @@ impl S3 for Gateway {
         refuse_public_acl(&bucket, canned)?;
         set_acl(&mut extended, canned);
         self.set_object_owner(&mut extended, &bucket, canned, &req.credentials).await?;
-        let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
+        let conditions = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
+        let (precondition, stamp) =
+            self.make_way(&i.bucket, &i.key, &p, versioning::mode_of(&bucket), conditions).await?;
+        if let Some(s) = &stamp {
+            extended.insert(versioning::ATTR_VERSION.into(), s.as_str().into());
+        }
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
         too_large(len)?;
@@ -2010,7 +2148,9 @@ impl S3 for Gateway {
         let (check, computed) = checksum::Check::new(asked.as_ref(), None, trailing_headers);
         let (stream, verdict) = body::checked(body::from_request(i.body), md5, len, check);
         let opts = WriteOptions { precondition, extended: Some(extended), declared_len: len, ..Default::default() };
-        let e = self.write(&p, stream, &verdict, opts).await?;
+        let e = self
+            .write_version(&p, &i.key, stream, &verdict, opts, stamp.is_some() && conditions == Precondition::Any)
+            .await?;
         let late = asked.filter(|_| early.is_none()).and_then(|a| computed.get(a.algo).map(|v| Sum::whole(a.algo, v)));
         if let Some(s) = &late {
             self.keep_checksum(&p, &e, s, Origin::Local).await;
@@ -2019,6 +2159,7 @@ impl S3 for Gateway {
             e_tag: Some(ETag::Strong(etag_of(&e))),
             size: Some(e.size as i64),
             expiration: expiration_of(lifecycle_of(&bucket).as_ref(), &i.key, &e),
+            version_id: answered_version(stamp.as_ref()),
             ..Default::default()
         };
         with_checksum!(out, early.as_ref().or(late.as_ref()), typed);
@@ -2037,14 +2178,15 @@ impl S3 for Gateway {
             return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: nothing can be copied onto it"));
         }
         let replace = i.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
-        let (sb, sk) = copy_source(&i.copy_source)?;
-        if sb == i.bucket && sk == i.key && !replace {
+        let (sb, sk, sv) = copy_source(&i.copy_source)?;
+        // Copying an older version over its key is how a version is restored.
+        if sb == i.bucket && sk == i.key && sv.is_none() && !replace {
             return Err(s3_error!(
                 InvalidRequest,
                 "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata"
             ));
         }
-        let (src, stream) = self
+        let (src, stream, src_version) = self
             .read_source(&i.copy_source, None, i.copy_source_if_match.as_ref(), i.copy_source_if_none_match.as_ref())
             .await?;
         let mut extended = if replace { attrs_of(attrs!(i))? } else { copied_attrs(&src) };
@@ -2071,8 +2213,13 @@ impl S3 for Gateway {
         let compute = want.filter(|_| kept.is_none()).map(|algo| Asked { algo, given: Given::Nothing });
         let (check, computed) = checksum::Check::new(compute.as_ref(), None, None);
         let (stream, verdict) = body::checked(stream, None, Some(src.size), check);
-        let opts = WriteOptions { extended: Some(extended), ..Default::default() };
-        let e = self.write(&p, stream, &verdict, opts).await?;
+        let (precondition, stamp) =
+            self.make_way(&i.bucket, &i.key, &p, versioning::mode_of(&bucket), Precondition::Any).await?;
+        if let Some(s) = &stamp {
+            extended.insert(versioning::ATTR_VERSION.into(), s.as_str().into());
+        }
+        let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
+        let e = self.write_version(&p, &i.key, stream, &verdict, opts, stamp.is_some()).await?;
         let late = compute.and_then(|a| computed.get(a.algo).map(|v| Sum::whole(a.algo, v)));
         if let Some(s) = &late {
             self.keep_checksum(&p, &e, s, Origin::Local).await;
@@ -2083,17 +2230,21 @@ impl S3 for Gateway {
             ..Default::default()
         };
         with_checksum!(result, kept.as_ref().or(late.as_ref()), typed);
-        Ok(S3Response::new(CopyObjectOutput { copy_object_result: Some(result), ..Default::default() }))
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(result),
+            version_id: answered_version(stamp.as_ref()),
+            copy_source_version_id: src_version,
+            ..Default::default()
+        }))
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
         let i = req.input;
-        if i.version_id.as_deref().is_some_and(|v| v != NULL_VERSION) {
-            return Err(s3_error!(NotImplemented, "deleting a version: the namespace keeps one version per key"));
-        }
         let if_match = match &i.if_match {
             None => None,
             Some(ETagCondition::ETag(t)) => Some(t),
+            // `If-Match: *` on a version: it is deleted if it exists, as any version delete.
+            Some(ETagCondition::Any) if i.version_id.is_some() => None,
             // `If-Match: *`: only if the key exists.
             Some(ETagCondition::Any) => {
                 self.object_entry(&i.bucket, &i.key).await?;
@@ -2110,9 +2261,13 @@ impl S3 for Gateway {
             .map(|v| v.parse::<i64>())
             .transpose()
             .map_err(|_| s3_error!(InvalidArgument, "x-amz-if-match-size is not a number"))?;
-        let cond = DeleteIf { etag: if_match, last_modified: last_modified.as_ref(), size };
-        self.delete_one(&i.bucket, &i.key, cond).await?;
-        Ok(S3Response::new(DeleteObjectOutput::default()))
+        let cond = DeleteIf { etag: if_match, last_modified: last_modified.as_ref(), size, version: None };
+        let done = self.delete_any(&i.bucket, &i.key, i.version_id.as_deref(), cond).await?;
+        Ok(S3Response::new(DeleteObjectOutput {
+            version_id: done.version_id,
+            delete_marker: done.delete_marker.then_some(true),
+            ..Default::default()
+        }))
     }
 
     async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
@@ -2124,16 +2279,20 @@ impl S3 for Gateway {
         let quiet = i.delete.quiet.unwrap_or(false);
         let (mut deleted, mut errors) = (Vec::new(), Vec::new());
         for o in &i.delete.objects {
-            let r = if o.version_id.as_deref().is_some_and(|v| v != NULL_VERSION) {
-                Err(s3_error!(NotImplemented, "deleting a version"))
-            } else {
-                let cond =
-                    DeleteIf { etag: o.e_tag.as_ref(), last_modified: o.last_modified_time.as_ref(), size: o.size };
-                self.delete_one(&i.bucket, &o.key, cond).await
+            let cond = DeleteIf {
+                etag: o.e_tag.as_ref(),
+                last_modified: o.last_modified_time.as_ref(),
+                size: o.size,
+                version: None,
             };
-            match r {
-                Ok(()) if !quiet => deleted.push(DeletedObject { key: Some(o.key.clone()), ..Default::default() }),
-                Ok(()) => {}
+            match self.delete_any(&i.bucket, &o.key, o.version_id.as_deref(), cond).await {
+                Ok(d) if !quiet => deleted.push(DeletedObject {
+                    key: Some(o.key.clone()),
+                    delete_marker_version_id: d.delete_marker.then(|| d.version_id.clone()).flatten(),
+                    delete_marker: d.delete_marker.then_some(true),
+                    version_id: o.version_id.clone(),
+                }),
+                Ok(_) => {}
                 Err(e) => errors.push(s3s::dto::Error {
                     key: Some(o.key.clone()),
                     code: Some(e.code().as_str().to_string()),
@@ -2252,7 +2411,7 @@ impl S3 for Gateway {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to {}", multipart::MAX_PART_NUMBER));
         }
         let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
-        let (_, stream) = self
+        let (_, stream, _) = self
             .read_source(
                 &i.copy_source,
                 i.copy_source_range.as_deref(),
@@ -2289,7 +2448,7 @@ impl S3 for Gateway {
             Err(e) => return self.completed_again(&i.bucket, &i.key, &i.upload_id).await.ok_or(e).map(S3Response::new),
         };
         // The bucket may have been deleted since the upload began: never recreate it implicitly.
-        self.bucket_entry(&i.bucket).await?;
+        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
         let (p, _) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         let of_upload = upload_algo(&upload);
         // A checksum of the whole object sent with the Complete: of the upload's algorithm only.
@@ -2362,7 +2521,8 @@ impl S3 for Gateway {
                 path::name(p)
             ));
         }
-        let precondition = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
+        let asked = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
+        let (precondition, stamp) = self.make_way(&i.bucket, &i.key, &p, versioning::mode_of(&bucket), asked).await?;
         let sizes: Vec<u64> = chosen.iter().map(|c| c.2).collect();
         let total: u64 = sizes.iter().sum();
         let filer = self.filer.clone();
@@ -2391,13 +2551,19 @@ impl S3 for Gateway {
             let values: Vec<&str> = part_sums.iter().filter_map(|(v, _)| v.as_deref()).collect();
             extended.insert(ATTR_PART_CHECKSUMS.into(), values.join(","));
         }
+        if let Some(s) = &stamp {
+            extended.insert(versioning::ATTR_VERSION.into(), s.as_str().into());
+        }
         let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
-        let e = self.write(&p, stream, &verdict, opts).await?;
+        let e = self
+            .write_version(&p, &i.key, stream, &verdict, opts, stamp.is_some() && asked == Precondition::Any)
+            .await?;
         let done = multipart::Completed {
             bucket: i.bucket.clone(),
             key: i.key.clone(),
             etag: etag_of(&e),
             checksum: made.as_ref().map(Sum::to_attr),
+            version_id: answered_version(stamp.as_ref()),
         };
         self.remember_completed(&i.upload_id, &done).await;
         let opts = DeleteOptions { recursive: true, precondition: Precondition::Any, ..Default::default() };

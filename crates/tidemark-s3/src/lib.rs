@@ -18,6 +18,7 @@ pub mod multipart;
 pub mod names;
 pub mod policy;
 pub mod tagging;
+pub mod versioning;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -12,7 +12,7 @@ use tidemark_core::{Error, Filer, Result, path};
 
 /// Sorts after every character a key can continue with (the last scalar value): `P + JUMP`
 /// is past every key that starts with `P`.
-const JUMP: char = '\u{10FFFF}';
+pub(crate) const JUMP: char = '\u{10FFFF}';
 /// Rows per scan call.
 const SCAN_PAGE: usize = 1000;
 /// Rows per scan call right after a jump (the next common prefix is often close).
@@ -51,7 +51,7 @@ pub struct Query<'a> {
 
 /// The largest string below `s` that still sorts before every string starting with `s`, as a
 /// scan's exclusive lower bound; `None` when nothing sorts below.
-fn just_before(s: &str) -> Option<String> {
+pub(crate) fn just_before(s: &str) -> Option<String> {
     let mut chars: Vec<char> = s.chars().collect();
     let last = chars.pop()?;
     let prev = (0..last as u32).rev().find_map(char::from_u32)?;

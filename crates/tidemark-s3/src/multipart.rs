@@ -78,6 +78,9 @@ pub struct Completed {
     /// Its checksum, as kept in the object's attributes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksum: Option<String>,
+    /// The version it made, in a versioned bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_id: Option<String>,
 }
 
 pub fn new_upload_id() -> tidemark_core::Result<String> {

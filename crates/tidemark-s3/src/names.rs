@@ -33,6 +33,9 @@ pub fn bucket_dir(bucket: &str) -> Result<String, NameError> {
     if let Some(reason) = path::segment_problem(bucket) {
         return Err(NameError::Bucket(format!("bucket name {bucket:?}: {reason}")));
     }
+    if bucket == crate::versioning::VERSIONS_NAME {
+        return Err(NameError::Bucket(format!("{bucket:?} keeps the buckets' older versions: it is no bucket")));
+    }
     Ok(path::join(BUCKETS_DIR, bucket))
 }
 

@@ -765,3 +765,134 @@ async fn a_web_page_on_another_origin_uses_a_bucket_its_cors_rules_allow() {
     assert_eq!(gateway_get(&c, "web-cors", "from-browser.txt").await.unwrap().0, b"from the browser");
     assert!(gateway_get(&c, "web-plain", "from-browser.txt").await.is_none(), "the preflight was refused: no PUT");
 }
+
+/// Versioning through the AWS SDK for Rust: every PUT of a versioned bucket is a version, read
+/// back by its id and listed newest first; a delete without an id leaves a delete marker (GET
+/// is 404, the versions stay); deleting the marker brings the object back; deleting the current
+/// version by id makes the one before it current; suspended, PUTs replace the `null` version;
+/// a copy of an older version restores it. The namespace shows the current versions where they
+/// always were and keeps the older ones under /buckets/.versions (hard links, no copies), which
+/// is no bucket. A bucket is not deleted while it keeps versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_are_kept_read_listed_and_deleted_as_s3_has_them() {
+    use aws_sdk_s3::types::{BucketVersioningStatus, VersioningConfiguration};
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let c = gateway_client(&server);
+    let b = "versioned";
+    c.create_bucket().bucket(b).send().await.unwrap();
+    let put = |key: &'static str, body: &'static str| {
+        let c = c.clone();
+        async move {
+            let r = c.put_object().bucket(b).key(key).body(Bytes::from_static(body.as_bytes()).into()).send().await;
+            r.unwrap().version_id().map(str::to_string)
+        }
+    };
+    let get = |key: &'static str, version: Option<String>| {
+        let c = c.clone();
+        async move {
+            let r = c.get_object().bucket(b).key(key).set_version_id(version).send().await.ok()?;
+            let id = r.version_id().map(str::to_string);
+            Some((String::from_utf8(r.body.collect().await.ok()?.into_bytes().to_vec()).unwrap(), id))
+        }
+    };
+    let versions = |key: &'static str| {
+        let c = c.clone();
+        async move {
+            let r = c.list_object_versions().bucket(b).prefix(key).send().await.unwrap();
+            let mut all: Vec<(String, bool, bool)> = r
+                .versions()
+                .iter()
+                .map(|v| (v.version_id().unwrap().to_string(), v.is_latest().unwrap(), false))
+                .chain(
+                    r.delete_markers()
+                        .iter()
+                        .map(|m| (m.version_id().unwrap().to_string(), m.is_latest().unwrap(), true)),
+                )
+                .collect();
+            // Newest first: versions' ids sort that way (the null version's is "null").
+            all.sort_by_key(|v| (v.0 == "null", v.0.clone()));
+            all
+        }
+    };
+    // Written before versioning: the null version, then kept.
+    assert_eq!(put("k", "v0").await, None);
+    let enable = |s: BucketVersioningStatus| {
+        let c = c.clone();
+        async move {
+            let conf = VersioningConfiguration::builder().status(s).build();
+            c.put_bucket_versioning().bucket(b).versioning_configuration(conf).send().await.unwrap();
+        }
+    };
+    enable(BucketVersioningStatus::Enabled).await;
+    let got = c.get_bucket_versioning().bucket(b).send().await.unwrap();
+    assert_eq!(got.status(), Some(&BucketVersioningStatus::Enabled));
+    let v1 = put("k", "v1").await.unwrap();
+    let v2 = put("k", "v2").await.unwrap();
+    assert!(v1 != v2 && v1 != "null");
+    assert_eq!(get("k", None).await, Some(("v2".into(), Some(v2.clone()))));
+    assert_eq!(get("k", Some(v1.clone())).await.unwrap().0, "v1");
+    assert_eq!(get("k", Some("null".into())).await.unwrap().0, "v0");
+    let listed = versions("k").await;
+    assert_eq!(
+        listed,
+        vec![(v2.clone(), true, false), (v1.clone(), false, false), ("null".into(), false, false)],
+        "{listed:?}"
+    );
+    // The namespace: the current bytes at the key, the older ones kept beside.
+    assert_eq!(ok(sh(&server, "fs.cat /buckets/versioned/k")), "v2");
+    let kept = ok(sh(&server, "fs.ls /buckets/.versions/versioned"));
+    assert_eq!(kept.lines().count(), 2, "{kept}");
+    let buckets = c.list_buckets().send().await.unwrap();
+    assert_eq!(buckets.buckets().iter().filter_map(|x| x.name()).collect::<Vec<_>>(), vec![b]);
+    // A delete without an id: a marker, the versions stay.
+    let d = c.delete_object().bucket(b).key("k").send().await.unwrap();
+    assert_eq!(d.delete_marker(), Some(true));
+    let marker = d.version_id().unwrap().to_string();
+    let err = c.get_object().bucket(b).key("k").send().await.unwrap_err();
+    assert_eq!(err.raw_response().map(|r| r.status().as_u16()), Some(404));
+    assert_eq!(get("k", Some(v2.clone())).await.unwrap().0, "v2");
+    let err = c.get_object().bucket(b).key("k").version_id(&marker).send().await.unwrap_err();
+    assert_eq!(err.raw_response().map(|r| r.status().as_u16()), Some(405));
+    assert!(gateway_keys(&c, b).await.is_empty());
+    assert_eq!(versions("k").await.first(), Some(&(marker.clone(), true, true)));
+    // Deleting the marker brings the object back.
+    let d = c.delete_object().bucket(b).key("k").version_id(&marker).send().await.unwrap();
+    assert_eq!(d.delete_marker(), Some(true));
+    assert_eq!(get("k", None).await, Some(("v2".into(), Some(v2.clone()))));
+    // Deleting the current version by id: the one before it is current.
+    c.delete_object().bucket(b).key("k").version_id(&v2).send().await.unwrap();
+    assert_eq!(get("k", None).await, Some(("v1".into(), Some(v1.clone()))));
+    assert_eq!(ok(sh(&server, "fs.cat /buckets/versioned/k")), "v1");
+    // A copy of an older version over its key restores it, as a new version.
+    let copied = c.copy_object().bucket(b).key("k").copy_source(format!("{b}/k?versionId=null")).send().await.unwrap();
+    assert_eq!(copied.copy_source_version_id(), Some("null"));
+    let v3 = copied.version_id().unwrap().to_string();
+    assert_eq!(get("k", None).await, Some(("v0".into(), Some(v3.clone()))));
+    // Suspended: a PUT is the null version (no id answered, as RGW does), replacing the kept one.
+    enable(BucketVersioningStatus::Suspended).await;
+    assert_eq!(put("k", "s1").await, None);
+    assert_eq!(put("k", "s2").await, None);
+    let listed = versions("k").await;
+    assert_eq!(
+        listed,
+        vec![(v3.clone(), false, false), (v1.clone(), false, false), ("null".into(), true, false)],
+        "{listed:?}"
+    );
+    assert_eq!(get("k", Some("null".into())).await.unwrap().0, "s2");
+    // Not deleted while it keeps versions; deleted once every version is.
+    let err = c.delete_bucket().bucket(b).send().await.unwrap_err();
+    assert_eq!(err.raw_response().map(|r| r.status().as_u16()), Some(409));
+    for (id, _, _) in versions("k").await {
+        c.delete_object().bucket(b).key("k").version_id(id).send().await.unwrap();
+    }
+    assert!(versions("k").await.is_empty());
+    c.delete_bucket().bucket(b).send().await.unwrap();
+    let left = sh(&server, "fs.ls /buckets/.versions");
+    assert!(!String::from_utf8_lossy(&left.stdout).contains("versioned"), "{left:?}");
+    // Bad version ids: S3's errors.
+    c.create_bucket().bucket(b).send().await.unwrap();
+    put("k", "x").await;
+    let err = c.get_object().bucket(b).key("k").version_id("nonsense").send().await.unwrap_err();
+    assert_eq!(err.raw_response().map(|r| r.status().as_u16()), Some(400));
+}

@@ -895,7 +895,8 @@ def errors_mode(endpoint, ak, sk):
     for bad in ("foo-.bar", "foo.-bar", "192.168.5.4", "xn--abc"):
         expect_code("InvalidBucketName", lambda: s3.create_bucket(Bucket=bad), bad)
     # An unsupported operation says so.
-    expect_code("NotImplemented", lambda: s3.put_bucket_versioning(Bucket=b, VersioningConfiguration={"Status": "Enabled"}),
+    expect_code("NotImplemented",
+                lambda: s3.put_bucket_accelerate_configuration(Bucket=b, AccelerateConfiguration={"Status": "Enabled"}),
                 "an unsupported operation")
     expect_code("MalformedPolicy", lambda: s3.put_bucket_policy(Bucket=b, Policy="{}"), "a policy with no statement")
     assert s3.get_object(Bucket=b, Key="keep.txt")["Body"].read() == b"original"

@@ -1,0 +1,613 @@
+//! The gateway's versioning operations (see [`crate::versioning`] for where versions are kept).
+
+use super::*;
+use crate::versioning::{self, Mode, Stamp, is_marker, version_path};
+
+/// What a read of a key (and maybe a version) found.
+pub(super) struct Located {
+    pub path: String,
+    pub entry: Entry,
+    /// The version id to answer with (`None` in a bucket whose versioning was never on).
+    pub version_id: Option<String>,
+}
+
+/// What a versioned delete did.
+#[derive(Default)]
+pub(super) struct Deleted {
+    pub version_id: Option<String>,
+    pub delete_marker: bool,
+}
+
+/// 404 or 405 with the headers S3 sends for a delete marker.
+fn marker_error(code: S3ErrorCode, message: String, id: &str) -> S3Error {
+    let mut err = S3Error::with_message(code, message);
+    let mut h = hyper::HeaderMap::new();
+    h.insert("x-amz-delete-marker", hyper::header::HeaderValue::from_static("true"));
+    if let Ok(v) = id.parse() {
+        h.insert("x-amz-version-id", v);
+    }
+    err.set_headers(h);
+    err
+}
+
+fn check_id(id: &str) -> S3Result<()> {
+    if versioning::valid_id(id) {
+        Ok(())
+    } else {
+        Err(s3_error!(InvalidArgument, "Invalid version id specified: {id:?}"))
+    }
+}
+
+/// Another write or delete of the key came in between: the client retries (S3's SDKs do on 503).
+pub(super) fn raced(key: &str) -> S3Error {
+    s3_error!(ServiceUnavailable, "{key:?} changed while its versions were being kept; retry")
+}
+
+impl Gateway {
+    /// The kept versions and delete markers of `key`, newest first.
+    pub(super) async fn kept_versions(&self, bucket: &str, key: &str) -> S3Result<Vec<(Stamp, Entry)>> {
+        let whole = format!("{}/{key}", versioning::versions_dir(bucket));
+        let dir = path::parent(&whole).unwrap_or("/").to_string();
+        let name_prefix = format!("{}{}", path::name(&whole), versioning::SEP);
+        let mut out = Vec::new();
+        let mut after = Some(path::join(&dir, &name_prefix));
+        loop {
+            let page = match self.filer.list(&dir, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. } | Error::NotADirectory { .. }) => return Ok(out),
+                Err(e) => return Err(s3_err(e)),
+            };
+            for e in &page.entries {
+                let Some(rest) = e.name().strip_prefix(&name_prefix) else { return Ok(out) };
+                if let Some(s) = Stamp::parse(rest)
+                    && e.kind == tidemark_core::model::EntryKind::File
+                {
+                    out.push((s, e.clone()));
+                }
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// The current version of `key`: a file at its path.
+    async fn current(&self, p: &str) -> S3Result<Option<Entry>> {
+        Ok(self.filer.stat(p).await.map_err(s3_err)?.filter(|e| e.kind == tidemark_core::model::EntryKind::File))
+    }
+
+    /// Makes the directory a kept version goes into (and its parents).
+    async fn make_dir(&self, dir: &str) -> S3Result<()> {
+        if self.filer.stat(dir).await.map_err(s3_err)?.is_some_and(|e| e.is_dir()) {
+            return Ok(());
+        }
+        let txn = Txn {
+            path: dir.to_string(),
+            precondition: Precondition::Absent,
+            fence: None,
+            mutation: tidemark_core::model::Mutation::Put { entry: NewEntry::dir(now_ms()), data: None },
+            origin: Origin::Local,
+            dir_times: false,
+        };
+        match self.filer.apply(txn).await {
+            Ok(_) | Err(Error::PreconditionFailed { .. }) => Ok(()),
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
+    /// The path a kept version of `key` would have, refused if the key's last name leaves no
+    /// room for the stamp.
+    fn kept_path(&self, bucket: &str, key: &str, s: &Stamp) -> S3Result<String> {
+        let p = version_path(bucket, key, s);
+        path::validate(&p).map_err(|_| {
+            s3_error!(
+                KeyTooLongError,
+                "{key:?}: a versioned key's last name can have at most {} bytes (its versions are kept beside it with a \
+                 33-byte stamp)",
+                path::MAX_NAME_BYTES - 33
+            )
+        })?;
+        Ok(p)
+    }
+
+    /// Deletes the kept `null` version of `key`, if there is one: a new `null` version replaces
+    /// it.
+    async fn drop_kept_null(&self, bucket: &str, key: &str) -> S3Result<()> {
+        for (s, e) in self.kept_versions(bucket, key).await? {
+            if s.is_null() {
+                let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
+                match self.filer.delete(&e.path, opts).await {
+                    Ok(_) | Err(Error::NotFound { .. }) => {}
+                    Err(Error::PreconditionFailed { .. }) => return Err(raced(key)),
+                    Err(err) => return Err(s3_err(err)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Before a write of `key` in a bucket whose versioning is `mode`: keeps the version it will
+    /// replace (a hard link into the versions directory; the key stays readable) and returns
+    /// the precondition the write must hold to (the version seen, so a write in between is
+    /// never replaced unkept) and the new version's stamp. `asked` is the client's own
+    /// precondition (If-Match, If-None-Match). Without versioning: `asked`, and no stamp.
+    pub(super) async fn make_way(
+        &self,
+        bucket: &str,
+        key: &str,
+        p: &str,
+        mode: Mode,
+        asked: Precondition,
+    ) -> S3Result<(Precondition, Option<Stamp>)> {
+        if mode == Mode::Off {
+            return Ok((asked, None));
+        }
+        let cur = self.current(p).await?;
+        match (&asked, &cur) {
+            (Precondition::Version(v), Some(e)) if e.version != *v => {
+                return Err(s3_error!(PreconditionFailed, "{key:?} changed since its ETag was checked"));
+            }
+            (Precondition::Absent, Some(_)) => {
+                return Err(s3_error!(PreconditionFailed, "If-None-Match: {key:?} exists"));
+            }
+            _ => {}
+        }
+        // An object without a stamp is the `null` version, made before any kept here.
+        let kept = match &cur {
+            Some(e) => Some(Stamp::of(e).map_or_else(|| Stamp::new(true), Ok).map_err(s3_err)?),
+            None => None,
+        };
+        let stamp = Stamp::new(mode == Mode::Suspended).map_err(s3_err)?;
+        self.kept_path(bucket, key, &stamp)?;
+        if stamp.is_null() || kept.as_ref().is_some_and(Stamp::is_null) {
+            self.drop_kept_null(bucket, key).await?;
+        }
+        let (Some(cur), Some(kept)) = (cur, kept) else {
+            return Ok((Precondition::Absent, Some(stamp)));
+        };
+        if stamp.is_null() && kept.is_null() {
+            // Suspended: the null version is replaced in place.
+            return Ok((Precondition::Version(cur.version), Some(stamp)));
+        }
+        let to = self.kept_path(bucket, key, &kept)?;
+        // A name there already is this version, kept by a write that then failed.
+        if self.filer.stat(&to).await.map_err(s3_err)?.is_none() {
+            self.make_dir(path::parent(&to).unwrap_or("/")).await?;
+            let txn = Txn {
+                path: p.to_string(),
+                precondition: Precondition::Version(cur.version),
+                fence: None,
+                mutation: tidemark_core::model::Mutation::Link { to },
+                origin: Origin::Local,
+                dir_times: false,
+            };
+            match self.filer.apply(txn).await {
+                Ok(_) => {}
+                Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => return Err(raced(key)),
+                Err(e) => return Err(s3_err(e)),
+            }
+        }
+        // The name at the key answers with its file's version.
+        let now = self.current(p).await?.ok_or_else(|| raced(key))?;
+        Ok((Precondition::Version(now.version), Some(stamp)))
+    }
+
+    /// Where the version of `key` a read asks for is: the current one (`id` `None`), or the
+    /// one named. A delete marker is `NoSuchKey` (the latest) or `MethodNotAllowed` (named).
+    pub(super) async fn locate(&self, bucket: &str, key: &str, id: Option<&str>) -> S3Result<Located> {
+        let (b, bucket_e) = (bucket, self.bucket_entry(bucket).await?.1);
+        let versioned = versioning::mode_of(&bucket_e) != Mode::Off;
+        let (p, marker) = names::object_path(b, key).map_err(name_err)?;
+        if let Some(id) = id {
+            check_id(id)?;
+        }
+        let cur = if marker { None } else { self.current(&p).await? };
+        let cur_id = |e: &Entry| Stamp::of(e).map_or_else(|| versioning::NULL.to_string(), |s| s.id());
+        match (id, cur) {
+            (None, Some(e)) => {
+                let version_id = versioned.then(|| cur_id(&e));
+                return Ok(Located { path: p, entry: e, version_id });
+            }
+            (Some(id), Some(e)) if cur_id(&e) == id => {
+                return Ok(Located { path: p, entry: e, version_id: Some(id.to_string()) });
+            }
+            (None, None) if marker => {
+                let (p, e) = self.object_entry(b, key).await?;
+                return Ok(Located { path: p, entry: e, version_id: None });
+            }
+            _ => {}
+        }
+        let kept = if marker { Vec::new() } else { self.kept_versions(b, key).await? };
+        match id {
+            None => match kept.first() {
+                Some((s, e)) if is_marker(e) => Err(marker_error(
+                    S3ErrorCode::NoSuchKey,
+                    format!("{key:?} was deleted (its latest version is a delete marker)"),
+                    &s.id(),
+                )),
+                _ => Err(no_such_key(key)),
+            },
+            Some(id) => match kept.into_iter().find(|(s, _)| s.is(id)) {
+                Some((s, e)) if is_marker(&e) => Err(marker_error(
+                    S3ErrorCode::MethodNotAllowed,
+                    format!("version {id} of {key:?} is a delete marker: it has no bytes"),
+                    &s.id(),
+                )),
+                Some((s, e)) => Ok(Located { path: e.path.clone(), entry: e, version_id: Some(s.id()) }),
+                None => Err(S3Error::with_message(S3ErrorCode::NoSuchVersion, format!("{key:?} has no version {id}"))),
+            },
+        }
+    }
+
+    /// Deletes `key` in a versioned bucket without naming a version: the current version is
+    /// kept (moved into the versions directory, in one rename) and a delete marker becomes the
+    /// latest. Suspended, the marker is the `null` version and a `null` object goes.
+    pub(super) async fn delete_to_marker(
+        &self,
+        bucket: &str,
+        key: &str,
+        mode: Mode,
+        cond: &DeleteIf<'_>,
+    ) -> S3Result<Deleted> {
+        let (bucket_dir, bucket_e) = self.bucket_entry(bucket).await?;
+        let (p, dir_marker) = names::object_path(bucket, key).map_err(name_err)?;
+        if dir_marker {
+            self.delete_one(bucket, key, *cond).await?;
+            return Ok(Deleted::default());
+        }
+        let cur = self.current(&p).await?;
+        match &cur {
+            Some(e) => check_delete(e, key, cond)?,
+            None if cond.etag.is_some() => return Err(no_such_key(key)),
+            None => {}
+        }
+        // The current version's stamp before the marker's: the marker is the newer.
+        let kept = match &cur {
+            Some(e) => Some(Stamp::of(e).map_or_else(|| Stamp::new(true), Ok).map_err(s3_err)?),
+            None => None,
+        };
+        let marker = Stamp::new(mode == Mode::Suspended).map_err(s3_err)?;
+        let to_marker = self.kept_path(bucket, key, &marker)?;
+        if let (Some(e), Some(kept)) = (cur, kept) {
+            let gone = if kept.is_null() && mode == Mode::Suspended {
+                None
+            } else {
+                let to = self.kept_path(bucket, key, &kept)?;
+                self.filer.stat(&to).await.map_err(s3_err)?.is_none().then_some(to)
+            };
+            let mutation = match gone {
+                Some(to) => {
+                    self.make_dir(path::parent(&to).unwrap_or("/")).await?;
+                    tidemark_core::model::Mutation::Rename { to, to_precondition: Precondition::Absent }
+                }
+                // Kept already (or replaced by the new null): the key's name goes.
+                None => tidemark_core::model::Mutation::Delete { recursive: false },
+            };
+            if kept.is_null() && mode == Mode::Enabled {
+                self.drop_kept_null(bucket, key).await?;
+            }
+            let txn = Txn {
+                path: p.clone(),
+                precondition: Precondition::Version(e.version),
+                fence: None,
+                mutation,
+                origin: Origin::Local,
+                dir_times: false,
+            };
+            match self.filer.apply(txn).await {
+                Ok(_) => {}
+                Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => return Err(raced(key)),
+                Err(err) => return Err(s3_err(err)),
+            }
+            self.prune(&bucket_dir, &p).await;
+        }
+        if marker.is_null() {
+            self.drop_kept_null(bucket, key).await?;
+        }
+        let mut ext = BTreeMap::new();
+        ext.insert(versioning::ATTR_VERSION.to_string(), marker.as_str().to_string());
+        ext.insert(versioning::ATTR_DELETE_MARKER.to_string(), "true".to_string());
+        if let Some(o) = bucket_e.extended.get(ATTR_OWNER) {
+            ext.insert(ATTR_OWNER.to_string(), o.clone());
+        }
+        let opts = WriteOptions { precondition: Precondition::Absent, extended: Some(ext), ..Default::default() };
+        let empty = futures::stream::empty::<std::io::Result<bytes::Bytes>>().boxed();
+        self.filer.write(&to_marker, empty, opts).await.map_err(s3_err)?;
+        Ok(Deleted { version_id: Some(marker.id()), delete_marker: true })
+    }
+
+    /// Deletes version `id` of `key` for good (a delete marker too). If it was the latest, the
+    /// newest one left becomes the current version (unless it is a delete marker).
+    pub(super) async fn delete_version(
+        &self,
+        bucket: &str,
+        key: &str,
+        id: &str,
+        cond: &DeleteIf<'_>,
+    ) -> S3Result<Deleted> {
+        check_id(id)?;
+        let (bucket_dir, _) = self.bucket_entry(bucket).await?;
+        let (p, dir_marker) = names::object_path(bucket, key).map_err(name_err)?;
+        if dir_marker {
+            if id == versioning::NULL {
+                self.delete_one(bucket, key, *cond).await?;
+            }
+            return Ok(Deleted { version_id: Some(id.to_string()), delete_marker: false });
+        }
+        let cur = self.current(&p).await?;
+        let cur_is = cur.as_ref().is_some_and(|e| Stamp::of(e).map_or(id == versioning::NULL, |s| s.is(id)));
+        let (target, was_marker) = match cur {
+            Some(e) if cur_is => (e, false),
+            _ => match self.kept_versions(bucket, key).await?.into_iter().find(|(s, _)| s.is(id)) {
+                Some((_, e)) => {
+                    let m = is_marker(&e);
+                    (e, m)
+                }
+                // No such version: nothing to do, as S3 answers (whatever the conditions).
+                None => return Ok(Deleted { version_id: Some(id.to_string()), delete_marker: false }),
+            },
+        };
+        if !was_marker {
+            check_delete(&target, key, cond)?;
+        }
+        let opts = DeleteOptions { precondition: Precondition::Version(target.version), ..Default::default() };
+        match self.filer.delete(&target.path, opts).await {
+            Ok(_) | Err(Error::NotFound { .. }) => {}
+            Err(Error::PreconditionFailed { .. }) => return Err(raced(key)),
+            Err(err) => return Err(s3_err(err)),
+        }
+        if cur_is {
+            self.prune(&bucket_dir, &p).await;
+        } else {
+            self.prune(&versioning::versions_dir(bucket), &target.path).await;
+        }
+        self.settle(bucket, key, &p).await?;
+        Ok(Deleted { version_id: Some(id.to_string()), delete_marker: was_marker })
+    }
+
+    /// With no current version, the newest kept one becomes it — unless it is a delete marker.
+    async fn settle(&self, bucket: &str, key: &str, p: &str) -> S3Result<()> {
+        if self.current(p).await?.is_some() {
+            return Ok(());
+        }
+        let Some((_, newest)) = self.kept_versions(bucket, key).await?.into_iter().next() else { return Ok(()) };
+        if is_marker(&newest) {
+            return Ok(());
+        }
+        let txn = Txn {
+            path: newest.path.clone(),
+            precondition: Precondition::Version(newest.version),
+            fence: None,
+            mutation: tidemark_core::model::Mutation::Rename {
+                to: p.to_string(),
+                to_precondition: Precondition::Absent,
+            },
+            origin: Origin::Local,
+            dir_times: false,
+        };
+        match self.filer.apply(txn).await {
+            // Someone wrote the key meanwhile, or settled it: theirs is the latest.
+            Ok(_) | Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => {}
+            Err(e) => return Err(s3_err(e)),
+        }
+        self.prune(&versioning::versions_dir(bucket), &newest.path).await;
+        Ok(())
+    }
+
+    /// Whether the bucket keeps versions of anything (DeleteBucket refuses then).
+    pub(super) async fn has_kept_versions(&self, bucket: &str) -> S3Result<bool> {
+        let dir = versioning::versions_dir(bucket);
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.filer.scan(&dir, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. } | Error::NotADirectory { .. }) => return Ok(false),
+                Err(e) => return Err(s3_err(e)),
+            };
+            if page.entries.iter().any(|e| !e.is_dir()) {
+                return Ok(true);
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => return Ok(false),
+            }
+        }
+    }
+
+    /// Removes what is left of a deleted bucket's versions directory (directories only).
+    pub(super) async fn forget_versions(&self, bucket: &str) {
+        let opts = DeleteOptions { recursive: true, precondition: Precondition::Any, ..Default::default() };
+        match self.filer.delete(&versioning::versions_dir(bucket), opts).await {
+            Ok(_) | Err(Error::NotFound { .. }) => {}
+            Err(e) => tracing::warn!(bucket, error = %e, "the deleted bucket's versions directory stays behind"),
+        }
+    }
+
+    /// ListObjectVersions: the current versions (from the bucket's directory) and the kept ones
+    /// (from its versions directory), merged in key order, newest first within a key.
+    pub(super) async fn versions_page(&self, q: VersionsQuery<'_>) -> S3Result<VersionsPage> {
+        let dir = names::bucket_dir(q.bucket).map_err(name_err)?;
+        let include_marker_key = q.key_marker.is_some() && q.version_id_marker.is_some();
+        let cur_after = match (q.key_marker, include_marker_key) {
+            (Some(k), true) => list::just_before(k),
+            (Some(k), false) => Some(k.to_string()),
+            (None, _) => None,
+        };
+        let cq = list::Query { prefix: q.prefix, delimiter: q.delimiter, after: cur_after.as_deref(), max: q.max };
+        let current = list::list(&*self.filer, &dir, &cq).await.map_err(s3_err)?;
+        let kept_after = q.key_marker.map(|k| match include_marker_key {
+            true => format!("{k}{}", versioning::SEP),
+            false => format!("{k}{}{}", versioning::SEP, list::JUMP),
+        });
+        let kq = list::Query { prefix: q.prefix, delimiter: q.delimiter, after: kept_after.as_deref(), max: q.max };
+        let kept = list::list(&*self.filer, &versioning::versions_dir(q.bucket), &kq).await.map_err(s3_err)?;
+        let mut rows: Vec<Row> = Vec::new();
+        let mut current_ids: BTreeMap<String, String> = BTreeMap::new();
+        for it in current.items {
+            match it {
+                Item::Object { key, entry } => {
+                    let stamp = Stamp::of(&entry);
+                    let id = stamp.as_ref().map_or_else(|| versioning::NULL.to_string(), Stamp::id);
+                    current_ids.insert(key.clone(), stamp.map(|s| s.as_str().to_string()).unwrap_or_default());
+                    rows.push(Row::Version { key, order: String::new(), id, entry, current: true });
+                }
+                Item::Prefix(p) => rows.push(Row::Prefix(p)),
+            }
+        }
+        let mut expanded: Vec<String> = Vec::new();
+        for it in kept.items {
+            match it {
+                Item::Object { key: listed, entry } => {
+                    let Some((key, stamp)) = versioning::split(&listed) else { continue };
+                    if current_ids.get(key).is_some_and(|c| c == stamp.as_str()) {
+                        continue;
+                    }
+                    rows.push(Row::Version {
+                        key: key.to_string(),
+                        order: stamp.as_str().to_string(),
+                        id: stamp.id(),
+                        entry,
+                        current: false,
+                    });
+                }
+                // The delimiter matched inside a stamp: the key's own versions, listed whole.
+                Item::Prefix(p) if p.contains(versioning::SEP) => {
+                    let key = p.split(versioning::SEP).next().unwrap_or("").to_string();
+                    if expanded.contains(&key) {
+                        continue;
+                    }
+                    for (stamp, entry) in self.kept_versions(q.bucket, &key).await? {
+                        if current_ids.get(&key).is_some_and(|c| c == stamp.as_str()) {
+                            continue;
+                        }
+                        rows.push(Row::Version {
+                            key: key.clone(),
+                            order: stamp.as_str().to_string(),
+                            id: stamp.id(),
+                            entry: Box::new(entry),
+                            current: false,
+                        });
+                    }
+                    expanded.push(key);
+                }
+                Item::Prefix(p) => rows.push(Row::Prefix(p)),
+            }
+        }
+        rows.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+        rows.dedup_by(|a, b| matches!((a, b), (Row::Prefix(x), Row::Prefix(y)) if x == y));
+        // Resume after the version named by the marker, within its key.
+        if let (Some(k), Some(v)) = (q.key_marker, q.version_id_marker) {
+            if let Some(i) = rows.iter().position(|r| matches!(r, Row::Version { key, id, .. } if key == k && id == v))
+            {
+                rows.drain(..=i);
+            } else {
+                rows.retain(|r| !matches!(r, Row::Version { key, .. } if key == k));
+            }
+        }
+        let truncated = rows.len() > q.max || current.truncated || kept.truncated;
+        rows.truncate(q.max);
+        // The latest of each key: its current version, else its newest kept one (a marker).
+        let mut seen_key: Option<String> = None;
+        let mut out = VersionsPage { truncated, ..Default::default() };
+        for r in rows {
+            match r {
+                Row::Prefix(p) => {
+                    out.next = Some((p.clone(), None));
+                    out.prefixes.push(p);
+                }
+                Row::Version { key, id, entry, current, .. } => {
+                    let first = seen_key.as_deref() != Some(key.as_str());
+                    seen_key = Some(key.clone());
+                    let latest = current || (first && !current_ids.contains_key(&key) && !resumed_within(&q, &key));
+                    out.next = Some((key.clone(), Some(id.clone())));
+                    out.versions.push(Listed { key, id, latest, marker: is_marker(&entry), entry: *entry });
+                }
+            }
+        }
+        if !out.truncated {
+            out.next = None;
+        }
+        Ok(out)
+    }
+}
+
+/// Whether a page starts inside `key`'s versions (so its first row there is not its newest).
+fn resumed_within(q: &VersionsQuery<'_>, key: &str) -> bool {
+    q.version_id_marker.is_some() && q.key_marker == Some(key)
+}
+
+pub(super) struct VersionsQuery<'a> {
+    pub bucket: &'a str,
+    pub prefix: &'a str,
+    pub delimiter: Option<&'a str>,
+    pub key_marker: Option<&'a str>,
+    pub version_id_marker: Option<&'a str>,
+    pub max: usize,
+}
+
+pub(super) struct Listed {
+    pub key: String,
+    pub id: String,
+    pub latest: bool,
+    pub marker: bool,
+    pub entry: Entry,
+}
+
+#[derive(Default)]
+pub(super) struct VersionsPage {
+    pub versions: Vec<Listed>,
+    pub prefixes: Vec<String>,
+    pub truncated: bool,
+    /// Where the next page starts: a key (or common prefix) and a version id.
+    pub next: Option<(String, Option<String>)>,
+}
+
+enum Row {
+    Prefix(String),
+    /// `order`: empty for the current version (first), else the stamp (newest first).
+    Version {
+        key: String,
+        order: String,
+        id: String,
+        entry: Box<Entry>,
+        current: bool,
+    },
+}
+
+impl Row {
+    fn sort_key(&self) -> (&str, &str) {
+        match self {
+            Row::Prefix(p) => (p, ""),
+            Row::Version { key, order, .. } => (key, order),
+        }
+    }
+}
+
+/// A delete's conditions (`If-Match`, S3 Express's time and size) against the version it
+/// would delete.
+pub(super) fn check_delete(e: &Entry, key: &str, cond: &DeleteIf<'_>) -> S3Result<()> {
+    if cond.version.is_some_and(|v| v != e.version) {
+        return Err(s3_error!(PreconditionFailed, "{key:?} changed since it was seen"));
+    }
+    if let Some(t) = cond.etag
+        && t.value() != etag_of(e)
+    {
+        return Err(s3_error!(PreconditionFailed, "If-Match: the object's ETag is {}", etag_of(e)));
+    }
+    if let Some(t) = cond.last_modified
+        // Last-Modified shows whole seconds.
+        && crate::lifecycle::ms_of(t).map(whole_seconds) != Some(whole_seconds(e.mtime_ms))
+    {
+        return Err(s3_error!(
+            PreconditionFailed,
+            "x-amz-if-match-last-modified-time: the object was modified at another time"
+        ));
+    }
+    if let Some(n) = cond.size
+        && n != e.size as i64
+    {
+        return Err(s3_error!(PreconditionFailed, "x-amz-if-match-size: {key:?} has {} bytes", e.size));
+    }
+    Ok(())
+}
