@@ -146,6 +146,9 @@ async fn seeds_that_found_bugs_stay_fixed() {
         (1561, "a user's delete of a renamed file removed the tombstone of a later delete of its path"),
         (2476, "an old key was kept for a file renamed into its path, which then went, and the old object came back"),
         (5769, "a user's delete of a new local file deleted a restored upload of the earlier file at its path"),
+        (4851, "a renamed file's delete took a restored older upload of its new path for its own in-flight upload"),
+        (4860, "the same, another run"),
+        (4937, "the same, another run"),
     ];
     for (seed, what) in found {
         let r = run(Config::new(seed)).await;

@@ -430,10 +430,13 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
                 // A remote-backed entry's object stays at its old key until the outbound sync
                 // puts it at the new one; it remembers where (the first old path, over several
                 // renames), so reads find it and the old key is deleted only after the new one.
-                if let Some(r) = kept.remote.as_mut()
-                    && r.moved_from.is_none()
-                {
-                    r.moved_from = Some(e.path.clone());
+                if let Some(r) = kept.remote.as_mut() {
+                    if r.moved_from.is_none() {
+                        r.moved_from = Some(e.path.clone());
+                    }
+                    // This cluster's uploads of its new path are all after now: an older upload
+                    // of that path (someone restoring it) is never taken for one of its own.
+                    r.dirty_after = Some(seq - 1);
                 }
                 if new_path == to {
                     // Its name is part of its status (as ext4 and most file systems have it).
