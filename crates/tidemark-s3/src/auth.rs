@@ -126,6 +126,8 @@ pub struct BucketFacts {
     /// The public access block's `IgnorePublicAcls` and `RestrictPublicBuckets`.
     pub ignore_public_acls: bool,
     pub restrict_public_buckets: bool,
+    /// Its versioning was ever turned on (a read of the current version answers its id).
+    pub versioned: bool,
 }
 
 /// The most buckets whose creators are remembered at once.
@@ -165,6 +167,7 @@ impl Shared {
                 restrict_public_buckets: crate::gateway::public_access_block_of(&e)
                     .is_some_and(|c| c.restrict_public_buckets == Some(true)),
                 owner: e.extended.get(crate::gateway::ATTR_OWNER).cloned(),
+                versioned: crate::versioning::mode_of(&e) != crate::versioning::Mode::Off,
                 policy: e
                     .extended
                     .get(crate::policy::ATTR_POLICY)

@@ -999,6 +999,9 @@ impl Gateway {
                 if objects {
                     let mode = versioning::mode_of(b);
                     expired += self.expire_objects(b.name(), &b.path, mode, &c, now_ms, day_ms).await?;
+                    if mode != Mode::Off {
+                        expired += self.expire_noncurrent(b.name(), &c, now_ms, day_ms).await?;
+                    }
                 }
                 if uploads {
                     aborted += self.abort_abandoned(b.name(), &c, now_ms, day_ms).await?;

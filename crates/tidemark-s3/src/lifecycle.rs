@@ -4,9 +4,9 @@
 //!
 //! What the gateway cannot carry out is refused, never stored as if it were: transitions (there
 //! is no other storage class to move bytes to) and any rule on a bucket mounted from a remote
-//! (its bucket's own rules are the ones that apply there). Rules for noncurrent versions and
-//! expired delete markers are accepted and have nothing to act on: buckets here keep one
-//! version of each key.
+//! (its bucket's own rules are the ones that apply there). In a versioned bucket an expiring
+//! object is kept behind a delete marker, noncurrent versions expire after their days (keeping
+//! the newest `NewerNoncurrentVersions`), and a delete marker left alone goes.
 
 use std::collections::HashSet;
 
@@ -222,6 +222,39 @@ pub fn expired(
         .any(|r| expiry(r, mtime_ms, day_ms).is_some_and(|at| at <= now_ms))
 }
 
+/// Whether a noncurrent version of `key` is due to go at `now_ms`: it became noncurrent at
+/// `since_ms` (when the next newer version was made), and `newer` noncurrent versions of the key
+/// that stay are newer than it (`NewerNoncurrentVersions` keeps that many whatever their age).
+#[allow(clippy::too_many_arguments)]
+pub fn noncurrent_expired(
+    c: &BucketLifecycleConfiguration,
+    key: &str,
+    size: u64,
+    tags: &[(String, String)],
+    since_ms: i64,
+    newer: usize,
+    now_ms: i64,
+    day_ms: i64,
+) -> bool {
+    c.rules.iter().filter(|r| enabled(r) && filter_of(r).selects(key, size, tags)).any(|r| {
+        let Some(n) = &r.noncurrent_version_expiration else { return false };
+        let Some(days) = n.noncurrent_days else { return false };
+        let keep = n.newer_noncurrent_versions.unwrap_or(0).max(0) as usize;
+        let at = since_ms + i64::from(days) * day_ms;
+        let at = if day_ms == DAY_MS { (at + DAY_MS - 1).div_euclid(DAY_MS) * DAY_MS } else { at };
+        at <= now_ms && newer >= keep
+    })
+}
+
+/// Whether a delete marker of `key` left with no version behind it is removed
+/// (`ExpiredObjectDeleteMarker`).
+pub fn clears_expired_markers(c: &BucketLifecycleConfiguration, key: &str) -> bool {
+    c.rules
+        .iter()
+        .filter(|r| enabled(r) && filter_of(r).selects(key, 0, &[]))
+        .any(|r| r.expiration.as_ref().is_some_and(|e| e.expired_object_delete_marker == Some(true)))
+}
+
 /// Whether an upload of `key` begun at `initiated_ms` is to be aborted at `now_ms`.
 pub fn abandoned(c: &BucketLifecycleConfiguration, key: &str, initiated_ms: i64, now_ms: i64, day_ms: i64) -> bool {
     c.rules.iter().filter(|r| enabled(r) && key.starts_with(&filter_of(r).prefix)).any(|r| {
@@ -237,7 +270,11 @@ pub fn acts(c: &BucketLifecycleConfiguration) -> (bool, bool) {
     let on = c.rules.iter().filter(|r| enabled(r));
     let (mut objects, mut uploads) = (false, false);
     for r in on {
-        objects |= r.expiration.as_ref().is_some_and(|e| e.days.is_some() || e.date.is_some());
+        objects |= r
+            .expiration
+            .as_ref()
+            .is_some_and(|e| e.days.is_some() || e.date.is_some() || e.expired_object_delete_marker == Some(true))
+            || r.noncurrent_version_expiration.is_some();
         uploads |= r.abort_incomplete_multipart_upload.is_some();
     }
     (objects, uploads)

@@ -117,6 +117,12 @@ impl Stamp {
         &self.0
     }
 
+    /// When it was made (milliseconds since the epoch).
+    pub fn made_ms(&self) -> i64 {
+        let inverted = u64::from_str_radix(&self.0[..STAMP_TIME_LEN], 16).unwrap_or(u64::MAX);
+        ((u64::MAX - inverted) / 1_000_000) as i64
+    }
+
     /// Whether this stamp is version `id` as a client names it.
     pub fn is(&self, id: &str) -> bool {
         if id == NULL { self.is_null() } else { self.0 == id }
@@ -164,6 +170,8 @@ mod tests {
         assert!(valid_id(&older.id()) && valid_id("null") && !valid_id("x") && !valid_id(&older.id()[1..]));
         assert_eq!(Stamp::parse(older.as_str()), Some(older.clone()));
         assert_eq!(Stamp::parse("zz"), None);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+        assert!((now - newer.made_ms()).abs() < 5_000, "{} vs {now}", newer.made_ms());
     }
 
     #[test]

@@ -896,3 +896,100 @@ async fn versions_are_kept_read_listed_and_deleted_as_s3_has_them() {
     let err = c.get_object().bucket(b).key("k").version_id("nonsense").send().await.unwrap_err();
     assert_eq!(err.raw_response().map(|r| r.status().as_u16()), Some(400));
 }
+
+/// Lifecycle rules in a versioned bucket (days as 2 s): an expiring object is kept behind a
+/// delete marker; noncurrent versions go after their days, but for the newest one the rule keeps;
+/// a delete marker left with nothing behind it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_rules_in_a_versioned_bucket_keep_what_s3_keeps() {
+    use aws_sdk_s3::types::{
+        BucketLifecycleConfiguration, BucketVersioningStatus, ExpirationStatus, LifecycleExpiration, LifecycleRule,
+        LifecycleRuleFilter, NoncurrentVersionExpiration, VersioningConfiguration,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server_with_env(
+        bin(),
+        &tmp.path().join("data"),
+        &[],
+        &[("TIDEMARK_S3_LIFECYCLE_DAY_SECS", "2")],
+    );
+    let c = gateway_client(&server);
+    let b = "lcv";
+    c.create_bucket().bucket(b).send().await.unwrap();
+    let conf = VersioningConfiguration::builder().status(BucketVersioningStatus::Enabled).build();
+    c.put_bucket_versioning().bucket(b).versioning_configuration(conf).send().await.unwrap();
+    let put = |key: &'static str| {
+        let c = c.clone();
+        async move {
+            let r = c.put_object().bucket(b).key(key).body(Bytes::from_static(b"x").into()).send().await.unwrap();
+            r.version_id().unwrap().to_string()
+        }
+    };
+    let _v1 = put("old").await;
+    let v2 = put("old").await;
+    let v3 = put("old").await;
+    let e1 = put("exp").await;
+    let lone = put("lone").await;
+    c.delete_object().bucket(b).key("lone").send().await.unwrap();
+    c.delete_object().bucket(b).key("lone").version_id(lone).send().await.unwrap();
+    let rule = |id: &str, prefix: &str| {
+        LifecycleRule::builder()
+            .id(id)
+            .status(ExpirationStatus::Enabled)
+            .filter(LifecycleRuleFilter::builder().prefix(prefix).build())
+    };
+    let rules = vec![
+        rule("nc", "old")
+            .noncurrent_version_expiration(
+                NoncurrentVersionExpiration::builder().noncurrent_days(1).newer_noncurrent_versions(1).build(),
+            )
+            .build()
+            .unwrap(),
+        rule("exp", "exp").expiration(LifecycleExpiration::builder().days(1).build()).build().unwrap(),
+        rule("lone", "lone")
+            .expiration(LifecycleExpiration::builder().expired_object_delete_marker(true).build())
+            .build()
+            .unwrap(),
+    ];
+    let config = BucketLifecycleConfiguration::builder().set_rules(Some(rules)).build().unwrap();
+    c.put_bucket_lifecycle_configuration().bucket(b).lifecycle_configuration(config).send().await.unwrap();
+    // (key, version id or "marker", latest)
+    let listed = || {
+        let c = c.clone();
+        async move {
+            let r = c.list_object_versions().bucket(b).send().await.unwrap();
+            let mut all: Vec<(String, String, bool)> = r
+                .versions()
+                .iter()
+                .map(|v| (v.key().unwrap().into(), v.version_id().unwrap().into(), v.is_latest().unwrap()))
+                .chain(
+                    r.delete_markers()
+                        .iter()
+                        .map(|m| (m.key().unwrap().into(), "marker".into(), m.is_latest().unwrap())),
+                )
+                .collect();
+            all.sort();
+            all
+        }
+    };
+    let mut want = vec![
+        ("exp".to_string(), "marker".to_string(), true),
+        ("exp".into(), e1.clone(), false),
+        ("old".into(), v2.clone(), false),
+        ("old".into(), v3.clone(), true),
+    ];
+    want.sort();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = listed().await;
+        if now == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after the sweeps: {now:?}\nwanted {want:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The expired object reads as deleted, and by its version as ever.
+    assert!(gateway_get(&c, b, "exp").await.is_none());
+    let r = c.get_object().bucket(b).key("exp").version_id(&e1).send().await.unwrap();
+    assert_eq!(r.body.collect().await.unwrap().into_bytes().as_ref(), b"x");
+}

@@ -196,8 +196,9 @@ impl Gateway {
     /// Where the version of `key` a read asks for is: the current one (`id` `None`), or the
     /// one named. A delete marker is `NoSuchKey` (the latest) or `MethodNotAllowed` (named).
     pub(super) async fn locate(&self, bucket: &str, key: &str, id: Option<&str>) -> S3Result<Located> {
-        let (b, bucket_e) = (bucket, self.bucket_entry(bucket).await?.1);
-        let versioned = versioning::mode_of(&bucket_e) != Mode::Off;
+        let b = bucket;
+        // Cached (2 s): a read of the current version costs no stat of its bucket.
+        let versioned = self.shared.bucket_facts(b).await.versioned;
         let (p, marker) = names::object_path(b, key).map_err(name_err)?;
         if let Some(id) = id {
             check_id(id)?;
@@ -218,6 +219,7 @@ impl Gateway {
             }
             _ => {}
         }
+        self.bucket_entry(b).await?;
         let kept = if marker { Vec::new() } else { self.kept_versions(b, key).await? };
         match id {
             None => match kept.first() {
@@ -393,6 +395,103 @@ impl Gateway {
         }
         self.prune(&versioning::versions_dir(bucket), &newest.path).await;
         Ok(())
+    }
+
+    /// The lifecycle sweep's part in a versioned bucket: noncurrent versions past their days
+    /// (beyond the newest the rule keeps) go, and so does a delete marker left with nothing
+    /// behind it. Each delete is conditional on the version seen. Returns how many went.
+    pub(super) async fn expire_noncurrent(
+        &self,
+        bucket: &str,
+        c: &BucketLifecycleConfiguration,
+        now_ms: i64,
+        day_ms: i64,
+    ) -> tidemark_core::Result<u64> {
+        let dir = versioning::versions_dir(bucket);
+        let (mut n, mut after, mut group): (u64, Option<String>, Vec<(String, Stamp, Entry)>) = (0, None, Vec::new());
+        loop {
+            let page = match self.filer.scan(&dir, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. }) => break,
+                Err(e) => return Err(e),
+            };
+            for e in page.entries.into_iter().filter(|e| e.kind == tidemark_core::model::EntryKind::File) {
+                let Some(listed) = names::key_of(&dir, &e.path) else { continue };
+                let Some((key, stamp)) = versioning::split(&listed).map(|(k, s)| (k.to_string(), s)) else { continue };
+                if group.first().is_some_and(|(k, _, _)| *k != key) {
+                    n += self.expire_key(bucket, c, std::mem::take(&mut group), now_ms, day_ms).await?;
+                }
+                group.push((key, stamp, e));
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        if !group.is_empty() {
+            n += self.expire_key(bucket, c, group, now_ms, day_ms).await?;
+        }
+        Ok(n)
+    }
+
+    /// [`Self::expire_noncurrent`] for one key's kept versions (newest first).
+    async fn expire_key(
+        &self,
+        bucket: &str,
+        c: &BucketLifecycleConfiguration,
+        kept: Vec<(String, Stamp, Entry)>,
+        now_ms: i64,
+        day_ms: i64,
+    ) -> tidemark_core::Result<u64> {
+        let Some(key) = kept.first().map(|(k, _, _)| k.clone()) else { return Ok(0) };
+        let Ok((p, _)) = names::object_path(bucket, &key) else { return Ok(0) };
+        let cur = self.filer.stat(&p).await?.filter(|e| e.kind == tidemark_core::model::EntryKind::File);
+        // Each version became noncurrent when the next newer one was made.
+        let mut newer_made = cur.as_ref().map(|e| Stamp::of(e).map_or(e.mtime_ms, |s| s.made_ms()));
+        let (mut n, mut newer_kept, mut left) = (0, 0, Vec::new());
+        for (i, (_, stamp, e)) in kept.into_iter().enumerate() {
+            let since = newer_made.unwrap_or_else(|| stamp.made_ms());
+            newer_made = Some(stamp.made_ms());
+            // With no current version the newest kept one is the latest, not noncurrent.
+            let latest = i == 0 && cur.is_none();
+            let tags = tagging::kept(&e.extended, tagging::ATTR_TAGGING);
+            let due = !latest
+                && !is_marker(&e)
+                && lifecycle::noncurrent_expired(c, &key, e.size, &tags, since, newer_kept, now_ms, day_ms);
+            if !due {
+                if !is_marker(&e) {
+                    newer_kept += 1;
+                }
+                left.push(e);
+                continue;
+            }
+            if self.delete_kept(bucket, &e).await? {
+                n += 1;
+            }
+        }
+        // A marker with nothing behind it (no current version, no other kept one).
+        if cur.is_none()
+            && let [only] = left.as_slice()
+            && is_marker(only)
+            && lifecycle::clears_expired_markers(c, &key)
+            && self.delete_kept(bucket, only).await?
+        {
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Deletes kept version `e` if it is still as seen; whether it went.
+    async fn delete_kept(&self, bucket: &str, e: &Entry) -> tidemark_core::Result<bool> {
+        let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
+        match self.filer.delete(&e.path, opts).await {
+            Ok(_) => {
+                self.prune(&versioning::versions_dir(bucket), &e.path).await;
+                Ok(true)
+            }
+            Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => Ok(false),
+            Err(err) => Err(err),
+        }
     }
 
     /// Whether the bucket keeps versions of anything (DeleteBucket refuses then).
