@@ -15,6 +15,28 @@ use futures::StreamExt;
 use tidemark_core::remote::{ListPage, ObjectHeaders, RemoteConf, RemoteObject, normalize_etag};
 use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result};
 
+/// Sets what a reader gets back about an object (its headers and user metadata) on a PutObject
+/// or CopyObject request: their builders have the same setters but no common type.
+macro_rules! with_object_headers {
+    ($req:expr, $headers:expr, $metadata:expr) => {{
+        let h = $headers.clone();
+        let expires = h.expires.as_deref().and_then(|e| {
+            aws_sdk_s3::primitives::DateTime::from_str(e, aws_sdk_s3::primitives::DateTimeFormat::HttpDate).ok()
+        });
+        let mut req = $req
+            .set_content_type(h.content_type)
+            .set_content_encoding(h.content_encoding)
+            .set_content_disposition(h.content_disposition)
+            .set_content_language(h.content_language)
+            .set_cache_control(h.cache_control)
+            .set_expires(expires);
+        for (k, v) in $metadata {
+            req = req.metadata(k, v);
+        }
+        req
+    }};
+}
+
 pub const SETTINGS: &[(&str, &str)] = &[
     ("access_key", "access key id (default: the standard AWS credential chain)"),
     ("secret_key", "secret access key"),
@@ -300,25 +322,8 @@ impl RemoteStorage for S3Storage {
         metadata: BTreeMap<String, String>,
         headers: &ObjectHeaders,
     ) -> Result<RemoteObject> {
-        let h = headers.clone();
-        let expires = h.expires.as_deref().and_then(|e| {
-            aws_sdk_s3::primitives::DateTime::from_str(e, aws_sdk_s3::primitives::DateTimeFormat::HttpDate).ok()
-        });
-        let mut req = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .body(AwsBody::from(body))
-            .set_content_type(h.content_type)
-            .set_content_encoding(h.content_encoding)
-            .set_content_disposition(h.content_disposition)
-            .set_content_language(h.content_language)
-            .set_cache_control(h.cache_control)
-            .set_expires(expires);
-        for (k, v) in metadata {
-            req = req.metadata(k, v);
-        }
+        let req = self.client.put_object().bucket(&self.bucket).key(key).body(AwsBody::from(body));
+        let req = with_object_headers!(req, headers, metadata);
         req.send().await.map_err(|e| self.error("PutObject", key, e))?;
         self.stat(key)
             .await?
@@ -335,10 +340,6 @@ impl RemoteStorage for S3Storage {
         metadata: BTreeMap<String, String>,
         headers: &ObjectHeaders,
     ) -> Result<RemoteObject> {
-        let h = headers.clone();
-        let expires = h.expires.as_deref().and_then(|e| {
-            aws_sdk_s3::primitives::DateTime::from_str(e, aws_sdk_s3::primitives::DateTimeFormat::HttpDate).ok()
-        });
         // S3 enforces `x-amz-copy-source-if-match` itself; some S3-compatible stores ignore it
         // (moto 5 does), so the source's version is checked first too.
         match self.stat(from).await? {
@@ -350,23 +351,15 @@ impl RemoteStorage for S3Storage {
         }
         // The copy source is `bucket/key`, the key URL-encoded (S3 decodes it).
         let source = format!("{}/{}", self.bucket, copy_source_key(from));
-        let mut req = self
+        let req = self
             .client
             .copy_object()
             .bucket(&self.bucket)
             .key(to)
             .copy_source(source)
             .copy_source_if_match(format!("\"{if_etag}\""))
-            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
-            .set_content_type(h.content_type)
-            .set_content_encoding(h.content_encoding)
-            .set_content_disposition(h.content_disposition)
-            .set_content_language(h.content_language)
-            .set_cache_control(h.cache_control)
-            .set_expires(expires);
-        for (k, v) in metadata {
-            req = req.metadata(k, v);
-        }
+            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace);
+        let req = with_object_headers!(req, headers, metadata);
         req.send().await.map_err(|e| self.error("CopyObject", from, e))?;
         self.stat(to)
             .await?
