@@ -998,7 +998,7 @@ impl Gateway {
                 let (objects, uploads) = lifecycle::acts(&c);
                 if objects {
                     let mode = versioning::mode_of(b);
-                    expired += self.expire_objects(b.name(), &b.path, mode, &c, now_ms, day_ms).await?;
+                    expired += self.expire_objects(b, &c, now_ms, day_ms).await?;
                     if mode != Mode::Off {
                         expired += self.expire_noncurrent(b.name(), &c, now_ms, day_ms).await?;
                     }
@@ -1017,13 +1017,12 @@ impl Gateway {
 
     async fn expire_objects(
         &self,
-        bucket: &str,
-        dir: &str,
-        mode: Mode,
+        bucket_e: &Entry,
         c: &BucketLifecycleConfiguration,
         now_ms: i64,
         day_ms: i64,
     ) -> tidemark_core::Result<u64> {
+        let (bucket, dir, mode) = (bucket_e.name(), bucket_e.path.as_str(), versioning::mode_of(bucket_e));
         let mut n = 0;
         let mut after: Option<String> = None;
         loop {
@@ -1037,7 +1036,7 @@ impl Gateway {
                 if mode != Mode::Off {
                     // Versioned: the expired version is kept, behind a delete marker, as S3 does.
                     let cond = DeleteIf { version: Some(e.version), ..Default::default() };
-                    match self.delete_to_marker(bucket, &key, mode, &cond).await {
+                    match self.delete_to_marker(&(dir.to_string(), bucket_e.clone()), bucket, &key, mode, &cond).await {
                         Ok(_) => n += 1,
                         Err(err) => tracing::debug!(bucket, key, error = %err, "not expired: it changed meanwhile"),
                     }
@@ -1169,20 +1168,21 @@ impl Gateway {
         version: Option<&str>,
         cond: DeleteIf<'_>,
     ) -> S3Result<versions::Deleted> {
+        // The bucket read once, for whichever delete this is.
+        let at = self.bucket_entry(bucket).await?;
         if let Some(v) = version {
-            return self.delete_version(bucket, key, v, &cond).await;
+            return self.delete_version(&at, bucket, key, v, &cond).await;
         }
-        match versioning::mode_of(&self.bucket_entry(bucket).await?.1) {
-            Mode::Off => self.delete_one(bucket, key, cond).await.map(|_| versions::Deleted::default()),
-            mode => self.delete_to_marker(bucket, key, mode, &cond).await,
+        match versioning::mode_of(&at.1) {
+            Mode::Off => self.delete_one(&at.0, bucket, key, cond).await.map(|_| versions::Deleted::default()),
+            mode => self.delete_to_marker(&at, bucket, key, mode, &cond).await,
         }
     }
 
     /// Deletes one key; with conditions (`If-Match`, and S3 Express's last-modified time and
     /// size) only while the object is still the one they describe — atomically: a write in
     /// between fails the delete, not the other way round.
-    async fn delete_one(&self, bucket: &str, key: &str, cond: DeleteIf<'_>) -> S3Result<()> {
-        let (bucket_dir, _) = self.bucket_entry(bucket).await?;
+    async fn delete_one(&self, bucket_dir: &str, bucket: &str, key: &str, cond: DeleteIf<'_>) -> S3Result<()> {
         let (p, marker) = names::object_path(bucket, key).map_err(name_err)?;
         let e = self.filer.stat(&p).await.map_err(s3_err)?.filter(|e| e.is_dir() == marker);
         // No such key (or `a` when a/ is a directory, or `a/` when a is an object): S3 says
@@ -1212,7 +1212,7 @@ impl Gateway {
             }
             Err(e) => return Err(s3_err(e)),
         }
-        self.prune(&bucket_dir, &p).await;
+        self.prune(bucket_dir, &p).await;
         Ok(())
     }
 

@@ -77,11 +77,9 @@ impl Gateway {
         Ok(self.filer.stat(p).await.map_err(s3_err)?.filter(|e| e.kind == tidemark_core::model::EntryKind::File))
     }
 
-    /// Makes the directory a kept version goes into (and its parents).
+    /// Makes the directory a kept version goes into (and its parents): one conditional put, an
+    /// existing directory being as good.
     async fn make_dir(&self, dir: &str) -> S3Result<()> {
-        if self.filer.stat(dir).await.map_err(s3_err)?.is_some_and(|e| e.is_dir()) {
-            return Ok(());
-        }
         let txn = Txn {
             path: dir.to_string(),
             precondition: Precondition::Absent,
@@ -247,15 +245,15 @@ impl Gateway {
     /// latest. Suspended, the marker is the `null` version and a `null` object goes.
     pub(super) async fn delete_to_marker(
         &self,
+        (bucket_dir, bucket_e): &(String, Entry),
         bucket: &str,
         key: &str,
         mode: Mode,
         cond: &DeleteIf<'_>,
     ) -> S3Result<Deleted> {
-        let (bucket_dir, bucket_e) = self.bucket_entry(bucket).await?;
         let (p, dir_marker) = names::object_path(bucket, key).map_err(name_err)?;
         if dir_marker {
-            self.delete_one(bucket, key, *cond).await?;
+            self.delete_one(bucket_dir, bucket, key, *cond).await?;
             return Ok(Deleted::default());
         }
         let cur = self.current(&p).await?;
@@ -302,7 +300,7 @@ impl Gateway {
                 Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => return Err(raced(key)),
                 Err(err) => return Err(s3_err(err)),
             }
-            self.prune(&bucket_dir, &p).await;
+            self.prune(bucket_dir, &p).await;
         }
         if marker.is_null() {
             self.drop_kept_null(bucket, key).await?;
@@ -323,17 +321,17 @@ impl Gateway {
     /// newest one left becomes the current version (unless it is a delete marker).
     pub(super) async fn delete_version(
         &self,
+        (bucket_dir, _): &(String, Entry),
         bucket: &str,
         key: &str,
         id: &str,
         cond: &DeleteIf<'_>,
     ) -> S3Result<Deleted> {
         check_id(id)?;
-        let (bucket_dir, _) = self.bucket_entry(bucket).await?;
         let (p, dir_marker) = names::object_path(bucket, key).map_err(name_err)?;
         if dir_marker {
             if id == versioning::NULL {
-                self.delete_one(bucket, key, *cond).await?;
+                self.delete_one(bucket_dir, bucket, key, *cond).await?;
             }
             return Ok(Deleted { version_id: Some(id.to_string()), delete_marker: false });
         }
@@ -360,7 +358,7 @@ impl Gateway {
             Err(err) => return Err(s3_err(err)),
         }
         if cur_is {
-            self.prune(&bucket_dir, &p).await;
+            self.prune(bucket_dir, &p).await;
         } else {
             self.prune(&versioning::versions_dir(bucket), &target.path).await;
         }
