@@ -34,9 +34,13 @@ fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 fport=$(free_port); aport=$(free_port); sport=$(free_port)
+# The encryption keyring: SSE-S3's key and the two SSE-KMS key ids the suite names by default
+# (testkey-1, testkey-2), fresh for the run.
+key() { python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())'; }
+(umask 077; printf 'aws/s3=%s\ntestkey-1=%s\ntestkey-2=%s\n' "$(key)" "$(key)" "$(key)" >"$work/sse-keys")
 # Lifecycle days as 4 s (the suite's lc_debug_interval below), as RGW's rgw_lc_debug_interval.
 TIDEMARK_S3_LIFECYCLE_DAY_SECS=4 "$bin" server --data-dir "$work/data" --filer-addr "127.0.0.1:$fport" --admin-addr "127.0.0.1:$aport" \
-  --s3-addr "127.0.0.1:$sport" >"$work/server.out" 2>"$work/server.err" &
+  --s3-addr "127.0.0.1:$sport" --sse-keys "$work/sse-keys" >"$work/server.out" 2>"$work/server.err" &
 pid=$!
 for _ in $(seq 1 300); do grep -q "admin listening" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
 

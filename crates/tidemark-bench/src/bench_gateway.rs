@@ -128,7 +128,8 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
     let addr = listener.local_addr().map_err(err)?;
     let api: Arc<dyn Filer> = filer.clone();
-    let server = tokio::spawn(tidemark_s3::serve(listener, tidemark_s3::service(api, true), std::future::pending()));
+    let server =
+        tokio::spawn(tidemark_s3::serve(listener, tidemark_s3::service(api, true, None), std::future::pending()));
     let gw = client_for(
         &format!("http://{addr}"),
         tidemark_s3::identity::DEV_ACCESS_KEY,

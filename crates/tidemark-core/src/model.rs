@@ -403,12 +403,15 @@ pub mod object_attrs {
     /// The S3 gateway's stamp of the version these bytes are, in a versioned bucket (see
     /// `tidemark-s3`'s `versioning`): new bytes written another way are another version.
     pub const VERSION: &str = "s3.version";
+    /// The S3 gateway's sealed data key and IVs of bytes it stored encrypted (see
+    /// `tidemark-s3`'s `sse`): new bytes written another way are not encrypted.
+    pub const SSE: &str = "s3.sse";
     /// The attributes that describe the bytes themselves rather than the object: kept while
     /// the bytes are, and dropped by any change of them that does not set them again (a write
     /// through the mount or the HTTP API, another object in the bucket), since they would then
     /// describe bytes that are gone — a checksum a client verifies its read against, most of
     /// all.
-    pub const OF_THE_BYTES: [&str; 5] = [CHECKSUM, ETAG, PARTS, PART_CHECKSUMS, VERSION];
+    pub const OF_THE_BYTES: [&str; 6] = [CHECKSUM, ETAG, PARTS, PART_CHECKSUMS, VERSION, SSE];
 
     /// Drops from `ext` what described bytes that were replaced.
     pub fn forget_bytes(ext: &mut BTreeMap<String, String>) {

@@ -118,12 +118,21 @@ struct Handle {
     /// in its spool until it closes, and writes through it go nowhere, as with an unlinked
     /// inode. Holds the inode number and the entry as they were, for `fstat`.
     unlinked: Option<(u64, Entry)>,
+    /// Opened for writing over an object the S3 gateway stored encrypted: nothing may be
+    /// written until it is truncated to nothing (a partial overwrite would store ciphertext and
+    /// plaintext mixed as if they were the object).
+    sealed: bool,
 }
 
 impl Handle {
     fn new(path: String, spool: Option<std::fs::File>) -> Handle {
-        Handle { path, ino: 0, io: Io::Requests, spool, dirty: false, reader: None, unlinked: None }
+        Handle { path, ino: 0, io: Io::Requests, spool, dirty: false, reader: None, unlinked: None, sealed: false }
     }
+}
+
+/// Whether `e` is an object the S3 gateway stored encrypted (its bytes here are ciphertext).
+fn is_sealed(e: &Entry) -> bool {
+    e.extended.contains_key(tidemark_core::model::object_attrs::SSE)
 }
 
 /// A handle's reads from the filer: a window of recent bytes and, once reads continue where
@@ -947,6 +956,10 @@ impl Filesystem for TidemarkFs {
                 match open {
                     Some(h) => {
                         let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+                        if h.sealed && size != 0 {
+                            return Err(Errno::EACCES);
+                        }
+                        h.sealed = false;
                         if h.spool.is_none() {
                             h.spool = Some(self.download(&p)?);
                         }
@@ -955,6 +968,9 @@ impl Filesystem for TidemarkFs {
                         self.upload(&mut h)?;
                     }
                     None => {
+                        if size != 0 && is_sealed(&self.stat(&p)?) {
+                            return Err(Errno::EACCES);
+                        }
                         let spool =
                             if size == 0 { tempfile::tempfile().map_err(|_| Errno::EIO)? } else { self.download(&p)? };
                         let mut h = Handle::new(p.clone(), Some(spool));
@@ -1292,10 +1308,19 @@ impl Filesystem for TidemarkFs {
             }
             let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
             let trunc = flags.0 & libc::O_TRUNC != 0;
+            // An object the S3 gateway stored encrypted (SSE) is ciphertext here: it is not
+            // served as if it were its bytes, nor partly overwritten; replaced whole (truncated
+            // first), it is a new, unencrypted file.
+            let sealed = is_sealed(&e) && !trunc;
+            if sealed && !write {
+                tracing::info!(path = %p, "refused: encrypted by the S3 gateway (SSE); read it through the gateway");
+                return Err(Errno::EACCES);
+            }
             let mut h = Handle::new(p.clone(), None);
             if write {
                 self.writable()?;
-                h.spool = Some(if trunc || e.size == 0 {
+                h.sealed = sealed;
+                h.spool = Some(if trunc || e.size == 0 || sealed {
                     tempfile::tempfile().map_err(|_| Errno::EIO)?
                 } else {
                     self.download(&p)?
@@ -1400,6 +1425,14 @@ impl Filesystem for TidemarkFs {
     ) {
         let r = self.handle(fh).and_then(|h| {
             let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+            if h.sealed {
+                // Truncated by path meanwhile (the kernel's O_TRUNC may come without the
+                // handle), it is no longer the encrypted object.
+                if is_sealed(&self.stat(&h.path)?) {
+                    return Err(Errno::EACCES);
+                }
+                h.sealed = false;
+            }
             let spool = h.spool.as_ref().ok_or(Errno::EBADF)?;
             spool.write_all_at(data, offset).map_err(|_| Errno::EIO)?;
             h.dirty = true;

@@ -37,7 +37,14 @@ fn policy_request(
             values.insert(format!("s3:{k}"), v.into_owned());
         }
     }
-    for h in ["x-amz-acl", "x-amz-server-side-encryption", "x-amz-copy-source", "x-amz-metadata-directive"] {
+    for h in [
+        "x-amz-acl",
+        "x-amz-server-side-encryption",
+        "x-amz-server-side-encryption-aws-kms-key-id",
+        "x-amz-server-side-encryption-customer-algorithm",
+        "x-amz-copy-source",
+        "x-amz-metadata-directive",
+    ] {
         if let Some(v) = cx.headers().get(h).and_then(|v| v.to_str().ok()) {
             values.insert(format!("s3:{h}"), v.to_string());
         }

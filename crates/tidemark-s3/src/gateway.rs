@@ -29,7 +29,9 @@ use crate::policy::{self, ATTR_POLICY};
 use crate::tagging;
 use crate::versioning::{self, Mode, VERSIONS_NAME};
 
+mod encryption;
 mod versions;
+use encryption::{sse_headers, with_sse};
 use versions::{VersionsQuery, check_delete};
 
 /// S3's limit on user metadata (names and values).
@@ -51,11 +53,13 @@ const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
 pub struct Gateway {
     filer: Arc<dyn Filer>,
     shared: Arc<Shared>,
+    /// The keys of SSE-S3 and SSE-KMS (none: only SSE-C is honoured).
+    keyring: Option<Arc<crate::sse::Keyring>>,
 }
 
 impl Gateway {
-    pub fn new(filer: Arc<dyn Filer>, shared: Arc<Shared>) -> Self {
-        Gateway { filer, shared }
+    pub fn new(filer: Arc<dyn Filer>, shared: Arc<Shared>, keyring: Option<Arc<crate::sse::Keyring>>) -> Self {
+        Gateway { filer, shared, keyring }
     }
 }
 
@@ -525,17 +529,13 @@ macro_rules! read_ask {
     };
 }
 
-/// Refuses a write that asks for what the gateway does not do — encryption at rest (SSE-S3,
-/// SSE-KMS, SSE-C) or object lock (mode, retention, legal hold) — rather than store the object
-/// as if it were honoured (an SSE-C object would then be readable without its key). 501
+/// Refuses a write that asks for what the gateway does not do — object lock (mode, retention,
+/// legal hold), S3 Bucket Keys — rather than store the object as if it were honoured. 501
 /// NotImplemented, as S3-compatibles answer for a header they do not implement.
 macro_rules! refuse_unhonoured {
     ($i:expr) => {{
         let i = &$i;
         let asked = [
-            i.server_side_encryption.as_ref().map(|v| format!("x-amz-server-side-encryption: {}", v.as_str())),
-            i.sse_customer_algorithm.as_ref().map(|_| "SSE-C (x-amz-server-side-encryption-customer-*)".to_string()),
-            i.ssekms_key_id.as_ref().map(|_| "x-amz-server-side-encryption-aws-kms-key-id".to_string()),
             i.bucket_key_enabled.filter(|b| *b).map(|_| "x-amz-server-side-encryption-bucket-key-enabled".to_string()),
             i.object_lock_mode.as_ref().map(|v| format!("x-amz-object-lock-mode: {}", v.as_str())),
             i.object_lock_retain_until_date.as_ref().map(|_| "x-amz-object-lock-retain-until-date".to_string()),
@@ -545,7 +545,7 @@ macro_rules! refuse_unhonoured {
             return Err(S3Error::with_message(
                 S3ErrorCode::NotImplemented,
                 format!(
-                    "{what}: this gateway neither encrypts objects at rest nor locks them, and stores nothing as if it did; \
+                    "{what}: this gateway does not lock objects or keep S3 Bucket Keys, and stores nothing as if it did; \
                      send the request without it"
                 ),
             ));
@@ -1086,15 +1086,24 @@ impl Gateway {
         Ok(n)
     }
 
-    /// Records a checksum known only once the bytes were stored (sent in a trailer, or
-    /// computed here) on the entry they made — conditional on its version: if another write
-    /// came in between, the checksum described bytes that are gone.
-    async fn keep_checksum(&self, p: &str, e: &Entry, sum: &Sum, origin: Origin) {
+    /// Records what is known only once the bytes were stored — a checksum sent in a trailer
+    /// or computed here, SSE-S3's ETag (the plaintext's MD5) — on the entry they made,
+    /// conditional on its version: if another write came in between, they described bytes that
+    /// are gone.
+    async fn keep_late(&self, p: &str, e: &Entry, sum: Option<&Sum>, etag: Option<&str>, origin: Origin) {
+        if sum.is_none() && etag.is_none() {
+            return;
+        }
         let kept = self.update_extended(p, e, origin, "its checksum was kept", |ext| {
-            ext.insert(ATTR_CHECKSUM.into(), sum.to_attr());
+            if let Some(s) = sum {
+                ext.insert(ATTR_CHECKSUM.into(), s.to_attr());
+            }
+            if let Some(t) = etag {
+                ext.insert(ATTR_ETAG.into(), t.to_string());
+            }
         });
         if let Err(err) = kept.await {
-            tracing::debug!(path = %p, error = %err, "a checksum was not kept: the object changed meanwhile");
+            tracing::debug!(path = %p, error = %err, "a checksum or ETag was not kept: the object changed meanwhile");
         }
     }
 
@@ -1285,6 +1294,7 @@ impl Gateway {
         range: Option<&str>,
         if_match: Option<&ETagCondition>,
         if_none_match: Option<&ETagCondition>,
+        customer: Option<&crate::sse::CustomerKey>,
     ) -> S3Result<(Entry, tidemark_core::ByteStream, Option<String>)> {
         let (sb, sk, version) = copy_source(cs)?;
         let found = self.locate(&sb, &sk, version.as_deref()).await?;
@@ -1298,14 +1308,20 @@ impl Gateway {
             }
             e
         })?;
+        let dec = self.decrypting(&se, customer)?;
         let r = match range {
             Some(spec) => Some(copy_range(spec, se.size)?),
             None => None,
         };
+        let offset = r.as_ref().map_or(0, |r| r.offset);
         let (entry, stream) = self.filer.read(&sp, r).await.map_err(s3_err)?;
         if entry.version != se.version {
             return Err(s3_error!(ServiceUnavailable, "the copy source changed while it was read; retry"));
         }
+        let stream = match &dec {
+            Some(d) => d.decrypt(stream, offset),
+            None => stream,
+        };
         Ok((entry, stream, found.version_id))
     }
 }
@@ -1384,12 +1400,17 @@ impl S3 for Gateway {
         &self,
         req: S3Request<GetObjectAttributesInput>,
     ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        let secure = encryption::secure(&req.extensions);
         let i = req.input;
-        if i.sse_customer_algorithm.is_some() {
-            return Err(s3_error!(InvalidRequest, "the object is not encrypted with a customer key"));
-        }
+        let customer = encryption::customer(
+            secure,
+            i.sse_customer_algorithm.as_deref(),
+            i.sse_customer_key.as_deref(),
+            i.sse_customer_key_md5.as_deref(),
+        )?;
         let found = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?;
         let e = found.entry;
+        self.decrypting(&e, customer.as_ref())?;
         // One header, comma-separated: s3s may hand it over whole.
         let asked = |a: &str| i.object_attributes.iter().flat_map(|x| x.as_str().split(',')).any(|x| x.trim() == a);
         let mut out = GetObjectAttributesOutput {
@@ -1638,6 +1659,52 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<DeletePublicAccessBlockOutput>> {
         self.set_bucket_config::<()>(&req.input.bucket, ATTR_PUBLIC_ACCESS_BLOCK, None).await?;
         Ok(S3Response::new(DeletePublicAccessBlockOutput::default()))
+    }
+
+    async fn put_bucket_encryption(
+        &self,
+        req: S3Request<PutBucketEncryptionInput>,
+    ) -> S3Result<S3Response<PutBucketEncryptionOutput>> {
+        let i = req.input;
+        let (dir, _) = self.bucket_entry(&i.bucket).await?;
+        let c = i.server_side_encryption_configuration;
+        encryption::check_default(&c, self.keyring.as_deref())?;
+        if let Some(m) = self.remote_mount_at(&dir).await? {
+            return Err(s3_error!(
+                NotImplemented,
+                "bucket {:?} is (in) the remote mount {} of {}: its objects are the remote bucket's, stored as \
+                 written; set the remote bucket's own default encryption",
+                i.bucket,
+                m.dir,
+                m.location
+            ));
+        }
+        self.set_bucket_config(&i.bucket, encryption::ATTR_ENCRYPTION, Some(&c)).await?;
+        Ok(S3Response::new(PutBucketEncryptionOutput::default()))
+    }
+
+    async fn get_bucket_encryption(
+        &self,
+        req: S3Request<GetBucketEncryptionInput>,
+    ) -> S3Result<S3Response<GetBucketEncryptionOutput>> {
+        let (_, bucket) = self.bucket_entry(&req.input.bucket).await?;
+        match config_of::<ServerSideEncryptionConfiguration>(&bucket, encryption::ATTR_ENCRYPTION) {
+            Some(c) => Ok(S3Response::new(GetBucketEncryptionOutput { server_side_encryption_configuration: Some(c) })),
+            None => Err(custom_error(
+                "ServerSideEncryptionConfigurationNotFoundError",
+                hyper::StatusCode::NOT_FOUND,
+                "The server side encryption configuration was not found",
+            )),
+        }
+    }
+
+    async fn delete_bucket_encryption(
+        &self,
+        req: S3Request<DeleteBucketEncryptionInput>,
+    ) -> S3Result<S3Response<DeleteBucketEncryptionOutput>> {
+        let b = &req.input.bucket;
+        self.set_bucket_config::<ServerSideEncryptionConfiguration>(b, encryption::ATTR_ENCRYPTION, None).await?;
+        Ok(S3Response::new(DeleteBucketEncryptionOutput::default()))
     }
 
     async fn put_bucket_cors(&self, req: S3Request<PutBucketCorsInput>) -> S3Result<S3Response<PutBucketCorsOutput>> {
@@ -1994,22 +2061,26 @@ impl S3 for Gateway {
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        let secure = encryption::secure(&req.extensions);
+        encryption::refuse_on_read(&req.headers)?;
         let mut i = req.input;
-        if i.sse_customer_algorithm.is_some() {
-            return Err(s3_error!(
-                InvalidRequest,
-                "the object is not encrypted with a customer key (SSE-C is not implemented)"
-            ));
-        }
+        let customer = encryption::customer(
+            secure,
+            i.sse_customer_algorithm.as_deref(),
+            i.sse_customer_key.as_deref(),
+            i.sse_customer_key_md5.as_deref(),
+        )?;
         let ranged = i.range.is_some();
         let parts_count = self.part_as_range(&i.bucket, &i.key, i.part_number, &mut i.range).await?;
         let ask = read_ask!(i);
         let found = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?;
         let e = found.entry;
+        let dec = self.decrypting(&e, customer.as_ref())?;
         ask.check(&e)?;
         let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
         let s = ask.shown(&e, range.as_ref());
         let mut out = shown_as!(HeadObjectOutput, s, parts_count: parts_count, version_id: found.version_id);
+        with_sse!(out, dec.map(|d| d.shown));
         out.expiration = expiration_of(self.shared.bucket_facts(&i.bucket).await.lifecycle.as_deref(), &i.key, &e);
         with_checksum!(out, read_sum(&e, i.checksum_mode.as_ref(), i.part_number, ranged).as_ref(), typed);
         let mut resp = S3Response::new(out);
@@ -2021,13 +2092,15 @@ impl S3 for Gateway {
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let secure = encryption::secure(&req.extensions);
+        encryption::refuse_on_read(&req.headers)?;
         let mut i = req.input;
-        if i.sse_customer_algorithm.is_some() {
-            return Err(s3_error!(
-                InvalidRequest,
-                "the object is not encrypted with a customer key (SSE-C is not implemented)"
-            ));
-        }
+        let customer = encryption::customer(
+            secure,
+            i.sse_customer_algorithm.as_deref(),
+            i.sse_customer_key.as_deref(),
+            i.sse_customer_key_md5.as_deref(),
+        )?;
         let ranged = i.range.is_some();
         let parts_count = self.part_as_range(&i.bucket, &i.key, i.part_number, &mut i.range).await?;
         let ask = read_ask!(i);
@@ -2063,13 +2136,11 @@ impl S3 for Gateway {
                     // A link or a device node made through the mount: no object.
                     return Err(no_such_key(&i.key));
                 }
-                ask.check(&entry)?;
                 (entry, stream, None)
             }
             (r, version) => {
                 let found = self.locate(&i.bucket, &i.key, version).await?;
                 let e = found.entry;
-                ask.check(&e)?;
                 let r = r.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;
                 let br = r.as_ref().map(|r| ByteRange { offset: r.start, length: Some(r.end - r.start) });
                 let (entry, stream) = self.filer.read(&found.path, br).await.map_err(s3_err)?;
@@ -2078,6 +2149,14 @@ impl S3 for Gateway {
                 }
                 (entry, stream, r)
             }
+        };
+        // The key is checked before the conditions, as S3 does: a 304 tells nothing to one
+        // without it.
+        let dec = self.decrypting(&entry, customer.as_ref())?;
+        ask.check(&entry)?;
+        let stream = match &dec {
+            Some(d) => d.decrypt(stream, range.as_ref().map_or(0, |r| r.start)),
+            None => stream,
         };
         let s = ask.shown(&entry, range.as_ref());
         let tag_count = tag_count(&entry);
@@ -2090,10 +2169,12 @@ impl S3 for Gateway {
             version_id: versioning::Stamp::of(&entry).map(|s| s.id()).or(i.version_id),
         );
         with_checksum!(out, read_sum(&entry, i.checksum_mode.as_ref(), i.part_number, ranged).as_ref(), typed);
+        with_sse!(out, dec.map(|d| d.shown));
         Ok(S3Response::new(out))
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let secure = encryption::secure(&req.extensions);
         let mut asked = checksum::asked(&req.headers)?;
         if asked.is_none() {
             // A POST form's fields, which s3s hands over as the input's.
@@ -2102,8 +2183,9 @@ impl S3 for Gateway {
         }
         let S3Request { input: i, trailing_headers, .. } = req;
         refuse_unhonoured!(i);
-        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
+        let (bucket_dir, bucket) = self.bucket_entry(&i.bucket).await?;
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
+        let mut enc = self.encrypting(secure, &bucket_dir, &bucket, sse_headers!(i)).await?;
         if marker {
             if i.content_length.unwrap_or(0) != 0 {
                 return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: it holds no bytes"));
@@ -2149,48 +2231,65 @@ impl S3 for Gateway {
             extended.insert(ATTR_CHECKSUM.into(), s.to_attr());
         }
         let (check, computed) = checksum::Check::new(asked.as_ref(), None, trailing_headers);
-        let (stream, verdict) = body::checked(body::from_request(i.body), md5, len, check);
+        let (mut stream, verdict) = body::checked(body::from_request(i.body), md5, len, check);
+        if let Some(x) = &mut enc {
+            stream = x.encrypt(stream)?;
+        }
+        encryption::set_sealed(&mut extended, enc.as_ref());
         let opts = WriteOptions { precondition, extended: Some(extended), declared_len: len, ..Default::default() };
         let e = self
             .write_version(&p, &i.key, stream, &verdict, opts, stamp.is_some() && conditions == Precondition::Any)
             .await?;
         let late = asked.filter(|_| early.is_none()).and_then(|a| computed.get(a.algo).map(|v| Sum::whole(a.algo, v)));
-        if let Some(s) = &late {
-            self.keep_checksum(&p, &e, s, Origin::Local).await;
-        }
+        let plain_etag = enc.as_ref().and_then(|x| x.plain_etag());
+        self.keep_late(&p, &e, late.as_ref(), plain_etag.as_deref(), Origin::Local).await;
         let mut out = PutObjectOutput {
-            e_tag: Some(ETag::Strong(etag_of(&e))),
+            e_tag: Some(ETag::Strong(plain_etag.unwrap_or_else(|| etag_of(&e)))),
             size: Some(e.size as i64),
             expiration: expiration_of(lifecycle_of(&bucket).as_ref(), &i.key, &e),
             version_id: answered_version(stamp.as_ref()),
             ..Default::default()
         };
         with_checksum!(out, early.as_ref().or(late.as_ref()), typed);
+        with_sse!(out, enc.as_ref().map(|x| x.shown()));
         Ok(S3Response::new(out))
     }
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        let secure = encryption::secure(&req.extensions);
         let i = req.input;
         refuse_unhonoured!(i);
-        if i.copy_source_sse_customer_algorithm.is_some() {
-            return Err(s3_error!(InvalidRequest, "the source object is not encrypted with a customer key"));
-        }
-        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
+        let src_customer = encryption::customer(
+            secure,
+            i.copy_source_sse_customer_algorithm.as_deref(),
+            i.copy_source_sse_customer_key.as_deref(),
+            i.copy_source_sse_customer_key_md5.as_deref(),
+        )?;
+        let (bucket_dir, bucket) = self.bucket_entry(&i.bucket).await?;
         let (p, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
             return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: nothing can be copied onto it"));
         }
+        let mut enc = self.encrypting(secure, &bucket_dir, &bucket, sse_headers!(i)).await?;
         let replace = i.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
         let (sb, sk, sv) = copy_source(&i.copy_source)?;
-        // Copying an older version over its key is how a version is restored.
-        if sb == i.bucket && sk == i.key && sv.is_none() && !replace {
+        // Copying an older version over its key is how a version is restored; copying an
+        // object over itself, how its encryption is changed.
+        let reencrypts = i.server_side_encryption.is_some() || i.sse_customer_algorithm.is_some();
+        if sb == i.bucket && sk == i.key && sv.is_none() && !replace && !reencrypts {
             return Err(s3_error!(
                 InvalidRequest,
                 "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata"
             ));
         }
         let (src, stream, src_version) = self
-            .read_source(&i.copy_source, None, i.copy_source_if_match.as_ref(), i.copy_source_if_none_match.as_ref())
+            .read_source(
+                &i.copy_source,
+                None,
+                i.copy_source_if_match.as_ref(),
+                i.copy_source_if_none_match.as_ref(),
+                src_customer.as_ref(),
+            )
             .await?;
         let mut extended = if replace { attrs_of(attrs!(i))? } else { copied_attrs(&src) };
         // Tags follow their own directive: copied unless REPLACE gives new ones.
@@ -2215,7 +2314,11 @@ impl S3 for Gateway {
         }
         let compute = want.filter(|_| kept.is_none()).map(|algo| Asked { algo, given: Given::Nothing });
         let (check, computed) = checksum::Check::new(compute.as_ref(), None, None);
-        let (stream, verdict) = body::checked(stream, None, Some(src.size), check);
+        let (mut stream, verdict) = body::checked(stream, None, Some(src.size), check);
+        if let Some(x) = &mut enc {
+            stream = x.encrypt(stream)?;
+        }
+        encryption::set_sealed(&mut extended, enc.as_ref());
         let (precondition, stamp) =
             self.make_way(&i.bucket, &i.key, &p, versioning::mode_of(&bucket), Precondition::Any).await?;
         if let Some(s) = &stamp {
@@ -2224,21 +2327,22 @@ impl S3 for Gateway {
         let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
         let e = self.write_version(&p, &i.key, stream, &verdict, opts, stamp.is_some()).await?;
         let late = compute.and_then(|a| computed.get(a.algo).map(|v| Sum::whole(a.algo, v)));
-        if let Some(s) = &late {
-            self.keep_checksum(&p, &e, s, Origin::Local).await;
-        }
+        let plain_etag = enc.as_ref().and_then(|x| x.plain_etag());
+        self.keep_late(&p, &e, late.as_ref(), plain_etag.as_deref(), Origin::Local).await;
         let mut result = CopyObjectResult {
-            e_tag: Some(ETag::Strong(etag_of(&e))),
+            e_tag: Some(ETag::Strong(plain_etag.unwrap_or_else(|| etag_of(&e)))),
             last_modified: Some(timestamp(e.mtime_ms)),
             ..Default::default()
         };
         with_checksum!(result, kept.as_ref().or(late.as_ref()), typed);
-        Ok(S3Response::new(CopyObjectOutput {
+        let mut out = CopyObjectOutput {
             copy_object_result: Some(result),
             version_id: answered_version(stamp.as_ref()),
             copy_source_version_id: src_version,
             ..Default::default()
-        }))
+        };
+        with_sse!(out, enc.as_ref().map(|x| x.shown()));
+        Ok(S3Response::new(out))
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
@@ -2315,14 +2419,18 @@ impl S3 for Gateway {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let secure = encryption::secure(&req.extensions);
         let i = req.input;
         refuse_unhonoured!(i);
-        let (_, bucket) = self.bucket_entry(&i.bucket).await?;
+        let (bucket_dir, bucket) = self.bucket_entry(&i.bucket).await?;
         let (_, marker) = names::object_path(&i.bucket, &i.key).map_err(name_err)?;
         if marker {
             return Err(s3_error!(InvalidRequest, "a key ending in '/' is a directory: it holds no bytes"));
         }
+        // The upload's data key, sealed, is in its document; each part opens it.
+        let enc = self.encrypting(secure, &bucket_dir, &bucket, sse_headers!(i)).await?;
         let mut extended = attrs_of(attrs!(i))?;
+        encryption::set_sealed(&mut extended, enc.as_ref());
         if let Some(t) = &i.tagging {
             tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
         }
@@ -2360,48 +2468,56 @@ impl S3 for Gateway {
             checksum_full_object: full_object,
         };
         docs::write_json(&*self.filer, &multipart::upload_doc(&id), &upload, None).await.map_err(s3_err)?;
-        Ok(S3Response::new(CreateMultipartUploadOutput {
+        let mut out = CreateMultipartUploadOutput {
             bucket: Some(i.bucket),
             key: Some(i.key),
             upload_id: Some(id),
             checksum_algorithm: upload.checksum_algorithm.clone().map(ChecksumAlgorithm::from),
             checksum_type: algo.map(|_| checksum_type(full_object)),
             ..Default::default()
-        }))
+        };
+        with_sse!(out, enc.as_ref().map(|x| x.shown()));
+        Ok(S3Response::new(out))
     }
 
     async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        let secure = encryption::secure(&req.extensions);
         let asked = checksum::asked(&req.headers)?;
         let S3Request { input: i, trailing_headers, .. } = req;
-        if i.sse_customer_algorithm.is_some() {
-            return Err(s3_error!(
-                InvalidRequest,
-                "the object is not encrypted with a customer key (SSE-C is not implemented)"
-            ));
-        }
+        let customer = encryption::customer(
+            secure,
+            i.sse_customer_algorithm.as_deref(),
+            i.sse_customer_key.as_deref(),
+            i.sse_customer_key_md5.as_deref(),
+        )?;
         if !(1..=multipart::MAX_PART_NUMBER).contains(&i.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to {}", multipart::MAX_PART_NUMBER));
         }
         let len = i.content_length.map(|n| n.max(0) as u64);
         too_large(len)?;
         let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let mut enc = self.encrypting_part(&upload, customer)?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         // The part's checksum of the upload's algorithm is computed whatever the client sent
         // (which is verified): the object's checksum is made of those.
         let of_upload = upload_algo(&upload);
         let (check, computed) = checksum::Check::new(asked.as_ref(), of_upload, trailing_headers);
         let (stream, verdict) = body::checked(body::from_request(i.body), md5, len, check);
-        let opts = WriteOptions { origin: Origin::System, declared_len: len, ..Default::default() };
+        let (stream, extended) = encryption::encrypt_part(stream, enc.as_mut())?;
+        let opts = WriteOptions { origin: Origin::System, declared_len: len, extended, ..Default::default() };
         let part = multipart::part_path(&i.upload_id, i.part_number);
         let e = self.write(&part, stream, &verdict, opts).await?;
         let sum_of = |a: Algo| computed.get(a).map(|v| Sum::whole(a, v));
         let kept = of_upload.or(asked.as_ref().map(|a| a.algo)).and_then(sum_of);
-        if let Some(s) = &kept {
-            self.keep_checksum(&part, &e, s, Origin::System).await;
-        }
-        let mut out = UploadPartOutput { e_tag: Some(ETag::Strong(etag_of(&e))), ..Default::default() };
+        let plain_etag = enc.as_ref().and_then(|x| x.plain_etag());
+        self.keep_late(&part, &e, kept.as_ref(), plain_etag.as_deref(), Origin::System).await;
+        let mut out = UploadPartOutput {
+            e_tag: Some(ETag::Strong(plain_etag.unwrap_or_else(|| etag_of(&e)))),
+            ..Default::default()
+        };
         with_checksum!(out, asked.and_then(|a| sum_of(a.algo)).as_ref());
         with_checksum!(out, kept.as_ref());
+        with_sse!(out, enc.as_ref().map(|x| x.shown()));
         Ok(S3Response::new(out))
     }
 
@@ -2409,42 +2525,60 @@ impl S3 for Gateway {
         &self,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let secure = encryption::secure(&req.extensions);
         let i = req.input;
         if !(1..=multipart::MAX_PART_NUMBER).contains(&i.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to {}", multipart::MAX_PART_NUMBER));
         }
         let upload = self.upload(&i.bucket, &i.key, &i.upload_id).await?;
+        let customer = encryption::customer(
+            secure,
+            i.sse_customer_algorithm.as_deref(),
+            i.sse_customer_key.as_deref(),
+            i.sse_customer_key_md5.as_deref(),
+        )?;
+        let src_customer = encryption::customer(
+            secure,
+            i.copy_source_sse_customer_algorithm.as_deref(),
+            i.copy_source_sse_customer_key.as_deref(),
+            i.copy_source_sse_customer_key_md5.as_deref(),
+        )?;
+        let mut enc = self.encrypting_part(&upload, customer)?;
         let (_, stream, _) = self
             .read_source(
                 &i.copy_source,
                 i.copy_source_range.as_deref(),
                 i.copy_source_if_match.as_ref(),
                 i.copy_source_if_none_match.as_ref(),
+                src_customer.as_ref(),
             )
             .await?;
         let of_upload = upload_algo(&upload);
         let (check, computed) = checksum::Check::new(None, of_upload, None);
         let (stream, verdict) = body::checked(stream, None, None, check);
-        let opts = WriteOptions { origin: Origin::System, ..Default::default() };
+        let (stream, extended) = encryption::encrypt_part(stream, enc.as_mut())?;
+        let opts = WriteOptions { origin: Origin::System, extended, ..Default::default() };
         let part = multipart::part_path(&i.upload_id, i.part_number);
         let e = self.write(&part, stream, &verdict, opts).await?;
         let kept = of_upload.and_then(|a| computed.get(a).map(|v| Sum::whole(a, v)));
-        if let Some(s) = &kept {
-            self.keep_checksum(&part, &e, s, Origin::System).await;
-        }
+        let plain_etag = enc.as_ref().and_then(|x| x.plain_etag());
+        self.keep_late(&part, &e, kept.as_ref(), plain_etag.as_deref(), Origin::System).await;
         let mut result = CopyPartResult {
-            e_tag: Some(ETag::Strong(etag_of(&e))),
+            e_tag: Some(ETag::Strong(plain_etag.unwrap_or_else(|| etag_of(&e)))),
             last_modified: Some(timestamp(e.mtime_ms)),
             ..Default::default()
         };
         with_checksum!(result, kept.as_ref());
-        Ok(S3Response::new(UploadPartCopyOutput { copy_part_result: Some(result), ..Default::default() }))
+        let mut out = UploadPartCopyOutput { copy_part_result: Some(result), ..Default::default() };
+        with_sse!(out, enc.as_ref().map(|x| x.shown()));
+        Ok(S3Response::new(out))
     }
 
     async fn complete_multipart_upload(
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let secure = encryption::secure(&req.extensions);
         let i = req.input;
         let upload = match self.upload(&i.bucket, &i.key, &i.upload_id).await {
             Ok(u) => u,
@@ -2474,6 +2608,21 @@ impl S3 for Gateway {
             return Err(s3_error!(MalformedXML, "CompleteMultipartUpload names no parts"));
         }
         let staged: BTreeMap<i32, Entry> = self.staged_parts(&i.upload_id).await?.into_iter().collect();
+        let mut sealed = crate::sse::Sealed::of(&upload.extended).map_err(encryption::refused)?;
+        // An upload under a customer's key completes only with that key, as S3's does.
+        let customer = match sealed.as_ref().filter(|s| s.is_customer()) {
+            None => None,
+            Some(s) => {
+                let customer = encryption::customer(
+                    secure,
+                    i.sse_customer_algorithm.as_deref(),
+                    i.sse_customer_key.as_deref(),
+                    i.sse_customer_key_md5.as_deref(),
+                )?;
+                s.open(customer.as_ref(), None).map_err(encryption::refused)?;
+                customer
+            }
+        };
         let mut chosen = Vec::with_capacity(wanted.len());
         let mut part_sums = Vec::with_capacity(wanted.len());
         let mut part_etags = Vec::with_capacity(wanted.len());
@@ -2497,6 +2646,15 @@ impl S3 for Gateway {
                 && Some(sent.trim()) != kept.as_deref()
             {
                 return Err(s3_error!(InvalidPart, "part {n}: {} {sent} is not the uploaded part's", a.header()));
+            }
+            if let Some(s) = &mut sealed {
+                // The part's bytes are stored as encrypted, under the IV it was given.
+                let iv = crate::sse::Sealed::of(&e.extended)
+                    .ok()
+                    .flatten()
+                    .and_then(|p| p.ivs.into_iter().next())
+                    .ok_or_else(|| s3_error!(InvalidPart, "part {n} was stored unencrypted; upload it again"))?;
+                s.ivs.push(iv);
             }
             part_sums.push((kept, e.size));
             part_etags.push(etag_of(e));
@@ -2547,6 +2705,9 @@ impl S3 for Gateway {
             .boxed();
         let (stream, verdict) = body::checked(stream, None, Some(total), None);
         let mut extended = upload.extended.clone();
+        if let Some(s) = &sealed {
+            extended.insert(crate::sse::ATTR_SSE.into(), s.to_attr());
+        }
         multipart::set_part_sizes(&mut extended, &sizes);
         extended.insert(ATTR_ETAG.into(), multipart::etag_of_parts(&part_etags));
         if let Some(m) = &made {
@@ -2573,7 +2734,18 @@ impl S3 for Gateway {
         if let Err(err) = self.filer.delete(&multipart::upload_dir(&i.upload_id), opts).await {
             tracing::warn!(upload = %i.upload_id, error = %err, "completed, but its staged parts stay behind");
         }
-        Ok(S3Response::new(completed_output(&done)))
+        let mut out = completed_output(&done);
+        let shown = sealed.as_ref().map(|s| encryption::Shown::of(s, customer.as_ref()));
+        if let Some(s) = &shown {
+            out.server_side_encryption = s.sse.clone();
+            out.ssekms_key_id = s.kms_key_id.clone();
+        }
+        let mut resp = S3Response::new(out);
+        // s3s's CompleteMultipartUploadOutput has no fields for SSE-C's headers.
+        if let Some(s) = shown {
+            encryption::customer_headers(&mut resp.headers, &s);
+        }
+        Ok(resp)
     }
 
     async fn abort_multipart_upload(

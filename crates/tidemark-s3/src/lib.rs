@@ -17,6 +17,7 @@ pub mod list;
 pub mod multipart;
 pub mod names;
 pub mod policy;
+pub mod sse;
 pub mod tagging;
 pub mod versioning;
 
@@ -35,10 +36,11 @@ pub struct Service {
 }
 
 /// The gateway's S3 service over `filer`. `loopback`: it listens on loopback only, so the
-/// development key works while no key is configured.
-pub fn service(filer: Arc<dyn Filer>, loopback: bool) -> Service {
+/// development key works while no key is configured. `keyring`: the keys of SSE-S3 and SSE-KMS
+/// (without one, only SSE-C is honoured and the others are refused).
+pub fn service(filer: Arc<dyn Filer>, loopback: bool, keyring: Option<sse::Keyring>) -> Service {
     let shared = Arc::new(auth::Shared::new(filer.clone(), loopback));
-    let gateway = gateway::Gateway::new(filer, shared.clone());
+    let gateway = gateway::Gateway::new(filer, shared.clone(), keyring.map(Arc::new));
     let mut b = S3ServiceBuilder::new(gateway.clone());
     b.set_auth(auth::Auth(shared.clone()));
     b.set_access(auth::Access(shared));

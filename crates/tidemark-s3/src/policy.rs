@@ -19,7 +19,7 @@ use s3s::{S3Error, S3ErrorCode, S3Result};
 pub const ATTR_POLICY: &str = "s3.policy";
 
 /// Condition keys evaluated here.
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 14] = [
     "aws:referer",
     "aws:useragent",
     "s3:prefix",
@@ -30,6 +30,8 @@ const KEYS: [&str; 12] = [
     "aws:username",
     "s3:x-amz-acl",
     "s3:x-amz-server-side-encryption",
+    "s3:x-amz-server-side-encryption-aws-kms-key-id",
+    "s3:x-amz-server-side-encryption-customer-algorithm",
     "s3:x-amz-copy-source",
     "s3:x-amz-metadata-directive",
 ];

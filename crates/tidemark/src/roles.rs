@@ -78,6 +78,12 @@ pub struct ServerArgs {
     /// under /buckets. Beyond loopback it needs an access key (s3.configure) first.
     #[arg(long, value_name = "HOST:PORT|off", default_value = "127.0.0.1:8333", value_parser = parse_s3_addr)]
     s3_addr: S3Addr,
+    /// Keyring of the S3 gateway's server-side encryption: `NAME=BASE64` lines of 256-bit keys
+    /// (`openssl rand -base64 32`), `aws/s3` for SSE-S3, any name for SSE-KMS (its key id),
+    /// mode 600. Keep it off the disk that holds the content (conventionally
+    /// /etc/tidemark/sse-keys). Without one, SSE-S3 and SSE-KMS are refused; SSE-C needs none.
+    #[arg(long, env = "TIDEMARK_SSE_KEYS", value_name = "FILE")]
+    sse_keys: Option<PathBuf>,
     /// Mount this local directory as a bucket at /buckets/NAME (NAME: the directory's name) with
     /// events enabled: files copied into it appear in the namespace within a second. Idempotent
     /// across restarts. The quick way to see Tidemark work without a cloud account.
@@ -101,6 +107,12 @@ pub struct S3Args {
     /// tidemark/tidemark is accepted.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8333")]
     addr: SocketAddr,
+    /// Keyring of the S3 gateway's server-side encryption: `NAME=BASE64` lines of 256-bit keys
+    /// (`openssl rand -base64 32`), `aws/s3` for SSE-S3, any name for SSE-KMS (its key id),
+    /// mode 600. Keep it off the disk that holds the content (conventionally
+    /// /etc/tidemark/sse-keys). Without one, SSE-S3 and SSE-KMS are refused; SSE-C needs none.
+    #[arg(long, env = "TIDEMARK_SSE_KEYS", value_name = "FILE")]
+    sse_keys: Option<PathBuf>,
     #[command(flatten)]
     tls: ListenTlsArgs,
     /// The filer's token, if it has one.
@@ -643,6 +655,10 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok(l) => l,
         Err(e) => return fail(1, e),
     };
+    let keyring = match a.sse_keys.as_deref().map(tidemark_s3::sse::Keyring::load).transpose() {
+        Ok(k) => k,
+        Err(e) => return fail(2, e),
+    };
     let s3_listener = match a.s3_addr {
         S3Addr::Off => None,
         S3Addr::On(addr) => {
@@ -692,7 +708,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         stopped(stop_rx.clone()),
     ));
     let s3_http = s3_listener.map(|((listener, _), loopback)| {
-        let service = tidemark_s3::service(api.clone(), loopback);
+        let service = tidemark_s3::service(api.clone(), loopback, keyring);
         tokio::spawn(tidemark_s3::serve_tls(listener, service, tls.clone(), stopped(stop_rx.clone())))
     });
     let filer_http = tokio::spawn(http::serve_with(filer_listener, api.clone(), tokens, tls, stopped(stop_rx)));
@@ -758,6 +774,10 @@ pub async fn run_s3(a: S3Args) -> i32 {
     if let Err(e) = tidemark_s3::check_secrets(&*filer).await {
         return fail(2, e);
     }
+    let keyring = match a.sse_keys.as_deref().map(tidemark_s3::sse::Keyring::load).transpose() {
+        Ok(k) => k,
+        Err(e) => return fail(2, e),
+    };
     let tls = match a.tls.acceptor(&[a.addr]) {
         Ok(t) => t,
         Err(e) => return fail(2, e),
@@ -771,7 +791,7 @@ pub async fn run_s3(a: S3Args) -> i32 {
         a.tls.scheme(),
         a.filer
     );
-    let service = tidemark_s3::service(filer, a.addr.ip().is_loopback());
+    let service = tidemark_s3::service(filer, a.addr.ip().is_loopback(), keyring);
     match tidemark_s3::serve_tls(listener, service, tls, shutdown).await {
         Ok(()) => 0,
         Err(e) => fail(1, format!("the S3 gateway stopped: {e}")),

@@ -705,3 +705,42 @@ fn pjdfstest_passes_what_the_namespace_supports() {
     assert_eq!(std::fs::read(mnt.join("after.txt")).unwrap(), b"still here");
     assert!(!m.process.stderr().contains("panicked"), "{}", m.process.stderr());
 }
+
+/// An object the S3 gateway stored encrypted is ciphertext in the namespace: the mount refuses
+/// to serve it as its bytes (EACCES) or to overwrite part of it, and replacing it whole makes
+/// a plain file the gateway serves as such.
+#[test]
+fn an_object_encrypted_by_the_gateway_is_not_read_as_its_bytes_through_the_mount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let server = TidemarkProcess::server(bin(), &t.join("data"), &[]);
+    let m = Mounted::start(&server.addr, &t.join("m"), &[]);
+    let t_s = t.to_str().unwrap().to_string();
+    let boto = format!(
+        "import boto3, base64, os\n\
+         from botocore.config import Config\n\
+         s3 = boto3.client('s3', endpoint_url='http://{}', aws_access_key_id='tidemark', aws_secret_access_key='tidemark',\n\
+           region_name='us-east-1', config=Config(s3={{'addressing_style': 'path'}}))\n\
+         key = dict(SSECustomerAlgorithm='AES256', SSECustomerKey=b'k' * 32)\n",
+        server.s3_addr
+    );
+    sh(&format!(
+        "python3 -c \"{boto}s3.create_bucket(Bucket='enc')\ns3.put_object(Bucket='enc', Key='secret', Body=b'plain words', **key)\""
+    ));
+    let listed = sh(&format!("stat -c %s '{t_s}/m/buckets/enc/secret'"));
+    assert_eq!(listed.trim(), "11", "its size is the object's");
+    let read = Command::new("cat").arg(t.join("m/buckets/enc/secret")).output().unwrap();
+    assert!(!read.status.success(), "read as its bytes: {:?}", read.stdout);
+    assert!(String::from_utf8_lossy(&read.stderr).contains("Permission denied"), "{read:?}");
+    let append =
+        Command::new("bash").args(["-c", &format!("echo more >> '{t_s}/m/buckets/enc/secret'")]).output().unwrap();
+    assert!(!append.status.success(), "a partial overwrite of ciphertext");
+    sh(&format!(
+        "echo replaced > '{t_s}/m/buckets/enc/secret' && test \"$(cat '{t_s}/m/buckets/enc/secret')\" = replaced"
+    ));
+    let got = sh(&format!(
+        "python3 -c \"{boto}r = s3.get_object(Bucket='enc', Key='secret')\nprint(r['Body'].read().decode().strip(), 'ServerSideEncryption' in r or 'SSECustomerAlgorithm' in r)\""
+    ));
+    assert_eq!(got.trim(), "replaced False", "replaced whole, it is a plain object");
+    drop(m);
+}

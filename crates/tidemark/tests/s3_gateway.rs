@@ -160,6 +160,49 @@ fn the_aws_cli_and_rclone_copy_sync_and_check_trees() {
     assert!(out.contains("round-trips checked"), "{out}");
 }
 
+/// Server-side encryption as its clients use it: SSE-S3, SSE-KMS (the keyring's keys) and SSE-C
+/// with boto3, the AWS CLI and rclone; the plaintext nowhere in the data directory; without a
+/// keyring only SSE-C; a keyring others may read, or malformed, stops the start with its reason.
+#[test]
+fn objects_are_encrypted_at_rest_as_their_writers_ask() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = tmp.path().join("sse-keys");
+    let key = |b: u8| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode([b; 32])
+    };
+    std::fs::write(&keys, format!("# test keys\naws/s3={}\ntestkey-1={}\n", key(1), key(2))).unwrap();
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let data = tmp.path().join("data");
+    let keys_arg = keys.to_str().unwrap();
+    let refused = Command::new(bin())
+        .args(["server", "--data-dir", data.to_str().unwrap(), "--filer-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", "127.0.0.1:0", "--s3-addr", "127.0.0.1:0", "--sse-keys", keys_arg])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let server = TidemarkProcess::server(bin(), &data, &["--sse-keys", keys_arg]);
+    let bare = TidemarkProcess::server(bin(), &tmp.path().join("bare"), &[]);
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let args = [
+        "sse",
+        &endpoint(&server),
+        "tidemark",
+        "tidemark",
+        work.to_str().unwrap(),
+        data.to_str().unwrap(),
+        "testkey-1",
+        &endpoint(&bare),
+    ];
+    let out = python(&args, &server);
+    assert!(out.contains("checked"), "{out}");
+}
+
 #[test]
 fn the_s3_role_serves_a_filer_and_refuses_to_listen_openly_without_keys() {
     let tmp = tempfile::tempdir().unwrap();

@@ -6,6 +6,7 @@
     python3 clients.py policies ENDPOINT ONE_AK ONE_SK TWO_AK TWO_SK
     python3 clients.py errors ENDPOINT ACCESS_KEY SECRET_KEY
     python3 clients.py tools  ENDPOINT ACCESS_KEY SECRET_KEY WORKDIR
+    python3 clients.py sse    ENDPOINT ACCESS_KEY SECRET_KEY WORKDIR DATA_DIR KMS_KEY_ID NO_KEYRING_ENDPOINT
 
 Each mode exits non-zero with the failed check on stderr.
 """
@@ -862,13 +863,12 @@ def errors_mode(endpoint, ak, sk):
     s3.list_objects_v2(Bucket=b, ExpectedBucketOwner=owner)
     expect_code("AccessDenied", lambda: s3.list_objects_v2(Bucket=b, ExpectedBucketOwner=owner + "x"), "expected bucket owner")
     assert s3.get_bucket_policy_status(Bucket=b)["PolicyStatus"]["IsPublic"] is False
-    # Encryption and object lock are not done, so never accepted as if they were: refused, and
-    # nothing stored (an SSE-C object would otherwise be readable without its key).
+    # Object lock is not done, nor is SSE-S3 or SSE-KMS without a keyring (this server has
+    # none), so never accepted as if they were: refused, and nothing stored.
     key = b"k" * 32
     for what, extra in [
         ("SSE-S3", {"ServerSideEncryption": "AES256"}),
         ("SSE-KMS", {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/x"}),
-        ("SSE-C", {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": key}),
         ("object lock", {"ObjectLockMode": "GOVERNANCE", "ObjectLockRetainUntilDate": "2030-01-01T00:00:00Z"}),
         ("legal hold", {"ObjectLockLegalHoldStatus": "ON"}),
     ]:
@@ -967,7 +967,147 @@ def tools_mode(endpoint, ak, sk, work):
     print("tools: aws s3 and rclone round-trips checked")
 
 
+def stored_anywhere(data_dir, marker):
+    """Whether `marker` is in any file under data_dir: the content store, the metadata, all."""
+    for root, _, names in os.walk(data_dir):
+        for n in names:
+            try:
+                with open(os.path.join(root, n), "rb") as f:
+                    if marker in f.read():
+                        return True
+            except OSError:
+                pass
+    return False
+
+
+def sse_mode(endpoint, ak, sk, work, data_dir, kms_key, bare_endpoint):
+    s3 = client(endpoint, ak, sk)
+    b = "gw-sse"
+    s3.create_bucket(Bucket=b)
+    key_a = os.urandom(32)
+    key_b = os.urandom(32)
+    def c_args(k, prefix="SSECustomer"):
+        return {f"{prefix}Algorithm": "AES256", f"{prefix}Key": k,}
+    body = b"TIDEMARK-SSE-MARKER-" + os.urandom(64).hex().encode()
+    plain_marker = b"TIDEMARK-PLAIN-MARKER-" + os.urandom(16).hex().encode()
+
+    # Unencrypted, for contrast: its bytes are found on disk as written.
+    s3.put_object(Bucket=b, Key="plain", Body=plain_marker)
+
+    # SSE-S3: answered as such; the ETag is the plaintext's MD5, as S3's.
+    r = s3.put_object(Bucket=b, Key="s3", Body=body, ServerSideEncryption="AES256")
+    assert r["ServerSideEncryption"] == "AES256", r
+    assert r["ETag"].strip('"') == hashlib.md5(body).hexdigest(), r["ETag"]
+    g = s3.get_object(Bucket=b, Key="s3")
+    assert g["Body"].read() == body and g["ServerSideEncryption"] == "AES256"
+    assert s3.get_object(Bucket=b, Key="s3", Range="bytes=5-24")["Body"].read() == body[5:25]
+    assert s3.head_object(Bucket=b, Key="s3")["ServerSideEncryption"] == "AES256"
+    listed = s3.list_objects_v2(Bucket=b, Prefix="s3")["Contents"][0]
+    assert listed["Size"] == len(body), listed
+
+    # SSE-KMS with a keyring key; a key the keyring lacks is refused.
+    r = s3.put_object(Bucket=b, Key="kms", Body=body, ServerSideEncryption="aws:kms", SSEKMSKeyId=kms_key)
+    assert r["ServerSideEncryption"] == "aws:kms" and r["SSEKMSKeyId"] == kms_key, r
+    g = s3.get_object(Bucket=b, Key="kms")
+    assert g["Body"].read() == body and g["SSEKMSKeyId"] == kms_key
+    expect_code("KMS.NotFoundException",
+                lambda: s3.put_object(Bucket=b, Key="x", Body=b"x", ServerSideEncryption="aws:kms", SSEKMSKeyId="nope"),
+                "a KMS key the keyring lacks")
+
+    # SSE-C: readable with its key only.
+    r = s3.put_object(Bucket=b, Key="c", Body=body, **c_args(key_a))
+    assert r["SSECustomerAlgorithm"] == "AES256", r
+    expect_code("InvalidRequest", lambda: s3.get_object(Bucket=b, Key="c"), "an SSE-C object read without its key")
+    assert code_of(lambda: s3.get_object(Bucket=b, Key="c", **c_args(key_b))) is not None, "a wrong key"
+    assert s3.get_object(Bucket=b, Key="c", **c_args(key_a))["Body"].read() == body
+    assert s3.get_object(Bucket=b, Key="c", Range="bytes=70-", **c_args(key_a))["Body"].read() == body[70:]
+    expect_code("InvalidRequest", lambda: s3.get_object(Bucket=b, Key="s3", **c_args(key_a)),
+                "a customer key for an object without one")
+
+    # A multipart upload under a customer key: every part needs it; ranges across parts decrypt.
+    big = os.urandom(5 * 1024 * 1024) + body
+    u = s3.create_multipart_upload(Bucket=b, Key="mp", **c_args(key_a))["UploadId"]
+    assert code_of(lambda: s3.upload_part(Bucket=b, Key="mp", UploadId=u, PartNumber=1, Body=big[:5 << 20])) \
+        == "InvalidRequest", "a part without the upload's key"
+    e1 = s3.upload_part(Bucket=b, Key="mp", UploadId=u, PartNumber=1, Body=big[:5 << 20], **c_args(key_a))["ETag"]
+    again = s3.upload_part(Bucket=b, Key="mp", UploadId=u, PartNumber=1, Body=big[:5 << 20], **c_args(key_a))["ETag"]
+    assert e1 == again, "a part sent twice has one ETag"
+    e2 = s3.upload_part(Bucket=b, Key="mp", UploadId=u, PartNumber=2, Body=big[5 << 20:], **c_args(key_a))["ETag"]
+    s3.complete_multipart_upload(Bucket=b, Key="mp", UploadId=u, **c_args(key_a),
+                                 MultipartUpload={"Parts": [{"ETag": e1, "PartNumber": 1}, {"ETag": e2, "PartNumber": 2}]})
+    lo, hi = (5 << 20) - 10, (5 << 20) + 30
+    got = s3.get_object(Bucket=b, Key="mp", Range=f"bytes={lo}-{hi}", **c_args(key_a))["Body"].read()
+    assert got == big[lo:hi + 1]
+    assert s3.get_object(Bucket=b, Key="mp", PartNumber=2, **c_args(key_a))["Body"].read() == body
+    assert s3.get_object(Bucket=b, Key="mp", **c_args(key_a))["Body"].read() == big
+
+    # A copy decrypts its source with the source's key and encrypts as asked.
+    s3.copy_object(Bucket=b, Key="c-to-s3", CopySource={"Bucket": b, "Key": "c"}, ServerSideEncryption="AES256",
+                   **c_args(key_a, "CopySourceSSECustomer"))
+    g = s3.get_object(Bucket=b, Key="c-to-s3")
+    assert g["Body"].read() == body and g["ServerSideEncryption"] == "AES256"
+    expect_code("InvalidRequest", lambda: s3.copy_object(Bucket=b, Key="y", CopySource={"Bucket": b, "Key": "c"}),
+                "a copy of an SSE-C object without its key")
+
+    # A bucket's default encryption applies to writes that ask for none.
+    s3.put_bucket_encryption(Bucket=b, ServerSideEncryptionConfiguration={
+        "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})
+    assert s3.put_object(Bucket=b, Key="default", Body=body)["ServerSideEncryption"] == "AES256"
+    rules = s3.get_bucket_encryption(Bucket=b)["ServerSideEncryptionConfiguration"]["Rules"]
+    assert rules[0]["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256", rules
+    s3.delete_bucket_encryption(Bucket=b)
+    expect_code("ServerSideEncryptionConfigurationNotFoundError", lambda: s3.get_bucket_encryption(Bucket=b),
+                "a bucket without default encryption")
+    assert "ServerSideEncryption" not in s3.put_object(Bucket=b, Key="after", Body=b"x")
+
+    # At rest: the encrypted objects' bytes are nowhere on disk; the unencrypted one's are.
+    assert stored_anywhere(data_dir, plain_marker), "the scan finds what is stored as written"
+    assert not stored_anywhere(data_dir, body[:40]), "an encrypted object's plaintext is on disk"
+
+    # The AWS CLI and rclone, each with SSE-S3 and SSE-C, round-trip a file.
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, AWS_DEFAULT_REGION="us-east-1",
+               AWS_EC2_METADATA_DISABLED="true")
+    aws = ["aws", "--endpoint-url", endpoint]
+    src = os.path.join(work, "sse-src")
+    os.makedirs(src, exist_ok=True)
+    with open(os.path.join(src, "f.bin"), "wb") as f:
+        f.write(os.urandom(6 * 1024 * 1024))
+    cli_key = "0123456789abcdef0123456789abcdef"
+    run(aws + ["s3", "cp", os.path.join(src, "f.bin"), f"s3://{b}/cli/s3.bin", "--sse", "AES256"], env)
+    run(aws + ["s3", "cp", os.path.join(src, "f.bin"), f"s3://{b}/cli/c.bin", "--sse-c", "AES256", "--sse-c-key", cli_key], env)
+    run(aws + ["s3", "cp", f"s3://{b}/cli/c.bin", os.path.join(work, "c.back"), "--sse-c", "AES256", "--sse-c-key", cli_key], env)
+    run(aws + ["s3", "cp", f"s3://{b}/cli/s3.bin", os.path.join(work, "s3.back")], env)
+    for back in ("c.back", "s3.back"):
+        with open(os.path.join(work, back), "rb") as f1, open(os.path.join(src, "f.bin"), "rb") as f2:
+            assert f1.read() == f2.read(), back
+    base = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    base.update(RCLONE_CONFIG_TM_TYPE="s3", RCLONE_CONFIG_TM_PROVIDER="Other",
+                RCLONE_CONFIG_TM_ACCESS_KEY_ID=ak, RCLONE_CONFIG_TM_SECRET_ACCESS_KEY=sk,
+                RCLONE_CONFIG_TM_ENDPOINT=endpoint, RCLONE_CONFIG_TM_REGION="us-east-1",
+                RCLONE_CONFIG_TM_FORCE_PATH_STYLE="true", RCLONE_CONFIG=os.path.join(work, "rclone.conf"))
+    rc = ["rclone", "--retries", "1", "--low-level-retries", "1", "--s3-upload-cutoff", "5M", "--s3-chunk-size", "5M"]
+    # (rclone sends a customer key over HTTPS only: SSE-C is the AWS CLI's above.)
+    for name, extra in [("s3", dict(RCLONE_CONFIG_TM_SERVER_SIDE_ENCRYPTION="AES256"))]:
+        renv = dict(base, **extra)
+        # rclone checks each upload's MD5 against the ETag where it is one (SSE-S3).
+        run(rc + ["copy", src, f"tm:{b}/rclone-{name}"], renv)
+        back = os.path.join(work, f"rclone-{name}")
+        run(rc + ["copy", f"tm:{b}/rclone-{name}", back], renv)
+        with open(os.path.join(back, "f.bin"), "rb") as f1, open(os.path.join(src, "f.bin"), "rb") as f2:
+            assert f1.read() == f2.read(), name
+
+    # Without a keyring, SSE-S3 and SSE-KMS are refused, never stored unencrypted; SSE-C works.
+    bare = client(bare_endpoint, ak, sk)
+    bare.create_bucket(Bucket="gw-bare")
+    expect_code("NotImplemented", lambda: bare.put_object(Bucket="gw-bare", Key="k", Body=b"x", ServerSideEncryption="AES256"),
+                "SSE-S3 without a keyring")
+    expect_code("404", lambda: bare.head_object(Bucket="gw-bare", Key="k"), "nothing stored")
+    bare.put_object(Bucket="gw-bare", Key="c", Body=b"x", **c_args(key_a))
+    assert bare.get_object(Bucket="gw-bare", Key="c", **c_args(key_a))["Body"].read() == b"x"
+    print("sse: SSE-S3, SSE-KMS and SSE-C checked with boto3, the AWS CLI and rclone")
+
+
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     {"boto3": boto3_mode, "access": access_mode, "owners": owners_mode, "policies": policy_mode, "anonymous": anonymous_mode, "errors": errors_mode,
-     "tools": tools_mode}[mode](*rest)
+     "tools": tools_mode, "sse": sse_mode}[mode](*rest)
