@@ -444,3 +444,26 @@ async fn an_upload_in_flight_when_its_file_is_renamed_again_is_nobodys_and_goes(
     reconcile_mount(&filer, &bucket, &mount).await;
     assert!(filer.stat("/m/b").await.unwrap().is_none());
 }
+
+/// A new file deleted by its user while the sync is putting it at its key: that upload is
+/// nobody's. Its event (here a reconcile, which decides as an event's apply does) must not bring
+/// the file back — the delete left a tombstone of the pending upload — and the sync deletes the
+/// object when it handles the delete.
+#[tokio::test]
+async fn an_upload_in_flight_when_its_file_is_deleted_is_nobodys_and_goes() {
+    let (filer, bucket, mount, _d) = setup().await;
+    synced_mount_of(&filer, &bucket, &mount).await;
+    let start = filer.store().last_seq().await.unwrap();
+    let e = filer.write("/m/new", body("fresh"), WriteOptions::default()).await.unwrap();
+    // The sync's upload of it, as it makes it (its metadata names the file's version)...
+    let meta = tidemark_core::decide::upload_metadata("cluster-1", "/m/new", e.version);
+    tidemark_core::RemoteStorage::put(&bucket, "pre/new", Bytes::from("fresh"), meta).await.unwrap();
+    // ...lands just after the user's delete.
+    filer.delete("/m/new", DeleteOptions::default()).await.unwrap();
+    reconcile_mount(&filer, &bucket, &mount).await;
+    assert!(filer.stat("/m/new").await.unwrap().is_none(), "the in-flight upload brought the deleted file back");
+    sync_all_since(&filer, &bucket, &mount, start).await;
+    assert!(keys(&bucket).await.is_empty(), "{:?}", keys(&bucket).await);
+    reconcile_mount(&filer, &bucket, &mount).await;
+    assert!(filer.stat("/m/new").await.unwrap().is_none());
+}

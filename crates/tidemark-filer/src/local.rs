@@ -168,7 +168,27 @@ impl LocalFiler {
             return Ok(());
         }
         let victims = self.entry_and_below(p, recursive).await?;
-        self.write_tombstones(victims.iter().filter(|e| !e.is_dir()).map(|e| (e, None))).await
+        self.write_tombstones(victims.iter().filter(|e| !e.is_dir()).map(|e| (e, None))).await?;
+        // A local-only file may be on its way to the bucket: the outbound sync may be putting it
+        // at this very moment. A tombstone of that pending upload keeps its event from bringing
+        // the file back, and tells the sync the object is nobody's (as a rename's does).
+        let now = self.clock.now_ms();
+        let pending: Vec<Txn> = victims
+            .iter()
+            .filter(|e| e.kind == tidemark_core::model::EntryKind::File && e.remote.is_none())
+            .map(|e| tombstone_txn(&pending_upload_tombstone(e, now, None), now))
+            .collect();
+        self.apply_batches(pending).await
+    }
+
+    /// Applies `txns`, at most a batch at a time, failing on the first refused.
+    async fn apply_batches(&self, txns: Vec<Txn>) -> Result<()> {
+        for batch in txns.chunks(tidemark_core::model::MAX_BATCH) {
+            for r in self.store.apply_many(TxnBatch { fence: None, txns: batch.to_vec() }).await? {
+                r?;
+            }
+        }
+        Ok(())
     }
 
     /// The entry at `p` and, with `below`, every entry under it (none if `p` is absent).
@@ -346,26 +366,9 @@ impl LocalFiler {
                     .iter()
                     .filter(|e| e.kind == tidemark_core::model::EntryKind::File)
                     .filter(|e| e.remote.as_ref().is_none_or(|r| r.moved_from.is_some()))
-                    .map(|e| {
-                        let r = e.remote.as_ref();
-                        let t = tidemark_core::decide::Tombstone {
-                            path: e.path.clone(),
-                            version: e.version,
-                            etag: r.map(|r| r.etag.clone()).unwrap_or_default(),
-                            remote_mtime_ms: r.map_or(0, |r| r.remote_mtime_ms),
-                            deleted_at_ms: now,
-                            pending_upload: true,
-                            pending_after: tidemark_core::decide::pending_after(e),
-                            moved_to: Some(new_path(e)),
-                        };
-                        tombstone_txn(&t, now)
-                    })
+                    .map(|e| tombstone_txn(&pending_upload_tombstone(e, now, Some(new_path(e))), now))
                     .collect();
-                for batch in pending.chunks(tidemark_core::model::MAX_BATCH) {
-                    for r in self.store.apply_many(TxnBatch { fence: None, txns: batch.to_vec() }).await? {
-                        r?;
-                    }
-                }
+                self.apply_batches(pending).await?;
                 for e in &moved {
                     let Some(old) = e.remote.as_ref().and_then(|r| r.moved_from.as_deref()) else { continue };
                     let at = tidemark_core::remote::system_paths::tombstone(old);
@@ -481,6 +484,22 @@ impl LocalFiler {
         if let Stored::Blob { id, .. } = stored {
             let _ = self.blobs.remove(id).await;
         }
+    }
+}
+
+/// The tombstone of a file's upload that may be in flight as the file goes from its path
+/// (deleted, or renamed to `moved_to`) before its object was put at the path's key.
+fn pending_upload_tombstone(e: &Entry, now: i64, moved_to: Option<String>) -> tidemark_core::decide::Tombstone {
+    let r = e.remote.as_ref();
+    tidemark_core::decide::Tombstone {
+        path: e.path.clone(),
+        version: e.version,
+        etag: r.map(|r| r.etag.clone()).unwrap_or_default(),
+        remote_mtime_ms: r.map_or(0, |r| r.remote_mtime_ms),
+        deleted_at_ms: now,
+        pending_upload: true,
+        pending_after: tidemark_core::decide::pending_after(e),
+        moved_to,
     }
 }
 
