@@ -230,14 +230,7 @@ impl LocalFiler {
                 Some(tombstone_txn(&t, now))
             })
             .collect();
-        let mut txns = txns.into_iter().peekable();
-        while txns.peek().is_some() {
-            let batch: Vec<Txn> = txns.by_ref().take(tidemark_core::model::MAX_BATCH).collect();
-            for r in self.store.apply_many(TxnBatch { fence: None, txns: batch }).await? {
-                r?;
-            }
-        }
-        Ok(())
+        self.apply_batches(txns).await
     }
 
     /// Applies a transaction, then removes the blobs that no entry names any more.

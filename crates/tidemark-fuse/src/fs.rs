@@ -1403,6 +1403,9 @@ impl Filesystem for TidemarkFs {
     ) {
         let r = self.handle(fh).and_then(|h| {
             let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+            if h.sealed {
+                return Err(Errno::EACCES); // the encrypted object's bytes are not its plaintext
+            }
             self.read_at(&mut h, offset, size)
         });
         match r {

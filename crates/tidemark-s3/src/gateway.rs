@@ -1669,16 +1669,7 @@ impl S3 for Gateway {
         let (dir, _) = self.bucket_entry(&i.bucket).await?;
         let c = i.server_side_encryption_configuration;
         encryption::check_default(&c, self.keyring.as_deref())?;
-        if let Some(m) = self.remote_mount_at(&dir).await? {
-            return Err(s3_error!(
-                NotImplemented,
-                "bucket {:?} is (in) the remote mount {} of {}: its objects are the remote bucket's, stored as \
-                 written; set the remote bucket's own default encryption",
-                i.bucket,
-                m.dir,
-                m.location
-            ));
-        }
+        self.refuse_encryption_in_remote_mount(&dir).await?;
         self.set_bucket_config(&i.bucket, encryption::ATTR_ENCRYPTION, Some(&c)).await?;
         Ok(S3Response::new(PutBucketEncryptionOutput::default()))
     }
@@ -1737,9 +1728,7 @@ impl S3 for Gateway {
         let (dir, _) = self.bucket_entry(&i.bucket).await?;
         let mut c = i.lifecycle_configuration.ok_or_else(|| s3_error!(MalformedXML, "no LifecycleConfiguration"))?;
         lifecycle::validate(&mut c)?;
-        let mounts: MountMapping =
-            docs::read_json(&*self.filer, MOUNT_MAPPING).await.map_err(s3_err)?.map(|(m, _)| m).unwrap_or_default();
-        if let Some(m) = mounts.mounts.iter().find(|m| path::is_within(&m.dir, &dir) || path::is_within(&dir, &m.dir)) {
+        if let Some(m) = self.remote_mount_at(&dir).await? {
             return Err(s3_error!(
                 InvalidRequest,
                 "bucket {:?} is mounted from {}: its lifecycle is that bucket's own rules; set them there",
@@ -1814,9 +1803,7 @@ impl S3 for Gateway {
             None => return Err(s3_error!(MalformedXML, "the versioning configuration names no Status")),
         };
         let (dir, _) = self.bucket_entry(&i.bucket).await?;
-        let mounts: MountMapping =
-            docs::read_json(&*self.filer, MOUNT_MAPPING).await.map_err(s3_err)?.map(|(m, _)| m).unwrap_or_default();
-        if let Some(m) = mounts.mounts.iter().find(|m| path::is_within(&m.dir, &dir) || path::is_within(&dir, &m.dir)) {
+        if let Some(m) = self.remote_mount_at(&dir).await? {
             return Err(s3_error!(
                 NotImplemented,
                 "bucket {:?} is (in) the remote mount {} of {}: its objects are the remote bucket's, whose own \

@@ -446,10 +446,11 @@ pub fn crypt(
                 {
                     h.update(&b);
                 }
-                let mut v = b.to_vec();
+                // In place where the chunk is ours alone (a body's frames are), else a copy.
+                let mut v = bytes::BytesMut::from(b);
                 cipher.apply(*at, &mut v);
                 *at += v.len() as u64;
-                bytes::Bytes::from(v)
+                v.freeze()
             });
             futures::future::ready(Some(out))
         })

@@ -31,9 +31,9 @@ pub(super) fn refused(r: Refusal) -> S3Error {
             S3ErrorCode::InvalidRequest,
             "The encryption parameters are not applicable to this object (it is not encrypted with a customer key).",
         ),
-        Refusal::WrongCustomerKey => custom_error(
-            "AccessDenied",
-            StatusCode::BAD_REQUEST,
+        // 400, as RGW answers and ceph/s3-tests expect; AWS answers 403.
+        Refusal::WrongCustomerKey => S3Error::with_message(
+            S3ErrorCode::InvalidRequest,
             "The customer key given is not the one the object was encrypted with.",
         ),
         Refusal::Unreadable(m) => {
@@ -194,16 +194,7 @@ impl Gateway {
                 None => return Ok(None),
             },
         };
-        if let Some(m) = self.remote_mount_at(bucket_dir).await? {
-            return Err(s3_error!(
-                NotImplemented,
-                "{} is (in) the remote mount {} of {}: its objects are the remote bucket's, stored as written; \
-                 encrypt them there (the remote bucket's own default encryption)",
-                path::name(bucket_dir),
-                m.dir,
-                m.location
-            ));
-        }
+        self.refuse_encryption_in_remote_mount(bucket_dir).await?;
         let (sealed, key) = Sealed::new(&want, self.keyring.as_deref()).map_err(refused)?;
         let customer = match &want {
             Want::Customer(c) => Some(c.clone()),
@@ -242,6 +233,22 @@ impl Gateway {
         let sizes = multipart::part_sizes(&e.extended, e.size);
         let cipher = Cipher::of_parts(&key, &sealed.ivs, &sizes).map_err(refused)?;
         Ok(Some(Decrypting { cipher, shown: Shown::of(&sealed, customer) }))
+    }
+
+    /// Encryption is refused in a bucket at or below a remote mount: its objects are carried to
+    /// the remote bucket as stored, where its readers could not decrypt them.
+    pub(super) async fn refuse_encryption_in_remote_mount(&self, bucket_dir: &str) -> S3Result<()> {
+        match self.remote_mount_at(bucket_dir).await? {
+            None => Ok(()),
+            Some(m) => Err(s3_error!(
+                NotImplemented,
+                "bucket {:?} is (in) the remote mount {} of {}: its objects are the remote bucket's, stored as \
+                 written; encrypt them there (the remote bucket's own default encryption)",
+                path::name(bucket_dir),
+                m.dir,
+                m.location
+            )),
+        }
     }
 
     /// The remote mount `dir` is in or holds, if any.
