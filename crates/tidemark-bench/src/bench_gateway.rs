@@ -77,20 +77,25 @@ async fn gets(
     Ok((rate, times.into_iter().map(|r| r.map(|x| x.0)).collect::<Result<_, _>>()?))
 }
 
-/// MiB/s of `n` PUTs of `body`, 4 at a time.
-async fn puts(c: &aws_sdk_s3::Client, bucket: &str, body: &Bytes, n: usize) -> Result<f64, String> {
+/// One PUT of `body` as `key`, encrypted with SSE-S3 if `sse`.
+async fn put_one(c: &aws_sdk_s3::Client, bucket: &str, key: &str, body: &Bytes, sse: bool) -> Result<(), String> {
+    let sse = sse.then_some(aws_sdk_s3::types::ServerSideEncryption::Aes256);
+    c.put_object()
+        .bucket(bucket)
+        .key(key)
+        .set_server_side_encryption(sse)
+        .body(aws_sdk_s3::primitives::ByteStream::from(body.clone()))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| sdk_err("PutObject", e))
+}
+
+/// MiB/s of `n` PUTs of `body`, 4 at a time (encrypted with SSE-S3 if `sse`).
+async fn puts(c: &aws_sdk_s3::Client, bucket: &str, body: &Bytes, n: usize, sse: bool) -> Result<f64, String> {
     let t = Instant::now();
     let results: Vec<Result<(), String>> = futures::stream::iter(0..n)
-        .map(|i| async move {
-            c.put_object()
-                .bucket(bucket)
-                .key(format!("put/{i:05}.bin"))
-                .body(aws_sdk_s3::primitives::ByteStream::from(body.clone()))
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| sdk_err("PutObject", e))
-        })
+        .map(|i| async move { put_one(c, bucket, &format!("put/{i:05}.bin"), body, sse).await })
         .buffer_unordered(4)
         .collect()
         .await;
@@ -128,8 +133,14 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
     let addr = listener.local_addr().map_err(err)?;
     let api: Arc<dyn Filer> = filer.clone();
-    let server =
-        tokio::spawn(tidemark_s3::serve(listener, tidemark_s3::service(api, true, None), std::future::pending()));
+    // A keyring of one fresh key, for SSE-S3's figures.
+    let key: [u8; 32] = std::array::from_fn(|i| (i as u8).wrapping_mul(37).wrapping_add(size as u8));
+    let keyring = {
+        use base64::Engine as _;
+        tidemark_s3::sse::Keyring::parse(&format!("aws/s3={}", base64::engine::general_purpose::STANDARD.encode(key)))?
+    };
+    let service = tidemark_s3::service(api, true, Some(keyring));
+    let server = tokio::spawn(tidemark_s3::serve(listener, service, std::future::pending()));
     let gw = client_for(
         &format!("http://{addr}"),
         tidemark_s3::identity::DEV_ACCESS_KEY,
@@ -196,12 +207,38 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
     // PUTs of 1 MiB: into a local bucket through the gateway, beside the endpoint.
     gw.create_bucket().bucket("bench-local").send().await.map_err(|e| sdk_err("CreateBucket", e))?;
     let body = Bytes::from(vec![b'p'; PUT_BYTES]);
-    let gw_put = puts(&gw, "bench-local", &body, b.puts).await?;
-    let ep_put = puts(&remote, &bucket, &body, b.puts).await?;
+    let gw_put = puts(&gw, "bench-local", &body, b.puts, false).await?;
+    let ep_put = puts(&remote, &bucket, &body, b.puts, false).await?;
     println!(
         "  PUT 1 MiB x {} (4 at a time): gateway {gw_put:.0} MiB/s (fsynced) | endpoint {ep_put:.0} MiB/s | ratio {:.2}",
         b.puts,
         gw_put / ep_put
+    );
+
+    // Encryption's cost, in the same local bucket: SSE-S3 beside none, for PUTs of 1 MiB and
+    // GETs of the large object.
+    let sse_put = puts(&gw, "bench-local", &body, b.puts, true).await?;
+    put_one(&gw, "bench-local", "plain-large.bin", &large, false).await?;
+    put_one(&gw, "bench-local", "sse-large.bin", &large, true).await?;
+    let (mut clear, mut sealed) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        for (key, times) in [("plain-large.bin", &mut clear), ("sse-large.bin", &mut sealed)] {
+            let (secs, n) = sdk_get(&gw, "bench-local", key).await?;
+            if n != size {
+                return Err(format!("the gateway returned {n} bytes of {size} of {key}"));
+            }
+            times.push(secs);
+        }
+    }
+    let (c, e) = (best(&clear), best(&sealed));
+    println!(
+        "  SSE-S3: PUT 1 MiB x {} {sse_put:.0} MiB/s ÷ unencrypted {:.2} | GET {} {:.0} MiB/s ÷ unencrypted ({:.0} MiB/s) {:.2}",
+        b.puts,
+        sse_put / gw_put,
+        human_bytes(size),
+        mib_s(size, e),
+        mib_s(size, c),
+        c / e
     );
     server.abort();
     println!("  (the bucket {bucket} is left on the endpoint)");
