@@ -910,6 +910,17 @@ def run(cmd, env, **kw):
     return r.stdout
 
 
+def rclone(env, endpoint, ak, sk, work):
+    """rclone's environment for the gateway as remote `tm` (as its users configure it), and its command."""
+    renv = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    renv.update(RCLONE_CONFIG_TM_TYPE="s3", RCLONE_CONFIG_TM_PROVIDER="Other",
+                RCLONE_CONFIG_TM_ACCESS_KEY_ID=ak, RCLONE_CONFIG_TM_SECRET_ACCESS_KEY=sk,
+                RCLONE_CONFIG_TM_ENDPOINT=endpoint, RCLONE_CONFIG_TM_REGION="us-east-1",
+                RCLONE_CONFIG_TM_FORCE_PATH_STYLE="true", RCLONE_CONFIG=os.path.join(work, "rclone.conf"))
+    rc = ["rclone", "--retries", "1", "--low-level-retries", "1", "--s3-upload-cutoff", "5M", "--s3-chunk-size", "5M"]
+    return renv, rc
+
+
 def tools_mode(endpoint, ak, sk, work):
     env = dict(os.environ, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, AWS_DEFAULT_REGION="us-east-1",
                AWS_EC2_METADATA_DISABLED="true")
@@ -943,12 +954,7 @@ def tools_mode(endpoint, ak, sk, work):
     assert "single/" not in out and "synced/" in out, out
 
     # rclone, configured from the environment as its users do.
-    renv = {k: v for k, v in env.items() if not k.startswith("AWS_")}
-    renv.update(RCLONE_CONFIG_TM_TYPE="s3", RCLONE_CONFIG_TM_PROVIDER="Other",
-                RCLONE_CONFIG_TM_ACCESS_KEY_ID=ak, RCLONE_CONFIG_TM_SECRET_ACCESS_KEY=sk,
-                RCLONE_CONFIG_TM_ENDPOINT=endpoint, RCLONE_CONFIG_TM_REGION="us-east-1",
-                RCLONE_CONFIG_TM_FORCE_PATH_STYLE="true", RCLONE_CONFIG=os.path.join(work, "rclone.conf"))
-    rc = ["rclone", "--retries", "1", "--low-level-retries", "1", "--s3-upload-cutoff", "5M", "--s3-chunk-size", "5M"]
+    renv, rc = rclone(env, endpoint, ak, sk, work)
     run(rc + ["mkdir", "tm:gw-rclone"], renv)
     run(rc + ["copy", src, "tm:gw-rclone/copy"], renv)
     run(rc + ["check", src, "tm:gw-rclone/copy"], renv)
@@ -1080,12 +1086,7 @@ def sse_mode(endpoint, ak, sk, work, data_dir, kms_key, bare_endpoint):
     for back in ("c.back", "s3.back"):
         with open(os.path.join(work, back), "rb") as f1, open(os.path.join(src, "f.bin"), "rb") as f2:
             assert f1.read() == f2.read(), back
-    base = {k: v for k, v in env.items() if not k.startswith("AWS_")}
-    base.update(RCLONE_CONFIG_TM_TYPE="s3", RCLONE_CONFIG_TM_PROVIDER="Other",
-                RCLONE_CONFIG_TM_ACCESS_KEY_ID=ak, RCLONE_CONFIG_TM_SECRET_ACCESS_KEY=sk,
-                RCLONE_CONFIG_TM_ENDPOINT=endpoint, RCLONE_CONFIG_TM_REGION="us-east-1",
-                RCLONE_CONFIG_TM_FORCE_PATH_STYLE="true", RCLONE_CONFIG=os.path.join(work, "rclone.conf"))
-    rc = ["rclone", "--retries", "1", "--low-level-retries", "1", "--s3-upload-cutoff", "5M", "--s3-chunk-size", "5M"]
+    base, rc = rclone(env, endpoint, ak, sk, work)
     # (rclone sends a customer key over HTTPS only: SSE-C is the AWS CLI's above.)
     for name, extra in [("s3", dict(RCLONE_CONFIG_TM_SERVER_SIDE_ENCRYPTION="AES256"))]:
         renv = dict(base, **extra)
