@@ -138,10 +138,15 @@ async fn two_workers_tail_across_slices_through_a_pause_and_a_kill() {
     // Woken, the paused worker finds its lease gone: its slice ends as lease lost, writing nothing.
     paused.signal("CONT");
     let paused_log = if holder == "wa" { tmp.path().join("wa.log") } else { tmp.path().join("wb.log") };
-    eventually("the woken worker's slice ends on the fence", Duration::from_secs(30), async || {
-        std::fs::read_to_string(&paused_log).unwrap_or_default().contains("lease_lost")
-    })
-    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&paused_log).unwrap_or_default().contains("lease_lost") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the woken worker's slice did not end on the fence within 30 s; its log:\n{}",
+            std::fs::read_to_string(&paused_log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // 3. Kill the holder mid-slice while puts arrive; restart it. Nothing is lost.
     put_some(5, Duration::from_millis(200), &mut expected).await;
