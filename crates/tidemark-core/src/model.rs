@@ -498,25 +498,15 @@ pub mod object_attrs {
 }
 
 impl Txn {
+    /// `mutation` at `path`, unconditional, unfenced.
+    pub fn of(path: impl Into<String>, mutation: Mutation, origin: Origin) -> Self {
+        Txn { path: path.into(), precondition: Precondition::Any, fence: None, mutation, origin, dir_times: false }
+    }
     pub fn put(path: impl Into<String>, entry: NewEntry, origin: Origin) -> Self {
-        Txn {
-            path: path.into(),
-            precondition: Precondition::Any,
-            fence: None,
-            mutation: Mutation::Put { entry, data: None },
-            origin,
-            dir_times: false,
-        }
+        Txn::of(path, Mutation::Put { entry, data: None }, origin)
     }
     pub fn delete(path: impl Into<String>, recursive: bool, origin: Origin) -> Self {
-        Txn {
-            path: path.into(),
-            precondition: Precondition::Any,
-            fence: None,
-            mutation: Mutation::Delete { recursive },
-            origin,
-            dir_times: false,
-        }
+        Txn::of(path, Mutation::Delete { recursive }, origin)
     }
     pub fn with_precondition(mut self, p: Precondition) -> Self {
         self.precondition = p;
@@ -547,26 +537,12 @@ impl Txn {
     }
 
     pub fn rename(from: impl Into<String>, to: impl Into<String>, origin: Origin) -> Self {
-        Txn {
-            path: from.into(),
-            precondition: Precondition::Any,
-            fence: None,
-            mutation: Mutation::Rename { to: to.into(), to_precondition: Precondition::Any },
-            origin,
-            dir_times: false,
-        }
+        Txn::of(from, Mutation::Rename { to: to.into(), to_precondition: Precondition::Any }, origin)
     }
 
     /// A second name `to` for the file at `from` ([`Mutation::Link`]).
     pub fn link(from: impl Into<String>, to: impl Into<String>, origin: Origin) -> Self {
-        Txn {
-            path: from.into(),
-            precondition: Precondition::Any,
-            fence: None,
-            mutation: Mutation::Link { to: to.into() },
-            origin,
-            dir_times: false,
-        }
+        Txn::of(from, Mutation::Link { to: to.into() }, origin)
     }
 
     /// The checks every store backend makes before touching anything, so that all backends

@@ -77,17 +77,30 @@ impl Gateway {
         Ok(self.filer.stat(p).await.map_err(s3_err)?.filter(|e| e.kind == tidemark_core::model::EntryKind::File))
     }
 
+    /// Applies a change conditional on a version the gateway read: the version gone or changed
+    /// means another request came in between (`raced`: retry).
+    async fn apply_or_raced(&self, txn: Txn, key: &str) -> S3Result<()> {
+        match self.filer.apply(txn).await {
+            Ok(_) => Ok(()),
+            Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => Err(raced(key)),
+            Err(e) => Err(s3_err(e)),
+        }
+    }
+
+    /// Deletes the version file `e` as read: gone already is as good; changed is a race.
+    async fn delete_as_read(&self, e: &Entry, key: &str) -> S3Result<()> {
+        let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
+        match self.filer.delete(&e.path, opts).await {
+            Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+            Err(Error::PreconditionFailed { .. }) => Err(raced(key)),
+            Err(err) => Err(s3_err(err)),
+        }
+    }
+
     /// Makes the directory a kept version goes into (and its parents): one conditional put, an
     /// existing directory being as good.
     async fn make_dir(&self, dir: &str) -> S3Result<()> {
-        let txn = Txn {
-            path: dir.to_string(),
-            precondition: Precondition::Absent,
-            fence: None,
-            mutation: tidemark_core::model::Mutation::Put { entry: NewEntry::dir(now_ms()), data: None },
-            origin: Origin::Local,
-            dir_times: false,
-        };
+        let txn = Txn::put(dir, NewEntry::dir(now_ms()), Origin::Local).with_precondition(Precondition::Absent);
         match self.filer.apply(txn).await {
             Ok(_) | Err(Error::PreconditionFailed { .. }) => Ok(()),
             Err(e) => Err(s3_err(e)),
@@ -114,12 +127,7 @@ impl Gateway {
     async fn drop_kept_null(&self, bucket: &str, key: &str) -> S3Result<()> {
         for (s, e) in self.kept_versions(bucket, key).await? {
             if s.is_null() {
-                let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
-                match self.filer.delete(&e.path, opts).await {
-                    Ok(_) | Err(Error::NotFound { .. }) => {}
-                    Err(Error::PreconditionFailed { .. }) => return Err(raced(key)),
-                    Err(err) => return Err(s3_err(err)),
-                }
+                self.delete_as_read(&e, key).await?;
             }
         }
         Ok(())
@@ -172,19 +180,8 @@ impl Gateway {
         // A name there already is this version, kept by a write that then failed.
         if self.filer.stat(&to).await.map_err(s3_err)?.is_none() {
             self.make_dir(path::parent(&to).unwrap_or("/")).await?;
-            let txn = Txn {
-                path: p.to_string(),
-                precondition: Precondition::Version(cur.version),
-                fence: None,
-                mutation: tidemark_core::model::Mutation::Link { to },
-                origin: Origin::Local,
-                dir_times: false,
-            };
-            match self.filer.apply(txn).await {
-                Ok(_) => {}
-                Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => return Err(raced(key)),
-                Err(e) => return Err(s3_err(e)),
-            }
+            let txn = Txn::link(p, to, Origin::Local).with_precondition(Precondition::Version(cur.version));
+            self.apply_or_raced(txn, key).await?;
         }
         // The name at the key answers with its file's version.
         let now = self.current(p).await?.ok_or_else(|| raced(key))?;
@@ -287,19 +284,8 @@ impl Gateway {
             if kept.is_null() && mode == Mode::Enabled {
                 self.drop_kept_null(bucket, key).await?;
             }
-            let txn = Txn {
-                path: p.clone(),
-                precondition: Precondition::Version(e.version),
-                fence: None,
-                mutation,
-                origin: Origin::Local,
-                dir_times: false,
-            };
-            match self.filer.apply(txn).await {
-                Ok(_) => {}
-                Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => return Err(raced(key)),
-                Err(err) => return Err(s3_err(err)),
-            }
+            let txn = Txn::of(p.clone(), mutation, Origin::Local).with_precondition(Precondition::Version(e.version));
+            self.apply_or_raced(txn, key).await?;
             self.prune(bucket_dir, &p).await;
         }
         if marker.is_null() {
@@ -351,12 +337,7 @@ impl Gateway {
         if !was_marker {
             check_delete(&target, key, cond)?;
         }
-        let opts = DeleteOptions { precondition: Precondition::Version(target.version), ..Default::default() };
-        match self.filer.delete(&target.path, opts).await {
-            Ok(_) | Err(Error::NotFound { .. }) => {}
-            Err(Error::PreconditionFailed { .. }) => return Err(raced(key)),
-            Err(err) => return Err(s3_err(err)),
-        }
+        self.delete_as_read(&target, key).await?;
         if cur_is {
             self.prune(bucket_dir, &p).await;
         } else {
@@ -375,17 +356,10 @@ impl Gateway {
         if is_marker(&newest) {
             return Ok(());
         }
-        let txn = Txn {
-            path: newest.path.clone(),
-            precondition: Precondition::Version(newest.version),
-            fence: None,
-            mutation: tidemark_core::model::Mutation::Rename {
-                to: p.to_string(),
-                to_precondition: Precondition::Absent,
-            },
-            origin: Origin::Local,
-            dir_times: false,
-        };
+        let rename =
+            tidemark_core::model::Mutation::Rename { to: p.to_string(), to_precondition: Precondition::Absent };
+        let txn = Txn::of(newest.path.clone(), rename, Origin::Local)
+            .with_precondition(Precondition::Version(newest.version));
         match self.filer.apply(txn).await {
             // Someone wrote the key meanwhile, or settled it: theirs is the latest.
             Ok(_) | Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => {}
