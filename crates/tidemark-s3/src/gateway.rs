@@ -905,20 +905,22 @@ impl Gateway {
         }
     }
 
-    /// [`Self::write`] of a new version: a precondition the gateway set itself (the version
-    /// [`Self::make_way`] kept) that fails means another write came in between: retry.
-    async fn write_version(
+    /// [`Self::write`] of the object `key` at `p`: in a versioned bucket (`stamp`), as a new
+    /// version ([`Self::write_version`]). `opts.precondition` is the client's own.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_object(
         &self,
-        p: &str,
+        bucket: &str,
         key: &str,
+        p: &str,
+        stamp: Option<&versioning::Stamp>,
         stream: tidemark_core::ByteStream,
         verdict: &body::Verdict,
         opts: WriteOptions,
-        ours: bool,
     ) -> S3Result<Entry> {
-        match self.write(p, stream, verdict, opts).await {
-            Err(e) if ours && *e.code() == S3ErrorCode::PreconditionFailed => Err(versions::raced(key)),
-            r => r,
+        match stamp {
+            None => self.write(p, stream, verdict, opts).await,
+            Some(s) => self.write_version(bucket, key, p, s, stream, verdict, opts).await,
         }
     }
 
@@ -1297,32 +1299,41 @@ impl Gateway {
         customer: Option<&crate::sse::CustomerKey>,
     ) -> S3Result<(Entry, tidemark_core::ByteStream, Option<String>)> {
         let (sb, sk, version) = copy_source(cs)?;
-        let found = self.locate(&sb, &sk, version.as_deref()).await?;
-        let (sp, se) = (found.path, found.entry);
-        if se.is_dir() {
-            return Err(no_such_key(&sk));
-        }
-        check_conditions(&se, if_match, if_none_match, None, None).map_err(|mut e| {
-            if *e.code() == S3ErrorCode::NotModified {
-                e = s3_error!(PreconditionFailed, "x-amz-copy-source-if-none-match matched");
+        // The source is found, then opened: a write of it in between (or the keeping of its
+        // version, which a versioned bucket's next write makes) has it found again.
+        for _ in 0..versions::MAKE_WAY_TRIES {
+            let found = self.locate(&sb, &sk, version.as_deref()).await?;
+            let (sp, se) = (found.path, found.entry);
+            if se.is_dir() {
+                return Err(no_such_key(&sk));
             }
-            e
-        })?;
-        let dec = self.decrypting(&se, customer)?;
-        let r = match range {
-            Some(spec) => Some(copy_range(spec, se.size)?),
-            None => None,
-        };
-        let offset = r.as_ref().map_or(0, |r| r.offset);
-        let (entry, stream) = self.filer.read(&sp, r).await.map_err(s3_err)?;
-        if entry.version != se.version {
-            return Err(s3_error!(ServiceUnavailable, "the copy source changed while it was read; retry"));
+            check_conditions(&se, if_match, if_none_match, None, None).map_err(|mut e| {
+                if *e.code() == S3ErrorCode::NotModified {
+                    e = s3_error!(PreconditionFailed, "x-amz-copy-source-if-none-match matched");
+                }
+                e
+            })?;
+            let dec = self.decrypting(&se, customer)?;
+            let r = match range {
+                Some(spec) => Some(copy_range(spec, se.size)?),
+                None => None,
+            };
+            let offset = r.as_ref().map_or(0, |r| r.offset);
+            let (entry, stream) = match self.filer.read(&sp, r).await {
+                Ok(read) => read,
+                Err(Error::NotFound { .. }) => continue,
+                Err(e) => return Err(s3_err(e)),
+            };
+            if entry.version != se.version {
+                continue;
+            }
+            let stream = match &dec {
+                Some(d) => d.decrypt(stream, offset),
+                None => stream,
+            };
+            return Ok((entry, stream, found.version_id));
         }
-        let stream = match &dec {
-            Some(d) => d.decrypt(stream, offset),
-            None => stream,
-        };
-        Ok((entry, stream, found.version_id))
+        Err(s3_error!(ServiceUnavailable, "the copy source changed while it was read; retry"))
     }
 }
 
@@ -2200,11 +2211,7 @@ impl S3 for Gateway {
         set_acl(&mut extended, canned);
         self.set_object_owner(&mut extended, &bucket, canned, &req.credentials).await?;
         let conditions = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
-        let (precondition, stamp) =
-            self.make_way(&i.bucket, &i.key, &p, versioning::mode_of(&bucket), conditions).await?;
-        if let Some(s) = &stamp {
-            extended.insert(versioning::ATTR_VERSION.into(), s.as_str().into());
-        }
+        let stamp = self.new_stamp(&i.bucket, &i.key, versioning::mode_of(&bucket))?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
         let len = i.content_length.map(|n| n.max(0) as u64);
         too_large(len)?;
@@ -2223,10 +2230,13 @@ impl S3 for Gateway {
             stream = x.encrypt(stream)?;
         }
         encryption::set_sealed(&mut extended, enc.as_ref());
-        let opts = WriteOptions { precondition, extended: Some(extended), declared_len: len, ..Default::default() };
-        let e = self
-            .write_version(&p, &i.key, stream, &verdict, opts, stamp.is_some() && conditions == Precondition::Any)
-            .await?;
+        let opts = WriteOptions {
+            precondition: conditions,
+            extended: Some(extended),
+            declared_len: len,
+            ..Default::default()
+        };
+        let e = self.write_object(&i.bucket, &i.key, &p, stamp.as_ref(), stream, &verdict, opts).await?;
         let late = asked.filter(|_| early.is_none()).and_then(|a| computed.get(a.algo).map(|v| Sum::whole(a.algo, v)));
         let plain_etag = enc.as_ref().and_then(|x| x.plain_etag());
         self.keep_late(&p, &e, late.as_ref(), plain_etag.as_deref(), Origin::Local).await;
@@ -2306,13 +2316,9 @@ impl S3 for Gateway {
             stream = x.encrypt(stream)?;
         }
         encryption::set_sealed(&mut extended, enc.as_ref());
-        let (precondition, stamp) =
-            self.make_way(&i.bucket, &i.key, &p, versioning::mode_of(&bucket), Precondition::Any).await?;
-        if let Some(s) = &stamp {
-            extended.insert(versioning::ATTR_VERSION.into(), s.as_str().into());
-        }
-        let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
-        let e = self.write_version(&p, &i.key, stream, &verdict, opts, stamp.is_some()).await?;
+        let stamp = self.new_stamp(&i.bucket, &i.key, versioning::mode_of(&bucket))?;
+        let opts = WriteOptions { extended: Some(extended), ..Default::default() };
+        let e = self.write_object(&i.bucket, &i.key, &p, stamp.as_ref(), stream, &verdict, opts).await?;
         let late = compute.and_then(|a| computed.get(a.algo).map(|v| Sum::whole(a.algo, v)));
         let plain_etag = enc.as_ref().and_then(|x| x.plain_etag());
         self.keep_late(&p, &e, late.as_ref(), plain_etag.as_deref(), Origin::Local).await;
@@ -2670,7 +2676,7 @@ impl S3 for Gateway {
             ));
         }
         let asked = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
-        let (precondition, stamp) = self.make_way(&i.bucket, &i.key, &p, versioning::mode_of(&bucket), asked).await?;
+        let stamp = self.new_stamp(&i.bucket, &i.key, versioning::mode_of(&bucket))?;
         let sizes: Vec<u64> = chosen.iter().map(|c| c.2).collect();
         let total: u64 = sizes.iter().sum();
         let filer = self.filer.clone();
@@ -2702,13 +2708,8 @@ impl S3 for Gateway {
             let values: Vec<&str> = part_sums.iter().filter_map(|(v, _)| v.as_deref()).collect();
             extended.insert(ATTR_PART_CHECKSUMS.into(), values.join(","));
         }
-        if let Some(s) = &stamp {
-            extended.insert(versioning::ATTR_VERSION.into(), s.as_str().into());
-        }
-        let opts = WriteOptions { precondition, extended: Some(extended), ..Default::default() };
-        let e = self
-            .write_version(&p, &i.key, stream, &verdict, opts, stamp.is_some() && asked == Precondition::Any)
-            .await?;
+        let opts = WriteOptions { precondition: asked, extended: Some(extended), ..Default::default() };
+        let e = self.write_object(&i.bucket, &i.key, &p, stamp.as_ref(), stream, &verdict, opts).await?;
         let done = multipart::Completed {
             bucket: i.bucket.clone(),
             key: i.key.clone(),

@@ -63,6 +63,11 @@ async fn lifecycle_sweeps(gateway: gateway::Gateway) {
             Ok((expired, aborted)) => tracing::info!(expired, aborted, "lifecycle: objects expired, uploads aborted"),
             Err(e) => tracing::warn!(error = %e, "lifecycle sweep failed; it runs again next time"),
         }
+        match gateway.sweep_staged(now).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "staged versions left by a gateway that stopped were removed"),
+            Err(e) => tracing::warn!(error = %e, "the sweep of staged versions failed; it runs again next time"),
+        }
     }
 }
 

@@ -503,10 +503,17 @@ pub async fn hard_links_share_one_inode_entry_and_count_their_names(h: &Harness)
     let stale = Txn::delete("/h/a", false, Origin::Local).with_precondition(Precondition::Version(at - 1));
     assert_eq!(s.apply(stale).await.unwrap_err().code(), "precondition_failed");
     // Each way a name goes counts it off: unlink (conditional on the file's version), a rename
-    // over it, a put over it, a recursive delete of its directory.
+    // over it (so too), a put over it, a recursive delete of its directory.
     s.apply(Txn::delete("/h/a", false, Origin::Local).with_precondition(Precondition::Version(at))).await.unwrap();
     assert_eq!(nlink().await, Some(Some(3)));
-    s.apply(Txn::rename("/h/f", "/h/b", Origin::Local)).await.unwrap();
+    // A rename over a name, conditional on the file's version, as a put over it is.
+    let at = s.get(&inode_path(id)).await.unwrap().unwrap().version;
+    let over = |v| Txn {
+        mutation: Mutation::Rename { to: "/h/b".into(), to_precondition: Precondition::Version(v) },
+        ..Txn::rename("/h/f", "", Origin::Local)
+    };
+    assert_eq!(s.apply(over(at - 1)).await.unwrap_err().code(), "precondition_failed");
+    s.apply(over(at)).await.unwrap();
     assert_eq!(nlink().await, Some(Some(2)));
     s.apply(Txn::delete("/h/dir", true, Origin::Local)).await.unwrap();
     assert_eq!(nlink().await, Some(Some(1)));

@@ -380,7 +380,9 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
             };
             // The checks, as rename(2) makes them.
             let dest = ops.entry(to).await?;
-            if !to_precondition.holds(dest.as_ref().map(|e| e.version)) {
+            if !to_precondition.holds(dest.as_ref().map(|e| e.version))
+                && !holds_on_file(ops, dest.as_ref(), *to_precondition).await?
+            {
                 return Err(Error::PreconditionFailed { path: to.clone(), current: dest.map(|e| e.version) });
             }
             let parent = path::parent(to).unwrap_or(path::ROOT);

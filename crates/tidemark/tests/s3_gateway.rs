@@ -940,6 +940,150 @@ async fn versions_are_kept_read_listed_and_deleted_as_s3_has_them() {
     assert_eq!(err.raw_response().map(|r| r.status().as_u16()), Some(400));
 }
 
+/// Concurrent writes of one key in a versioned bucket each make a version, and concurrent
+/// deletes of every version leave none — with the client's retries off, so no write or delete
+/// is answered with a 503 for having raced another. A `null` version written before versioning
+/// was enabled is kept once, whichever writer keeps it. A copy and a multipart upload race
+/// like a PUT. A version's bytes wait aside while it races; a gateway that dies then leaves
+/// them, and they are swept after an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_and_deletes_of_a_versioned_key_lose_and_leave_nothing() {
+    use aws_sdk_s3::types::{BucketVersioningStatus, CompletedMultipartUpload, CompletedPart, VersioningConfiguration};
+    use tidemark_core::Filer;
+    use tidemark_core::model::{Content, NewEntry, Origin, Txn};
+    let tmp = tempfile::tempdir().unwrap();
+    // Lifecycle days of 5 s: the gateway's sweeps run every second.
+    let env = [("TIDEMARK_S3_LIFECYCLE_DAY_SECS", "5")];
+    let server = TidemarkProcess::server_with_env(bin(), &tmp.path().join("data"), &[], &env);
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint(&server))
+        .credentials_provider(Credentials::new("tidemark", "tidemark", None, None, "test"))
+        .force_path_style(true)
+        .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+        .build();
+    let c = aws_sdk_s3::Client::from_conf(conf);
+    let b = "racing";
+    c.create_bucket().bucket(b).send().await.unwrap();
+    c.put_object().bucket(b).key("k").body(Bytes::from_static(b"before").into()).send().await.unwrap();
+    let conf = VersioningConfiguration::builder().status(BucketVersioningStatus::Enabled).build();
+    c.put_bucket_versioning().bucket(b).versioning_configuration(conf).send().await.unwrap();
+    let versions = || async {
+        let r = c.list_object_versions().bucket(b).send().await.unwrap();
+        r.versions().iter().map(|v| v.version_id().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    const WRITERS: usize = 8;
+    for round in 0..3 {
+        let writes = (0..WRITERS).map(|i| {
+            let c = c.clone();
+            async move {
+                let body = Bytes::from(format!("round {round} writer {i}"));
+                match i % 4 {
+                    // A copy of the key's own current version (with new metadata, as S3 requires).
+                    3 => c
+                        .copy_object()
+                        .bucket(b)
+                        .key("k")
+                        .copy_source(format!("{b}/k"))
+                        .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+                        .metadata("writer", i.to_string())
+                        .send()
+                        .await
+                        .map(drop)
+                        .map_err(|e| format!("{e:?}")),
+                    // A multipart upload of one part.
+                    2 => {
+                        async {
+                            let up = c
+                                .create_multipart_upload()
+                                .bucket(b)
+                                .key("k")
+                                .send()
+                                .await
+                                .map_err(|e| format!("{e:?}"))?;
+                            let id = up.upload_id().unwrap();
+                            let part = c
+                                .upload_part()
+                                .bucket(b)
+                                .key("k")
+                                .upload_id(id)
+                                .part_number(1)
+                                .body(body.into())
+                                .send()
+                                .await
+                                .map_err(|e| format!("{e:?}"))?;
+                            let done = CompletedMultipartUpload::builder()
+                                .parts(
+                                    CompletedPart::builder()
+                                        .part_number(1)
+                                        .set_e_tag(part.e_tag().map(str::to_string))
+                                        .build(),
+                                )
+                                .build();
+                            c.complete_multipart_upload()
+                                .bucket(b)
+                                .key("k")
+                                .upload_id(id)
+                                .multipart_upload(done)
+                                .send()
+                                .await
+                                .map(drop)
+                                .map_err(|e| format!("{e:?}"))
+                        }
+                        .await
+                    }
+                    _ => c
+                        .put_object()
+                        .bucket(b)
+                        .key("k")
+                        .body(body.into())
+                        .send()
+                        .await
+                        .map(drop)
+                        .map_err(|e| format!("{e:?}")),
+                }
+            }
+        });
+        for (i, r) in futures::future::join_all(writes).await.into_iter().enumerate() {
+            r.unwrap_or_else(|e| panic!("round {round}, writer {i}: {e}\n{}", server.stderr()));
+        }
+        let listed = versions().await;
+        let nulls = listed.iter().filter(|v| *v == "null").count();
+        assert_eq!(nulls, usize::from(round == 0), "round {round}: the null version is kept once: {listed:?}");
+        // Every write's version, and the one they replaced (the null one, then a seed).
+        assert_eq!(listed.len(), WRITERS + 1, "round {round}: every write made a version: {listed:?}");
+        let deletes = listed.iter().map(|id| {
+            let c = c.clone();
+            async move { c.delete_object().bucket(b).key("k").version_id(id).send().await }
+        });
+        for r in futures::future::join_all(deletes).await {
+            r.unwrap_or_else(|e| panic!("round {round}: a delete: {e:?}\n{}", server.stderr()));
+        }
+        assert_eq!(versions().await, Vec::<String>::new(), "round {round}: every version deleted");
+        // The next round's copies copy a current version.
+        c.put_object().bucket(b).key("k").body(Bytes::from_static(b"seed").into()).send().await.unwrap();
+    }
+    // Nothing stays staged.
+    let staged = sh(&server, "fs.ls /etc/tidemark/s3/staged");
+    assert!(String::from_utf8_lossy(&staged.stdout).trim().is_empty(), "{staged:?}");
+    // What a gateway that died between writing a version and moving it to its key left staged
+    // goes after an hour (the sweep runs every second here); a version being written stays.
+    let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    for (name, mtime) in [("left", now - 2 * 3600 * 1000), ("writing", now)] {
+        let e = NewEntry::file(1, mtime, Content::Inline);
+        let txn =
+            Txn::put(format!("/etc/tidemark/s3/staged/{name}"), e, Origin::Local).with_data(Bytes::from_static(b"x"));
+        filer.apply(txn).await.unwrap();
+    }
+    eventually("the staged version left behind is swept", || {
+        let listed = ok(sh(&server, "fs.ls /etc/tidemark/s3/staged"));
+        !listed.contains("left")
+    });
+    assert!(ok(sh(&server, "fs.ls /etc/tidemark/s3/staged")).contains("writing"));
+}
+
 /// Lifecycle rules in a versioned bucket (days as 2 s): an expiring object is kept behind a
 /// delete marker; noncurrent versions go after their days, but for the newest one the rule keeps;
 /// a delete marker left with nothing behind it goes.

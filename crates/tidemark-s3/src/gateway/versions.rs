@@ -43,6 +43,17 @@ pub(super) fn raced(key: &str) -> S3Error {
     s3_error!(ServiceUnavailable, "{key:?} changed while its versions were being kept; retry")
 }
 
+/// Where the bytes of a new version wait while the version it replaces is kept. Outside the
+/// buckets, so no listing shows them; left by a gateway that died, removed by the hourly sweep.
+pub const STAGED: &str = "/etc/tidemark/s3/staged";
+/// How long a staged version can be there before the sweep takes it for one left behind: the
+/// bytes are all written before it appears, and it is moved to its key within a few round trips.
+pub const STAGED_KEPT_MS: i64 = 3600 * 1000;
+
+/// How many times a write starts again on finding its key changed by another while it keeps
+/// the version it replaces (each a few store round trips; a client sees 503 only past them).
+pub(super) const MAKE_WAY_TRIES: usize = 16;
+
 impl Gateway {
     /// The kept versions and delete markers of `key`, newest first.
     pub(super) async fn kept_versions(&self, bucket: &str, key: &str) -> S3Result<Vec<(Stamp, Entry)>> {
@@ -122,70 +133,216 @@ impl Gateway {
         Ok(p)
     }
 
-    /// Deletes the kept `null` version of `key`, if there is one: a new `null` version replaces
-    /// it.
-    async fn drop_kept_null(&self, bucket: &str, key: &str) -> S3Result<()> {
+    /// Deletes the kept `null` versions of `key` older than `than` (a newer `null` version
+    /// replaced them). After the newer one is written, so a write that fails takes none away.
+    pub(super) async fn drop_older_nulls(&self, bucket: &str, key: &str, than: &Stamp) -> S3Result<()> {
         for (s, e) in self.kept_versions(bucket, key).await? {
-            if s.is_null() {
+            if s.is_null() && s > *than {
                 self.delete_as_read(&e, key).await?;
             }
         }
         Ok(())
     }
 
-    /// Before a write of `key` in a bucket whose versioning is `mode`: keeps the version it will
-    /// replace (a hard link into the versions directory; the key stays readable) and returns
-    /// the precondition the write must hold to (the version seen, so a write in between is
-    /// never replaced unkept) and the new version's stamp. `asked` is the client's own
-    /// precondition (If-Match, If-None-Match). Without versioning: `asked`, and no stamp.
-    pub(super) async fn make_way(
+    /// After a write that [`Self::make_way`] made way for: a new `null` version replaces the
+    /// older kept ones. The write stands whatever this finds; a `null` left is dropped by the
+    /// next.
+    async fn made_way(&self, bucket: &str, key: &str, stamp: &Stamp) {
+        if !stamp.is_null() {
+            return;
+        }
+        if let Err(err) = self.drop_older_nulls(bucket, key, stamp).await {
+            tracing::warn!(bucket, key, error = %err, "an older null version was not dropped; the next write drops it");
+        }
+    }
+
+    /// The stamp of `cur`, the current version of `key`, and its kept name if it has one. An
+    /// object without a stamp (written outside versioning: before it, or through the mount) is
+    /// the `null` version: its kept name, if any, is the kept `null` that is the same file (a name
+    /// of a hard-linked file answers with the file's version), which every writer finds alike;
+    /// the other kept `null`s it replaced go.
+    async fn stamp_of(&self, bucket: &str, key: &str, cur: &Entry) -> S3Result<(Stamp, Option<Entry>)> {
+        if let Some(s) = Stamp::of(cur) {
+            let at = self.filer.stat(&self.kept_path(bucket, key, &s)?).await.map_err(s3_err)?;
+            return Ok((s, at));
+        }
+        let mut same = None;
+        for (s, e) in self.kept_versions(bucket, key).await? {
+            if !s.is_null() {
+                continue;
+            }
+            if e.version == cur.version && same.is_none() {
+                same = Some((s, e));
+            } else {
+                // Another file (or a second name of this one): its delete holds only to the
+                // version listed, so a name of `cur` that changed since is never taken.
+                self.delete_as_read(&e, key).await?;
+            }
+        }
+        match same {
+            Some((s, e)) => Ok((s, Some(e))),
+            None => Ok((Stamp::new(true).map_err(s3_err)?, None)),
+        }
+    }
+
+    /// The stamp of a new version of `key` in a bucket whose versioning is `mode` (none without
+    /// versioning), refused if the key's last name leaves no room for it.
+    pub(super) fn new_stamp(&self, bucket: &str, key: &str, mode: Mode) -> S3Result<Option<Stamp>> {
+        if mode == Mode::Off {
+            return Ok(None);
+        }
+        let stamp = Stamp::new(mode == Mode::Suspended).map_err(s3_err)?;
+        self.kept_path(bucket, key, &stamp)?;
+        Ok(Some(stamp))
+    }
+
+    /// Before version `stamp` of `key` replaces the current one: keeps that one (a hard link
+    /// into the versions directory; the key stays readable) and returns the precondition the
+    /// replacing must hold to (the version kept, so a write in between is never replaced
+    /// unkept). `asked` is the client's own precondition (If-Match, If-None-Match).
+    async fn make_way(
         &self,
         bucket: &str,
         key: &str,
         p: &str,
-        mode: Mode,
+        stamp: &Stamp,
         asked: Precondition,
-    ) -> S3Result<(Precondition, Option<Stamp>)> {
-        if mode == Mode::Off {
-            return Ok((asked, None));
-        }
-        let cur = self.current(p).await?;
-        match (&asked, &cur) {
-            (Precondition::Version(v), Some(e)) if e.version != *v => {
-                return Err(s3_error!(PreconditionFailed, "{key:?} changed since its ETag was checked"));
+    ) -> S3Result<Precondition> {
+        for _ in 0..MAKE_WAY_TRIES {
+            let Some(cur) = self.current(p).await? else {
+                return match asked {
+                    Precondition::Version(_) => {
+                        Err(s3_error!(PreconditionFailed, "{key:?} changed since its ETag was checked"))
+                    }
+                    _ => Ok(Precondition::Absent),
+                };
+            };
+            match asked {
+                Precondition::Version(v) if cur.version != v => {
+                    return Err(s3_error!(PreconditionFailed, "{key:?} changed since its ETag was checked"));
+                }
+                Precondition::Absent => return Err(s3_error!(PreconditionFailed, "If-None-Match: {key:?} exists")),
+                _ => {}
             }
-            (Precondition::Absent, Some(_)) => {
-                return Err(s3_error!(PreconditionFailed, "If-None-Match: {key:?} exists"));
+            let (kept, at) = self.stamp_of(bucket, key, &cur).await?;
+            if stamp.is_null() && kept.is_null() {
+                // Suspended: the null version is replaced in place.
+                return Ok(Precondition::Version(cur.version));
             }
-            _ => {}
+            let file = match at {
+                // Kept already (by another writer, or by one whose write then failed).
+                Some(k) => k.version,
+                None => {
+                    let to = self.kept_path(bucket, key, &kept)?;
+                    self.make_dir(path::parent(&to).unwrap_or("/")).await?;
+                    let txn = Txn::link(p, to, Origin::Local).with_precondition(Precondition::Version(cur.version));
+                    match self.filer.apply(txn).await {
+                        Ok(a) => a.new.map_or(0, |e| e.version),
+                        Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => continue,
+                        Err(e) => return Err(s3_err(e)),
+                    }
+                }
+            };
+            // The key must still name the file kept: another writer may have replaced it since
+            // it was read, and what it wrote is kept by nobody yet.
+            match self.current(p).await? {
+                Some(now) if now.version == file => return Ok(Precondition::Version(now.version)),
+                _ => continue,
+            }
         }
-        // An object without a stamp is the `null` version, made before any kept here.
-        let kept = match &cur {
-            Some(e) => Some(Stamp::of(e).map_or_else(|| Stamp::new(true), Ok).map_err(s3_err)?),
-            None => None,
-        };
-        let stamp = Stamp::new(mode == Mode::Suspended).map_err(s3_err)?;
-        self.kept_path(bucket, key, &stamp)?;
-        if stamp.is_null() || kept.as_ref().is_some_and(Stamp::is_null) {
-            self.drop_kept_null(bucket, key).await?;
+        Err(raced(key))
+    }
+
+    /// Writes version `stamp` of `key` (at `p`): its bytes first, aside (in [`STAGED`]), then —
+    /// once the version it replaces is kept — moved to the key, in one rename that holds to the
+    /// version kept. Writers of one key race only in that last step, which is repeated (up to
+    /// [`MAKE_WAY_TRIES`] times) rather than answered with a 503 that would have the client
+    /// send its body again. `opts.precondition`: the client's own, checked at each try.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn write_version(
+        &self,
+        bucket: &str,
+        key: &str,
+        p: &str,
+        stamp: &Stamp,
+        stream: tidemark_core::ByteStream,
+        verdict: &body::Verdict,
+        mut opts: WriteOptions,
+    ) -> S3Result<Entry> {
+        let asked = opts.precondition;
+        opts.extended.get_or_insert_default().insert(versioning::ATTR_VERSION.into(), stamp.as_str().into());
+        opts.precondition = Precondition::Absent;
+        let suffix = tidemark_core::ids::random_hex(8, "a staged version's name").map_err(s3_err)?;
+        let staged =
+            self.write(&path::join(STAGED, &format!("{}-{suffix}", stamp.as_str())), stream, verdict, opts).await?;
+        let done = self.promote(bucket, key, p, &staged, stamp, asked).await;
+        match &done {
+            Ok(_) => self.made_way(bucket, key, stamp).await,
+            Err(_) => {
+                let opts = DeleteOptions { precondition: Precondition::Version(staged.version), ..Default::default() };
+                if let Err(err) = self.filer.delete(&staged.path, opts).await {
+                    tracing::warn!(path = %staged.path, error = %err, "a staged version was not removed; the hourly sweep removes it");
+                }
+            }
         }
-        let (Some(cur), Some(kept)) = (cur, kept) else {
-            return Ok((Precondition::Absent, Some(stamp)));
-        };
-        if stamp.is_null() && kept.is_null() {
-            // Suspended: the null version is replaced in place.
-            return Ok((Precondition::Version(cur.version), Some(stamp)));
+        done
+    }
+
+    /// Removes the staged versions older than [`STAGED_KEPT_MS`] at `now_ms`: left by a gateway
+    /// that died between writing one and moving it to its key (each removal conditional on the
+    /// version seen). Returns how many.
+    pub async fn sweep_staged(&self, now_ms: i64) -> tidemark_core::Result<u64> {
+        let mut removed = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.filer.list(STAGED, after.as_deref(), 1000).await {
+                Ok(p) => p,
+                Err(Error::NotFound { .. }) => return Ok(removed),
+                Err(e) => return Err(e),
+            };
+            for e in page.entries.iter().filter(|e| e.mtime_ms < now_ms - STAGED_KEPT_MS) {
+                let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
+                match self.filer.delete(&e.path, opts).await {
+                    Ok(_) => removed += 1,
+                    Err(Error::NotFound { .. } | Error::PreconditionFailed { .. }) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => return Ok(removed),
+            }
         }
-        let to = self.kept_path(bucket, key, &kept)?;
-        // A name there already is this version, kept by a write that then failed.
-        if self.filer.stat(&to).await.map_err(s3_err)?.is_none() {
-            self.make_dir(path::parent(&to).unwrap_or("/")).await?;
-            let txn = Txn::link(p, to, Origin::Local).with_precondition(Precondition::Version(cur.version));
-            self.apply_or_raced(txn, key).await?;
+    }
+
+    /// Moves the staged version to the key once the version there is kept (see
+    /// [`Self::write_version`]).
+    async fn promote(
+        &self,
+        bucket: &str,
+        key: &str,
+        p: &str,
+        staged: &Entry,
+        stamp: &Stamp,
+        asked: Precondition,
+    ) -> S3Result<Entry> {
+        for _ in 0..MAKE_WAY_TRIES {
+            let to_precondition = self.make_way(bucket, key, p, stamp, asked).await?;
+            let rename = tidemark_core::model::Mutation::Rename { to: p.to_string(), to_precondition };
+            let txn = Txn::of(staged.path.clone(), rename, Origin::Local)
+                .with_precondition(Precondition::Version(staged.version));
+            match self.filer.apply(txn).await {
+                Ok(a) => return a.new.ok_or_else(|| s3_error!(InternalError, "{key:?}: the rename made no entry")),
+                // The key changed since its version was kept: keep the new one.
+                Err(Error::PreconditionFailed { path, .. }) if path == p => continue,
+                // The key's directory went (emptied by a delete): make it again.
+                Err(Error::NotFound { path }) if path != staged.path => {
+                    self.make_dir(path::parent(p).unwrap_or("/")).await?;
+                }
+                Err(e) => return Err(s3_err(e)),
+            }
         }
-        // The name at the key answers with its file's version.
-        let now = self.current(p).await?.ok_or_else(|| raced(key))?;
-        Ok((Precondition::Version(now.version), Some(stamp)))
+        Err(raced(key))
     }
 
     /// Where the version of `key` a read asks for is: the current one (`id` `None`), or the
@@ -261,17 +418,19 @@ impl Gateway {
         }
         // The current version's stamp before the marker's: the marker is the newer.
         let kept = match &cur {
-            Some(e) => Some(Stamp::of(e).map_or_else(|| Stamp::new(true), Ok).map_err(s3_err)?),
+            Some(e) => Some(self.stamp_of(bucket, key, e).await?),
             None => None,
         };
         let marker = Stamp::new(mode == Mode::Suspended).map_err(s3_err)?;
         let to_marker = self.kept_path(bucket, key, &marker)?;
-        if let (Some(e), Some(kept)) = (cur, kept) {
-            let gone = if kept.is_null() && mode == Mode::Suspended {
+        if let (Some(e), Some((kept, at))) = (cur, kept) {
+            if at.as_ref().is_some_and(|k| k.version != e.version) {
+                return Err(raced(key));
+            }
+            let gone = if (kept.is_null() && mode == Mode::Suspended) || at.is_some() {
                 None
             } else {
-                let to = self.kept_path(bucket, key, &kept)?;
-                self.filer.stat(&to).await.map_err(s3_err)?.is_none().then_some(to)
+                Some(self.kept_path(bucket, key, &kept)?)
             };
             let mutation = match gone {
                 Some(to) => {
@@ -281,15 +440,10 @@ impl Gateway {
                 // Kept already (or replaced by the new null): the key's name goes.
                 None => tidemark_core::model::Mutation::Delete { recursive: false },
             };
-            if kept.is_null() && mode == Mode::Enabled {
-                self.drop_kept_null(bucket, key).await?;
-            }
+            // Its version as read: a name kept since (or a write) changes it, and this is a race.
             let txn = Txn::of(p.clone(), mutation, Origin::Local).with_precondition(Precondition::Version(e.version));
             self.apply_or_raced(txn, key).await?;
             self.prune(bucket_dir, &p).await;
-        }
-        if marker.is_null() {
-            self.drop_kept_null(bucket, key).await?;
         }
         let mut ext = BTreeMap::new();
         ext.insert(versioning::ATTR_VERSION.to_string(), marker.as_str().to_string());
@@ -300,6 +454,9 @@ impl Gateway {
         let opts = WriteOptions { precondition: Precondition::Absent, extended: Some(ext), ..Default::default() };
         let empty = futures::stream::empty::<std::io::Result<bytes::Bytes>>().boxed();
         self.filer.write(&to_marker, empty, opts).await.map_err(s3_err)?;
+        if marker.is_null() {
+            self.drop_older_nulls(bucket, key, &marker).await?;
+        }
         Ok(Deleted { version_id: Some(marker.id()), delete_marker: true })
     }
 
@@ -321,30 +478,45 @@ impl Gateway {
             }
             return Ok(Deleted { version_id: Some(id.to_string()), delete_marker: false });
         }
-        let cur = self.current(&p).await?;
-        let cur_is = cur.as_ref().is_some_and(|e| Stamp::of(e).map_or(id == versioning::NULL, |s| s.is(id)));
-        let (target, was_marker) = match cur {
-            Some(e) if cur_is => (e, false),
-            _ => match self.kept_versions(bucket, key).await?.into_iter().find(|(s, _)| s.is(id)) {
-                Some((_, e)) => {
-                    let m = is_marker(&e);
-                    (e, m)
-                }
-                // No such version: nothing to do, as S3 answers (whatever the conditions).
-                None => return Ok(Deleted { version_id: Some(id.to_string()), delete_marker: false }),
-            },
-        };
-        if !was_marker {
-            check_delete(&target, key, cond)?;
+        // A version can move while this runs: a kept one becomes the current one (a delete of
+        // the current settles the newest kept there), the current one is kept (a write replaced
+        // it). One gone from where it was read is looked for again.
+        for _ in 0..MAKE_WAY_TRIES {
+            let is_it = |e: &Entry| Stamp::of(e).map_or(id == versioning::NULL, |s| s.is(id));
+            let cur = self.current(&p).await?;
+            let cur_is = cur.as_ref().is_some_and(is_it);
+            let (target, was_marker) = match cur {
+                Some(e) if cur_is => (e, false),
+                _ => match self.kept_versions(bucket, key).await?.into_iter().find(|(s, _)| s.is(id)) {
+                    Some((_, e)) => {
+                        let m = is_marker(&e);
+                        (e, m)
+                    }
+                    // Settled at the key since it was read?
+                    None if self.current(&p).await?.as_ref().is_some_and(is_it) => continue,
+                    // No such version: nothing to do, as S3 answers (whatever the conditions).
+                    None => return Ok(Deleted { version_id: Some(id.to_string()), delete_marker: false }),
+                },
+            };
+            if !was_marker {
+                check_delete(&target, key, cond)?;
+            }
+            let opts = DeleteOptions { precondition: Precondition::Version(target.version), ..Default::default() };
+            match self.filer.delete(&target.path, opts).await {
+                Ok(_) => {}
+                // Moved, or (the current one) replaced and so kept: where is it now?
+                Err(Error::NotFound { .. } | Error::PreconditionFailed { .. }) => continue,
+                Err(err) => return Err(s3_err(err)),
+            }
+            if cur_is {
+                self.prune(bucket_dir, &p).await;
+            } else {
+                self.prune(&versioning::versions_dir(bucket), &target.path).await;
+            }
+            self.settle(bucket, key, &p).await?;
+            return Ok(Deleted { version_id: Some(id.to_string()), delete_marker: was_marker });
         }
-        self.delete_as_read(&target, key).await?;
-        if cur_is {
-            self.prune(bucket_dir, &p).await;
-        } else {
-            self.prune(&versioning::versions_dir(bucket), &target.path).await;
-        }
-        self.settle(bucket, key, &p).await?;
-        Ok(Deleted { version_id: Some(id.to_string()), delete_marker: was_marker })
+        Err(raced(key))
     }
 
     /// With no current version, the newest kept one becomes it — unless it is a delete marker.
