@@ -36,18 +36,22 @@ pub struct Counters {
     pub invalidations: AtomicU64,
     /// Opens the kernel reads from the filer's file directly (FUSE passthrough).
     pub passthrough: AtomicU64,
+    /// Opens whose reads the mount answers from the filer's file (no passthrough: a
+    /// read-write mount beside its filer).
+    pub local: AtomicU64,
 }
 
 impl Counters {
     pub fn line(&self) -> String {
         format!(
-            "filer calls: {} listings, {} stats, {} reads, {} writes; {} invalidations; {} passthrough opens",
+            "filer calls: {} listings, {} stats, {} reads, {} writes; {} invalidations; {} passthrough opens, {} local opens",
             self.lists.load(Ordering::Relaxed),
             self.stats.load(Ordering::Relaxed),
             self.reads.load(Ordering::Relaxed),
             self.writes.load(Ordering::Relaxed),
             self.invalidations.load(Ordering::Relaxed),
-            self.passthrough.load(Ordering::Relaxed)
+            self.passthrough.load(Ordering::Relaxed),
+            self.local.load(Ordering::Relaxed)
         )
     }
 }
@@ -102,6 +106,8 @@ struct Passed {
 struct IoModes {
     passed: HashMap<u64, Passed>,
     requests: HashMap<u64, usize>,
+    /// Of the handles in `requests`, those that read the filer's file themselves.
+    local: HashMap<u64, usize>,
 }
 
 struct Handle {
@@ -114,6 +120,9 @@ struct Handle {
     dirty: bool,
     /// Bytes read through this handle from the filer.
     reader: Option<Reader>,
+    /// The filer's file of the version opened, on this machine: read directly (the mount
+    /// beside its filer, the kernel's requests answered without the filer's API).
+    local: Option<std::fs::File>,
     /// The name was unlinked (or replaced by a rename) while open: the handle keeps the bytes
     /// in its spool until it closes, and writes through it go nowhere, as with an unlinked
     /// inode. Holds the inode number and the entry as they were, for `fstat`.
@@ -126,7 +135,17 @@ struct Handle {
 
 impl Handle {
     fn new(path: String, spool: Option<std::fs::File>) -> Handle {
-        Handle { path, ino: 0, io: Io::Requests, spool, dirty: false, reader: None, unlinked: None, sealed: false }
+        Handle {
+            path,
+            ino: 0,
+            io: Io::Requests,
+            spool,
+            dirty: false,
+            reader: None,
+            local: None,
+            unlinked: None,
+            sealed: false,
+        }
     }
 }
 
@@ -212,6 +231,9 @@ pub struct TidemarkFs {
     /// Passthrough is on: asked for, offered by the kernel, and not yet found impossible (the
     /// filer's files not reachable from here, or the kernel refusing a backing file).
     passthrough: AtomicBool,
+    /// Reads of the filer's files from here are on: asked for (as passthrough is), and not yet
+    /// found impossible (the mount is on another machine).
+    local_reads: AtomicBool,
 }
 
 fn errno(e: &Error) -> Errno {
@@ -306,12 +328,13 @@ impl TidemarkFs {
             inodes: Arc::new(Mutex::new(Inodes::new(root))),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            opts,
             counters: Arc::new(Counters::default()),
             uid: unsafe { libc::getuid() },
             gid: unsafe { libc::getgid() },
             io: Mutex::new(IoModes::default()),
             passthrough: AtomicBool::new(false),
+            local_reads: AtomicBool::new(opts.passthrough),
+            opts,
         }
     }
 
@@ -326,11 +349,16 @@ impl TidemarkFs {
         }
     }
 
-    /// The filer's file holding the bytes of `e`, if the kernel can read them from it.
+    /// Whether the kernel may read a file opened read-only from the filer's file itself: a
+    /// read-only mount, passthrough on.
+    fn can_pass(&self) -> bool {
+        self.opts.read_only && self.passthrough.load(Ordering::Relaxed)
+    }
+
+    /// The filer's file holding the bytes of `e`, if the kernel or the mount can read them from
+    /// it.
     fn local_file(&self, e: &Entry) -> Option<tidemark_core::filer::LocalFile> {
-        if !self.opts.read_only
-            || !self.passthrough.load(Ordering::Relaxed)
-            || !matches!(e.content, Content::Blob { .. })
+        if !(self.can_pass() || self.local_reads.load(Ordering::Relaxed)) || !matches!(e.content, Content::Blob { .. })
         {
             return None;
         }
@@ -357,7 +385,7 @@ impl TidemarkFs {
             h.io = Io::Passthrough;
             return true;
         }
-        if let Some(f) = local.filter(|_| !modes.requests.contains_key(&ino)) {
+        if let Some(f) = local.as_ref().filter(|_| self.can_pass() && !modes.requests.contains_key(&ino)) {
             match std::fs::File::open(&f.file).map(|file| reply.open_backing(&file)) {
                 Ok(Ok(backing)) => {
                     modes.passed.insert(ino, Passed { backing, handles: 1 });
@@ -369,9 +397,32 @@ impl TidemarkFs {
                 Err(e) => self.no_passthrough(&format!("the filer's files are not reachable from here ({e})")),
             }
         }
+        if let Some(f) = local.filter(|_| self.local_reads.load(Ordering::Relaxed)) {
+            match std::fs::File::open(&f.file) {
+                // The file the filer named, whole (a path that exists on another machine by
+                // chance would not be this size, nor was it named to this mount).
+                Ok(file) if file.metadata().is_ok_and(|m| m.len() == f.size) => {
+                    h.local = Some(file);
+                    self.counters.local.fetch_add(1, Ordering::Relaxed);
+                    *modes.local.entry(ino).or_default() += 1;
+                    // Read as the version opened: a new version needs an inode of its own, as
+                    // for passthrough, so that the kernel's pages of the two never mix.
+                    self.inodes().passed(ino, true);
+                }
+                Ok(_) => self.no_local_reads("a file of the filer's is not as it said"),
+                Err(e) => self.no_local_reads(&format!("the filer's files are not reachable from here ({e})")),
+            }
+        }
         *modes.requests.entry(ino).or_default() += 1;
         h.io = Io::Requests;
         false
+    }
+
+    /// Stops reading the filer's files from here for the rest of the session, saying why once.
+    fn no_local_reads(&self, why: &str) {
+        if self.local_reads.swap(false, Ordering::Relaxed) {
+            tracing::info!("reads of the filer's files from here off: {why}; reads go through the filer's API");
+        }
     }
 
     /// A closed handle's I/O mode is counted no more; the last passthrough handle of an inode
@@ -393,6 +444,17 @@ impl TidemarkFs {
                     *n -= 1;
                     if *n == 0 {
                         modes.requests.remove(&h.ino);
+                    }
+                }
+                if h.local.is_some()
+                    && let Some(n) = modes.local.get_mut(&h.ino)
+                {
+                    *n -= 1;
+                    if *n == 0 {
+                        modes.local.remove(&h.ino);
+                        if !modes.passed.contains_key(&h.ino) {
+                            self.inodes().passed(h.ino, false);
+                        }
                     }
                 }
             }
@@ -706,6 +768,23 @@ impl TidemarkFs {
     /// it holds, and starts afresh otherwise: a stream to the end for a read near the start,
     /// one block elsewhere (a stream follows if the next read continues it).
     fn read_at(&self, h: &mut Handle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        if let Some(f) = &h.local {
+            let mut buf = vec![0u8; size as usize];
+            let mut n = 0;
+            while n < buf.len() {
+                match f.read_at(&mut buf[n..], offset + n as u64) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::warn!(path = h.path, error = %e, "read of the filer's file failed");
+                        return Err(Errno::EIO);
+                    }
+                }
+            }
+            buf.truncate(n);
+            return Ok(buf);
+        }
         if let Some(spool) = &h.spool {
             let mut buf = vec![0u8; size as usize];
             let n = spool.read_at(&mut buf, offset).map_err(|_| Errno::EIO)?;

@@ -162,6 +162,10 @@ pub async fn mount(
     })?;
     let notifier = session.notifier();
     let bg = session.spawn().map_err(|e| format!("cannot start the mount: {e}"))?;
+    {
+        let mp = mountpoint.clone();
+        tokio::task::spawn_blocking(move || widen_read_ahead(&mp));
+    }
     tracing::info!(root = %root, mountpoint = %mountpoint.display(), read_only = args.read_only, "mounted");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let follower = tokio::spawn(follow(filer, inodes, notify_thread(notifier), counters.clone(), after, stop_rx));
@@ -191,4 +195,26 @@ pub async fn mount(
         .map_err(|e| format!("unmounting {}: {e}", mountpoint.display()))?;
     tracing::info!("unmounted");
     Ok(())
+}
+
+/// How far ahead the kernel reads a file of the mount, in KiB. Its default for FUSE, 128 KiB,
+/// has a sequential read arrive as 128 KiB requests; 1 MiB makes them FUSE's largest, and the
+/// mount answers an eighth as many (`tidemark-bench mount`: a 1 GiB file 20–40 % faster).
+/// More than that gained nothing: the kernel then sends several at once, out of order.
+const READ_AHEAD_KB: u32 = 1024;
+
+/// Sets the mount's read-ahead: its device's `read_ahead_kb` in sysfs, which only root may
+/// write (elsewhere the kernel's default stays). Once the session serves requests: finding the
+/// device stats the mountpoint, which the mount itself answers.
+fn widen_read_ahead(mountpoint: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let dev = match std::fs::metadata(mountpoint) {
+        Ok(m) => m.dev(),
+        Err(e) => return tracing::debug!(error = %e, "read-ahead left as the kernel's: the mountpoint did not stat"),
+    };
+    let knob = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+    match std::fs::write(&knob, READ_AHEAD_KB.to_string()) {
+        Ok(()) => tracing::debug!(knob, kb = READ_AHEAD_KB, "read-ahead set"),
+        Err(e) => tracing::info!(knob, error = %e, "read-ahead left as the kernel's (128 KiB): large reads are slower"),
+    }
 }

@@ -109,10 +109,12 @@ fn counter(m: &Mounted, name: &str) -> u64 {
 /// In a read-only mount, a file whose bytes lie in the data directory of the filer beside the
 /// mount is read by the kernel straight from that file (FUSE passthrough): the mount answers none
 /// of its reads. A new version written meanwhile (here through a read-write mount) is read by
-/// the opens after it, while a handle opened before keeps the bytes it opened; a read-write
-/// mount, and `--no-passthrough`, read every file through the mount.
+/// the opens after it, while a handle opened before keeps the bytes it opened. A read-write mount
+/// (where the kernel cannot pass a file through: a write open of it would have to write there)
+/// answers the reads itself, from the same file, with the same versions; `--no-passthrough`
+/// reads every file through the filer's API.
 #[test]
-fn a_read_only_mount_lets_the_kernel_read_the_filers_files() {
+fn a_mount_beside_its_filer_reads_the_filers_files() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off"]);
@@ -122,8 +124,11 @@ fn a_read_only_mount_lets_the_kernel_read_the_filers_files() {
     sh(&format!(
         "head -c 3000000 /dev/urandom > '{t_s}/old' && cp '{t_s}/old' '{t_s}/rw/f' && echo small > '{t_s}/rw/small'"
     ));
+    let reads = counter(&rw, "reads");
     sh(&format!("cmp '{t_s}/old' '{t_s}/rw/f'"));
-    assert_eq!(counter(&rw, "passthrough opens"), 0, "a read-write mount reads through itself");
+    assert_eq!(counter(&rw, "passthrough opens"), 0, "a read-write mount answers its reads itself");
+    assert_eq!(counter(&rw, "local opens"), 1, "from the filer's file: {}", rw.counters());
+    assert_eq!(counter(&rw, "reads"), reads, "without the filer's API");
     let reads = counter(&ro, "reads");
     sh(&format!("cmp '{t_s}/old' '{t_s}/ro/f' && test \"$(cat '{t_s}/ro/small')\" = small"));
     assert_eq!(counter(&ro, "passthrough opens"), 1, "the large file, not the small (inline) one");
@@ -152,10 +157,31 @@ with open('{t_s}/ro/f', 'rb') as again:
 \""
     ));
     assert!(counter(&ro, "passthrough opens") >= 3, "{}", ro.counters());
+    // The read-write mount reads the version a handle opened from the filer's file too, while
+    // the same mount writes the file: opens after the write read the new bytes.
+    sh(&format!(
+        "python3 -c \"
+new = b'NEW' + open('{t_s}/old', 'rb').read()[3:]
+before = open('{t_s}/rw/f', 'rb')
+assert before.read(10) == new[:10]
+with open('{t_s}/rw/f', 'r+b') as w:
+    w.write(b'two')
+two = b'two' + new[3:]
+with open('{t_s}/rw/f', 'rb') as after:
+    assert after.read() == two, 'the write shows in the mount that made it'
+before.seek(0)
+assert before.read() == new, 'a handle opened before keeps the bytes it opened'
+before.close()
+with open('{t_s}/rw/f', 'rb') as again:
+    assert again.read() == two
+\""
+    ));
+    assert!(counter(&rw, "local opens") >= 3, "{}", rw.counters());
     let plain = Mounted::start(&server.addr, &t.join("plain"), &["--read-only", "--no-passthrough"]);
     let reads = counter(&plain, "reads");
-    sh(&format!("cmp <(printf NEW; tail -c +4 '{t_s}/old') '{t_s}/plain/f'"));
-    assert_eq!((counter(&plain, "passthrough opens"), counter(&plain, "reads") - reads), (0, 1));
+    sh(&format!("cmp <(printf two; tail -c +4 '{t_s}/old') '{t_s}/plain/f'"));
+    assert_eq!((counter(&plain, "passthrough opens"), counter(&plain, "local opens")), (0, 0));
+    assert_eq!(counter(&plain, "reads") - reads, 1);
 }
 
 #[test]
