@@ -146,9 +146,10 @@ pub struct MountArgs {
     /// Seconds one call to the filer may take before the operation fails with EIO.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     timeout: u64,
-    /// Read every file through the mount. By default, a file opened read-only whose bytes lie
-    /// in the data directory of a filer on this machine is read by the kernel straight from
-    /// that file (FUSE passthrough, Linux 6.9+, as root): near the local disk's speed.
+    /// Read every file through the filer's API. By default, a file opened read-only whose
+    /// bytes lie in the data directory of a filer on this machine is read straight from that
+    /// file: by the kernel in a --read-only mount (FUSE passthrough, Linux 6.9+, as root: near
+    /// the local disk's speed), by the mount itself in a read-write one.
     #[arg(long)]
     no_passthrough: bool,
     /// The filer's token, if it has one.
