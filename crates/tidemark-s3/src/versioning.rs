@@ -93,6 +93,13 @@ impl Stamp {
         Ok(Stamp(time + &id))
     }
 
+    /// The `null` stamp of a version made just before `newer` (an object written outside
+    /// versioning, kept when `newer` replaces it): whenever it is kept, it sorts older.
+    pub fn null_before(newer: &Stamp) -> Stamp {
+        let inverted = u64::from_str_radix(&newer.0[..STAMP_TIME_LEN], 16).unwrap_or(u64::MAX - 1);
+        Stamp(format!("{:016x}{NULL}", inverted.saturating_add(1)))
+    }
+
     pub fn parse(s: &str) -> Option<Stamp> {
         let hex = |t: &str| t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         let (time, id) = (s.get(..STAMP_TIME_LEN)?, s.get(STAMP_TIME_LEN..)?);
@@ -166,6 +173,8 @@ mod tests {
         let newer = Stamp::new(false).unwrap();
         assert!(newer < null && null < older, "{newer:?} {null:?} {older:?}");
         assert_eq!(null.id(), "null");
+        let kept = Stamp::null_before(&older);
+        assert!(older < kept && kept.is_null() && Stamp::parse(kept.as_str()) == Some(kept.clone()));
         assert!(null.is("null") && !older.is("null") && older.is(&older.id()));
         assert!(valid_id(&older.id()) && valid_id("null") && !valid_id("x") && !valid_id(&older.id()[1..]));
         assert_eq!(Stamp::parse(older.as_str()), Some(older.clone()));

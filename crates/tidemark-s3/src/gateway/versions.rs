@@ -160,29 +160,43 @@ impl Gateway {
     /// object without a stamp (written outside versioning: before it, or through the mount) is
     /// the `null` version: its kept name, if any, is the kept `null` that is the same file (a name
     /// of a hard-linked file answers with the file's version), which every writer finds alike;
-    /// the other kept `null`s it replaced go.
-    async fn stamp_of(&self, bucket: &str, key: &str, cur: &Entry) -> S3Result<(Stamp, Option<Entry>)> {
+    /// the other kept `null`s it replaced go. Kept anew, it is stamped just older than `newer`,
+    /// the version (or marker) about to replace it. `None`: `cur` changed meanwhile (another
+    /// writer kept it, or replaced it): start again.
+    async fn stamp_of(
+        &self,
+        bucket: &str,
+        key: &str,
+        p: &str,
+        cur: &Entry,
+        newer: &Stamp,
+    ) -> S3Result<Option<(Stamp, Option<Entry>)>> {
         if let Some(s) = Stamp::of(cur) {
             let at = self.filer.stat(&self.kept_path(bucket, key, &s)?).await.map_err(s3_err)?;
-            return Ok((s, at));
+            return Ok(Some((s, at)));
+        }
+        let nulls: Vec<(Stamp, Entry)> =
+            self.kept_versions(bucket, key).await?.into_iter().filter(|(s, _)| s.is_null()).collect();
+        // `cur` unchanged from before the listing to after it: then a kept null listed with
+        // another version is no name of it (a name answers with its file's version, and
+        // versions never go back), and can go.
+        if self.current(p).await?.is_none_or(|now| now.version != cur.version) {
+            return Ok(None);
         }
         let mut same = None;
-        for (s, e) in self.kept_versions(bucket, key).await? {
-            if !s.is_null() {
-                continue;
-            }
+        for (s, e) in nulls {
             if e.version == cur.version && same.is_none() {
                 same = Some((s, e));
             } else {
-                // Another file (or a second name of this one): its delete holds only to the
-                // version listed, so a name of `cur` that changed since is never taken.
+                // Another file, or a second name of this one (the first stays); its delete
+                // holds only to the version listed.
                 self.delete_as_read(&e, key).await?;
             }
         }
-        match same {
-            Some((s, e)) => Ok((s, Some(e))),
-            None => Ok((Stamp::new(true).map_err(s3_err)?, None)),
-        }
+        Ok(Some(match same {
+            Some((s, e)) => (s, Some(e)),
+            None => (Stamp::null_before(newer), None),
+        }))
     }
 
     /// The stamp of a new version of `key` in a bucket whose versioning is `mode` (none without
@@ -224,7 +238,7 @@ impl Gateway {
                 Precondition::Absent => return Err(s3_error!(PreconditionFailed, "If-None-Match: {key:?} exists")),
                 _ => {}
             }
-            let (kept, at) = self.stamp_of(bucket, key, &cur).await?;
+            let Some((kept, at)) = self.stamp_of(bucket, key, p, &cur, stamp).await? else { continue };
             if stamp.is_null() && kept.is_null() {
                 // Suspended: the null version is replaced in place.
                 return Ok(Precondition::Version(cur.version));
@@ -416,13 +430,13 @@ impl Gateway {
             None if cond.etag.is_some() => return Err(no_such_key(key)),
             None => {}
         }
-        // The current version's stamp before the marker's: the marker is the newer.
-        let kept = match &cur {
-            Some(e) => Some(self.stamp_of(bucket, key, e).await?),
-            None => None,
-        };
         let marker = Stamp::new(mode == Mode::Suspended).map_err(s3_err)?;
         let to_marker = self.kept_path(bucket, key, &marker)?;
+        // The current version's stamp, older than the marker's.
+        let kept = match &cur {
+            Some(e) => Some(self.stamp_of(bucket, key, &p, e, &marker).await?.ok_or_else(|| raced(key))?),
+            None => None,
+        };
         if let (Some(e), Some((kept, at))) = (cur, kept) {
             if at.as_ref().is_some_and(|k| k.version != e.version) {
                 return Err(raced(key));
