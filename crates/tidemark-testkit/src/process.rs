@@ -116,6 +116,22 @@ impl TidemarkProcess {
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill").args([&format!("-{name}"), &self.pid().to_string()]).status();
         assert!(status.is_ok_and(|s| s.success()), "kill -{name} {}", self.pid());
+        if name == "STOP" {
+            // Sent is not stopped: a thread running on another core answers what it holds
+            // first (a test then saw a stopped filer answer in 2 ms). Stopped is state `T`, in
+            // every thread.
+            let tasks = format!("/proc/{}/task", self.pid());
+            let is_t = |stat: String| stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T'));
+            let stopped = || {
+                std::fs::read_dir(&tasks)
+                    .is_ok_and(|d| d.flatten().all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(is_t)))
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !stopped() {
+                assert!(std::time::Instant::now() < deadline, "pid {} never stopped", self.pid());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 
     /// Starts a process that prints nothing to wait for (a worker): waits until `ready` holds
