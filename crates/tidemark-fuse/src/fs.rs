@@ -362,7 +362,15 @@ impl TidemarkFs {
         {
             return None;
         }
-        let f = self.call("local file", self.filer.local_file(&e.path)).ok()??;
+        let Some(f) = self.call("local file", self.filer.local_file(&e.path)).ok()? else {
+            // A blob-backed file the filer has no file of: it keeps its blobs on an object
+            // store (or predates the call). No use asking at every open. (A file deleted just
+            // now answers so too: this session then reads through the API, which is only slower.)
+            let why = "the filer keeps no files of its own (its blobs are on an object store)";
+            self.no_passthrough(why);
+            self.no_local_reads(why);
+            return None;
+        };
         // Only the version opened: a newer one is read through the mount as any other change.
         (f.version == e.version && f.size == e.size).then_some(f)
     }
