@@ -776,28 +776,13 @@ impl TidemarkFs {
     /// it holds, and starts afresh otherwise: a stream to the end for a read near the start,
     /// one block elsewhere (a stream follows if the next read continues it).
     fn read_at(&self, h: &mut Handle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        if let Some(f) = &h.local {
-            let mut buf = vec![0u8; size as usize];
-            let mut n = 0;
-            while n < buf.len() {
-                match f.read_at(&mut buf[n..], offset + n as u64) {
-                    Ok(0) => break,
-                    Ok(k) => n += k,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        tracing::warn!(path = h.path, error = %e, "read of the filer's file failed");
-                        return Err(Errno::EIO);
-                    }
-                }
-            }
-            buf.truncate(n);
-            return Ok(buf);
-        }
-        if let Some(spool) = &h.spool {
-            let mut buf = vec![0u8; size as usize];
-            let n = spool.read_at(&mut buf, offset).map_err(|_| Errno::EIO)?;
-            buf.truncate(n);
-            return Ok(buf);
+        // Bytes on this machine: the handle's own (written, not yet uploaded), or the filer's
+        // file of the version opened.
+        if let Some(f) = h.spool.as_ref().or(h.local.as_ref()) {
+            return read_file_at(f, offset, size).map_err(|e| {
+                tracing::warn!(path = h.path, error = %e, "read of a local file failed");
+                Errno::EIO
+            });
         }
         let e = self.stat(&h.path)?;
         let end = (offset + size as u64).min(e.size);
@@ -858,6 +843,22 @@ impl TidemarkFs {
         held.stream = Some(Stream { rx, task });
         held
     }
+}
+
+/// Up to `size` bytes of `f` at `offset` (fewer at its end).
+fn read_file_at(f: &std::fs::File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize];
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(n);
+    Ok(buf)
 }
 
 /// How a read of the filer failed (`None`: it did not answer in time), logged, as an errno.

@@ -235,9 +235,7 @@ async fn touch_dir(
 async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<Applied> {
     let first_seq = ops.current_seq() + 1;
     let current = ops.entry(&txn.path).await?;
-    if !txn.precondition.holds(current.as_ref().map(|e| e.version))
-        && !holds_on_file(ops, current.as_ref(), txn.precondition).await?
-    {
+    if !holds(ops, current.as_ref(), txn.precondition).await? {
         return Err(Error::PreconditionFailed { path: txn.path.clone(), current: current.map(|e| e.version) });
     }
     let origin = txn.origin;
@@ -380,9 +378,7 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
             };
             // The checks, as rename(2) makes them.
             let dest = ops.entry(to).await?;
-            if !to_precondition.holds(dest.as_ref().map(|e| e.version))
-                && !holds_on_file(ops, dest.as_ref(), *to_precondition).await?
-            {
+            if !holds(ops, dest.as_ref(), *to_precondition).await? {
                 return Err(Error::PreconditionFailed { path: to.clone(), current: dest.map(|e| e.version) });
             }
             let parent = path::parent(to).unwrap_or(path::ROOT);
@@ -549,10 +545,14 @@ async fn apply_mutation(ops: &mut impl TxnOps, txn: Txn, now_ms: i64) -> Result<
     }
 }
 
-/// A name of a hard-linked file answers as its file (the filer shows the file's version under
-/// the name): a precondition on that version holds on the name while the file is at it.
-async fn holds_on_file(ops: &mut impl TxnOps, name: Option<&Entry>, pre: Precondition) -> Result<bool> {
-    let (Some(id), Precondition::Version(v)) = (name.and_then(|n| n.posix.inode), pre) else { return Ok(false) };
+/// Whether `pre` holds on the entry at a path (`None`: absent). A name of a hard-linked file
+/// answers as its file (the filer shows the file's version under the name): a precondition on
+/// that version holds on the name while the file is at it.
+async fn holds(ops: &mut impl TxnOps, entry: Option<&Entry>, pre: Precondition) -> Result<bool> {
+    if pre.holds(entry.map(|e| e.version)) {
+        return Ok(true);
+    }
+    let (Some(id), Precondition::Version(v)) = (entry.and_then(|n| n.posix.inode), pre) else { return Ok(false) };
     Ok(ops.entry(&inode_path(id)).await?.is_some_and(|f| f.version == v))
 }
 

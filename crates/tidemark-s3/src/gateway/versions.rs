@@ -98,6 +98,16 @@ impl Gateway {
         }
     }
 
+    /// Deletes `e` if it is still as read: `false` if it is gone or changed.
+    async fn delete_if_unchanged(&self, e: &Entry) -> tidemark_core::Result<bool> {
+        let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
+        match self.filer.delete(&e.path, opts).await {
+            Ok(_) => Ok(true),
+            Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
     /// Deletes the version file `e` as read: gone already is as good; changed is a race.
     async fn delete_as_read(&self, e: &Entry, key: &str) -> S3Result<()> {
         let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
@@ -223,21 +233,17 @@ impl Gateway {
         asked: Precondition,
     ) -> S3Result<Precondition> {
         for _ in 0..MAKE_WAY_TRIES {
-            let Some(cur) = self.current(p).await? else {
-                return match asked {
-                    Precondition::Version(_) => {
-                        Err(s3_error!(PreconditionFailed, "{key:?} changed since its ETag was checked"))
-                    }
-                    _ => Ok(Precondition::Absent),
-                };
-            };
-            match asked {
-                Precondition::Version(v) if cur.version != v => {
+            let cur = self.current(p).await?;
+            match (asked, &cur) {
+                (Precondition::Version(v), c) if c.as_ref().map(|e| e.version) != Some(v) => {
                     return Err(s3_error!(PreconditionFailed, "{key:?} changed since its ETag was checked"));
                 }
-                Precondition::Absent => return Err(s3_error!(PreconditionFailed, "If-None-Match: {key:?} exists")),
+                (Precondition::Absent, Some(_)) => {
+                    return Err(s3_error!(PreconditionFailed, "If-None-Match: {key:?} exists"));
+                }
                 _ => {}
             }
+            let Some(cur) = cur else { return Ok(Precondition::Absent) };
             let Some((kept, at)) = self.stamp_of(bucket, key, p, &cur, stamp).await? else { continue };
             if stamp.is_null() && kept.is_null() {
                 // Suspended: the null version is replaced in place.
@@ -293,8 +299,7 @@ impl Gateway {
         match &done {
             Ok(_) => self.made_way(bucket, key, stamp).await,
             Err(_) => {
-                let opts = DeleteOptions { precondition: Precondition::Version(staged.version), ..Default::default() };
-                if let Err(err) = self.filer.delete(&staged.path, opts).await {
+                if let Err(err) = self.delete_if_unchanged(&staged).await {
                     tracing::warn!(path = %staged.path, error = %err, "a staged version was not removed; the hourly sweep removes it");
                 }
             }
@@ -315,11 +320,8 @@ impl Gateway {
                 Err(e) => return Err(e),
             };
             for e in page.entries.iter().filter(|e| e.mtime_ms < now_ms - STAGED_KEPT_MS) {
-                let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
-                match self.filer.delete(&e.path, opts).await {
-                    Ok(_) => removed += 1,
-                    Err(Error::NotFound { .. } | Error::PreconditionFailed { .. }) => {}
-                    Err(err) => return Err(err),
+                if self.delete_if_unchanged(e).await? {
+                    removed += 1;
                 }
             }
             match page.next {
@@ -515,12 +517,9 @@ impl Gateway {
             if !was_marker {
                 check_delete(&target, key, cond)?;
             }
-            let opts = DeleteOptions { precondition: Precondition::Version(target.version), ..Default::default() };
-            match self.filer.delete(&target.path, opts).await {
-                Ok(_) => {}
+            if !self.delete_if_unchanged(&target).await.map_err(s3_err)? {
                 // Moved, or (the current one) replaced and so kept: where is it now?
-                Err(Error::NotFound { .. } | Error::PreconditionFailed { .. }) => continue,
-                Err(err) => return Err(s3_err(err)),
+                continue;
             }
             if cur_is {
                 self.prune(bucket_dir, &p).await;
@@ -641,15 +640,11 @@ impl Gateway {
 
     /// Deletes kept version `e` if it is still as seen; whether it went.
     async fn delete_kept(&self, bucket: &str, e: &Entry) -> tidemark_core::Result<bool> {
-        let opts = DeleteOptions { precondition: Precondition::Version(e.version), ..Default::default() };
-        match self.filer.delete(&e.path, opts).await {
-            Ok(_) => {
-                self.prune(&versioning::versions_dir(bucket), &e.path).await;
-                Ok(true)
-            }
-            Err(Error::PreconditionFailed { .. } | Error::NotFound { .. }) => Ok(false),
-            Err(err) => Err(err),
+        let deleted = self.delete_if_unchanged(e).await?;
+        if deleted {
+            self.prune(&versioning::versions_dir(bucket), &e.path).await;
         }
+        Ok(deleted)
     }
 
     /// Whether the bucket keeps versions of anything (DeleteBucket refuses then).
