@@ -83,21 +83,32 @@ const SKIP: u64 = 8 << 20;
 const PIECES_AHEAD: usize = 16;
 const PIECE: usize = 1 << 20;
 
-/// How the kernel does a handle's I/O: FUSE requests (through its page cache), or the backing
-/// file directly (passthrough). The kernel holds one mode per inode at a time — every open of
-/// an inode with a backing file must be passed through to that same file, and none while other
-/// handles are open — so the mount counts the handles of each mode per inode. Passthrough is
-/// for read-only mounts only: a write open of an inode being read through the filer's file
-/// would have to write into it, and the filer's files are never written twice.
+/// How the kernel does a handle's I/O: FUSE requests through its page cache, the backing file
+/// directly (passthrough), or FUSE requests past the page cache on an inode passed through
+/// (direct I/O). The kernel holds one mode per inode at a time: while an inode has a backing
+/// file, every open of it names that same file (direct I/O overrides it for reads and writes),
+/// and none may use the page cache; while page-cache handles are open, none is passed through.
+/// So the mount counts the handles of each mode per inode. A handle opened on a passed inode
+/// for a version newer than its backing file's (before the kernel learnt the new inode) uses
+/// direct I/O.
+///
+/// Passthrough is for read-only mounts only. In a read-write mount a write open of an inode
+/// being passed through would have to name the backing file too, and the kernel reopens it with
+/// the writer's flags and maps it for the writer's `mmap` whatever the open's flags: a shared
+/// writable map would write into the filer's file, which is never to be written twice (tried on
+/// Linux 6.18, 2026-12-06: it did).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Io {
     Requests,
     Passthrough,
+    Direct,
 }
 
-/// An inode the kernel reads from a file of the filer's, and how many handles do.
+/// An inode the kernel reads from a file of the filer's, the version that file holds, and how
+/// many handles are open on it (passed through or direct).
 struct Passed {
     backing: fuser::BackingId,
+    version: u64,
     handles: usize,
 }
 
@@ -108,6 +119,33 @@ struct IoModes {
     requests: HashMap<u64, usize>,
     /// Of the handles in `requests`, those that read the filer's file themselves.
     local: HashMap<u64, usize>,
+}
+
+impl IoModes {
+    /// The mode of a handle of `ino` that does not read the backing file: direct I/O while the
+    /// inode is passed through, the page cache (counted, so that no open passes the inode
+    /// through meanwhile) otherwise.
+    fn not_passed(&mut self, ino: u64) -> Io {
+        if let Some(p) = self.passed.get_mut(&ino) {
+            p.handles += 1;
+            return Io::Direct;
+        }
+        *self.requests.entry(ino).or_default() += 1;
+        Io::Requests
+    }
+
+    /// How to answer the open of a handle of mode `io` on `ino`: the backing file to name, and
+    /// the flags.
+    fn reply_flags(&self, ino: u64, io: Io, write: bool) -> (Option<&fuser::BackingId>, FopenFlags) {
+        match (io, self.passed.get(&ino)) {
+            (Io::Passthrough, Some(p)) => (Some(&p.backing), FopenFlags::empty()),
+            (Io::Direct, Some(p)) => (Some(&p.backing), FopenFlags::FOPEN_DIRECT_IO),
+            // A read-only open keeps the kernel's pages: the change log drops them when the
+            // file changes.
+            _ if write => (None, FopenFlags::empty()),
+            _ => (None, FopenFlags::FOPEN_KEEP_CACHE),
+        }
+    }
 }
 
 struct Handle {
@@ -350,7 +388,7 @@ impl TidemarkFs {
     }
 
     /// Whether the kernel may read a file opened read-only from the filer's file itself: a
-    /// read-only mount, passthrough on.
+    /// read-only mount (see [`Io`]), passthrough on.
     fn can_pass(&self) -> bool {
         self.opts.read_only && self.passthrough.load(Ordering::Relaxed)
     }
@@ -376,9 +414,11 @@ impl TidemarkFs {
     }
 
     /// Gives handle `h` of inode `ino` its I/O mode: passed through to the filer's file `local`
-    /// (or to the file the inode's open handles already read: the kernel wants one per inode —
-    /// a version written since gets an inode of its own, see `Inodes::changed`), else FUSE
-    /// requests. `true` if passed through.
+    /// (or to the file the inode's open handles already read, if it holds the same version: the
+    /// kernel wants one per inode — a version written since gets an inode of its own, see
+    /// `Inodes::changed`), else FUSE requests: past the page cache while the inode is passed
+    /// through (a newer version opened before the kernel learnt its new inode), through it
+    /// otherwise. `true` if passed through.
     fn choose_io(
         &self,
         h: &mut Handle,
@@ -388,15 +428,19 @@ impl TidemarkFs {
     ) -> bool {
         h.ino = ino;
         let mut modes = self.io();
-        if let Some(p) = modes.passed.get_mut(&ino) {
+        if let Some(p) = modes.passed.get_mut(&ino)
+            && local.as_ref().is_some_and(|f| f.version == p.version)
+        {
             p.handles += 1;
             h.io = Io::Passthrough;
             return true;
         }
-        if let Some(f) = local.as_ref().filter(|_| self.can_pass() && !modes.requests.contains_key(&ino)) {
+        if !modes.passed.contains_key(&ino)
+            && let Some(f) = local.as_ref().filter(|_| self.can_pass() && !modes.requests.contains_key(&ino))
+        {
             match std::fs::File::open(&f.file).map(|file| reply.open_backing(&file)) {
                 Ok(Ok(backing)) => {
-                    modes.passed.insert(ino, Passed { backing, handles: 1 });
+                    modes.passed.insert(ino, Passed { backing, version: f.version, handles: 1 });
                     self.inodes().passed(ino, true);
                     h.io = Io::Passthrough;
                     return true;
@@ -421,8 +465,7 @@ impl TidemarkFs {
                 Err(e) => self.no_local_reads(&format!("the filer's files are not reachable from here ({e})")),
             }
         }
-        *modes.requests.entry(ino).or_default() += 1;
-        h.io = Io::Requests;
+        h.io = modes.not_passed(ino);
         false
     }
 
@@ -433,39 +476,35 @@ impl TidemarkFs {
         }
     }
 
-    /// A closed handle's I/O mode is counted no more; the last passthrough handle of an inode
-    /// releases its backing file.
+    /// A closed handle's I/O mode is counted no more; the last handle of an inode passed
+    /// through releases its backing file. An inode read from the filer's files no more (through
+    /// the kernel or by the mount) keeps its number when the file changes.
     fn release_io(&self, h: &Handle) {
         let mut modes = self.io();
+        fn drop_one(counts: &mut HashMap<u64, usize>, ino: u64) {
+            if let Some(n) = counts.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(&ino);
+                }
+            }
+        }
         match h.io {
-            Io::Passthrough => {
+            Io::Passthrough | Io::Direct => {
                 if let Some(p) = modes.passed.get_mut(&h.ino) {
                     p.handles -= 1;
                     if p.handles == 0 {
                         modes.passed.remove(&h.ino);
-                        self.inodes().passed(h.ino, false);
                     }
                 }
             }
-            Io::Requests => {
-                if let Some(n) = modes.requests.get_mut(&h.ino) {
-                    *n -= 1;
-                    if *n == 0 {
-                        modes.requests.remove(&h.ino);
-                    }
-                }
-                if h.local.is_some()
-                    && let Some(n) = modes.local.get_mut(&h.ino)
-                {
-                    *n -= 1;
-                    if *n == 0 {
-                        modes.local.remove(&h.ino);
-                        if !modes.passed.contains_key(&h.ino) {
-                            self.inodes().passed(h.ino, false);
-                        }
-                    }
-                }
-            }
+            Io::Requests => drop_one(&mut modes.requests, h.ino),
+        }
+        if h.local.is_some() {
+            drop_one(&mut modes.local, h.ino);
+        }
+        if !modes.passed.contains_key(&h.ino) && !modes.local.contains_key(&h.ino) {
+            self.inodes().passed(h.ino, false);
         }
     }
 
@@ -709,7 +748,11 @@ impl TidemarkFs {
         let open = self.open_on(|h| h == p);
         for h in &open {
             let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+            // (A handle reading the filer's file, itself or through the kernel, holds it open:
+            // its bytes stay when the name goes.)
             if h.spool.is_none()
+                && h.local.is_none()
+                && h.io != Io::Passthrough
                 && let Ok(spool) = self.download(p)
             {
                 h.spool = Some(spool);
@@ -1422,18 +1465,16 @@ impl Filesystem for TidemarkFs {
             Ok(x) => x,
             Err(e) => return reply.error(e),
         };
-        let passed = self.choose_io(&mut h, ino.0, local, &reply);
-        let fh = FileHandle(self.add_handle(h));
-        if passed {
+        if self.choose_io(&mut h, ino.0, local, &reply) {
             self.counters.passthrough.fetch_add(1, Ordering::Relaxed);
-            let modes = self.io();
-            if let Some(p) = modes.passed.get(&ino.0) {
-                return reply.opened_passthrough(fh, FopenFlags::empty(), &p.backing);
-            }
         }
-        // A read-only open keeps the kernel's pages: the change log drops them when the file
-        // changes.
-        reply.opened(fh, if write { FopenFlags::empty() } else { FopenFlags::FOPEN_KEEP_CACHE });
+        let io = h.io;
+        let fh = FileHandle(self.add_handle(h));
+        let modes = self.io();
+        match modes.reply_flags(ino.0, io, write) {
+            (Some(backing), flags) => reply.opened_passthrough(fh, flags, backing),
+            (None, flags) => reply.opened(fh, flags),
+        }
     }
 
     fn create(
@@ -1468,13 +1509,22 @@ impl Filesystem for TidemarkFs {
                 r => r?,
             };
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
-            // (Never in a read-only mount, the only kind that passes files through.)
-            let fh = self.add_handle(Handle::new(p, Some(spool)));
-            Ok((self.attr(&e), fh))
+            let a = self.attr(&e);
+            let mut h = Handle::new(p, Some(spool));
+            // (Never passed through: a read-write mount passes nothing, see `Io`.)
+            (h.ino, h.io) = (a.ino.0, self.io().not_passed(a.ino.0));
+            let io = h.io;
+            Ok((a, self.add_handle(h), io))
         })();
-        match r {
-            Ok((a, fh)) => reply.created(&self.opts.ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(e),
+        let (a, fh, io) = match r {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        let (ttl, fh) = (&self.opts.ttl, FileHandle(fh));
+        let modes = self.io();
+        match modes.reply_flags(a.ino.0, io, true) {
+            (Some(backing), flags) => reply.created_passthrough(ttl, &a, Generation(0), fh, flags, backing),
+            (None, flags) => reply.created(ttl, &a, Generation(0), fh, flags),
         }
     }
 
