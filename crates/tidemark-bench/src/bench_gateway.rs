@@ -23,7 +23,9 @@ use tidemark_core::remote::{Mount, RemoteLocation};
 use tidemark_core::{Filer, RemoteStorage};
 use tidemark_filer::CacheConfig;
 
-use crate::bench_cache::{best, mib_s, ms_p50_p99, pattern, read_local, sdk_get};
+use crate::bench_cache::{
+    RANGED_PARTS, best, mib_s, ms_p50_p99, pattern, read_local, read_loopback, sdk_get, sdk_get_ranged,
+};
 use crate::bench_s3::{Endpoint, err, filer_with_bucket, sdk_err};
 
 #[derive(Args)]
@@ -166,6 +168,13 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
         mib_s(size, cold_ep),
         cold_ep / cold_gw
     );
+    let (ranged, parts) = sdk_get_ranged(&remote, &bucket, LARGE, size).await?;
+    println!(
+        "  plain SDK, {parts} ranged GETs at once from the endpoint (the faster of {RANGED_PARTS:?} at once): {:.0} MiB/s ({ranged:.2} s), {:.2} × one GET | gateway's cold GET ÷ it {:.2}",
+        mib_s(size, ranged),
+        cold_ep / ranged,
+        ranged / cold_gw
+    );
     sdk_get(&gw, "bench", SMALL).await?;
     filer.cache().idle().await;
 
@@ -184,7 +193,7 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
     // Large GET from the cache beside a local file of the same bytes.
     let local = tmp.path().join("local-copy.bin");
     std::fs::write(&local, &large).map_err(err)?;
-    let (mut via_gw, mut plain, mut via_ep) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut via_gw, mut plain, mut via_ep, mut via_lo) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         let (secs, n) = sdk_get(&gw, "bench", LARGE).await?;
         if n != size {
@@ -192,15 +201,18 @@ pub async fn run(b: GatewayBench) -> Result<(), String> {
         }
         via_gw.push(secs);
         plain.push(read_local(&local, 8 << 20)?);
+        via_lo.push(read_loopback(&local, 1 << 20)?);
         via_ep.push(sdk_get(&remote, &bucket, LARGE).await?.0);
     }
-    let (g, p, e) = (best(&via_gw), best(&plain), best(&via_ep));
+    let (g, p, e, lo) = (best(&via_gw), best(&plain), best(&via_ep), best(&via_lo));
     println!(
-        "  GET {} (cached): gateway {:.0} MiB/s | local file {:.0} MiB/s | ratio {:.2} | (endpoint {:.0} MiB/s)",
+        "  GET {} (cached): gateway {:.0} MiB/s | local file {:.0} MiB/s | ratio {:.2} | loopback TCP of the file {:.0} MiB/s, gateway ÷ it {:.2} | (endpoint {:.0} MiB/s)",
         human_bytes(size),
         mib_s(size, g),
         mib_s(size, p),
         p / g,
+        mib_s(size, lo),
+        lo / g,
         mib_s(size, e)
     );
 

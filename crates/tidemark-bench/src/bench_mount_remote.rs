@@ -23,7 +23,7 @@ use tidemark_core::remote::{Mount, RemoteLocation};
 use tidemark_core::{Filer, RemoteStorage};
 use tidemark_filer::{CacheConfig, HttpFiler};
 
-use crate::bench_cache::{best, mib_s, pattern, put_all, read_local, sdk_get};
+use crate::bench_cache::{CpuTimes, RANGED_PARTS, best, mib_s, pattern, put_all, read_local, sdk_get, sdk_get_ranged};
 use crate::bench_mount::{timed, walk};
 use crate::bench_s3::{Endpoint, err, filer_with_bucket};
 
@@ -139,6 +139,8 @@ fn rclone_mount(endpoint: &Endpoint, url: &str, bucket: &str, work: &Path, probe
 /// The figures of one mount: first read, read again, `ls -lR` first and again.
 struct Figures {
     first: f64,
+    /// Busy core-seconds of the whole machine during the first read, and their share of it.
+    first_cpu: (f64, f64),
     again: f64,
     ls_first: f64,
     ls_again: f64,
@@ -146,9 +148,11 @@ struct Figures {
 
 fn print_figures(name: &str, size: u64, sdk: f64, f: &Figures) {
     println!(
-        "  {name}: first read {:.0} MiB/s ({:.2} s), again {:.0} MiB/s ({:.3} s); ls -lR first {:.3} s, again {:.3} s | first read ÷ GET {:.2}",
+        "  {name}: first read {:.0} MiB/s ({:.2} s; the machine's CPU {:.2} core-s, {:.0} % busy), again {:.0} MiB/s ({:.3} s); ls -lR first {:.3} s, again {:.3} s | first read ÷ GET {:.2}",
         mib_s(size, f.first),
         f.first,
+        f.first_cpu.0,
+        f.first_cpu.1 * 100.0,
         mib_s(size, f.again),
         f.again,
         f.ls_first,
@@ -159,7 +163,9 @@ fn print_figures(name: &str, size: u64, sdk: f64, f: &Figures) {
 
 fn measure(mnt: &Path, files: usize) -> Result<Figures, String> {
     let large = mnt.join("large.bin");
+    let cpu = CpuTimes::now();
     let first = read_local(&large, 1 << 20)?;
+    let first_cpu = CpuTimes::since(cpu);
     let again = read_local(&large, 1 << 20)?;
     let tree = mnt.join("tree");
     let (ls_first, n) = timed(|| walk(&tree))?;
@@ -168,7 +174,7 @@ fn measure(mnt: &Path, files: usize) -> Result<Figures, String> {
     if n != want {
         return Err(format!("{}: the walk found {n} entries, expected {want}", tree.display()));
     }
-    Ok(Figures { first, again, ls_first, ls_again })
+    Ok(Figures { first, first_cpu, again, ls_first, ls_again })
 }
 
 pub async fn run(r: RemoteArgs) -> Result<(), String> {
@@ -207,7 +213,9 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
     let served: Arc<dyn Filer> = filer.clone();
     let server = tokio::spawn(tidemark_filer::http::serve(listener, served, None, std::future::pending()));
 
+    let cpu = CpuTimes::now();
     let (sdk1, n) = sdk_get(&s3, &bucket, "large.bin").await?;
+    let sdk_cpu = CpuTimes::since(cpu);
     if n != r.size {
         return Err(format!("GetObject returned {n} bytes of {}", r.size));
     }
@@ -239,12 +247,21 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
         Some(other) => return Err(format!("--peer {other}: the peers measured are: rclone")),
     };
     let (sdk2, _) = sdk_get(&s3, &bucket, "large.bin").await?;
+    let (ranged, parts) = sdk_get_ranged(&s3, &bucket, "large.bin", r.size).await?;
     let sdk = best(&[sdk1, sdk2]);
     let size = r.size;
     println!(
-        "  plain SDK GET of the {} object: {:.0} MiB/s (best of {sdk1:.2} / {sdk2:.2} s)",
+        "  plain SDK GET of the {} object: {:.0} MiB/s (best of {sdk1:.2} / {sdk2:.2} s; the machine's CPU during the first {:.2} core-s, {:.0} % busy)",
         human_bytes(size),
-        mib_s(size, sdk)
+        mib_s(size, sdk),
+        sdk_cpu.0,
+        sdk_cpu.1 * 100.0
+    );
+    println!(
+        "  plain SDK, {parts} ranged GETs at once (as the AWS CRT and s5cmd read; the faster of {RANGED_PARTS:?} at once): {:.0} MiB/s ({ranged:.2} s), {:.2} × one GET | Tidemark's first read ÷ it {:.2}",
+        mib_s(size, ranged),
+        sdk / ranged,
+        ranged / ours.first
     );
     print_figures("Tidemark mount", size, sdk, &ours);
     if let Some(p) = peer {

@@ -859,12 +859,7 @@ impl Inner {
         // At most `CHUNK_WRITERS` at once, across the filer.
         let _writing = self.write_permits.acquire().await.ok();
         let placed = blocking(move || {
-            let write = || -> std::io::Result<()> {
-                let mut f = std::fs::File::create(&p)?;
-                f.write_all(&bytes)?;
-                f.sync_all()
-            };
-            if let Err(e) = write() {
+            if let Err(e) = write_durably(&p, &bytes) {
                 let _ = std::fs::remove_file(&p);
                 return Err(io_err("writing", &p, e));
             }
@@ -1019,6 +1014,53 @@ impl Inner {
 }
 
 /// Removes chunk files, and each one's content-id directory once it is empty; how many went.
+/// The alignment `O_DIRECT` wants of a write's buffer, offset and length (a page: every
+/// logical block size Linux file systems use divides it).
+const DIRECT_ALIGN: usize = 4096;
+
+thread_local! {
+    /// A writer thread's aligned buffer, kept between chunks (at most a chunk plus a page).
+    static DIRECT_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Writes `bytes` as the whole of a new file at `p` and fsyncs it. With `O_DIRECT` where the
+/// file system takes it: the bytes go from one aligned copy to the disk, not through the page
+/// cache. A cold read writes every byte it fetches, and the buffered write's copy into freshly
+/// allocated page-cache pages cost it more CPU than anything else on its path (`perf`, 2 cores:
+/// 0.25 core-s per 256 MiB against 0.02 with `O_DIRECT`; `dd` 0.38 s against 0.17 s). The page
+/// cache is filled by the reads that come back instead (the FUSE mount and the clients keep
+/// their own copy of what they just read). Buffered where `O_DIRECT` is refused (tmpfs).
+pub fn write_durably(p: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let padded = bytes.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+    let direct =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_DIRECT).open(p);
+    let written = match direct {
+        Ok(mut f) => DIRECT_BUF.with_borrow_mut(|buf| {
+            if buf.len() < padded + DIRECT_ALIGN {
+                *buf = vec![0; padded + DIRECT_ALIGN];
+            }
+            let at = buf.as_ptr().align_offset(DIRECT_ALIGN);
+            let aligned = &mut buf[at..at + padded];
+            aligned[..bytes.len()].copy_from_slice(bytes);
+            aligned[bytes.len()..].fill(0);
+            f.write_all(aligned)?;
+            // The padding goes again: the file is the chunk's bytes.
+            f.set_len(bytes.len() as u64)?;
+            f.sync_all()
+        }),
+        Err(e) => Err(e),
+    };
+    match written {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let mut f = std::fs::File::create(p)?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        }
+        r => r,
+    }
+}
+
 async fn remove_files(files: Vec<PathBuf>) -> Result<u64> {
     blocking(move || {
         let mut removed = 0u64;
@@ -1058,6 +1100,30 @@ async fn housekeeping(weak: Weak<Inner>, wake: Arc<Notify>) {
         tokio::select! {
             _ = wake.notified() => {}
             _ = tokio::time::sleep(HOUSEKEEPING_EVERY) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chunk is written whole and exact, whatever its length (`O_DIRECT` writes whole pages:
+    /// the padding must not stay), over a file of the same name, on this disk and on tmpfs
+    /// (which kernels before 6.6 refuse `O_DIRECT` on: the buffered path).
+    #[test]
+    fn chunks_are_written_exactly_with_or_without_direct_io() {
+        let disk = tempfile::tempdir().unwrap();
+        let mut dirs = vec![disk.path().to_path_buf()];
+        let shm = tempfile::tempdir_in("/dev/shm").ok();
+        dirs.extend(shm.as_ref().map(|d| d.path().to_path_buf()));
+        for dir in dirs {
+            for len in [0, 1, 4095, 4096, 4097, (8 << 20) + 7] {
+                let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+                let p = dir.join("chunk");
+                write_durably(&p, &bytes).unwrap();
+                assert_eq!(std::fs::read(&p).unwrap(), bytes, "{} bytes in {}", len, dir.display());
+            }
         }
     }
 }
