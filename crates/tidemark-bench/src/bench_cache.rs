@@ -74,8 +74,8 @@ pub(crate) fn pattern(size: u64) -> Bytes {
 }
 
 /// How many ranged GETs at once a plain parallel client reads a large object with: the faster
-/// is reported (behind moto and a per-connection throttle, 4 beat 8, and 16 did no better
-/// than one GET: moto serves all of them from one process).
+/// is reported (behind moto and a per-connection throttle 4 beat 8: moto serves every GET from
+/// one process, and copies the object for each).
 pub(crate) const RANGED_PARTS: [u64; 2] = [4, 8];
 
 /// Seconds for the faster of [`RANGED_PARTS`] plain SDK GetObjects of `key` at once, each of
