@@ -48,6 +48,13 @@ pub struct MountBench {
     /// proxy in front of it, for every client alike).
     #[arg(long, value_name = "MIB_S", requires = "endpoint")]
     throttle: Option<f64>,
+    /// With --endpoint: its access key (moto takes any; a Tidemark gateway on loopback takes the
+    /// development key `tidemark`).
+    #[arg(long, default_value = "testing", requires = "endpoint")]
+    access_key: String,
+    /// With --endpoint: its secret key.
+    #[arg(long, default_value = "testing", hide_default_value = true, requires = "endpoint")]
+    secret_key: String,
 }
 
 pub(crate) fn walk(dir: &Path) -> std::io::Result<usize> {
@@ -94,12 +101,8 @@ pub async fn run(b: MountBench) -> Result<(), String> {
         if size == 0 || files == 0 {
             return Err("--size and --files must be at least 1".into());
         }
-        let endpoint = Endpoint {
-            endpoint: url,
-            access_key: "testing".into(),
-            secret_key: "testing".into(),
-            region: "us-east-1".into(),
-        };
+        let endpoint =
+            Endpoint { endpoint: url, access_key: b.access_key, secret_key: b.secret_key, region: "us-east-1".into() };
         return crate::bench_mount_remote::run(crate::bench_mount_remote::RemoteArgs {
             endpoint,
             size,

@@ -194,9 +194,11 @@ async fn a_slow_stream_is_read_with_parallel_ranged_gets() {
     w.settle("/mnt/slow/big.bin", big.len() as u64).await;
     let after = w.stats().await;
     assert_eq!(after.misses - before.misses, 64, "each chunk fetched once: {after:?}");
-    // One stream for the 1 MiB that shows its rate and 8 chunks more, then runs of 8 chunks.
+    // One stream for the chunk that shows its rate and a run more, then runs of 4 to 16 chunks
+    // (longer when a GET is slow to answer: see `cache::split_chunks`).
+    // At the longest runs (16) that is 1 + 3 GETs.
     let requests = after.requests - before.requests;
-    assert!(requests >= 5, "{requests} GETs for 64 chunks of a slow stream: {after:?}");
+    assert!(requests >= 4, "{requests} GETs for 64 chunks of a slow stream: {after:?}");
     eprintln!("4 MiB at 4 MiB/s per connection: {took:?} with {requests} GETs");
 }
 
