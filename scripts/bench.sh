@@ -78,6 +78,20 @@ echo "== the FUSE mount of a bucket (moto) beside a plain GET and rclone's mount
 echo "== the same, the bucket behind a proxy serving 100 MiB/s per connection (for every client alike) =="
 "$bench" mount --endpoint "$moto" --size 256M --files 200 --peer rclone --throttle 100
 
+# moto prepares one GET at a time (it copies the object for each), so behind the proxy no client
+# reads much faster with several connections; a Tidemark gateway over its own data directory
+# serves them in parallel, as a real bucket does.
+echo "== behind the same proxy, a store that serves GETs in parallel (a Tidemark S3 gateway): the mount's first read and the gateway's cold GET =="
+sport=$(free_port); fport=$(free_port); aport=$(free_port)
+"$bin" server --data-dir "$work/store" --filer-addr "127.0.0.1:$fport" --admin-addr "127.0.0.1:$aport" \
+  --s3-addr "127.0.0.1:$sport" >"$work/store.out" 2>"$work/store.err" &
+pids+=($!)
+wait_line "$work/store.out" "s3 listening"
+store="http://127.0.0.1:$sport"
+"$bench" mount --endpoint "$store" --access-key tidemark --secret-key tidemark --size 256M --files 200 --throttle 100
+"$bench" gateway --endpoint "$store" --access-key tidemark --secret-key tidemark --size 256M --requests 100 --puts 8 \
+  --throttle 100
+
 # Starts a `tidemark server` in the background and sets `filer` to its address. Not run in a
 # command substitution: a subshell would keep the pid to itself, and the server would outlive the
 # script.
