@@ -1072,7 +1072,6 @@ impl Inner {
     }
 }
 
-/// Removes chunk files, and each one's content-id directory once it is empty; how many went.
 /// The alignment `O_DIRECT` wants of a write's buffer, offset and length (a page: every
 /// logical block size Linux file systems use divides it).
 const DIRECT_ALIGN: usize = 4096;
@@ -1120,6 +1119,7 @@ pub fn write_durably(p: &Path, bytes: &[u8]) -> std::io::Result<()> {
     }
 }
 
+/// Removes chunk files, and each one's content-id directory once it is empty; how many went.
 async fn remove_files(files: Vec<PathBuf>) -> Result<u64> {
     blocking(move || {
         let mut removed = 0u64;

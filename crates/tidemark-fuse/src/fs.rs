@@ -1509,22 +1509,13 @@ impl Filesystem for TidemarkFs {
                 r => r?,
             };
             let spool = tempfile::tempfile().map_err(|_| Errno::EIO)?;
-            let a = self.attr(&e);
-            let mut h = Handle::new(p, Some(spool));
-            // (Never passed through: a read-write mount passes nothing, see `Io`.)
-            (h.ino, h.io) = (a.ino.0, self.io().not_passed(a.ino.0));
-            let io = h.io;
-            Ok((a, self.add_handle(h), io))
+            // (Never in a read-only mount, the only kind that passes files through.)
+            let fh = self.add_handle(Handle::new(p, Some(spool)));
+            Ok((self.attr(&e), fh))
         })();
-        let (a, fh, io) = match r {
-            Ok(x) => x,
-            Err(e) => return reply.error(e),
-        };
-        let (ttl, fh) = (&self.opts.ttl, FileHandle(fh));
-        let modes = self.io();
-        match modes.reply_flags(a.ino.0, io, true) {
-            (Some(backing), flags) => reply.created_passthrough(ttl, &a, Generation(0), fh, flags, backing),
-            (None, flags) => reply.created(ttl, &a, Generation(0), fh, flags),
+        match r {
+            Ok((a, fh)) => reply.created(&self.opts.ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
         }
     }
 
