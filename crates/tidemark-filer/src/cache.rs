@@ -720,17 +720,20 @@ impl Inner {
         let last = first + senders.len() as u64 - 1;
         let range = chunk_range(entry.size, first, self.config.chunk_bytes).start
             ..chunk_range(entry.size, last, self.config.chunk_bytes).end;
-        let opening_since = Instant::now();
+        // How long the GET itself took to answer (not the bucket's client being opened, once).
+        let mut open_s = 0.0;
         let opened: Result<ByteStream> = async {
             let located = source.located().await.map_err(|e| Error::Unavailable {
                 message: format!("{}: not cached here, and its bucket could not be opened: {e}", entry.path),
             })?;
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
-            located.get(Some(ByteRange { offset: range.start, length: Some(range.end - range.start) })).await
+            let asked = Instant::now();
+            let got = located.get(Some(ByteRange { offset: range.start, length: Some(range.end - range.start) })).await;
+            open_s = asked.elapsed().as_secs_f64();
+            got
         }
         .await;
         drop(opening);
-        let open_s = opening_since.elapsed().as_secs_f64();
         let mut senders: std::collections::VecDeque<_> = senders.into();
         let mut stream = match opened {
             Ok(s) => s,
