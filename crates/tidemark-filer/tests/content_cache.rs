@@ -271,8 +271,12 @@ async fn fetch_and_drop_a_whole_file() {
     let dropped = s.filer.cache_drop("/m/x.bin").await.unwrap();
     assert_eq!(dropped.bytes, body.len() as u64);
     assert_eq!(s.cached("/m/x.bin").await, 0);
+    let before = s.stats().await.requests;
+    // At once: the fetches just recorded are still joinable for a moment.
     assert_eq!(s.read("/m/x.bin", None).await.unwrap(), body, "metadata stays; the next read fetches again");
-    assert_eq!(s.stats().await.misses, 10);
+    let after = s.stats().await;
+    assert_eq!(after.misses, 10);
+    assert_eq!(after.requests - before, 1, "one GET for the dropped run, not one per chunk: {after:?}");
 }
 
 #[tokio::test]
