@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::{Notify, OnceCell, watch};
 
@@ -745,7 +745,8 @@ impl Inner {
                 return;
             }
         };
-        let mut carry = BytesMut::new();
+        // What a frame brought past the chunk before.
+        let mut carry: Option<Bytes> = None;
         let mut k = first;
         // Bytes and seconds of the stream measured so far, and whether they were enough.
         let (mut measured, mut rated) = ((0u64, 0f64), false);
@@ -763,9 +764,20 @@ impl Inner {
             let want = (r.end - r.start) as usize;
             // Only the time spent waiting on the bucket: not the waits for a reader above.
             let streaming = Instant::now();
-            while carry.len() < want {
-                match stream.next().await {
-                    Some(Ok(part)) => carry.extend_from_slice(&part),
+            let mut chunk = ChunkBuf::with_capacity(want);
+            while chunk.len() < want {
+                let next = match carry.take() {
+                    Some(part) => Some(Ok(part)),
+                    None => stream.next().await,
+                };
+                match next {
+                    Some(Ok(part)) => {
+                        let n = (want - chunk.len()).min(part.len());
+                        chunk.extend(&part[..n]);
+                        if n < part.len() {
+                            carry = Some(part.slice(n..));
+                        }
+                    }
                     Some(Err(e)) => {
                         let e = Error::Unavailable {
                             message: format!("{}: reading from the bucket failed mid-object: {e}", entry.path),
@@ -788,11 +800,11 @@ impl Inner {
                 }
             }
             let took = streaming.elapsed().as_secs_f64();
-            let bytes = carry.split_to(want).freeze();
+            let chunk = chunk.finish();
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
-            self.counters.bytes_fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            tx.send_replace(Flight::Fetched(Ok(bytes.clone())));
-            tokio::spawn(self.clone().keep(tx, entry.clone(), (id.clone(), k), bytes, permit));
+            self.counters.bytes_fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            tx.send_replace(Flight::Fetched(Ok(ChunkBuf::shared(&chunk))));
+            tokio::spawn(self.clone().keep(tx, entry.clone(), (id.clone(), k), chunk, permit));
             // The stream's rate, once enough bytes not to be noise: decided once per run.
             if !helper && !rated {
                 measured.0 += want as u64;
@@ -875,10 +887,10 @@ impl Inner {
         tx: watch::Sender<Flight>,
         entry: Arc<Entry>,
         key: FlightKey,
-        bytes: Bytes,
+        chunk: Arc<ChunkBuf>,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
-        let recorded = match self.persist(&entry, &key.0, key.1, bytes.clone()).await {
+        let recorded = match self.persist(&entry, &key.0, key.1, chunk.clone()).await {
             Ok(recorded) => recorded,
             Err(e) => {
                 tracing::warn!(path = %entry.path, chunk = key.1, error = %e, "could not cache a chunk; served uncached");
@@ -888,7 +900,7 @@ impl Inner {
         drop(permit);
         if !recorded {
             self.forget_flight(&key, &tx.subscribe());
-            tx.send_replace(Flight::Done(Ok(bytes)));
+            tx.send_replace(Flight::Done(Ok(ChunkBuf::shared(&chunk))));
             return;
         }
         tx.send_replace(Flight::Recorded);
@@ -914,14 +926,14 @@ impl Inner {
 
     /// Write, fsync, rename, fsync the directory, *then* record: a record only ever names
     /// durable bytes. `false` when the entry moved on meanwhile (the bytes are removed again).
-    async fn persist(&self, entry: &Entry, id: &str, k: u64, bytes: Bytes) -> Result<bool> {
+    async fn persist(&self, entry: &Entry, id: &str, k: u64, chunk: Arc<ChunkBuf>) -> Result<bool> {
         let part = self.tmp.join(random_hex(16)?);
         let dest = self.chunk_file(id, k);
         let (p, d) = (part.clone(), dest.clone());
         // At most `CHUNK_WRITERS` at once, across the filer.
         let _writing = self.write_permits.acquire().await.ok();
         let placed = blocking(move || {
-            if let Err(e) = write_durably(&p, &bytes) {
+            if let Err(e) = write_chunk(&p, &chunk) {
                 let _ = std::fs::remove_file(&p);
                 return Err(io_err("writing", &p, e));
             }
@@ -1002,6 +1014,7 @@ impl Inner {
 
     async fn housekeep(&self) -> Result<()> {
         let _one = self.housekeeping.lock().await;
+        trim_chunk_bufs();
         let reads: Vec<(String, u64, i64)> = std::mem::take(&mut *self.reads.lock().unwrap_or_else(|p| p.into_inner()))
             .into_iter()
             .map(|((p, k), ms)| (p, k, ms))
@@ -1091,47 +1104,143 @@ impl Inner {
 /// logical block size Linux file systems use divides it).
 const DIRECT_ALIGN: usize = 4096;
 
-/// Buffers for `O_DIRECT` writes (each up to a chunk and a page), kept between chunks: as many
-/// as write at once (`CHUNK_WRITERS`), not one per blocking thread that ever wrote one.
-static DIRECT_BUFS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// Free chunk buffers kept for the next chunks, at most: about as many as a cold read has
+/// between its fetch and its readers at once. Housekeeping frees them when a round passed
+/// without a chunk (`trim_chunk_bufs`), so an idle filer does not keep them.
+const POOLED_CHUNK_BUFS: usize = 8;
 
-/// Writes `bytes` as the whole of a new file at `p` and fsyncs it. With `O_DIRECT` where the
-/// file system takes it: the bytes go from one aligned copy to the disk, not through the page
-/// cache. A cold read writes every byte it fetches, and the buffered write's copy into freshly
-/// allocated page-cache pages cost it more CPU than anything else on its path (`perf`, 2 cores:
-/// 0.25 core-s per 256 MiB against 0.02 with `O_DIRECT`; `dd` 0.38 s against 0.17 s). The page
-/// cache is filled by the reads that come back instead (the FUSE mount and the clients keep
-/// their own copy of what they just read). Buffered where `O_DIRECT` is refused (tmpfs before
-/// Linux 6.6, some network file systems).
+struct ChunkBufPool {
+    free: Vec<Vec<u8>>,
+    /// A buffer was taken since the last trim.
+    used: bool,
+}
+
+static CHUNK_BUFS: Mutex<ChunkBufPool> = Mutex::new(ChunkBufPool { free: Vec::new(), used: false });
+
+/// Frees the pooled chunk buffers if none was taken since the last call.
+fn trim_chunk_bufs() {
+    let mut pool = CHUNK_BUFS.lock().unwrap_or_else(|p| p.into_inner());
+    if !pool.used {
+        pool.free = Vec::new();
+    }
+    pool.used = false;
+}
+
+/// A chunk's bytes, gathered as they arrive from the bucket into one page-aligned buffer with
+/// room for the padding `O_DIRECT` wants: readers share it ([`ChunkBuf::shared`]), its file is
+/// written straight from it, and the buffer goes back to a pool when the last reader is done.
+/// Gathering each chunk into a fresh growing buffer and then copying it into an aligned one for
+/// the write was a third of the filer's CPU in a cold read (`perf`, 256 MiB from moto: the
+/// buffer's regrowth copies, the page faults and zeroing of its fresh pages, and the copy).
+pub struct ChunkBuf {
+    buf: Vec<u8>,
+    /// Where the aligned window starts in `buf`, and its capacity (a multiple of a page).
+    at: usize,
+    cap: usize,
+    len: usize,
+}
+
+impl ChunkBuf {
+    /// An empty chunk of room for `n` bytes (and their padding to a page).
+    pub fn with_capacity(n: usize) -> ChunkBuf {
+        let cap = n.div_ceil(DIRECT_ALIGN).max(1) * DIRECT_ALIGN;
+        let need = cap + DIRECT_ALIGN;
+        let pooled = {
+            let mut pool = CHUNK_BUFS.lock().unwrap_or_else(|p| p.into_inner());
+            pool.used = true;
+            let fit = pool.free.iter().position(|b| b.len() >= need);
+            fit.map(|i| pool.free.swap_remove(i))
+        };
+        let buf = pooled.unwrap_or_else(|| vec![0; need]);
+        let at = buf.as_ptr().align_offset(DIRECT_ALIGN);
+        ChunkBuf { buf, at, cap, len: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `b`, which must fit in the room asked for.
+    pub fn extend(&mut self, b: &[u8]) {
+        let to = self.len + b.len();
+        assert!(to <= self.cap, "a chunk buffer of {} bytes given {to}", self.cap);
+        self.buf[self.at + self.len..self.at + to].copy_from_slice(b);
+        self.len = to;
+    }
+
+    /// Just past the bytes padded to a whole page, in `buf`: what an `O_DIRECT` write sends.
+    fn padded_end(&self) -> usize {
+        self.at + self.len.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN
+    }
+
+    /// The chunk, complete: its padding zeroed (a pooled buffer holds an earlier chunk's
+    /// bytes), shared from here on.
+    pub fn finish(mut self) -> Arc<ChunkBuf> {
+        let (from, to) = (self.at + self.len, self.padded_end());
+        self.buf[from..to].fill(0);
+        Arc::new(self)
+    }
+
+    /// The chunk's bytes as a `Bytes` that keeps the buffer until it is dropped.
+    pub fn shared(chunk: &Arc<ChunkBuf>) -> Bytes {
+        struct Owner(Arc<ChunkBuf>);
+        impl AsRef<[u8]> for Owner {
+            fn as_ref(&self) -> &[u8] {
+                <ChunkBuf as AsRef<[u8]>>::as_ref(&self.0)
+            }
+        }
+        Bytes::from_owner(Owner(chunk.clone()))
+    }
+}
+
+impl AsRef<[u8]> for ChunkBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[self.at..self.at + self.len]
+    }
+}
+
+impl Drop for ChunkBuf {
+    fn drop(&mut self) {
+        let mut pool = CHUNK_BUFS.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.free.len() < POOLED_CHUNK_BUFS {
+            pool.free.push(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+/// Writes `bytes` as the whole of a new file at `p` and fsyncs it, as the cache writes a
+/// chunk (`write_chunk`), from a copy in a chunk buffer.
 pub fn write_durably(p: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut chunk = ChunkBuf::with_capacity(bytes.len());
+    chunk.extend(bytes);
+    write_chunk(p, &chunk.finish())
+}
+
+/// Writes a chunk as the whole of a new file at `p` and fsyncs it. With `O_DIRECT` where the
+/// file system takes it: the bytes go from the chunk's aligned buffer to the disk, not through
+/// the page cache. A cold read writes every byte it fetches, and the buffered write's copy into
+/// freshly allocated page-cache pages cost it more CPU than anything else on its path (`perf`,
+/// 2 cores: 0.25 core-s per 256 MiB against 0.02 with `O_DIRECT`; `dd` 0.38 s against 0.17 s).
+/// The page cache is filled by the reads that come back instead (the FUSE mount and the
+/// clients keep their own copy of what they just read). Buffered where `O_DIRECT` is refused
+/// (tmpfs before Linux 6.6, some network file systems).
+pub fn write_chunk(p: &Path, chunk: &ChunkBuf) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let padded = bytes.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
     let direct =
         std::fs::OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_DIRECT).open(p);
-    let written = match direct {
-        Ok(mut f) => {
-            let mut buf = DIRECT_BUFS.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-            if buf.len() < padded + DIRECT_ALIGN {
-                buf = vec![0; padded + DIRECT_ALIGN];
-            }
-            let at = buf.as_ptr().align_offset(DIRECT_ALIGN);
-            let aligned = &mut buf[at..at + padded];
-            aligned[..bytes.len()].copy_from_slice(bytes);
-            aligned[bytes.len()..].fill(0);
-            // The padding goes again after the write: the file is the chunk's bytes.
-            let r = f.write_all(aligned).and_then(|()| f.set_len(bytes.len() as u64)).and_then(|()| f.sync_all());
-            let mut pool = DIRECT_BUFS.lock().unwrap_or_else(|p| p.into_inner());
-            if pool.len() < CHUNK_WRITERS {
-                pool.push(buf);
-            }
-            r
-        }
-        Err(e) => Err(e),
-    };
+    let end = chunk.padded_end();
+    // The padding (zeroed by `finish`) goes again after the write: the file is the chunk's bytes.
+    let written = direct.and_then(|mut f| {
+        f.write_all(&chunk.buf[chunk.at..end]).and_then(|()| f.set_len(chunk.len as u64)).and_then(|()| f.sync_all())
+    });
     match written {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             let mut f = std::fs::File::create(p)?;
-            f.write_all(bytes)?;
+            f.write_all(chunk.as_ref())?;
             f.sync_all()
         }
         r => r,
@@ -1200,7 +1309,8 @@ mod tests {
 
     /// A chunk is written whole and exact, whatever its length (`O_DIRECT` writes whole pages:
     /// the padding must not stay), over a file of the same name, on this disk and on tmpfs
-    /// (which kernels before 6.6 refuse `O_DIRECT` on: the buffered path).
+    /// (which kernels before 6.6 refuse `O_DIRECT` on: the buffered path). The longest first:
+    /// the shorter ones then reuse its pooled buffer, which still holds its bytes.
     #[test]
     fn chunks_are_written_exactly_with_or_without_direct_io() {
         let disk = tempfile::tempdir().unwrap();
@@ -1208,7 +1318,7 @@ mod tests {
         let shm = tempfile::tempdir_in("/dev/shm").ok();
         dirs.extend(shm.as_ref().map(|d| d.path().to_path_buf()));
         for dir in dirs {
-            for len in [0, 1, 4095, 4096, 4097, (8 << 20) + 7] {
+            for len in [(8 << 20) + 7, 0, 1, 4095, 4096, 4097] {
                 let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
                 let p = dir.join("chunk");
                 write_durably(&p, &bytes).unwrap();
