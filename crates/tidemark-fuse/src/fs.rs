@@ -78,13 +78,13 @@ const WINDOW: u64 = 16 << 20;
 /// How far past what it has a read may land and still continue the stream (the skipped bytes
 /// are read and dropped) rather than start a new one.
 const SKIP: u64 = 8 << 20;
-/// The pieces a stream holds ahead of the reader, and their size: the task that reads the
-/// filer's stream stays at most this far ahead. A read that lies within one piece is answered
-/// from it without a copy; the kernel's read-ahead asks for 1 MiB at offsets that are not
-/// multiples of a MiB, so pieces of 4 MiB answer three in four reads that way (a copy into each
-/// answer was a seventh of the mount's CPU in a cold read).
-const PIECES_AHEAD: usize = 4;
-const PIECE: usize = 4 << 20;
+/// The batches of frames a stream holds ahead of the reader, and the bytes in one: the task
+/// that reads the filer's stream stays at most this far ahead. Frames are kept as they came
+/// (no copy into pieces: a fresh buffer per piece cost its page faults and zeroing, a sixth of
+/// the mount's CPU in a cold read) and a read's answer is gathered from them once, into a
+/// buffer its FUSE thread reuses (`GATHERED`).
+const BATCHES_AHEAD: usize = 16;
+const BATCH: usize = 1 << 20;
 
 /// How the kernel does a handle's I/O: FUSE requests through its page cache, the backing file
 /// directly (passthrough), or FUSE requests past the page cache on an inode passed through
@@ -213,7 +213,7 @@ struct Reader {
 /// The pieces of a stream from the filer, and the task that reads them ahead (stopped when
 /// the stream is dropped).
 struct Stream {
-    rx: tokio::sync::mpsc::Receiver<Result<Bytes, Errno>>,
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<Bytes>, Errno>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -243,27 +243,45 @@ impl Reader {
     }
 
     /// Bytes `from..to` (within the window) into `out`.
-    /// Bytes `from..to` of what it holds: a slice of one piece where they lie in one, else a
-    /// copy of the pieces they span.
-    fn bytes(&self, from: u64, to: u64) -> Bytes {
+    /// Bytes `from..to` of what it holds: a slice of one frame where they lie in one, else
+    /// gathered from the frames they span into `GATHERED`.
+    fn bytes(&self, from: u64, to: u64) -> Answer {
         let mut at = self.start;
-        let mut out: Option<BytesMut> = None;
+        let mut gathering = false;
         for b in &self.window {
             let (lo, hi) = (at, at + b.len() as u64);
             if hi > from && lo < to {
                 let part = (from.max(lo) - lo) as usize..(to.min(hi) - lo) as usize;
-                if out.is_none() && lo <= from && to <= hi {
-                    return b.slice(part);
+                if !gathering && lo <= from && to <= hi {
+                    return Answer::Slice(b.slice(part));
                 }
-                out.get_or_insert_with(|| BytesMut::with_capacity((to - from) as usize)).extend_from_slice(&b[part]);
+                GATHERED.with_borrow_mut(|g| {
+                    if !gathering {
+                        g.clear();
+                    }
+                    g.extend_from_slice(&b[part]);
+                });
+                gathering = true;
             }
             at = hi;
             if at >= to {
                 break;
             }
         }
-        out.map(BytesMut::freeze).unwrap_or_default()
+        if gathering { Answer::Gathered } else { Answer::Slice(Bytes::new()) }
     }
+}
+
+/// A read's answer: bytes of their own, or gathered into this FUSE thread's `GATHERED`.
+enum Answer {
+    Slice(Bytes),
+    Gathered,
+}
+
+thread_local! {
+    /// Where a FUSE thread gathers a read's answer from several frames: reused, so its pages
+    /// are faulted in once, not for every read.
+    static GATHERED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 pub struct TidemarkFs {
@@ -829,11 +847,11 @@ impl TidemarkFs {
     /// reader (`Reader`), which continues its stream when the read is at or a little past what
     /// it holds, and starts afresh otherwise: a stream to the end for a read near the start,
     /// one block elsewhere (a stream follows if the next read continues it).
-    fn read_at(&self, h: &mut Handle, offset: u64, size: u32) -> Result<Bytes, Errno> {
+    fn read_at(&self, h: &mut Handle, offset: u64, size: u32) -> Result<Answer, Errno> {
         // Bytes on this machine: the handle's own (written, not yet uploaded), or the filer's
         // file of the version opened.
         if let Some(f) = h.spool.as_ref().or(h.local.as_ref()) {
-            return read_file_at(f, offset, size).map(Bytes::from).map_err(|e| {
+            return read_file_at(f, offset, size).map(|b| Answer::Slice(b.into())).map_err(|e| {
                 tracing::warn!(path = h.path, error = %e, "read of a local file failed");
                 Errno::EIO
             });
@@ -841,7 +859,7 @@ impl TidemarkFs {
         let e = self.stat(&h.path)?;
         let end = (offset + size as u64).min(e.size);
         if offset >= end {
-            return Ok(Bytes::new());
+            return Ok(Answer::Slice(Bytes::new()));
         }
         let fits = |r: &Reader| offset >= r.start && (end <= r.end || offset <= r.end + SKIP);
         if !h.reader.as_ref().is_some_and(fits) {
@@ -869,7 +887,11 @@ impl TidemarkFs {
             // The timer is made inside the runtime: FUSE's threads are not its.
             let timeout = self.opts.timeout;
             match self.rt.block_on(async { tokio::time::timeout(timeout, rx.recv()).await }) {
-                Ok(Some(Ok(b))) => r.push(b, offset),
+                Ok(Some(Ok(frames))) => {
+                    for b in frames {
+                        r.push(b, offset);
+                    }
+                }
                 // The end of the file as the filer has it (it may have shrunk since the stat).
                 Ok(None) => break,
                 Ok(Some(Err(e))) => {
@@ -889,7 +911,7 @@ impl TidemarkFs {
     /// `held` with a stream from its end to the end of the file, read ahead by a task.
     fn stream_from(&self, p: &str, mut held: Reader) -> Reader {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::mpsc::channel(PIECES_AHEAD);
+        let (tx, rx) = tokio::sync::mpsc::channel(BATCHES_AHEAD);
         let range = ByteRange { offset: held.end, length: None };
         let task = self.rt.spawn(pump(self.filer.clone(), p.to_string(), range, self.opts.timeout, tx));
         held.stream = Some(Stream { rx, task });
@@ -956,15 +978,15 @@ async fn read_range(filer: Arc<dyn Filer>, p: String, range: ByteRange, timeout:
     Ok(buf.freeze())
 }
 
-/// Reads `range` of the file at `p` from the filer into `tx`, in pieces of about `PIECE`
-/// bytes (frames of at least a quarter of that as they come), until the end, an error (sent
-/// on, after the bytes before it) or the reader going away.
+/// Reads `range` of the file at `p` from the filer into `tx`, its frames in batches of about
+/// `BATCH` bytes, until the end, an error (sent on, after the bytes before it) or the reader
+/// going away.
 async fn pump(
     filer: Arc<dyn Filer>,
     p: String,
     range: ByteRange,
     timeout: Duration,
-    tx: tokio::sync::mpsc::Sender<Result<Bytes, Errno>>,
+    tx: tokio::sync::mpsc::Sender<Result<Vec<Bytes>, Errno>>,
 ) {
     let mut stream = match open_range(&*filer, &p, range, timeout).await {
         Ok(s) => s,
@@ -973,22 +995,19 @@ async fn pump(
             return;
         }
     };
-    let mut piece = BytesMut::new();
+    let (mut batch, mut bytes) = (Vec::new(), 0);
     loop {
         let frame = next_frame(&mut stream, &p, timeout).await;
-        let send = match &frame {
-            Ok(Some(b)) if piece.is_empty() && b.len() >= PIECE / 4 => Some(b.clone()),
-            Ok(Some(b)) => {
-                piece.reserve(PIECE.saturating_sub(piece.len()));
-                piece.extend_from_slice(b);
-                (piece.len() >= PIECE).then(|| piece.split().freeze())
+        if let Ok(Some(b)) = &frame {
+            bytes += b.len();
+            batch.push(b.clone());
+        }
+        let full = bytes >= BATCH || !matches!(frame, Ok(Some(_)));
+        if full && !batch.is_empty() {
+            bytes = 0;
+            if tx.send(Ok(std::mem::take(&mut batch))).await.is_err() {
+                return;
             }
-            Ok(None) | Err(_) => (!piece.is_empty()).then(|| piece.split().freeze()),
-        };
-        if let Some(b) = send
-            && tx.send(Ok(b)).await.is_err()
-        {
-            return;
         }
         match frame {
             Ok(Some(_)) => {}
@@ -1547,7 +1566,8 @@ impl Filesystem for TidemarkFs {
             self.read_at(&mut h, offset, size)
         });
         match r {
-            Ok(d) => reply.data(&d),
+            Ok(Answer::Slice(d)) => reply.data(&d),
+            Ok(Answer::Gathered) => GATHERED.with_borrow(|g| reply.data(g)),
             Err(e) => reply.error(e),
         }
     }
