@@ -851,10 +851,12 @@ impl TidemarkFs {
         // Bytes on this machine: the handle's own (written, not yet uploaded), or the filer's
         // file of the version opened.
         if let Some(f) = h.spool.as_ref().or(h.local.as_ref()) {
-            return read_file_at(f, offset, size).map(|b| Answer::Slice(b.into())).map_err(|e| {
-                tracing::warn!(path = h.path, error = %e, "read of a local file failed");
-                Errno::EIO
-            });
+            return GATHERED.with_borrow_mut(|g| read_file_at(f, offset, size, g)).map(|()| Answer::Gathered).map_err(
+                |e| {
+                    tracing::warn!(path = h.path, error = %e, "read of a local file failed");
+                    Errno::EIO
+                },
+            );
         }
         let e = self.stat(&h.path)?;
         let end = (offset + size as u64).min(e.size);
@@ -919,9 +921,10 @@ impl TidemarkFs {
     }
 }
 
-/// Up to `size` bytes of `f` at `offset` (fewer at its end).
-fn read_file_at(f: &std::fs::File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; size as usize];
+/// Up to `size` bytes of `f` at `offset` (fewer at its end), into `buf` (whose capacity is
+/// reused: a fresh zeroed buffer per read was a page fault and a zeroing per page read).
+fn read_file_at(f: &std::fs::File, offset: u64, size: u32, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    buf.resize(size as usize, 0);
     let mut n = 0;
     while n < buf.len() {
         match f.read_at(&mut buf[n..], offset + n as u64) {
@@ -932,7 +935,7 @@ fn read_file_at(f: &std::fs::File, offset: u64, size: u32) -> std::io::Result<Ve
         }
     }
     buf.truncate(n);
-    Ok(buf)
+    Ok(())
 }
 
 /// How a read of the filer failed (`None`: it did not answer in time), logged, as an errno.
