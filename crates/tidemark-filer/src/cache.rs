@@ -1307,6 +1307,28 @@ mod tests {
         assert_eq!(split_chunks(f64::NAN, 100.0 * mib, chunk), MAX_SPLIT_CHUNKS);
     }
 
+    /// A chunk's readers keep its bytes after the fetch and the write let go of it, and a
+    /// pooled buffer that held a longer chunk gives a shorter one only its own bytes.
+    #[test]
+    fn a_chunk_is_its_own_bytes_for_as_long_as_a_reader_holds_them() {
+        let long: Vec<u8> = (0..(3 << 20) + 5).map(|i| (i % 253) as u8).collect();
+        let mut c = ChunkBuf::with_capacity(long.len());
+        for part in long.chunks(100_000) {
+            c.extend(part);
+        }
+        let c = c.finish();
+        let shared = ChunkBuf::shared(&c);
+        drop(c);
+        assert_eq!(shared, long, "the reader's bytes outlive the chunk's other holders");
+        drop(shared);
+        let mut short = ChunkBuf::with_capacity(10);
+        short.extend(b"0123456789");
+        let short = short.finish();
+        assert_eq!(ChunkBuf::shared(&short), &b"0123456789"[..]);
+        assert_eq!(short.padded_end() - short.at, DIRECT_ALIGN);
+        assert!(short.buf[short.at + 10..short.padded_end()].iter().all(|&b| b == 0), "the padding is zeroed");
+    }
+
     /// A chunk is written whole and exact, whatever its length (`O_DIRECT` writes whole pages:
     /// the padding must not stay), over a file of the same name, on this disk and on tmpfs
     /// (which kernels before 6.6 refuse `O_DIRECT` on: the buffered path). The longest first:

@@ -1798,3 +1798,60 @@ impl TidemarkFs {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(r: &Reader, from: u64, to: u64) -> (bool, Vec<u8>) {
+        match r.bytes(from, to) {
+            Answer::Slice(b) => (true, b.to_vec()),
+            Answer::Gathered => (false, GATHERED.with_borrow(|g| g.clone())),
+        }
+    }
+
+    /// A read's answer is the bytes asked for wherever the frames' edges fall: a slice of the
+    /// frame that holds it whole, else gathered from the frames it spans (the buffer reused
+    /// from one answer to the next holds only the newer answer).
+    #[test]
+    fn answers_are_sliced_from_one_frame_or_gathered_across_frames() {
+        let file: Vec<u8> = (0..10_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let mut r = Reader::default();
+        for cut in [0, 1, 4096, 4097, 7000, 10_000].windows(2) {
+            r.push(Bytes::copy_from_slice(&file[cut[0]..cut[1]]), 0);
+        }
+        assert_eq!((r.start, r.end), (0, 10_000));
+        for (from, to, sliced) in [
+            (0, 1, true),
+            (1, 4096, true),
+            (4097, 7000, true),
+            (5000, 6000, true),
+            (0, 10_000, false),
+            (4000, 4200, false),
+            (4096, 4097, true),
+            (6999, 7001, false),
+            (20, 30, true),
+            (9_999, 10_000, true),
+        ] {
+            let (was_sliced, got) = answer(&r, from, to);
+            assert_eq!(got, &file[from as usize..to as usize], "{from}..{to}");
+            assert_eq!(was_sliced, sliced, "{from}..{to}");
+        }
+        assert_eq!(answer(&r, 500, 500).1, b"", "nothing asked, nothing answered");
+    }
+
+    /// Old frames leave the window once it holds more than `WINDOW`, but never those the read
+    /// in hand still needs.
+    #[test]
+    fn the_window_keeps_what_the_read_in_hand_needs() {
+        let frame = Bytes::from(vec![7u8; (WINDOW / 4) as usize]);
+        let mut r = Reader::default();
+        for _ in 0..6 {
+            r.push(frame.clone(), 0);
+        }
+        assert_eq!((r.start, r.held()), (0, 6 * frame.len() as u64), "the read in hand starts at 0");
+        r.push(frame.clone(), 5 * frame.len() as u64);
+        assert_eq!(r.held(), WINDOW, "trimmed to the window once nothing older is needed");
+        assert_eq!(r.end, 7 * frame.len() as u64);
+    }
+}
