@@ -1107,23 +1107,28 @@ const DIRECT_ALIGN: usize = 4096;
 /// Free chunk buffers kept for the next chunks, at most: as many as may wait for their write
 /// (`MAX_FETCHES`) — a cold read of 256 MiB from moto had about 24 alive at once; keeping 8 left
 /// the rest to be faulted in afresh by every read (the filer's and mount's CPU per read, median
-/// 0.45 core-s against 0.37). Housekeeping frees them when a round (15 s) passed without a
-/// chunk (`trim_chunk_bufs`), so an idle filer does not keep them.
+/// 0.45 core-s against 0.37) — and no more bytes than that many default chunks (a larger
+/// `--cache-chunk-size` keeps fewer). Housekeeping frees them when a round (15 s) passed
+/// without a chunk (`trim_chunk_bufs`), so an idle filer does not keep them.
 const POOLED_CHUNK_BUFS: usize = MAX_FETCHES;
+const POOLED_CHUNK_BYTES: usize = MAX_FETCHES * (DEFAULT_CHUNK_BYTES as usize + 2 * DIRECT_ALIGN);
 
 struct ChunkBufPool {
     free: Vec<Vec<u8>>,
+    /// The bytes of `free`.
+    bytes: usize,
     /// A buffer was taken since the last trim.
     used: bool,
 }
 
-static CHUNK_BUFS: Mutex<ChunkBufPool> = Mutex::new(ChunkBufPool { free: Vec::new(), used: false });
+static CHUNK_BUFS: Mutex<ChunkBufPool> = Mutex::new(ChunkBufPool { free: Vec::new(), bytes: 0, used: false });
 
 /// Frees the pooled chunk buffers if none was taken since the last call.
 fn trim_chunk_bufs() {
     let mut pool = CHUNK_BUFS.lock().unwrap_or_else(|p| p.into_inner());
     if !pool.used {
         pool.free = Vec::new();
+        pool.bytes = 0;
     }
     pool.used = false;
 }
@@ -1151,7 +1156,9 @@ impl ChunkBuf {
             let mut pool = CHUNK_BUFS.lock().unwrap_or_else(|p| p.into_inner());
             pool.used = true;
             let fit = pool.free.iter().position(|b| b.len() >= need);
-            fit.map(|i| pool.free.swap_remove(i))
+            let buf = fit.map(|i| pool.free.swap_remove(i));
+            pool.bytes -= buf.as_ref().map_or(0, Vec::len);
+            buf
         };
         let buf = pooled.unwrap_or_else(|| vec![0; need]);
         let at = buf.as_ptr().align_offset(DIRECT_ALIGN);
@@ -1208,7 +1215,8 @@ impl AsRef<[u8]> for ChunkBuf {
 impl Drop for ChunkBuf {
     fn drop(&mut self) {
         let mut pool = CHUNK_BUFS.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.free.len() < POOLED_CHUNK_BUFS {
+        if pool.free.len() < POOLED_CHUNK_BUFS && pool.bytes + self.buf.len() <= POOLED_CHUNK_BYTES {
+            pool.bytes += self.buf.len();
             pool.free.push(std::mem::take(&mut self.buf));
         }
     }
