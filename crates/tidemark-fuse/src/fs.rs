@@ -210,8 +210,8 @@ struct Reader {
     stream: Option<Stream>,
 }
 
-/// The pieces of a stream from the filer, and the task that reads them ahead (stopped when
-/// the stream is dropped).
+/// The frames of a stream from the filer, in batches, and the task that reads them ahead
+/// (stopped when the stream is dropped).
 struct Stream {
     rx: tokio::sync::mpsc::Receiver<Result<Vec<Bytes>, Errno>>,
     task: tokio::task::JoinHandle<()>,
@@ -242,7 +242,6 @@ impl Reader {
         }
     }
 
-    /// Bytes `from..to` (within the window) into `out`.
     /// Bytes `from..to` of what it holds: a slice of one frame where they lie in one, else
     /// gathered from the frames they span into `GATHERED`.
     fn bytes(&self, from: u64, to: u64) -> Answer {
@@ -279,8 +278,8 @@ enum Answer {
 }
 
 thread_local! {
-    /// Where a FUSE thread gathers a read's answer from several frames: reused, so its pages
-    /// are faulted in once, not for every read.
+    /// Where a FUSE thread gathers a read's answer (from several frames, or from a file on
+    /// this machine): reused, so its pages are faulted in once, not for every read.
     static GATHERED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
