@@ -119,10 +119,7 @@ pub async fn run(b: MountBench) -> Result<(), String> {
     }
     let tmp = tempfile::tempdir().map_err(err)?;
     let filer = Arc::new(LocalFiler::open(DataDir::open(tmp.path().join("data")).map_err(err)?).map_err(err)?);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
-    let addr = listener.local_addr().map_err(err)?;
-    let served: Arc<dyn Filer> = filer.clone();
-    let server = tokio::spawn(tidemark_filer::http::serve(listener, served, None, std::future::pending()));
+    let (addr, server) = crate::bench_mount_remote::serve_filer(filer.clone(), &tmp.path().join("data")).await?;
 
     // The large file, written in 8 MiB pieces, and the same bytes in a local file.
     let piece = pattern(8 << 20);
@@ -162,13 +159,13 @@ pub async fn run(b: MountBench) -> Result<(), String> {
     // The mount, in this process, over the HTTP API.
     let mnt = tmp.path().join("mnt");
     let (stop_tx, mounted) =
-        crate::bench_mount_remote::mount_in_process(&addr.to_string(), "/bench", &mnt, "large.bin", false).await?;
+        crate::bench_mount_remote::mount_in_process(&addr, "/bench", &mnt, "large.bin", false).await?;
     // A read-only mount beside it: the kernel reads the filer's file itself (FUSE passthrough).
     let mnt_ro = tmp.path().join("mnt-ro");
     let (stop_ro, mounted_ro) =
-        crate::bench_mount_remote::mount_in_process(&addr.to_string(), "/bench", &mnt_ro, "large.bin", true).await?;
+        crate::bench_mount_remote::mount_in_process(&addr, "/bench", &mnt_ro, "large.bin", true).await?;
     println!(
-        "bench mount: {} file and {} files of 4 KiB through a FUSE mount of a filer on {addr} (loopback HTTP)",
+        "bench mount: {} file and {} files of 4 KiB through a FUSE mount of a filer on {addr} (its socket, as a mount beside its filer reaches it)",
         human_bytes(size),
         n_files
     );

@@ -48,7 +48,8 @@ pub(crate) async fn mount_in_process(
     read_only: bool,
 ) -> Result<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), String>>), String> {
     std::fs::create_dir_all(mnt).map_err(err)?;
-    let client: Arc<dyn Filer> = Arc::new(HttpFiler::new(addr, None).map_err(err)?);
+    // As `tidemark mount` reaches a filer on its machine: through the filer's socket.
+    let client: Arc<dyn Filer> = Arc::new(HttpFiler::new(addr, None).map_err(err)?.through_socket().await);
     let args = tidemark_fuse::MountArgs {
         mountpoint: mnt.to_path_buf(),
         root: root.into(),
@@ -84,6 +85,20 @@ pub(crate) async fn mount_in_process(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok((stop_tx, mounted))
+}
+
+/// `filer` served as `tidemark server` serves it: on loopback TCP and on its socket in
+/// `data_dir`. Returns the TCP address.
+pub(crate) async fn serve_filer(
+    filer: Arc<dyn Filer>,
+    data_dir: &Path,
+) -> Result<(String, tokio::task::JoinHandle<std::io::Result<()>>), String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?.to_string();
+    let socket = tidemark_filer::http::Socket::bind(data_dir).map_err(err)?;
+    let pending = std::future::pending();
+    let served = tidemark_filer::http::serve_beside(listener, Some(socket), filer, Default::default(), None, pending);
+    Ok((addr, tokio::spawn(served)))
 }
 
 /// rclone's mount of the bucket, as its users run it for reading (`--vfs-cache-mode full`),
@@ -208,10 +223,7 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
     };
     let cache = CacheConfig { budget_bytes: r.size * 2 + (64 << 20), ..Default::default() };
     let filer = filer_with_bucket(&tmp.path().join("data"), &conf, &mount, &storage, cache).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
-    let addr = listener.local_addr().map_err(err)?.to_string();
-    let served: Arc<dyn Filer> = filer.clone();
-    let server = tokio::spawn(tidemark_filer::http::serve(listener, served, None, std::future::pending()));
+    let (addr, server) = serve_filer(filer.clone(), &tmp.path().join("data")).await?;
 
     let cpu = CpuTimes::now();
     let (sdk1, n) = sdk_get(&s3, &bucket, "large.bin").await?;

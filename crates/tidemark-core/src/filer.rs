@@ -118,6 +118,14 @@ pub struct Health {
     /// sees them masked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_token_file: Option<String>,
+    /// This filer process's random id: a client that reached a filer two ways (its address and
+    /// its `socket`) compares the two answers' ids to know it reached one filer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// The Unix socket in the filer's data directory on which it also serves this API (mode
+    /// 0600: its own user's), for the clients on its machine (`tidemark mount`, `tidemark s3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
 }
 
 #[async_trait]

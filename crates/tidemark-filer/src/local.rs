@@ -607,6 +607,8 @@ impl Filer for LocalFiler {
             store: self.store.backend().into(),
             last_seq: self.store.last_seq().await?,
             cluster_token_file: None,
+            instance: None,
+            socket: None,
         })
     }
 

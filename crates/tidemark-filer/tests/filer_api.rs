@@ -38,6 +38,22 @@ async fn http_setup() -> Setup {
     over_http(None).await.0
 }
 
+/// The filer served on TCP and on its socket, reached by a client beside it (over the socket).
+async fn socket_setup() -> Setup {
+    let Setup { filer, _dir, .. } = local();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let socket = http::Socket::bind(_dir.path()).unwrap();
+    let server = tokio::spawn(async move {
+        http::serve_beside(listener, Some(socket), filer, Default::default(), None, std::future::pending())
+            .await
+            .unwrap();
+    });
+    let client = HttpFiler::new(&addr, None).unwrap().through_socket().await;
+    assert_eq!(client.socket_path(), Some(_dir.path().join("filer.sock").to_str().unwrap()));
+    Setup { filer: Arc::new(client), _dir, _server: Some(server) }
+}
+
 fn body(data: &[u8]) -> ByteStream {
     let chunks: Vec<std::io::Result<Bytes>> = data.chunks(10_000).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
     futures::stream::iter(chunks).boxed()
@@ -53,6 +69,7 @@ macro_rules! both {
     ($($name:ident),* $(,)?) => {
         mod on_local { $( #[tokio::test] async fn $name() { super::$name(&super::local()).await } )* }
         mod on_http { $( #[tokio::test] async fn $name() { super::$name(&super::http_setup().await).await } )* }
+        mod on_socket { $( #[tokio::test] async fn $name() { super::$name(&super::socket_setup().await).await } )* }
     };
 }
 

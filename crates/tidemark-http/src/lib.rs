@@ -174,25 +174,109 @@ pub struct Peer {
     pub tls: bool,
 }
 
+/// What [`serve`] accepts connections on: a TCP listener, or a Unix socket (the filer's, for
+/// the clients on its machine: `tidemark mount` and the gateway beside it).
+pub trait Listener: Send + 'static {
+    type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+
+    /// The next connection, and who made it (a Unix socket's clients show as `127.0.0.1:0`:
+    /// they are on this machine).
+    fn accept(&self) -> impl std::future::Future<Output = std::io::Result<(Self::Io, SocketAddr)>> + Send;
+
+    /// Where it listens, for the log.
+    fn name(&self) -> String;
+
+    /// Whether requests must name a loopback host: a TCP listener on loopback (see the crate's
+    /// doc). No web page reaches a Unix socket.
+    fn checks_host(&self) -> bool;
+
+    /// Waits until the connection's first byte arrives, without taking it; false if it closed
+    /// (or failed) first.
+    fn first_byte(io: &Self::Io) -> impl std::future::Future<Output = bool> + Send;
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+
+    async fn accept(&self) -> std::io::Result<(Self::Io, SocketAddr)> {
+        tokio::net::TcpListener::accept(self).await
+    }
+
+    fn name(&self) -> String {
+        self.local_addr().map(|a| a.to_string()).unwrap_or_else(|e| format!("a TCP listener ({e})"))
+    }
+
+    fn checks_host(&self) -> bool {
+        self.local_addr().is_ok_and(|a| a.ip().is_loopback())
+    }
+
+    async fn first_byte(io: &Self::Io) -> bool {
+        // `peek`, not `readable`: an accepted stream is assumed readable until a read finds it
+        // is not.
+        matches!(io.peek(&mut [0u8; 1]).await, Ok(n) if n > 0)
+    }
+}
+
+impl Listener for tokio::net::UnixListener {
+    type Io = tokio::net::UnixStream;
+
+    async fn accept(&self) -> std::io::Result<(Self::Io, SocketAddr)> {
+        let (io, _) = tokio::net::UnixListener::accept(self).await?;
+        Ok((io, SocketAddr::from(([127, 0, 0, 1], 0))))
+    }
+
+    fn name(&self) -> String {
+        match self.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string())) {
+            Some(path) => path,
+            None => "a Unix socket".into(),
+        }
+    }
+
+    fn checks_host(&self) -> bool {
+        false
+    }
+
+    async fn first_byte(io: &Self::Io) -> bool {
+        // tokio's UnixStream has no `peek`: wait for readiness, then peek with `recv`; a
+        // spurious readiness clears itself (WouldBlock) and the wait goes on.
+        loop {
+            if io.readable().await.is_err() {
+                return false;
+            }
+            let peeked = io.try_io(tokio::io::Interest::READABLE, || {
+                rustix::net::recv(io, &mut [0u8; 1], rustix::net::RecvFlags::PEEK)
+                    .map(|(n, _)| n)
+                    .map_err(std::io::Error::from)
+            });
+            match peeked {
+                Ok(n) => return n > 0,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
 /// Serves `service` on `listener` until `shutdown` resolves, then lets requests in flight finish
 /// (at most `limits.drain`); HTTPS only when `tls` is given. On a loopback listener, requests for
 /// other host names are refused.
-pub async fn serve<S, B>(
-    listener: tokio::net::TcpListener,
+pub async fn serve<L, S, B>(
+    listener: L,
     service: S,
     limits: Limits,
     tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()>
 where
+    L: Listener,
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + Sync + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let local: SocketAddr = listener.local_addr()?;
-    let check_host = local.ip().is_loopback();
+    let local = listener.name();
+    let check_host = listener.checks_host();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
@@ -205,7 +289,7 @@ where
     let mut shutdown = std::pin::pin!(shutdown);
     'accept: loop {
         let (stream, peer_addr) = tokio::select! {
-            r = listener.accept() => match r {
+            r = Listener::accept(&listener) => match r {
                 Ok(c) => c,
                 Err(e) if out_of_descriptors(&e) => {
                     // The process ran out of descriptors: an idle connection gives way (the
@@ -275,11 +359,8 @@ where
             let served = async move {
                 // A client that sends nothing is given up sooner than one sending a head; until
                 // its first byte it costs no buffer.
-                // (`peek`, not `readable`: an accepted stream is assumed readable until a read
-                // finds it is not.)
-                match tokio::time::timeout(first_byte, stream.peek(&mut [0u8; 1])).await {
-                    Ok(Ok(n)) if n > 0 => {}
-                    _ => return,
+                if !matches!(tokio::time::timeout(first_byte, L::first_byte(&stream)).await, Ok(true)) {
+                    return;
                 }
                 let conn = match tls {
                     None => connection(&http, stream, guarded, watcher),

@@ -160,3 +160,25 @@ async fn a_loopback_listener_serves_loopback_names_only() {
         assert!(answer.contains("loopback"), "{answer}");
     }
 }
+
+#[tokio::test]
+async fn a_unix_socket_serves_any_host_and_drops_a_silent_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
+    let limits = Limits { first_byte_timeout: Duration::from_millis(300), ..Limits::default() };
+    tokio::spawn(serve(listener, tower(app), limits, None, std::future::pending()));
+    // No web page reaches a Unix socket: the loopback listener's Host check does not apply.
+    let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200") && out.ends_with("hello"), "{out}");
+    // One that says nothing goes at the first-byte deadline.
+    let began = Instant::now();
+    let mut silent = tokio::net::UnixStream::connect(&path).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut rest)).await.unwrap().ok();
+    assert!(began.elapsed() < Duration::from_millis(1500), "silent: {:?}", began.elapsed());
+}

@@ -20,6 +20,11 @@ pub struct FilerArgs {
     /// Address to listen on. A non-loopback address requires --token.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     addr: SocketAddr,
+    /// Serve the API on TCP only: by default it is also served on a Unix socket in the data
+    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts and gateways on this machine
+    /// run by the same user reach with less of the kernel's work per byte than loopback TCP.
+    #[arg(long)]
+    no_socket: bool,
     #[command(flatten)]
     tls: ListenTlsArgs,
     #[command(flatten)]
@@ -71,6 +76,11 @@ pub struct ServerArgs {
     /// Address the filer's API listens on. A non-loopback address requires --token.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     filer_addr: SocketAddr,
+    /// Serve the API on TCP only: by default it is also served on a Unix socket in the data
+    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts and gateways on this machine
+    /// run by the same user reach with less of the kernel's work per byte than loopback TCP.
+    #[arg(long)]
+    no_socket: bool,
     /// Address the admin (Admin UI, /metrics, the worker API) listens on.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
     admin_addr: SocketAddr,
@@ -152,6 +162,11 @@ pub struct MountArgs {
     /// the local disk's speed), by the mount itself in a read-write one.
     #[arg(long)]
     no_passthrough: bool,
+    /// Reach the filer over TCP only. By default, when the filer is on this machine and serves
+    /// its socket (DATA_DIR/filer.sock) to this user, the mount talks to it there: the same
+    /// API with less of the kernel's work per byte.
+    #[arg(long)]
+    no_filer_socket: bool,
     /// The filer's token, if it has one.
     /// Prefer the environment variable TIDEMARK_TOKEN: a token on the command line is visible
     /// to every user of the machine in `ps`.
@@ -578,7 +593,8 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         let _ = stop_tx.send(true);
     });
     let api: Arc<dyn Filer> = filer.clone();
-    let served = http::serve_with(listener, api, tokens, tls, stopped(stop_rx)).await;
+    let socket = filer_socket(&a.data_dir, a.no_socket);
+    let served = http::serve_beside(listener, socket, api, tokens, tls, stopped(stop_rx)).await;
     let _ = outbound.await;
     let _ = collector.await;
     let _ = home.await;
@@ -712,7 +728,9 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         let service = tidemark_s3::service(api.clone(), loopback, keyring);
         tokio::spawn(tidemark_s3::serve_tls(listener, service, tls.clone(), stopped(stop_rx.clone())))
     });
-    let filer_http = tokio::spawn(http::serve_with(filer_listener, api.clone(), tokens, tls, stopped(stop_rx)));
+    let socket = filer_socket(&a.data_dir, a.no_socket);
+    let filer_http =
+        tokio::spawn(http::serve_beside(filer_listener, socket, api.clone(), tokens, tls, stopped(stop_rx)));
     let client = match tidemark_worker::AdminClient::new(&format!("{scheme}://{admin_bound}"), a.common.token.clone()) {
         Ok(c) => c,
         Err(e) => return fail(1, e),
@@ -746,12 +764,30 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     }
 }
 
+/// The filer's socket in `data_dir`, unless `off`; a socket that cannot be bound is said and
+/// gone without (clients reach the filer over TCP).
+fn filer_socket(data_dir: &std::path::Path, off: bool) -> Option<http::Socket> {
+    if off {
+        return None;
+    }
+    match http::Socket::bind(data_dir) {
+        Ok(s) => {
+            tracing::info!(socket = %s.path().display(), "the filer's API is also served on its socket");
+            Some(s)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "serving the filer's API on TCP only (pass --no-socket to say so)");
+            None
+        }
+    }
+}
+
 /// The filer at `addr` for a role that reads secrets whole (a worker opens remotes, a gateway
 /// checks signatures): with `token`, or — given none, on the machine of a `tidemark server`
 /// without tokens — with the cluster token in its data directory, when this user may read it.
 async fn own_filer(addr: &str, token: Option<String>) -> Result<Arc<dyn Filer>, String> {
     let given = token.is_some();
-    let filer = HttpFiler::new(addr, token).map_err(|e| e.to_string())?;
+    let filer = HttpFiler::new(addr, token).map_err(|e| e.to_string())?.through_socket().await;
     if !given && let Some(cluster) = filer.with_local_cluster_token().await {
         return Ok(Arc::new(cluster));
     }
@@ -807,10 +843,13 @@ pub async fn run_mount(a: MountArgs) -> i32 {
     if let Err(e) = tidemark_fuse::check_mountpoint(&a.mountpoint) {
         return fail(2, e);
     }
-    let filer: Arc<dyn Filer> = match HttpFiler::new(&a.filer, a.token.clone()) {
-        Ok(f) => Arc::new(f),
+    let filer = match HttpFiler::new(&a.filer, a.token.clone()) {
+        Ok(f) if a.no_filer_socket => f,
+        Ok(f) => f.through_socket().await,
         Err(e) => return fail(2, e),
     };
+    let through = filer.socket_path().map(|p| format!(" (through its socket {p})")).unwrap_or_default();
+    let filer: Arc<dyn Filer> = Arc::new(filer);
     let (report_tx, report_rx) = tokio::sync::mpsc::channel(4);
     #[cfg(unix)]
     if let Ok(mut usr1) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()) {
@@ -829,7 +868,7 @@ pub async fn run_mount(a: MountArgs) -> i32 {
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
         passthrough: !a.no_passthrough,
     };
-    println!("tidemark mount: {} of filer {} on {}", args.root, a.filer, a.mountpoint.display());
+    println!("tidemark mount: {} of filer {}{through} on {}", args.root, a.filer, a.mountpoint.display());
     match tidemark_fuse::mount(filer, args, shutdown, report_rx).await {
         Ok(()) => 0,
         Err(e) => fail(1, e),
