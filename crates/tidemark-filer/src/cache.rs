@@ -1160,7 +1160,7 @@ impl ChunkBuf {
             pool.bytes -= buf.as_ref().map_or(0, Vec::len);
             buf
         };
-        let buf = pooled.unwrap_or_else(|| vec![0; need]);
+        let buf = pooled.unwrap_or_else(|| fresh_buf(need));
         let at = buf.as_ptr().align_offset(DIRECT_ALIGN);
         ChunkBuf { buf, at, cap, len: 0 }
     }
@@ -1204,6 +1204,26 @@ impl ChunkBuf {
         }
         Bytes::from_owner(Owner(chunk.clone()))
     }
+}
+
+/// A new buffer of `n` bytes, its pages in place before the chunk is gathered into it. A cold
+/// read in a fresh filer takes every chunk buffer new (the pool is empty), and faulting in their
+/// pages one at a time as the bytes arrive was a third of that read's CPU (`perf stat` of
+/// the filer and mount, 256 MiB from moto: 95,000 page faults, 0.56–0.68 core-s; populated at
+/// once, 8,000 and 0.47–0.49). `MADV_POPULATE_WRITE` is Linux 5.14+; before, the pages fault
+/// in as they are written, as they did.
+fn fresh_buf(n: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; n];
+    let at = buf.as_ptr().align_offset(DIRECT_ALIGN);
+    let len = n.saturating_sub(at) / DIRECT_ALIGN * DIRECT_ALIGN;
+    if len > 0 {
+        // SAFETY: a page-aligned range within the vector's own allocation, which stays where it
+        // is; the advice only makes its (zeroed) pages present.
+        let _ = unsafe {
+            rustix::mm::madvise(buf.as_mut_ptr().add(at).cast(), len, rustix::mm::Advice::LinuxPopulateWrite)
+        };
+    }
+    buf
 }
 
 impl AsRef<[u8]> for ChunkBuf {
