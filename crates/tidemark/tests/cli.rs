@@ -396,12 +396,13 @@ fn worker_ids_with_control_characters_are_refused() {
         let url = format!("http://{}/api/v1/workers/register", server.admin_addr);
         rt.block_on(async { reqwest::Client::new().post(url).json(&body).send().await.unwrap() })
     };
+    // The admin answers 503 until it holds its lease (a moment after start, longer under load).
+    tidemark_testkit::eventually("the admin active", || register("w-ok", "host-1").status() == 200);
     for (id, host) in [("w1\n2026-12-04 INFO forged", "h"), ("w\x1b[2J", "h"), ("ok", "host\nforged")] {
         let resp = register(id, host);
         assert_eq!(resp.status(), 400, "{id:?} {host:?}");
         let text = rt.block_on(resp.text()).unwrap();
         assert!(text.contains("control character"), "{text}");
     }
-    assert_eq!(register("w-ok", "host-1").status(), 200);
     assert!(!server.stderr().contains("forged"), "{}", server.stderr());
 }
