@@ -21,8 +21,9 @@ pub struct FilerArgs {
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     addr: SocketAddr,
     /// Serve the API on TCP only: by default it is also served on a Unix socket in the data
-    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts and gateways on this machine
-    /// run by the same user reach with less of the kernel's work per byte than loopback TCP.
+    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts, gateways and workers on this
+    /// machine run by the same user reach with less of the kernel's work per byte than loopback
+    /// TCP.
     #[arg(long)]
     no_socket: bool,
     #[command(flatten)]
@@ -77,8 +78,9 @@ pub struct ServerArgs {
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     filer_addr: SocketAddr,
     /// Serve the API on TCP only: by default it is also served on a Unix socket in the data
-    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts and gateways on this machine
-    /// run by the same user reach with less of the kernel's work per byte than loopback TCP.
+    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts, gateways and workers on this
+    /// machine run by the same user reach with less of the kernel's work per byte than loopback
+    /// TCP.
     #[arg(long)]
     no_socket: bool,
     /// Address the admin (Admin UI, /metrics, the worker API) listens on.
