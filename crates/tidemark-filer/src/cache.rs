@@ -1208,10 +1208,10 @@ impl ChunkBuf {
 
 /// A new buffer of `n` bytes, its pages in place before the chunk is gathered into it. A cold
 /// read in a fresh filer takes every chunk buffer new (the pool is empty), and faulting in their
-/// pages one at a time as the bytes arrive was a third of that read's CPU (`perf stat` of
-/// the filer and mount, 256 MiB from moto: 95,000 page faults, 0.56–0.68 core-s; populated at
-/// once, 8,000 and 0.47–0.49). `MADV_POPULATE_WRITE` is Linux 5.14+; before, the pages fault
-/// in as they are written, as they did.
+/// pages one at a time as the bytes arrive cost about a fifth of that read's CPU (`perf stat` of
+/// the filer and mount, 256 MiB from moto: 76,000–95,000 page faults, 0.60–0.68 core-s;
+/// populated at once, 11,000–30,000 and 0.47–0.61, median 0.48: BENCHMARKS run O).
+/// `MADV_POPULATE_WRITE` is Linux 5.14+; before, the pages fault in as they are written.
 fn fresh_buf(n: usize) -> Vec<u8> {
     let mut buf = vec![0u8; n];
     let at = buf.as_ptr().align_offset(DIRECT_ALIGN);

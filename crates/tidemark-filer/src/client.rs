@@ -123,8 +123,9 @@ impl HttpFiler {
 
     async fn find_socket(&self) -> std::result::Result<FilerSocket, String> {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let base = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.bases.len();
         let health = self.health().await.map_err(|e| e.to_string())?;
+        // The filer that answered (a failed connection moves `current` on before the answer).
+        let base = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.bases.len();
         let (Some(path), Some(instance)) = (health.socket, health.instance) else {
             return Err("the filer names no socket".into());
         };

@@ -748,7 +748,7 @@ pub async fn serve_beside(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use futures::FutureExt;
-    let router = router_beside(filer, tokens, socket.as_ref().map(|s| s.file.0.as_path()));
+    let router = router_beside(filer, tokens, socket.as_ref().map(Socket::path));
     let shutdown = shutdown.shared();
     let limits = tidemark_http::Limits::default();
     let tcp = tidemark_http::serve(listener, tidemark_http::tower(router.clone()), limits, tls, shutdown.clone());
@@ -789,14 +789,15 @@ impl Socket {
         let dir = std::path::absolute(data_dir).map_err(|e| Error::io(format!("{}", data_dir.display()), e))?;
         let path = dir.join(SOCKET_FILE);
         let fresh = dir.join(format!("{SOCKET_FILE}.new"));
-        let failed = |what: &str, e: std::io::Error| Error::io(format!("{what} {}", path.display()), e);
-        remove_socket(&fresh).map_err(|e| failed("replacing", e))?;
-        remove_socket(&path).map_err(|e| failed("replacing", e))?;
-        let listener = std::os::unix::net::UnixListener::bind(&fresh).map_err(|e| failed("binding", e))?;
-        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o600)).map_err(|e| failed("securing", e))?;
-        std::fs::rename(&fresh, &path).map_err(|e| failed("placing", e))?;
-        listener.set_nonblocking(true).map_err(|e| failed("binding", e))?;
-        let listener = tokio::net::UnixListener::from_std(listener).map_err(|e| failed("binding", e))?;
+        let failed = |what: &str, at: &Path, e: std::io::Error| Error::io(format!("{what} {}", at.display()), e);
+        remove_socket(&fresh).map_err(|e| failed("replacing", &fresh, e))?;
+        remove_socket(&path).map_err(|e| failed("replacing", &path, e))?;
+        let listener = std::os::unix::net::UnixListener::bind(&fresh).map_err(|e| failed("binding", &fresh, e))?;
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| failed("securing", &fresh, e))?;
+        std::fs::rename(&fresh, &path).map_err(|e| failed("placing", &path, e))?;
+        listener.set_nonblocking(true).map_err(|e| failed("binding", &path, e))?;
+        let listener = tokio::net::UnixListener::from_std(listener).map_err(|e| failed("binding", &path, e))?;
         Ok(Socket { listener, file: SocketFile(path) })
     }
 

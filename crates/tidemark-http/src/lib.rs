@@ -175,7 +175,7 @@ pub struct Peer {
 }
 
 /// What [`serve`] accepts connections on: a TCP listener, or a Unix socket (the filer's, for
-/// the clients on its machine: `tidemark mount` and the gateway beside it).
+/// the clients on its machine: mounts, gateways and workers).
 pub trait Listener: Send + 'static {
     type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
 

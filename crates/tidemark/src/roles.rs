@@ -20,12 +20,8 @@ pub struct FilerArgs {
     /// Address to listen on. A non-loopback address requires --token.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     addr: SocketAddr,
-    /// Serve the API on TCP only: by default it is also served on a Unix socket in the data
-    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts, gateways and workers on this
-    /// machine run by the same user reach with less of the kernel's work per byte than loopback
-    /// TCP.
-    #[arg(long)]
-    no_socket: bool,
+    #[command(flatten)]
+    socket: SocketArgs,
     #[command(flatten)]
     tls: ListenTlsArgs,
     #[command(flatten)]
@@ -68,6 +64,37 @@ impl ListenTlsArgs {
     }
 }
 
+/// The filer's socket, on a role that serves the filer's API.
+#[derive(Args)]
+pub struct SocketArgs {
+    /// Serve the API on TCP only: by default it is also served on a Unix socket in the data
+    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts, gateways and workers on this
+    /// machine run by the same user reach with less of the kernel's work per byte than loopback
+    /// TCP.
+    #[arg(long)]
+    no_socket: bool,
+}
+
+impl SocketArgs {
+    /// The filer's socket in `data_dir`, unless turned off; one that cannot be bound is said
+    /// and gone without (clients reach the filer over TCP).
+    fn bind(&self, data_dir: &std::path::Path) -> Option<http::Socket> {
+        if self.no_socket {
+            return None;
+        }
+        match http::Socket::bind(data_dir) {
+            Ok(s) => {
+                tracing::info!(socket = %s.path().display(), "the filer's API is also served on its socket");
+                Some(s)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "serving the filer's API on TCP only (pass --no-socket to say so)");
+                None
+            }
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct ServerArgs {
     /// Directory for the embedded store (meta.db, unless --store names another), file content
@@ -77,12 +104,8 @@ pub struct ServerArgs {
     /// Address the filer's API listens on. A non-loopback address requires --token.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
     filer_addr: SocketAddr,
-    /// Serve the API on TCP only: by default it is also served on a Unix socket in the data
-    /// directory (DATA_DIR/filer.sock, mode 0600), which mounts, gateways and workers on this
-    /// machine run by the same user reach with less of the kernel's work per byte than loopback
-    /// TCP.
-    #[arg(long)]
-    no_socket: bool,
+    #[command(flatten)]
+    socket: SocketArgs,
     /// Address the admin (Admin UI, /metrics, the worker API) listens on.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
     admin_addr: SocketAddr,
@@ -595,7 +618,7 @@ pub async fn run_filer(a: FilerArgs) -> i32 {
         let _ = stop_tx.send(true);
     });
     let api: Arc<dyn Filer> = filer.clone();
-    let socket = filer_socket(&a.data_dir, a.no_socket);
+    let socket = a.socket.bind(&a.data_dir);
     let served = http::serve_beside(listener, socket, api, tokens, tls, stopped(stop_rx)).await;
     let _ = outbound.await;
     let _ = collector.await;
@@ -730,7 +753,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         let service = tidemark_s3::service(api.clone(), loopback, keyring);
         tokio::spawn(tidemark_s3::serve_tls(listener, service, tls.clone(), stopped(stop_rx.clone())))
     });
-    let socket = filer_socket(&a.data_dir, a.no_socket);
+    let socket = a.socket.bind(&a.data_dir);
     let filer_http =
         tokio::spawn(http::serve_beside(filer_listener, socket, api.clone(), tokens, tls, stopped(stop_rx)));
     let client = match tidemark_worker::AdminClient::new(&format!("{scheme}://{admin_bound}"), a.common.token.clone()) {
@@ -763,24 +786,6 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => fail(1, format!("the filer stopped: {e}")),
         Err(e) => fail(1, format!("the filer stopped: {e}")),
-    }
-}
-
-/// The filer's socket in `data_dir`, unless `off`; a socket that cannot be bound is said and
-/// gone without (clients reach the filer over TCP).
-fn filer_socket(data_dir: &std::path::Path, off: bool) -> Option<http::Socket> {
-    if off {
-        return None;
-    }
-    match http::Socket::bind(data_dir) {
-        Ok(s) => {
-            tracing::info!(socket = %s.path().display(), "the filer's API is also served on its socket");
-            Some(s)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "serving the filer's API on TCP only (pass --no-socket to say so)");
-            None
-        }
     }
 }
 
