@@ -39,6 +39,8 @@ use tidemark_core::{ByteRange, ByteStream, Clock, Error, MetaStore, Result};
 
 use crate::remotes::{Located, Remotes};
 
+/// The file under `cache/` that names the chunk size the recorded chunks were cut at.
+const CHUNK_SIZE_FILE: &str = "chunk-size";
 /// How many chunks one reader has in flight ahead of the one it streams.
 const READ_AHEAD: usize = 4;
 /// How often last-read times are written to the store, and the budget checked, without cause.
@@ -195,6 +197,10 @@ struct Inner {
     fetch_permits: Arc<tokio::sync::Semaphore>,
     write_permits: Arc<tokio::sync::Semaphore>,
     started: AtomicBool,
+    /// Whether the chunks on record were cut at this cache's chunk size: the file `chunk-size`
+    /// says so, or they are forgotten before the first use (see [`Inner::ready`]).
+    same_chunks: bool,
+    ready: OnceCell<()>,
 }
 
 /// The filer's content cache (cheap to clone).
@@ -252,6 +258,8 @@ impl ContentCache {
                 id
             }
         };
+        let same_chunks = std::fs::read_to_string(dir.join(CHUNK_SIZE_FILE))
+            .is_ok_and(|s| s.trim().parse::<u64>().ok() == Some(config.chunk_bytes));
         let inner = Arc::new(Inner {
             store,
             remotes,
@@ -268,6 +276,8 @@ impl ContentCache {
             fetch_permits: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHES)),
             write_permits: Arc::new(tokio::sync::Semaphore::new(CHUNK_WRITERS)),
             started: AtomicBool::new(false),
+            same_chunks,
+            ready: OnceCell::new(),
         });
         Ok(ContentCache { inner })
     }
@@ -409,6 +419,7 @@ impl ContentCache {
     pub async fn drop_path(&self, path: &str, entry: Option<&Entry>) -> Result<CacheOutcome> {
         self.start();
         let inner = &self.inner;
+        inner.ready().await?;
         let rows = inner.store.cache_chunks(&inner.node, path).await?;
         let gone = inner.store.cache_forget(&rows).await?;
         let bytes: u64 = gone.iter().map(|c| c.len).sum();
@@ -549,8 +560,58 @@ impl Source {
 }
 
 impl Inner {
+    /// Readies the cache for its first use: a record names its chunk by index, and an index
+    /// means bytes `k * chunk size ..`, so chunks cut at another size (`--cache-chunk-size`
+    /// changed, or a cache from before the size was written down) would be read from the wrong
+    /// place. Those records are forgotten and their files removed, then the size is written
+    /// down (last: a crash in between forgets again at the next start). Every path to the
+    /// records passes here first; concurrent callers wait for the one doing it.
+    async fn ready(&self) -> Result<()> {
+        if self.same_chunks {
+            return Ok(());
+        }
+        self.ready
+            .get_or_try_init(|| async {
+                let (mut forgotten, mut after) = (0u64, None::<(String, u64)>);
+                loop {
+                    let page =
+                        self.store.cache_scan(&self.node, after.as_ref().map(|(p, k)| (p.as_str(), *k)), 1000).await?;
+                    let Some(last) = page.last() else { break };
+                    after = Some((last.path.clone(), last.chunk));
+                    forgotten += self.store.cache_forget(&page).await?.len() as u64;
+                }
+                let (dir, tmp, chunk_bytes) = (self.dir.clone(), self.tmp.clone(), self.config.chunk_bytes);
+                blocking(move || {
+                    for shard in std::fs::read_dir(&dir).map_err(|e| io_err("listing", &dir, e))?.flatten() {
+                        let name = shard.file_name();
+                        if name.len() == 2 && shard.path().is_dir() {
+                            std::fs::remove_dir_all(shard.path()).map_err(|e| io_err("removing", &shard.path(), e))?;
+                        }
+                    }
+                    let (part, file) = (tmp.join(CHUNK_SIZE_FILE), dir.join(CHUNK_SIZE_FILE));
+                    std::fs::File::create(&part)
+                        .and_then(|mut f| f.write_all(chunk_bytes.to_string().as_bytes()).and_then(|()| f.sync_all()))
+                        .map_err(|e| io_err("writing", &part, e))?;
+                    std::fs::rename(&part, &file).map_err(|e| io_err("renaming", &file, e))?;
+                    std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing", &dir, e))
+                })
+                .await?;
+                if forgotten > 0 {
+                    tracing::info!(
+                        chunks = forgotten,
+                        chunk_bytes = self.config.chunk_bytes,
+                        "cache: forgot the chunks cut at another chunk size; they are fetched again as read"
+                    );
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
     /// This node's records of content id `id` of `path`, in chunk order.
     async fn held(&self, path: &str, id: &str) -> Result<Vec<CachedChunk>> {
+        self.ready().await?;
         let mut rows = self.store.cache_chunks(&self.node, path).await?;
         rows.retain(|c| c.content_id == id);
         Ok(rows)
@@ -1013,6 +1074,7 @@ impl Inner {
     }
 
     async fn housekeep(&self) -> Result<()> {
+        self.ready().await?;
         let _one = self.housekeeping.lock().await;
         trim_chunk_bufs();
         let reads: Vec<(String, u64, i64)> = std::mem::take(&mut *self.reads.lock().unwrap_or_else(|p| p.into_inner()))
@@ -1054,6 +1116,7 @@ impl Inner {
     }
 
     async fn sweep(&self) -> Result<u64> {
+        self.ready().await?;
         // The files first, then the records, then the fetches in flight: a file placed after the
         // listing is not a candidate, and one whose record commits after the records were read
         // still has its fetch in flight then (a fetch ends only after its record).

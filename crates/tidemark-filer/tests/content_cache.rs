@@ -33,10 +33,14 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 }
 
 async fn open(data: &Path, budget: u64) -> Arc<LocalFiler> {
+    open_chunked(data, budget, CHUNK).await
+}
+
+async fn open_chunked(data: &Path, budget: u64, chunk_bytes: u64) -> Arc<LocalFiler> {
     let filer = LocalFiler::open(DataDir::open(data).unwrap()).unwrap();
     // The tests' buckets are temporary directories: any local root may be served.
     filer.remotes().allow_local(tidemark_cloud::local::LocalRoots::any());
-    Arc::new(filer.with_cache(CacheConfig { budget_bytes: budget, chunk_bytes: CHUNK }).unwrap())
+    Arc::new(filer.with_cache(CacheConfig { budget_bytes: budget, chunk_bytes }).unwrap())
 }
 
 async fn setup(budget: u64) -> Setup {
@@ -336,6 +340,61 @@ async fn the_budget_is_accounted_across_restarts_and_strays_are_swept() {
     let parts: Vec<Bytes> = body.map(|c| c.unwrap()).collect().await;
     assert_eq!(parts.concat(), pattern(2 * CHUNK as usize, 9));
     assert_eq!(filer.cache_stats().await.unwrap().misses, 0, "served from what survived the restart");
+}
+
+/// A chunk's record names it by index, and an index means bytes `k * chunk size ..`: a filer
+/// restarted with another `--cache-chunk-size` must not read the old chunks as new ones. The
+/// cache forgets what it held under the old size (records and files), once, before any read,
+/// and serves every range right; after another restart with the same size it keeps its chunks.
+#[tokio::test]
+async fn a_new_chunk_size_forgets_the_chunks_of_the_old() {
+    let s = setup(1 << 30).await;
+    // Chunks half the old size: the old chunk `k` is longer than the new one and starts
+    // further in, so a read of it as the new `k` would get bytes from the wrong place.
+    // `pattern` repeats every 256 bytes, as chunks do: these differ between any two offsets.
+    let unique = |n: usize, seed: u32| -> Vec<u8> {
+        (0..n as u32).flat_map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).to_le_bytes()).take(n).collect()
+    };
+    let body = unique(12 * CHUNK as usize, 7);
+    let short = unique(3 * CHUNK as usize, 8);
+    s.put("a.bin", &body);
+    s.put("short.bin", &short);
+    s.sync().await;
+    assert_eq!(s.read("/m/a.bin", None).await.unwrap(), body);
+    assert_eq!(s.read("/m/short.bin", None).await.unwrap(), short);
+    s.filer.cache().housekeep().await.unwrap();
+    let Setup { filer, data, _tmp, .. } = s;
+    let node = filer.cache().node().to_string();
+    drop(filer);
+
+    for round in 0..2 {
+        let filer = open_chunked(&data, 1 << 30, CHUNK / 2).await;
+        let read = |p: &'static str, r: Option<ByteRange>| {
+            let filer = filer.clone();
+            async move {
+                let (_, body) = filer.read(p, r).await.unwrap();
+                let parts: Vec<Bytes> = body.map(|c| c.unwrap()).collect().await;
+                filer.cache().idle().await;
+                parts.concat()
+            }
+        };
+        let r = ByteRange { offset: 2 * CHUNK + 5, length: Some(3 * CHUNK) };
+        assert_eq!(read("/m/a.bin", Some(r)).await, &body[2 * CHUNK as usize + 5..][..3 * CHUNK as usize]);
+        assert_eq!(read("/m/a.bin", None).await, body, "round {round}");
+        assert_eq!(read("/m/short.bin", None).await, short, "round {round}");
+        let st = filer.cache_stats().await.unwrap();
+        if round == 0 {
+            assert_eq!(st.misses, 24 + 6, "everything fetched again in the new size: {st:?}");
+        } else {
+            assert_eq!(st.misses, 0, "kept across a restart with the same size: {st:?}");
+        }
+        filer.cache().housekeep().await.unwrap();
+        let st = filer.cache_stats().await.unwrap();
+        assert_eq!((st.resident_bytes, st.resident_chunks), (15 * CHUNK, 30), "no record of the old size left");
+        let rows = filer.store().cache_chunks(&node, "/m/a.bin").await.unwrap();
+        assert!(rows.iter().all(|c| c.len == CHUNK / 2), "{rows:?}");
+        drop(filer);
+    }
 }
 
 #[tokio::test]

@@ -306,7 +306,8 @@ pub struct StoreArgs {
     #[arg(long, value_name = "SIZE", default_value = "10%", value_parser = parse_budget)]
     cache_size: Budget,
     /// The unit the cache fetches and keeps: a read of a few bytes fetches one chunk of this
-    /// size; a sequential read, one request per chunk.
+    /// size; a sequential read, one request per chunk. Changing it empties the cache (its chunks
+    /// are fetched again as they are read).
     #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_chunk)]
     cache_chunk_size: u64,
     /// Require `Authorization: Bearer TOKEN` on every request.
