@@ -315,22 +315,22 @@ pub(crate) async fn put_all<S: tidemark_core::RemoteStorage>(
     Ok(())
 }
 
-/// Seconds to write `bytes` into `dir` as files of `chunk` bytes: with `sync` as the cache
-/// writes a chunk (`write_durably`: past the page cache where the file system allows, fsynced)
-/// and the directory fsynced after them, else plain buffered writes.
+/// Seconds to write `bytes` into `dir` in pieces of `chunk` bytes: with `sync` as the cache
+/// writes a chunk (`write_durably`: at its offset of one file, past the page cache where the
+/// file system allows, fsynced), else as plain buffered writes of one file.
 fn write_chunks(dir: &std::path::Path, bytes: &[u8], chunk: usize, sync: bool) -> Result<f64, String> {
     std::fs::create_dir_all(dir).map_err(err)?;
+    let p = dir.join("object");
     let t = Instant::now();
-    for (i, part) in bytes.chunks(chunk).enumerate() {
-        let p = dir.join(i.to_string());
-        if sync {
-            tidemark_filer::cache::write_durably(&p, part).map_err(err)?;
-        } else {
-            std::fs::write(&p, part).map_err(err)?;
-        }
-    }
     if sync {
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+        for (i, part) in bytes.chunks(chunk).enumerate() {
+            tidemark_filer::cache::write_durably(&p, (i * chunk) as u64, part, bytes.len() as u64).map_err(err)?;
+        }
+    } else {
+        let mut f = std::fs::File::create(&p).map_err(err)?;
+        for part in bytes.chunks(chunk) {
+            std::io::Write::write_all(&mut f, part).map_err(err)?;
+        }
     }
     let secs = t.elapsed().as_secs_f64();
     std::fs::remove_dir_all(dir).map_err(err)?;

@@ -5,7 +5,10 @@
 //! - first read of a large object through each mount (`cat`-like, 1 MiB reads) ÷ the plain GET;
 //! - the same read again (Tidemark: its content cache, then the kernel's pages; rclone: its VFS
 //!   cache);
-//! - `ls -lR` of a tree of small objects, first and again.
+//! - `ls -lR` of a tree of small objects, first and again;
+//! - the object once the cache holds it whole, through a read-only mount (the kernel reads the
+//!   cache's file: FUSE passthrough) and a new read-write mount (which reads that file itself),
+//!   beside a local file of the same bytes: first from the disk, then from the kernel's pages.
 //!
 //! `--throttle MIB_S` puts a proxy that serves each connection at most that rate in front of the
 //! bucket, for every client alike: a real bucket serves one stream at 80–100 MB/s, where an
@@ -151,6 +154,85 @@ fn rclone_mount(endpoint: &Endpoint, url: &str, bucket: &str, work: &Path, probe
     Ok(rclone)
 }
 
+/// Drops the kernel's pages of the file at `p` (written back first): its next read is from
+/// the disk.
+fn drop_pages(p: &Path) -> Result<(), String> {
+    let f = std::fs::File::open(p).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).map_err(err)
+}
+
+/// Reads of the object once the cache holds it whole, beside a local file of the same bytes:
+/// each first from the disk, then again from the kernel's pages (seconds).
+struct Cached {
+    ro: (f64, f64),
+    rw: (f64, f64),
+    local: (f64, f64),
+}
+
+impl Cached {
+    fn print(&self, size: u64) {
+        let line = |name: &str, (first, again): (f64, f64)| {
+            println!(
+                "  {name}: first (from the disk) {:.0} MiB/s, again {:.0} MiB/s | ÷ the local file {:.2} / {:.2}",
+                mib_s(size, first),
+                mib_s(size, again),
+                self.local.0 / first,
+                self.local.1 / again
+            )
+        };
+        println!(
+            "  the object cached whole; a local file of its bytes: first (from the disk) {:.0} MiB/s, again {:.0} MiB/s",
+            mib_s(size, self.local.0),
+            mib_s(size, self.local.1)
+        );
+        line("read-only mount (the kernel reads the cache's file: FUSE passthrough)", self.ro);
+        line("new read-write mount (it reads the cache's file itself)", self.rw);
+    }
+}
+
+async fn cached_reads(
+    filer: &Arc<tidemark_filer::LocalFiler>,
+    addr: &str,
+    work: &Path,
+    size: u64,
+) -> Result<Cached, String> {
+    filer.cache().idle().await;
+    let path = format!("{DIR}/large.bin");
+    let file = filer
+        .local_file(&path)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| format!("{path}: not cached whole after its first read"))?
+        .file;
+    let local = work.join("local.bin");
+    std::fs::write(&local, pattern(size)).map_err(err)?;
+    let mut figures = Vec::new();
+    for read_only in [true, false] {
+        let mnt = work.join(if read_only { "mnt-cached-ro" } else { "mnt-cached-rw" });
+        let (stop, mounted) = mount_in_process(addr, DIR, &mnt, "large.bin", read_only).await?;
+        let (file, large) = (PathBuf::from(&file), mnt.join("large.bin"));
+        let read = tokio::task::spawn_blocking(move || -> Result<(f64, f64), String> {
+            drop_pages(&file)?;
+            let first = read_local(&large, 1 << 20)?;
+            Ok((first, read_local(&large, 1 << 20)?))
+        })
+        .await
+        .map_err(err)?;
+        let _ = stop.send(());
+        mounted.await.map_err(err)??;
+        figures.push(read?);
+    }
+    let local = tokio::task::spawn_blocking(move || -> Result<(f64, f64), String> {
+        drop_pages(&local)?;
+        let first = read_local(&local, 1 << 20)?;
+        Ok((first, best(&[read_local(&local, 1 << 20)?, read_local(&local, 1 << 20)?])))
+    })
+    .await
+    .map_err(err)??;
+    Ok(Cached { ro: figures[0], rw: figures[1], local })
+}
+
 /// The figures of one mount: first read, read again, `ls -lR` first and again.
 struct Figures {
     first: f64,
@@ -258,6 +340,7 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
         }
         Some(other) => return Err(format!("--peer {other}: the peers measured are: rclone")),
     };
+    let cached = cached_reads(&filer, &addr, tmp.path(), r.size).await?;
     let (sdk2, _) = sdk_get(&s3, &bucket, "large.bin").await?;
     let (ranged, parts) = sdk_get_ranged(&s3, &bucket, "large.bin", r.size).await?;
     let sdk = best(&[sdk1, sdk2]);
@@ -286,6 +369,7 @@ pub async fn run(r: RemoteArgs) -> Result<(), String> {
             p.ls_again / ours.ls_again
         );
     }
+    cached.print(size);
     server.abort();
     println!("  (the bucket {bucket} is left on the endpoint)");
     Ok(())

@@ -196,8 +196,9 @@ pub trait Filer: Send + Sync + 'static {
     }
 
     /// The file on this filer's machine that holds the bytes of `path`, if they lie whole in
-    /// one (a blob in the data directory; not inline, remote-backed or object-store content):
-    /// what a FUSE mount beside the filer hands the kernel to read from directly.
+    /// one (a blob in the data directory, or a remote-backed file the content cache holds
+    /// whole; not inline or object-store content): what a FUSE mount beside the filer hands the
+    /// kernel to read from directly.
     async fn local_file(&self, _path: &str) -> Result<Option<LocalFile>> {
         Ok(None)
     }
@@ -206,11 +207,23 @@ pub trait Filer: Send + Sync + 'static {
 /// Where the bytes of one version of a file lie on the filer's machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalFile {
-    /// An absolute path; the file is never written again (a new version is a new file).
+    /// An absolute path; the file's bytes are never changed (a new version is a new file),
+    /// though the file may be unlinked, and a cached object's file then made again.
     pub file: String,
     /// The entry's version whose bytes these are.
     pub version: u64,
     pub size: u64,
+    /// Which file that was when the filer looked: an opener reads the file it opened only if
+    /// it is this one (absent from filers before 2026-12-06, whose files were never made again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<FileIdentity>,
+}
+
+/// A file's device and inode numbers: which file it is, whatever its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    pub dev: u64,
+    pub ino: u64,
 }
 
 fn no_cache() -> Error {

@@ -3,18 +3,26 @@
 //!
 //! - **Chunks.** An object is cached in chunks (8 MiB by default): a read fetches only the
 //!   chunks its range touches, so `head -c 100` of a 10 GiB object fetches one chunk.
-//! - **Named by content id, recorded in the store.** A chunk's file is
-//!   `cache/<id[..2]>/<content id>/<chunk>`, and it becomes reachable only when its record
-//!   ([`CachedChunk`]) commits in the store — after the bytes are written, fsynced and renamed
-//!   into place. The store records a chunk only while the entry still has that content id, and a
-//!   write that changes the entry's remote version drops the records in its own transaction
-//!   (`tidemark_core::cache`): after it commits, no read finds the old bytes. Bytes no record
-//!   names are garbage: removed after the invalidating commit, and by a sweep at start.
+//! - **One file per object, named by content id, recorded in the store.** An object's cached
+//!   chunks lie at their own offsets in one sparse file, `cache/<id[..2]>/<content id>`, so a
+//!   wholly cached object is a plain file a FUSE mount beside the filer can hand the kernel
+//!   ([`ContentCache::local_file`]). A chunk becomes reachable only when its record
+//!   ([`CachedChunk`]) commits in the store — after its bytes are written and fsynced. The store
+//!   records a chunk only while the entry still has that content id, and a write that changes
+//!   the entry's remote version drops the records in its own transaction
+//!   (`tidemark_core::cache`): after it commits, no read finds the old bytes. A file no record
+//!   names is garbage: removed after the invalidating commit, and by a sweep at start.
+//! - **Bytes are never taken out of a file.** An object leaves the cache whole (its records,
+//!   then its file unlinked): a reader that has the file open — a FUSE mount's kernel among
+//!   them — keeps reading the bytes it opened. Under each object's lock, a record is made only
+//!   if the file written is still the one at the object's path, and a file is unlinked only
+//!   after its records are gone; so a record always names bytes in the file at its path, and a
+//!   reader checks that the file it opened is that one when an object may have gone meanwhile.
 //! - **Single flight.** One fetch per (content id, chunk) at a time; concurrent readers of a
 //!   cold chunk wait for that fetch and share its bytes.
-//! - **Budget.** When the recorded bytes exceed the budget, the least recently read chunks are
-//!   forgotten (record first, then file), whatever file they belong to. Only remote-backed
-//!   content is cache: local writes live in `blobs/` or the store and are never evicted.
+//! - **Budget.** When the recorded bytes exceed the budget, the objects whose chunks were least
+//!   recently read are forgotten (records first, then file). Only remote-backed content is
+//!   cache: local writes live in `blobs/` or the store and are never evicted.
 //!
 //! A SIGKILL at any point leaves at worst a file without a record (swept at start) or a
 //! record whose file is gone (read as a miss and fetched again) — never a record of bytes that
@@ -39,8 +47,11 @@ use tidemark_core::{ByteRange, ByteStream, Clock, Error, MetaStore, Result};
 
 use crate::remotes::{Located, Remotes};
 
-/// The file under `cache/` that names the chunk size the recorded chunks were cut at.
-const CHUNK_SIZE_FILE: &str = "chunk-size";
+/// The file under `cache/` that names the layout and chunk size the recorded chunks were cut
+/// at: anything else there (an older layout, another `--cache-chunk-size`) is forgotten.
+const LAYOUT_FILE: &str = "layout";
+/// Objects' locks, by a hash of the content id (see [`Inner::object_lock`]).
+const OBJECT_LOCKS: usize = 64;
 /// How many chunks one reader has in flight ahead of the one it streams.
 const READ_AHEAD: usize = 4;
 /// How often last-read times are written to the store, and the budget checked, without cause.
@@ -197,10 +208,16 @@ struct Inner {
     fetch_permits: Arc<tokio::sync::Semaphore>,
     write_permits: Arc<tokio::sync::Semaphore>,
     started: AtomicBool,
-    /// Whether the chunks on record were cut at this cache's chunk size: the file `chunk-size`
-    /// says so, or they are forgotten before the first use (see [`Inner::ready`]).
-    same_chunks: bool,
+    /// Whether the chunks on record were laid out as this cache lays them out: the file
+    /// `layout` says so, or they are forgotten before the first use (see [`Inner::ready`]).
+    same_layout: bool,
     ready: OnceCell<()>,
+    /// Held to record a chunk in an object's file, to take an object out, and to check that a
+    /// file opened is still the object's (striped: an object maps to one of them).
+    object_locks: Vec<tokio::sync::Mutex<()>>,
+    /// How many object files were unlinked: a read that sees it unchanged since it read the
+    /// records knows the file it opened is the one they name.
+    unlinks: AtomicU64,
 }
 
 /// The filer's content cache (cheap to clone).
@@ -258,8 +275,7 @@ impl ContentCache {
                 id
             }
         };
-        let same_chunks = std::fs::read_to_string(dir.join(CHUNK_SIZE_FILE))
-            .is_ok_and(|s| s.trim().parse::<u64>().ok() == Some(config.chunk_bytes));
+        let same_layout = std::fs::read_to_string(dir.join(LAYOUT_FILE)).is_ok_and(|s| s == layout(&config));
         let inner = Arc::new(Inner {
             store,
             remotes,
@@ -276,8 +292,10 @@ impl ContentCache {
             fetch_permits: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHES)),
             write_permits: Arc::new(tokio::sync::Semaphore::new(CHUNK_WRITERS)),
             started: AtomicBool::new(false),
-            same_chunks,
+            same_layout,
             ready: OnceCell::new(),
+            object_locks: (0..OBJECT_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect(),
+            unlinks: AtomicU64::new(0),
         });
         Ok(ContentCache { inner })
     }
@@ -320,6 +338,8 @@ impl ContentCache {
         if span.is_empty() {
             return Ok(futures::stream::empty().boxed());
         }
+        // Before the records: an object unlinked after this may have been the file they name.
+        let unlinks = inner.unlinks.load(Ordering::SeqCst);
         let present: HashSet<u64> = inner.held(&entry.path, &id).await?.iter().map(|c| c.chunk).collect();
         let chunk_bytes = inner.config.chunk_bytes;
         let ends = run_ends(span.clone(), &present);
@@ -332,6 +352,7 @@ impl ContentCache {
                 let (inner, source, entry, id) = (inner.clone(), source.clone(), entry.clone(), id.clone());
                 let cached = present.contains(&k);
                 let run_to = ends[(k - span.start) as usize];
+                let cached = cached.then_some(unlinks);
                 async move { inner.piece(&source, &entry, &id, k, lo..hi, cached, run_to).await }
             })
             .buffered(READ_AHEAD);
@@ -421,9 +442,11 @@ impl ContentCache {
         let inner = &self.inner;
         inner.ready().await?;
         let rows = inner.store.cache_chunks(&inner.node, path).await?;
-        let gone = inner.store.cache_forget(&rows).await?;
-        let bytes: u64 = gone.iter().map(|c| c.len).sum();
-        inner.unrecorded(&gone).await;
+        let ids: HashSet<&str> = rows.iter().map(|c| c.content_id.as_str()).collect();
+        let mut bytes = 0;
+        for id in ids {
+            bytes += inner.evict(path, id).await?.iter().map(|c| c.len).sum::<u64>();
+        }
         let skipped = match entry {
             Some(e) if content_id(e).is_none() => Some(skip_reason(e).to_string()),
             None => Some("no such entry".to_string()),
@@ -450,38 +473,61 @@ impl ContentCache {
         }
     }
 
-    /// Removes the bytes of a content id whose records an invalidating write dropped.
+    /// Removes the file of a content id whose records an invalidating write dropped.
     pub async fn reclaim(&self, id: &str) {
         if !valid_id(id) {
             return;
         }
-        let dir = self.inner.id_dir(id);
-        let removed = blocking(move || {
-            let (mut files, mut bytes) = (0u64, 0u64);
-            for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-                if std::fs::remove_file(f.path()).is_ok() {
-                    files += 1;
-                    bytes += len;
-                }
+        let inner = &self.inner;
+        {
+            let _object = inner.object_lock(id).lock().await;
+            if let Err(e) = inner.unlink(id).await {
+                // Leaks space until the next sweep, serves nothing: no record names these bytes.
+                tracing::warn!(content_id = id, error = %e, "could not remove invalidated cache bytes");
             }
-            match std::fs::remove_dir(&dir) {
-                Ok(()) => Ok((files, bytes)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((files, bytes)),
-                Err(e) => Err(io_err("removing", &dir, e)),
-            }
-        })
-        .await;
-        match removed {
-            Ok((files, bytes)) => {
-                let c = &self.inner.counters;
-                saturating_sub(&c.resident_bytes, bytes);
-                saturating_sub(&c.resident_chunks, files);
-            }
-            // Leaks space until the next sweep, serves nothing: no record names these bytes.
-            Err(e) => tracing::warn!(content_id = id, error = %e, "could not remove invalidated cache bytes"),
         }
-        self.inner.wake.notify_one();
+        // The records went with the write: the figures are the store's.
+        if let Ok(usage) = inner.store.cache_usage(&inner.node).await {
+            inner.counters.resident_bytes.store(usage.bytes, Ordering::Relaxed);
+            inner.counters.resident_chunks.store(usage.chunks, Ordering::Relaxed);
+        }
+        inner.wake.notify_one();
+    }
+
+    /// The file holding every byte of `entry`'s current version, if the cache holds them all:
+    /// what a FUSE mount beside the filer hands the kernel to read. Its bytes stay as they are
+    /// for as long as anyone has it open (an object leaves the cache by its file being unlinked,
+    /// never by bytes being taken out of it); `identity` lets the opener check that the file it
+    /// opened is this one. Counts as a read of every chunk: the kernel's reads of it never reach
+    /// the filer.
+    pub async fn local_file(&self, entry: &Entry) -> Result<Option<tidemark_core::filer::LocalFile>> {
+        let Some(id) = content_id(entry).filter(|_| self.enabled() && entry.size > 0) else { return Ok(None) };
+        self.start();
+        let inner = &self.inner;
+        let _object = inner.object_lock(&id).lock().await;
+        let held = inner.held(&entry.path, &id).await?;
+        let n = chunks_of(entry.size, 0, None, inner.config.chunk_bytes).end;
+        let all: HashSet<u64> = held.iter().map(|c| c.chunk).filter(|&k| k < n).collect();
+        if all.len() as u64 != n {
+            return Ok(None);
+        }
+        let file = inner.object_file(&id);
+        let meta = match std::fs::metadata(&file) {
+            Ok(m) if m.len() == entry.size => m,
+            // Not whole after all (the records outlived the file: a crash before its directory
+            // was synced): read through the filer, which fetches what is missing.
+            _ => return Ok(None),
+        };
+        for c in &held {
+            inner.note_read(&entry.path, c.chunk);
+        }
+        use std::os::unix::fs::MetadataExt;
+        Ok(Some(tidemark_core::filer::LocalFile {
+            file: file.to_string_lossy().into_owned(),
+            version: entry.version,
+            size: entry.size,
+            identity: Some(tidemark_core::filer::FileIdentity { dev: meta.dev(), ino: meta.ino() }),
+        }))
     }
 
     /// Waits until no fetch is in flight: every chunk a finished read fetched is then recorded
@@ -504,8 +550,8 @@ impl ContentCache {
         self.inner.housekeep().await
     }
 
-    /// Removes cached bytes that no record names (left by a crash, or by another filer's
-    /// invalidating write on a shared store); returns how many files went.
+    /// Removes cached files that no record names (left by a crash, or by another filer's
+    /// invalidating write on a shared store); returns how many went.
     pub async fn sweep(&self) -> Result<u64> {
         self.start();
         self.inner.sweep().await
@@ -561,13 +607,14 @@ impl Source {
 
 impl Inner {
     /// Readies the cache for its first use: a record names its chunk by index, and an index
-    /// means bytes `k * chunk size ..`, so chunks cut at another size (`--cache-chunk-size`
-    /// changed, or a cache from before the size was written down) would be read from the wrong
-    /// place. Those records are forgotten and their files removed, then the size is written
-    /// down (last: a crash in between forgets again at the next start). Every path to the
-    /// records passes here first; concurrent callers wait for the one doing it.
+    /// means bytes `k * chunk size ..` of the object's file, so chunks cut at another size
+    /// (`--cache-chunk-size` changed) or laid out otherwise (a cache from before one file per
+    /// object) would be read from the wrong place. Those records are forgotten and their files
+    /// removed, then the layout is written down (last: a crash in between forgets again at the
+    /// next start). Every path to the records passes here first; concurrent callers wait for
+    /// the one doing it.
     async fn ready(&self) -> Result<()> {
-        if self.same_chunks {
+        if self.same_layout {
             return Ok(());
         }
         self.ready
@@ -580,7 +627,7 @@ impl Inner {
                     after = Some((last.path.clone(), last.chunk));
                     forgotten += self.store.cache_forget(&page).await?.len() as u64;
                 }
-                let (dir, tmp, chunk_bytes) = (self.dir.clone(), self.tmp.clone(), self.config.chunk_bytes);
+                let (dir, tmp, layout) = (self.dir.clone(), self.tmp.clone(), layout(&self.config));
                 blocking(move || {
                     for shard in std::fs::read_dir(&dir).map_err(|e| io_err("listing", &dir, e))?.flatten() {
                         let name = shard.file_name();
@@ -588,9 +635,9 @@ impl Inner {
                             std::fs::remove_dir_all(shard.path()).map_err(|e| io_err("removing", &shard.path(), e))?;
                         }
                     }
-                    let (part, file) = (tmp.join(CHUNK_SIZE_FILE), dir.join(CHUNK_SIZE_FILE));
+                    let (part, file) = (tmp.join(LAYOUT_FILE), dir.join(LAYOUT_FILE));
                     std::fs::File::create(&part)
-                        .and_then(|mut f| f.write_all(chunk_bytes.to_string().as_bytes()).and_then(|()| f.sync_all()))
+                        .and_then(|mut f| f.write_all(layout.as_bytes()).and_then(|()| f.sync_all()))
                         .map_err(|e| io_err("writing", &part, e))?;
                     std::fs::rename(&part, &file).map_err(|e| io_err("renaming", &file, e))?;
                     std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing", &dir, e))
@@ -600,7 +647,7 @@ impl Inner {
                     tracing::info!(
                         chunks = forgotten,
                         chunk_bytes = self.config.chunk_bytes,
-                        "cache: forgot the chunks cut at another chunk size; they are fetched again as read"
+                        "cache: forgot the chunks cut at another chunk size or laid out otherwise; they are fetched again as read"
                     );
                 }
                 Ok(())
@@ -617,16 +664,59 @@ impl Inner {
         Ok(rows)
     }
 
-    fn id_dir(&self, id: &str) -> PathBuf {
+    /// The file of object `id`: its chunks at their offsets.
+    fn object_file(&self, id: &str) -> PathBuf {
         self.dir.join(&id[..2]).join(id)
     }
 
-    fn chunk_file(&self, id: &str, k: u64) -> PathBuf {
-        self.id_dir(id).join(k.to_string())
+    fn object_lock(&self, id: &str) -> &tokio::sync::Mutex<()> {
+        let h = id.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        &self.object_locks[h % self.object_locks.len()]
     }
 
-    /// Bytes `want` of chunk `k`: from its file when recorded (and still there), else fetched
-    /// (by a run that may go on to `run_to`).
+    /// Unlinks object `id`'s file (its records gone: the caller holds the object's lock).
+    async fn unlink(&self, id: &str) -> Result<()> {
+        self.unlinks.fetch_add(1, Ordering::SeqCst);
+        let file = self.object_file(id);
+        blocking(move || match std::fs::remove_file(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err("removing", &file, e)),
+            _ => Ok(()),
+        })
+        .await
+    }
+
+    /// Takes object `id` of `path` out of the cache: its records, then its file. Its fetches
+    /// kept as `Recorded` go too: a run stops at the first chunk in flight, so a read right
+    /// after `remote.uncache` (or an eviction) would otherwise send one GET per chunk, each
+    /// joining a flight whose file is gone (32 GETs for 256 MiB, 5 × slower).
+    async fn evict(&self, path: &str, id: &str) -> Result<Vec<CachedChunk>> {
+        let gone = {
+            let _object = self.object_lock(id).lock().await;
+            let rows = self.held(path, id).await?;
+            let gone = self.store.cache_forget(&rows).await?;
+            if valid_id(id) {
+                self.unlink(id).await?;
+            }
+            gone
+        };
+        {
+            let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            for c in &gone {
+                let key = (c.content_id.clone(), c.chunk);
+                if flights.get(&key).is_some_and(|f| matches!(&*f.rx.borrow(), Flight::Recorded)) {
+                    flights.remove(&key);
+                }
+            }
+        }
+        let bytes: u64 = gone.iter().map(|c| c.len).sum();
+        saturating_sub(&self.counters.resident_bytes, bytes);
+        saturating_sub(&self.counters.resident_chunks, gone.len() as u64);
+        Ok(gone)
+    }
+
+    /// Bytes `want` of chunk `k`: from the object's file when recorded (`cached`: the unlink
+    /// count the records were read at) and still there, else fetched (by a run that may go on
+    /// to `run_to`).
     #[allow(clippy::too_many_arguments)]
     async fn piece(
         self: &Arc<Self>,
@@ -635,11 +725,11 @@ impl Inner {
         id: &Arc<String>,
         k: u64,
         want: std::ops::Range<u64>,
-        cached: bool,
+        cached: Option<u64>,
         run_to: u64,
     ) -> Result<Bytes> {
-        if cached {
-            match self.read_file(id, k, want.clone()).await {
+        if let Some(unlinks) = cached {
+            match self.read_file(&entry.path, id, k, want.clone(), Some(unlinks)).await {
                 Ok(b) => {
                     self.counters.hits.fetch_add(1, Ordering::Relaxed);
                     self.counters.bytes_served.fetch_add(b.len() as u64, Ordering::Relaxed);
@@ -718,7 +808,7 @@ impl Inner {
             }
             // Recorded: read the file; if it is gone already (evicted), fetch again.
             let len = chunk_range(entry.size, k, self.config.chunk_bytes);
-            match self.read_file(id, k, 0..len.end - len.start).await {
+            match self.read_file(&entry.path, id, k, 0..len.end - len.start, None).await {
                 Ok(b) => return Ok(b),
                 Err(_) => self.forget_flight(&key, &rx),
             }
@@ -733,12 +823,38 @@ impl Inner {
         }
     }
 
-    async fn read_file(&self, id: &str, k: u64, want: std::ops::Range<u64>) -> Result<Bytes> {
-        let file = self.chunk_file(id, k);
-        let (lo, n) = (want.start, want.end - want.start);
+    /// Bytes `want` of recorded chunk `k`, from the object's file. `unlinks`: the unlink count
+    /// when the caller read the records; if an object file was unlinked since (or the caller
+    /// read none), the file opened may be a newer one at the same path, which need not hold the
+    /// chunk (a hole reads as zeros): under the object's lock the chunk must still be recorded
+    /// and the file at the path still the one opened.
+    async fn read_file(
+        &self,
+        path: &str,
+        id: &str,
+        k: u64,
+        want: std::ops::Range<u64>,
+        unlinks: Option<u64>,
+    ) -> Result<Bytes> {
+        let file = self.object_file(id);
+        let f = {
+            let file = file.clone();
+            blocking(move || std::fs::File::open(&file).map_err(|e| io_err("opening", &file, e))).await?
+        };
+        if unlinks != Some(self.unlinks.load(Ordering::SeqCst)) {
+            let _object = self.object_lock(id).lock().await;
+            let recorded = self.held(path, id).await?.iter().any(|c| c.chunk == k);
+            if !recorded || !same_file(&f, &file) {
+                return Err(Error::io(
+                    format!("reading {}", file.display()),
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "the cached chunk went"),
+                ));
+            }
+        }
+        let (lo, n) = (k * self.config.chunk_bytes + want.start, want.end - want.start);
         blocking(move || {
             use std::io::{Read, Seek};
-            let mut f = std::fs::File::open(&file).map_err(|e| io_err("opening", &file, e))?;
+            let mut f = f;
             f.seek(std::io::SeekFrom::Start(lo)).map_err(|e| io_err("seeking", &file, e))?;
             // Into spare capacity: no zeroing of a buffer the read overwrites anyway.
             let mut buf = Vec::with_capacity(n as usize);
@@ -985,48 +1101,32 @@ impl Inner {
         }
     }
 
-    /// Write, fsync, rename, fsync the directory, *then* record: a record only ever names
-    /// durable bytes. `false` when the entry moved on meanwhile (the bytes are removed again).
+    /// Write into the object's file and fsync, *then* record: a record only ever names durable
+    /// bytes. The record is made under the object's lock and only if the file written is still
+    /// the one at its path (the object may have been evicted or reclaimed meanwhile). `false`
+    /// when it was not recorded (the entry moved on, or the file went); the file is removed if
+    /// nothing else of it is recorded.
     async fn persist(&self, entry: &Entry, id: &str, k: u64, chunk: Arc<ChunkBuf>) -> Result<bool> {
-        let part = self.tmp.join(random_hex(16)?);
-        let dest = self.chunk_file(id, k);
-        let (p, d) = (part.clone(), dest.clone());
+        let file = self.object_file(id);
+        let at = chunk_range(entry.size, k, self.config.chunk_bytes);
+        let (f, size) = (file.clone(), entry.size);
         // At most `CHUNK_WRITERS` at once, across the filer.
-        let _writing = self.write_permits.acquire().await.ok();
-        let placed = blocking(move || {
-            if let Err(e) = write_chunk(&p, &chunk) {
-                let _ = std::fs::remove_file(&p);
-                return Err(io_err("writing", &p, e));
-            }
-            let shard = d.parent().map(Path::to_path_buf).unwrap_or_default();
-            let placed = std::fs::create_dir_all(&shard)
-                .and_then(|()| std::fs::rename(&p, &d))
-                .and_then(|()| std::fs::File::open(&shard)?.sync_all());
-            match placed {
-                Ok(()) => Ok(true),
-                // The version was replaced and its cached bytes reclaimed meanwhile (a write, or
-                // the outbound sync recording an upload): nobody needs this chunk.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    let _ = std::fs::remove_file(&p);
-                    Ok(false)
-                }
-                Err(e) => {
-                    let _ = std::fs::remove_file(&p);
-                    Err(io_err("placing", &d, e))
-                }
-            }
-        })
-        .await?;
-        if !placed {
+        let written = {
+            let _writing = self.write_permits.acquire().await.ok();
+            blocking(move || write_chunk(&f, at.start, &chunk, size).map_err(|e| io_err("writing", &f, e))).await?
+        };
+        let _object = self.object_lock(id).lock().await;
+        let f = file.clone();
+        let here = blocking(move || Ok(std::fs::metadata(&f).ok().map(|m| identity(&m)))).await?;
+        if here != Some(written) {
             return Ok(false);
         }
-        let len = chunk_range(entry.size, k, self.config.chunk_bytes);
         let record = CachedChunk {
             node: self.node.clone(),
             path: entry.path.clone(),
             content_id: id.to_string(),
             chunk: k,
-            len: len.end - len.start,
+            len: at.end - at.start,
             last_read_ms: self.clock.now_ms(),
         };
         let recorded = self.store.cache_record(record.clone()).await;
@@ -1040,7 +1140,9 @@ impl Inner {
                 Ok(true)
             }
             Ok(false) | Err(_) => {
-                let _ = blocking(move || std::fs::remove_file(&dest).map_err(|e| io_err("removing", &dest, e))).await;
+                if self.held(&entry.path, id).await.is_ok_and(|rows| rows.is_empty()) {
+                    let _ = self.unlink(id).await;
+                }
                 recorded
             }
         }
@@ -1049,28 +1151,6 @@ impl Inner {
     fn note_read(&self, path: &str, k: u64) {
         let now = self.clock.now_ms();
         self.reads.lock().unwrap_or_else(|p| p.into_inner()).insert((path.to_string(), k), now);
-    }
-
-    /// Removes the files of records that are gone, and counts them out of the resident figures.
-    /// Their fetches still kept as `Recorded` go too: a run stops at the first chunk in flight,
-    /// so a read right after `remote.uncache` (or an eviction) would otherwise send one GET per
-    /// chunk, each joining a flight whose file is gone (32 GETs for 256 MiB, 5 × slower).
-    async fn unrecorded(&self, gone: &[CachedChunk]) {
-        let files: Vec<PathBuf> =
-            gone.iter().filter(|c| valid_id(&c.content_id)).map(|c| self.chunk_file(&c.content_id, c.chunk)).collect();
-        let _ = remove_files(files).await;
-        {
-            let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-            for c in gone {
-                let key = (c.content_id.clone(), c.chunk);
-                if flights.get(&key).is_some_and(|f| matches!(&*f.rx.borrow(), Flight::Recorded)) {
-                    flights.remove(&key);
-                }
-            }
-        }
-        let bytes: u64 = gone.iter().map(|c| c.len).sum();
-        saturating_sub(&self.counters.resident_bytes, bytes);
-        saturating_sub(&self.counters.resident_chunks, gone.len() as u64);
     }
 
     async fn housekeep(&self) -> Result<()> {
@@ -1088,24 +1168,27 @@ impl Inner {
             if oldest.is_empty() {
                 break;
             }
-            // Just enough of the batch to get under the budget.
-            let mut over = usage.bytes - self.config.budget_bytes;
-            let mut victims = Vec::new();
-            for c in oldest {
-                if over == 0 {
+            // Whole objects, in the order of their least recently read chunk, until under the
+            // budget: bytes are never taken out of a file someone may have open (see the module
+            // notes), so a chunk leaves with its object.
+            let mut done: HashSet<&str> = HashSet::new();
+            let mut any = false;
+            for c in &oldest {
+                if usage.bytes <= self.config.budget_bytes {
                     break;
                 }
-                over = over.saturating_sub(c.len);
-                victims.push(c);
+                if !done.insert(&c.content_id) {
+                    continue;
+                }
+                let gone = self.evict(&c.path, &c.content_id).await?;
+                let bytes: u64 = gone.iter().map(|c| c.len).sum();
+                any |= !gone.is_empty();
+                self.counters.evictions.fetch_add(gone.len() as u64, Ordering::Relaxed);
+                self.counters.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
+                usage.bytes = usage.bytes.saturating_sub(bytes);
+                usage.chunks = usage.chunks.saturating_sub(gone.len() as u64);
             }
-            let gone = self.store.cache_forget(&victims).await?;
-            self.unrecorded(&gone).await;
-            let bytes: u64 = gone.iter().map(|c| c.len).sum();
-            self.counters.evictions.fetch_add(gone.len() as u64, Ordering::Relaxed);
-            self.counters.evicted_bytes.fetch_add(bytes, Ordering::Relaxed);
-            usage.bytes = usage.bytes.saturating_sub(bytes);
-            usage.chunks = usage.chunks.saturating_sub(gone.len() as u64);
-            if gone.is_empty() {
+            if !any {
                 // Raced with another forget; read the figures again.
                 usage = self.store.cache_usage(&self.node).await?;
             }
@@ -1117,11 +1200,11 @@ impl Inner {
 
     async fn sweep(&self) -> Result<u64> {
         self.ready().await?;
-        // The files first, then the records, then the fetches in flight: a file placed after the
-        // listing is not a candidate, and one whose record commits after the records were read
-        // still has its fetch in flight then (a fetch ends only after its record).
+        // The files first, then the records, then the fetches in flight: a file created after
+        // the listing is not a candidate, and one whose first record commits after the records
+        // were read still has its fetch in flight then (a fetch ends only after its record).
         let dir = self.dir.clone();
-        let on_disk: Vec<(String, u64, PathBuf)> = blocking(move || {
+        let on_disk: Vec<(String, PathBuf)> = blocking(move || {
             let mut out = Vec::new();
             let Ok(shards) = std::fs::read_dir(&dir) else { return Ok(out) };
             for shard in shards.flatten() {
@@ -1129,13 +1212,9 @@ impl Inner {
                 if name.len() != 2 || !shard.path().is_dir() {
                     continue;
                 }
-                for id_dir in std::fs::read_dir(shard.path()).into_iter().flatten().flatten() {
-                    let id = id_dir.file_name().to_string_lossy().to_string();
-                    for f in std::fs::read_dir(id_dir.path()).into_iter().flatten().flatten() {
-                        // A name that is no chunk index is no cache file of ours either way.
-                        let k = f.file_name().to_string_lossy().parse::<u64>().unwrap_or(u64::MAX);
-                        out.push((id.clone(), k, f.path()));
-                    }
+                for f in std::fs::read_dir(shard.path()).into_iter().flatten().flatten() {
+                    // A name that is no content id is no cache file of ours either way.
+                    out.push((f.file_name().to_string_lossy().to_string(), f.path()));
                 }
             }
             Ok(out)
@@ -1144,22 +1223,52 @@ impl Inner {
         if on_disk.is_empty() {
             return Ok(0);
         }
-        let mut recorded: HashSet<(String, u64)> = HashSet::new();
+        let mut recorded: HashSet<String> = HashSet::new();
         let mut after: Option<(String, u64)> = None;
         loop {
             let page = self.store.cache_scan(&self.node, after.as_ref().map(|(p, k)| (p.as_str(), *k)), 1000).await?;
             let Some(last) = page.last() else { break };
             after = Some((last.path.clone(), last.chunk));
-            recorded.extend(page.into_iter().map(|c| (c.content_id, c.chunk)));
+            recorded.extend(page.into_iter().map(|c| c.content_id));
         }
         let busy: HashSet<String> =
             self.flights.lock().unwrap_or_else(|p| p.into_inner()).keys().map(|(id, _)| id.clone()).collect();
-        let strays: Vec<PathBuf> = on_disk
-            .into_iter()
-            .filter(|(id, k, _)| !busy.contains(id) && !recorded.contains(&(id.clone(), *k)))
-            .map(|(_, _, p)| p)
-            .collect();
-        remove_files(strays).await
+        let mut removed = 0;
+        for (id, p) in on_disk {
+            if busy.contains(&id) || recorded.contains(&id) {
+                continue;
+            }
+            if valid_id(&id) {
+                let _object = self.object_lock(&id).lock().await;
+                if self.unlink(&id).await.is_ok() {
+                    removed += 1;
+                }
+            } else if blocking(move || Ok(std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir_all(&p)).is_ok()))
+                .await?
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// What `cache/layout` says of a cache laid out as this one is.
+fn layout(config: &CacheConfig) -> String {
+    format!("one file per object, chunks of {} bytes\n", config.chunk_bytes)
+}
+
+/// A file's device and inode: which file it is.
+fn identity(m: &std::fs::Metadata) -> tidemark_core::filer::FileIdentity {
+    use std::os::unix::fs::MetadataExt;
+    tidemark_core::filer::FileIdentity { dev: m.dev(), ino: m.ino() }
+}
+
+/// Whether `f` is the file at `path` now.
+fn same_file(f: &std::fs::File, path: &Path) -> bool {
+    match (f.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => identity(&a) == identity(&b),
+        _ => false,
     }
 }
 
@@ -1305,57 +1414,74 @@ impl Drop for ChunkBuf {
     }
 }
 
-/// Writes `bytes` as the whole of a new file at `p` and fsyncs it, as the cache writes a
-/// chunk (`write_chunk`), from a copy in a chunk buffer.
-pub fn write_durably(p: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` at `offset` of the file at `p` (created if missing) and fsyncs it, as the
+/// cache writes a chunk into its object's file (`write_chunk`, the object `size` bytes long),
+/// from a copy in a chunk buffer.
+pub fn write_durably(p: &Path, offset: u64, bytes: &[u8], size: u64) -> std::io::Result<()> {
     let mut chunk = ChunkBuf::with_capacity(bytes.len());
     chunk.extend(bytes);
-    write_chunk(p, &chunk.finish())
+    write_chunk(p, offset, &chunk.finish(), size).map(|_| ())
 }
 
-/// Writes a chunk as the whole of a new file at `p` and fsyncs it. With `O_DIRECT` where the
-/// file system takes it: the bytes go from the chunk's aligned buffer to the disk, not through
-/// the page cache. A cold read writes every byte it fetches, and the buffered write's copy into
-/// freshly allocated page-cache pages cost it more CPU than anything else on its path (`perf`,
-/// 2 cores: 0.25 core-s per 256 MiB against 0.02 with `O_DIRECT`; `dd` 0.38 s against 0.17 s).
-/// The page cache is filled by the reads that come back instead (the FUSE mount and the
-/// clients keep their own copy of what they just read). Buffered where `O_DIRECT` is refused
-/// (tmpfs before Linux 6.6, some network file systems).
-pub fn write_chunk(p: &Path, chunk: &ChunkBuf) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let direct =
-        std::fs::OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_DIRECT).open(p);
-    let end = chunk.padded_end();
-    // The padding (zeroed by `finish`) goes again after the write: the file is the chunk's bytes.
-    let written = direct.and_then(|mut f| {
-        f.write_all(&chunk.buf[chunk.at..end]).and_then(|()| f.set_len(chunk.len as u64)).and_then(|()| f.sync_all())
-    });
-    match written {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            let mut f = std::fs::File::create(p)?;
-            f.write_all(chunk.as_ref())?;
-            f.sync_all()
-        }
-        r => r,
+/// Writes a chunk at `offset` of its object's file at `p` (created if missing, sparse until
+/// every chunk is in; `size`: the object's) and fsyncs it, and the directory if the file is
+/// new; which file it wrote. With `O_DIRECT` where the file system takes it: the bytes go from
+/// the chunk's aligned buffer to the disk, not through the page cache. A cold read writes every
+/// byte it fetches, and the buffered write's copy into freshly allocated page-cache pages cost
+/// it more CPU than anything else on its path (`perf`, 2 cores: 0.25 core-s per 256 MiB against
+/// 0.02 with `O_DIRECT`; `dd` 0.38 s against 0.17 s). The page cache is filled by the reads
+/// that come back instead (the FUSE mount and the clients keep their own copy of what they just
+/// read). Buffered where `O_DIRECT` is refused (tmpfs before Linux 6.6, some network file
+/// systems) or the offset is not aligned (a `--cache-chunk-size` that is no multiple of 4 KiB).
+pub fn write_chunk(
+    p: &Path,
+    offset: u64,
+    chunk: &ChunkBuf,
+    size: u64,
+) -> std::io::Result<tidemark_core::filer::FileIdentity> {
+    use std::os::unix::fs::FileExt;
+    let shard = p.parent().unwrap_or(Path::new("."));
+    let new_shard = !shard.is_dir();
+    if new_shard {
+        std::fs::create_dir_all(shard)?;
     }
-}
-
-/// Removes chunk files, and each one's content-id directory once it is empty; how many went.
-async fn remove_files(files: Vec<PathBuf>) -> Result<u64> {
-    blocking(move || {
-        let mut removed = 0u64;
-        for f in files {
-            if std::fs::remove_file(&f).is_ok() {
-                removed += 1;
-            }
-            if let Some(dir) = f.parent() {
-                // Only succeeds once the directory is empty.
-                let _ = std::fs::remove_dir(dir);
-            }
+    let (f, created) = match std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(p) {
+        Ok(f) => (f, true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            (std::fs::OpenOptions::new().read(true).write(true).open(p)?, false)
         }
-        Ok(removed)
-    })
-    .await
+        Err(e) => return Err(e),
+    };
+    let direct = offset.is_multiple_of(DIRECT_ALIGN as u64)
+        && rustix::fs::fcntl_getfl(&f)
+            .and_then(|fl| rustix::fs::fcntl_setfl(&f, fl | rustix::fs::OFlags::DIRECT))
+            .is_ok();
+    let written = if direct {
+        // Whole pages: the last chunk's padding (zeroed by `finish`) lands past the object's
+        // end and is cut off below.
+        match f.write_all_at(&chunk.buf[chunk.at..chunk.padded_end()], offset) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let _ = rustix::fs::fcntl_getfl(&f)
+                    .and_then(|fl| rustix::fs::fcntl_setfl(&f, fl - rustix::fs::OFlags::DIRECT));
+                f.write_all_at(chunk.as_ref(), offset)
+            }
+            r => r,
+        }
+    } else {
+        f.write_all_at(chunk.as_ref(), offset)
+    };
+    written?;
+    if offset + chunk.len as u64 >= size && f.metadata()?.len() > size {
+        f.set_len(size)?;
+    }
+    f.sync_data()?;
+    if created {
+        std::fs::File::open(shard)?.sync_all()?;
+        if new_shard && let Some(dir) = shard.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+    }
+    Ok(identity(&f.metadata()?))
 }
 
 /// The sweep once at start, then last-read times and the budget every few seconds (or when a
@@ -1422,22 +1548,32 @@ mod tests {
         assert!(short.buf[short.at + 10..short.padded_end()].iter().all(|&b| b == 0), "the padding is zeroed");
     }
 
-    /// A chunk is written whole and exact, whatever its length (`O_DIRECT` writes whole pages:
-    /// the padding must not stay), over a file of the same name, on this disk and on tmpfs
-    /// (which kernels before 6.6 refuse `O_DIRECT` on: the buffered path). The longest first:
-    /// the shorter ones then reuse its pooled buffer, which still holds its bytes.
+    /// Chunks are written exactly at their offsets, whatever their length (`O_DIRECT` writes
+    /// whole pages: the last chunk's padding must not stay), in any order, into a file that is
+    /// sparse until they are all in, on this disk and on tmpfs (which kernels before 6.6 refuse
+    /// `O_DIRECT` on: the buffered path); a chunk size that is no multiple of a page is written
+    /// buffered. The longest first: the shorter ones then reuse its pooled buffer, which still
+    /// holds its bytes.
     #[test]
-    fn chunks_are_written_exactly_with_or_without_direct_io() {
+    fn chunks_are_written_exactly_at_their_offsets_with_or_without_direct_io() {
         let disk = tempfile::tempdir().unwrap();
         let mut dirs = vec![disk.path().to_path_buf()];
         let shm = tempfile::tempdir_in("/dev/shm").ok();
         dirs.extend(shm.as_ref().map(|d| d.path().to_path_buf()));
         for dir in dirs {
-            for len in [(8 << 20) + 7, 0, 1, 4095, 4096, 4097] {
-                let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
-                let p = dir.join("chunk");
-                write_durably(&p, &bytes).unwrap();
-                assert_eq!(std::fs::read(&p).unwrap(), bytes, "{} bytes in {}", len, dir.display());
+            for (size, chunk) in
+                [((8 << 20) + 7, 4 << 20), (1, 4096), (4095, 4096), (4096, 4096), (3 * 4096 + 1, 4096), (10_000, 3000)]
+            {
+                let bytes: Vec<u8> = (0..size).map(|i| (i * 7 + size + i / 4096) as u8).collect();
+                let p = dir.join(format!("ab/object-{size}-{chunk}"));
+                let chunks: Vec<(usize, &[u8])> =
+                    bytes.chunks(chunk).enumerate().map(|(k, b)| (k * chunk, b)).collect();
+                // The last first, then the rest from the front.
+                let order = chunks.last().into_iter().chain(chunks.iter().take(chunks.len() - 1));
+                for &(at, part) in order {
+                    write_durably(&p, at as u64, part, size as u64).unwrap();
+                }
+                assert_eq!(std::fs::read(&p).unwrap(), bytes, "{size} bytes in chunks of {chunk} in {}", dir.display());
             }
         }
     }

@@ -943,11 +943,20 @@ impl Filer for LocalFiler {
     async fn local_file(&self, p: &str) -> Result<Option<tidemark_core::filer::LocalFile>> {
         let Some(e) = self.stat(p).await? else { return Ok(None) };
         match (&e.content, &self.blobs) {
-            (Content::Blob { id }, Blobs::Dir(d)) => Ok(Some(tidemark_core::filer::LocalFile {
-                file: d.file_of(id)?.to_string_lossy().into_owned(),
-                version: e.version,
-                size: e.size,
-            })),
+            (Content::Blob { id }, Blobs::Dir(d)) => {
+                let file = d.file_of(id)?;
+                let identity = std::fs::metadata(&file).ok().map(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    tidemark_core::filer::FileIdentity { dev: m.dev(), ino: m.ino() }
+                });
+                Ok(Some(tidemark_core::filer::LocalFile {
+                    file: file.to_string_lossy().into_owned(),
+                    version: e.version,
+                    size: e.size,
+                    identity,
+                }))
+            }
+            (Content::Remote, _) => self.cache.local_file(&e).await,
             _ => Ok(None),
         }
     }

@@ -216,8 +216,8 @@ async fn a_new_remote_version_is_never_served_old_bytes() {
     assert_eq!(s.read("/m/f.txt", None).await.unwrap(), b"version one");
     let v1 = s.filer.stat("/m/f.txt").await.unwrap().unwrap();
     let id1 = content_id(&v1).unwrap();
-    let old_dir = s.data.join("cache").join(&id1[..2]).join(&id1);
-    assert!(old_dir.exists());
+    let old_file = s.data.join("cache").join(&id1[..2]).join(&id1);
+    assert!(old_file.is_file());
 
     // Overwritten in the bucket: until the metadata moves, the entry's version is what a read
     // returns (from the cache); once the reconcile commits, never again.
@@ -229,7 +229,7 @@ async fn a_new_remote_version_is_never_served_old_bytes() {
     let node = s.filer.cache().node().to_string();
     let rows = s.filer.store().cache_chunks(&node, "/m/f.txt").await.unwrap();
     assert!(rows.iter().all(|c| c.content_id != id1), "the old version's records went with the update");
-    assert!(!old_dir.exists(), "and its bytes were reclaimed");
+    assert!(!old_file.exists(), "and its bytes were reclaimed");
 
     // A late fetch of the old version (one that raced the update) cannot record it.
     let late = CachedChunk { node, path: "/m/f.txt".into(), content_id: id1, chunk: 0, len: 11, last_read_ms: 0 };
@@ -320,11 +320,11 @@ async fn the_budget_is_accounted_across_restarts_and_strays_are_swept() {
     let Setup { filer, data, _tmp, .. } = s;
     drop(filer);
 
-    // What a crash can leave: a partial fetch in tmp/, and placed bytes whose record never
+    // What a crash can leave: a partial fetch in tmp/, and written bytes whose record never
     // committed.
     let stray = data.join("cache").join("ab").join("ab".repeat(16));
-    std::fs::create_dir_all(&stray).unwrap();
-    std::fs::write(stray.join("0"), b"unrecorded").unwrap();
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::write(&stray, b"unrecorded").unwrap();
     std::fs::write(data.join("cache").join("tmp").join("partial"), b"half").unwrap();
 
     let filer = open(&data, 1 << 30).await;
@@ -332,7 +332,7 @@ async fn the_budget_is_accounted_across_restarts_and_strays_are_swept() {
     assert!(!data.join("cache").join("tmp").join("partial").exists(), "partial fetches are cleared at start");
     // The sweep runs at start in the background; run one more to know it has.
     filer.cache().sweep().await.unwrap();
-    assert!(!stray.join("0").exists(), "unrecorded bytes are swept");
+    assert!(!stray.exists(), "unrecorded bytes are swept");
     filer.cache().housekeep().await.unwrap();
     let st = filer.cache_stats().await.unwrap();
     assert_eq!((st.resident_bytes, st.resident_chunks), (2 * CHUNK, 2), "accounted from the store after a restart");
@@ -340,6 +340,102 @@ async fn the_budget_is_accounted_across_restarts_and_strays_are_swept() {
     let parts: Vec<Bytes> = body.map(|c| c.unwrap()).collect().await;
     assert_eq!(parts.concat(), pattern(2 * CHUNK as usize, 9));
     assert_eq!(filer.cache_stats().await.unwrap().misses, 0, "served from what survived the restart");
+}
+
+/// A wholly cached object is one plain file the filer names to a FUSE mount beside it
+/// (`local_file`, with the file's identity); a partly cached one is not named. When the object
+/// leaves the cache (`remote.uncache`, an eviction), its file is unlinked, never emptied: a
+/// reader that opened it, as a mount's kernel does, still reads every byte, and the file the
+/// next read makes is another one.
+#[tokio::test]
+async fn a_wholly_cached_object_is_one_file_its_readers_keep() {
+    let s = setup(1 << 30).await;
+    let body = pattern(5 * CHUNK as usize + 17, 6);
+    s.put("a.bin", &body);
+    s.sync().await;
+    assert_eq!(s.filer.local_file("/m/a.bin").await.unwrap(), None, "nothing cached");
+    let r = ByteRange { offset: CHUNK, length: Some(10) };
+    s.read("/m/a.bin", Some(r)).await.unwrap();
+    assert_eq!(s.filer.local_file("/m/a.bin").await.unwrap(), None, "a chunk of six cached");
+
+    s.filer.cache_fetch("/m/a.bin", true).await.unwrap();
+    let whole = s.filer.local_file("/m/a.bin").await.unwrap().expect("cached whole");
+    let entry = s.filer.stat("/m/a.bin").await.unwrap().unwrap();
+    assert_eq!((whole.version, whole.size), (entry.version, entry.size));
+    assert!(whole.file.starts_with(&s.data.display().to_string()), "{whole:?}");
+    let opened = std::fs::File::open(&whole.file).unwrap();
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = opened.metadata().unwrap();
+        let id = whole.identity.unwrap();
+        assert_eq!((m.dev(), m.ino()), (id.dev, id.ino));
+    }
+    assert_eq!(std::fs::read(&whole.file).unwrap(), body, "the file is the object, byte for byte");
+
+    let dropped = s.filer.cache_drop("/m/a.bin").await.unwrap();
+    assert_eq!(dropped.bytes, body.len() as u64);
+    assert!(!std::path::Path::new(&whole.file).exists(), "unlinked");
+    assert_eq!(s.filer.local_file("/m/a.bin").await.unwrap(), None);
+    let mut kept = Vec::new();
+    std::io::Read::read_to_end(&mut &opened, &mut kept).unwrap();
+    assert_eq!(kept, body, "whoever had it open reads every byte still");
+
+    s.filer.cache_fetch("/m/a.bin", true).await.unwrap();
+    let again = s.filer.local_file("/m/a.bin").await.unwrap().expect("cached whole again");
+    assert_ne!(again.identity, whole.identity, "another file at the same name");
+    assert_eq!(std::fs::read(&again.file).unwrap(), body);
+    // A local write makes the entry local content: no cache file is named for it any more.
+    let w = futures::stream::once(async { Ok(Bytes::from_static(b"local")) }).boxed();
+    s.filer.write("/m/a.bin", w, WriteOptions::default()).await.unwrap();
+    let local = s.filer.local_file("/m/a.bin").await.unwrap();
+    assert!(local.as_ref().is_none_or(|f| !f.file.contains("/cache/")), "{local:?}");
+}
+
+/// A read that looked its chunks up before the object left the cache, and reads them after
+/// the object's file was made again by another read (holding only that read's chunk, the rest
+/// a hole that reads as zeros), fetches what the new file does not hold: it never serves the
+/// new file's holes as the object's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_never_serves_a_hole_of_a_file_made_again() {
+    let s = setup(1 << 30).await;
+    let body = pattern(20 * CHUNK as usize, 11);
+    s.put("a.bin", &body);
+    s.sync().await;
+    s.filer.cache_fetch("/m/a.bin", true).await.unwrap();
+    let (_, mut stream) = s.filer.read("/m/a.bin", None).await.unwrap();
+    // The first chunk: the stream has looked all 20 up as cached, and reads a few ahead.
+    let mut got = stream.next().await.unwrap().unwrap().to_vec();
+    s.filer.cache_drop("/m/a.bin").await.unwrap();
+    let r = ByteRange { offset: 15 * CHUNK, length: Some(CHUNK) };
+    assert_eq!(s.read("/m/a.bin", Some(r)).await.unwrap(), &body[15 * CHUNK as usize..][..CHUNK as usize]);
+    assert_eq!(s.cached("/m/a.bin").await, CHUNK, "the file made again holds one chunk");
+    while let Some(part) = stream.next().await {
+        got.extend_from_slice(&part.unwrap());
+    }
+    assert_eq!(got, body, "every byte the object's, none from a hole");
+}
+
+/// An object leaves the cache whole: the one whose chunk was least recently read goes with
+/// every chunk it has, and its file with them.
+#[tokio::test]
+async fn eviction_takes_whole_objects() {
+    let s = setup(4 * CHUNK).await;
+    s.put("big", &pattern(3 * CHUNK as usize, 1));
+    s.put("small", &pattern(CHUNK as usize, 2));
+    s.put("new", &pattern(CHUNK as usize, 3));
+    s.sync().await;
+    s.read("/m/big", None).await.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    s.read("/m/small", None).await.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    s.read("/m/new", None).await.unwrap();
+    s.filer.cache().housekeep().await.unwrap();
+    let st = s.stats().await;
+    assert_eq!((st.resident_bytes, st.evictions), (2 * CHUNK, 3), "all of big, for one chunk over: {st:?}");
+    assert_eq!(s.cached("/m/big").await, 0);
+    let big = content_id(&s.filer.stat("/m/big").await.unwrap().unwrap()).unwrap();
+    assert!(!s.data.join("cache").join(&big[..2]).join(&big).exists(), "its file went with it");
+    assert_eq!(s.read("/m/big", None).await.unwrap(), pattern(3 * CHUNK as usize, 1));
 }
 
 /// A chunk's record names it by index, and an index means bytes `k * chunk size ..`: a filer

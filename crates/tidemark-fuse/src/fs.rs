@@ -107,6 +107,34 @@ enum Io {
     Direct,
 }
 
+/// A file of the filer's that holds a version's bytes, and whether it is the content cache's
+/// (which may take it out, and make another at the same name, at any time).
+struct Local {
+    file: tidemark_core::filer::LocalFile,
+    cached: bool,
+}
+
+impl Local {
+    /// Opens the file, if it is the one the filer named: `None` if a cached object's file went
+    /// or is another one now; an error if a blob is missing or not as named (the filer's files
+    /// are not on this machine, or not reachable from here).
+    fn open(&self) -> std::io::Result<Option<std::fs::File>> {
+        use std::os::unix::fs::MetadataExt;
+        let f = &self.file;
+        let file = match std::fs::File::open(&f.file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.cached => return Ok(None),
+            r => r?,
+        };
+        let m = file.metadata()?;
+        let named = m.len() == f.size && f.identity.is_none_or(|id| (m.dev(), m.ino()) == (id.dev, id.ino));
+        match (named, self.cached) {
+            (true, _) => Ok(Some(file)),
+            (false, true) => Ok(None),
+            (false, false) => Err(std::io::Error::other(format!("{} is not the file the filer named", f.file))),
+        }
+    }
+}
+
 /// An inode the kernel reads from a file of the filer's, the version that file holds, and how
 /// many handles are open on it (passed through or direct).
 struct Passed {
@@ -422,10 +450,18 @@ impl TidemarkFs {
     }
 
     /// The filer's file holding the bytes of `e`, if the kernel or the mount can read them from
-    /// it.
-    fn local_file(&self, e: &Entry) -> Option<tidemark_core::filer::LocalFile> {
-        if !(self.can_pass() || self.local_reads.load(Ordering::Relaxed)) || !matches!(e.content, Content::Blob { .. })
-        {
+    /// it: a blob, or a remote-backed file the filer's cache holds whole.
+    fn local_file(&self, e: &Entry) -> Option<Local> {
+        if !(self.can_pass() || self.local_reads.load(Ordering::Relaxed)) {
+            return None;
+        }
+        if matches!(e.content, Content::Remote) && e.size > 0 {
+            // Named only while the cache holds it whole; otherwise read through the filer, which
+            // fetches what is missing.
+            let f = self.call("local file", self.filer.local_file(&e.path)).ok()??;
+            return (f.version == e.version && f.size == e.size).then_some(Local { file: f, cached: true });
+        }
+        if !matches!(e.content, Content::Blob { .. }) {
             return None;
         }
         let Some(f) = self.call("local file", self.filer.local_file(&e.path)).ok()? else {
@@ -438,7 +474,7 @@ impl TidemarkFs {
             return None;
         };
         // Only the version opened: a newer one is read through the mount as any other change.
-        (f.version == e.version && f.size == e.size).then_some(f)
+        (f.version == e.version && f.size == e.size).then_some(Local { file: f, cached: false })
     }
 
     /// Gives handle `h` of inode `ino` its I/O mode: passed through to the filer's file `local`
@@ -447,17 +483,11 @@ impl TidemarkFs {
     /// `Inodes::changed`), else FUSE requests: past the page cache while the inode is passed
     /// through (a newer version opened before the kernel learnt its new inode), through it
     /// otherwise. `true` if passed through.
-    fn choose_io(
-        &self,
-        h: &mut Handle,
-        ino: u64,
-        local: Option<tidemark_core::filer::LocalFile>,
-        reply: &ReplyOpen,
-    ) -> bool {
+    fn choose_io(&self, h: &mut Handle, ino: u64, local: Option<Local>, reply: &ReplyOpen) -> bool {
         h.ino = ino;
         let mut modes = self.io();
         if let Some(p) = modes.passed.get_mut(&ino)
-            && local.as_ref().is_some_and(|f| f.version == p.version)
+            && local.as_ref().is_some_and(|f| f.file.version == p.version)
         {
             p.handles += 1;
             h.io = Io::Passthrough;
@@ -466,22 +496,25 @@ impl TidemarkFs {
         if !modes.passed.contains_key(&ino)
             && let Some(f) = local.as_ref().filter(|_| self.can_pass() && !modes.requests.contains_key(&ino))
         {
-            match std::fs::File::open(&f.file).map(|file| reply.open_backing(&file)) {
-                Ok(Ok(backing)) => {
-                    modes.passed.insert(ino, Passed { backing, version: f.version, handles: 1 });
+            match f.open().map(|file| file.map(|file| reply.open_backing(&file))) {
+                // Not the file the filer named (a cached object's, taken out and made again
+                // since): read through the mount.
+                Ok(None) => {}
+                Ok(Some(Ok(backing))) => {
+                    modes.passed.insert(ino, Passed { backing, version: f.file.version, handles: 1 });
                     self.inodes().passed(ino, true);
                     h.io = Io::Passthrough;
                     return true;
                 }
-                Ok(Err(e)) => self.no_passthrough(&format!("the kernel refused a backing file ({e})")),
+                Ok(Some(Err(e))) => self.no_passthrough(&format!("the kernel refused a backing file ({e})")),
                 Err(e) => self.no_passthrough(&format!("the filer's files are not reachable from here ({e})")),
             }
         }
         if let Some(f) = local.filter(|_| self.local_reads.load(Ordering::Relaxed)) {
-            match std::fs::File::open(&f.file) {
+            match f.open() {
                 // The file the filer named, whole (a path that exists on another machine by
-                // chance would not be this size, nor was it named to this mount).
-                Ok(file) if file.metadata().is_ok_and(|m| m.len() == f.size) => {
+                // chance would not be this file, nor was it named to this mount).
+                Ok(Some(file)) => {
                     h.local = Some(file);
                     self.counters.local.fetch_add(1, Ordering::Relaxed);
                     *modes.local.entry(ino).or_default() += 1;
@@ -489,7 +522,8 @@ impl TidemarkFs {
                     // for passthrough, so that the kernel's pages of the two never mix.
                     self.inodes().passed(ino, true);
                 }
-                Ok(_) => self.no_local_reads("a file of the filer's is not as it said"),
+                // A cached object's file, taken out since the filer named it.
+                Ok(None) => {}
                 Err(e) => self.no_local_reads(&format!("the filer's files are not reachable from here ({e})")),
             }
         }

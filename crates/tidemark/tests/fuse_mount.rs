@@ -184,6 +184,64 @@ with open('{t_s}/rw/f', 'rb') as again:
     assert_eq!(counter(&plain, "reads") - reads, 1);
 }
 
+/// A remote-backed file the filer's cache holds whole is read by the kernel straight from the
+/// cache's file in a read-only mount beside the filer, and by the mount from it in a read-write
+/// one; until it is cached whole it is read through the filer, which fetches it. Taken out of
+/// the cache (`remote.uncache`) while a handle reads it, the handle still reads every byte; the
+/// next open reads through the filer again.
+#[test]
+fn a_cached_object_is_read_from_the_caches_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let root = t.join("buckets");
+    std::fs::create_dir_all(root.join("bkt")).unwrap();
+    let t_s = t.to_str().unwrap().to_string();
+    sh(&format!("head -c 3000000 /dev/urandom > '{t_s}/obj' && cp '{t_s}/obj' '{t_s}/buckets/bkt/obj'"));
+    let root_s = root.to_str().unwrap();
+    let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off", "--local-root", root_s]);
+    let shell = |c: &str| ok(run_shell(bin(), &server.addr, c, &[]));
+    shell(&format!("remote.configure -name=loc -type=local -local.root={root_s}"));
+    shell("remote.mount -dir=/mnt/b -remote=loc/bkt");
+    let ro = Mounted::start(&server.addr, &t.join("ro"), &["--read-only", "--root", "/mnt/b"]);
+    let rw = Mounted::start(&server.addr, &t.join("rw"), &["--root", "/mnt/b"]);
+
+    let reads = counter(&ro, "reads");
+    sh(&format!("cmp '{t_s}/obj' '{t_s}/ro/obj'"));
+    assert_eq!(counter(&ro, "passthrough opens"), 0, "not cached yet: {}", ro.counters());
+    assert!(counter(&ro, "reads") > reads, "read through the filer");
+    // The read cached it; `remote.cache` returns once every chunk is recorded.
+    shell("remote.cache -dir=/mnt/b");
+    let reads = counter(&ro, "reads");
+    sh(&format!("echo 3 > /proc/sys/vm/drop_caches; cmp '{t_s}/obj' '{t_s}/ro/obj'"));
+    assert_eq!(counter(&ro, "passthrough opens"), 1, "{}", ro.counters());
+    assert_eq!(counter(&ro, "reads"), reads, "the kernel read the cache's file");
+    let reads = counter(&rw, "reads");
+    sh(&format!("cmp '{t_s}/obj' '{t_s}/rw/obj'"));
+    assert_eq!(counter(&rw, "local opens"), 1, "{}", rw.counters());
+    assert_eq!(counter(&rw, "reads"), reads, "the read-write mount read the cache's file itself");
+
+    // Uncached while a handle of each mount has read only its first bytes.
+    let (ro_s, rw_s) = (format!("{t_s}/ro/obj"), format!("{t_s}/rw/obj"));
+    sh(&format!(
+        "python3 -c \"
+import subprocess
+obj = open('{t_s}/obj', 'rb').read()
+handles = [open('{ro_s}', 'rb'), open('{rw_s}', 'rb')]
+for h in handles:
+    assert h.read(10) == obj[:10]
+subprocess.run(['{bin}', 'shell', '--filer', '{addr}', '-c', 'remote.uncache -dir=/mnt/b'], check=True, capture_output=True)
+for h in handles:
+    assert h.read() == obj[10:], 'a handle opened before keeps every byte'
+\"",
+        bin = bin().display(),
+        addr = server.addr
+    ));
+    let (passed, reads) = (counter(&ro, "passthrough opens"), counter(&ro, "reads"));
+    sh(&format!("echo 3 > /proc/sys/vm/drop_caches; cmp '{t_s}/obj' '{t_s}/ro/obj'"));
+    assert_eq!(counter(&ro, "passthrough opens"), passed, "no longer cached whole: {}", ro.counters());
+    assert!(counter(&ro, "reads") > reads, "read through the filer again");
+}
+
 #[test]
 fn ordinary_tools_work_on_the_mount_byte_for_byte() {
     let tmp = tempfile::tempdir().unwrap();
