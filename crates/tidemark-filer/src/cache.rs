@@ -1452,7 +1452,11 @@ pub fn write_chunk(
         }
         Err(e) => return Err(e),
     };
+    // Whole pages from an aligned offset, and no page past the chunk but the object's end
+    // (a short chunk's padding would overwrite the next chunk's bytes).
+    let whole_pages = chunk.len.is_multiple_of(DIRECT_ALIGN) || offset + chunk.len as u64 >= size;
     let direct = offset.is_multiple_of(DIRECT_ALIGN as u64)
+        && whole_pages
         && rustix::fs::fcntl_getfl(&f)
             .and_then(|fl| rustix::fs::fcntl_setfl(&f, fl | rustix::fs::OFlags::DIRECT))
             .is_ok();
@@ -1561,19 +1565,34 @@ mod tests {
         let shm = tempfile::tempdir_in("/dev/shm").ok();
         dirs.extend(shm.as_ref().map(|d| d.path().to_path_buf()));
         for dir in dirs {
-            for (size, chunk) in
-                [((8 << 20) + 7, 4 << 20), (1, 4096), (4095, 4096), (4096, 4096), (3 * 4096 + 1, 4096), (10_000, 3000)]
-            {
+            let cases = [
+                ((8 << 20) + 7, 4 << 20),
+                (1, 4096),
+                (4095, 4096),
+                (4096, 4096),
+                (3 * 4096 + 1, 4096),
+                (10_000, 3000),
+                (4 * 4096 + 5, 2048),
+            ];
+            for (size, chunk) in cases {
                 let bytes: Vec<u8> = (0..size).map(|i| (i * 7 + size + i / 4096) as u8).collect();
                 let p = dir.join(format!("ab/object-{size}-{chunk}"));
                 let chunks: Vec<(usize, &[u8])> =
                     bytes.chunks(chunk).enumerate().map(|(k, b)| (k * chunk, b)).collect();
-                // The last first, then the rest from the front.
-                let order = chunks.last().into_iter().chain(chunks.iter().take(chunks.len() - 1));
-                for &(at, part) in order {
-                    write_durably(&p, at as u64, part, size as u64).unwrap();
+                // From the back (a chunk's padding would land on the one after it), then the
+                // last first and the rest from the front.
+                let orders: [Vec<&(usize, &[u8])>; 2] = [
+                    chunks.iter().rev().collect(),
+                    chunks.last().into_iter().chain(chunks.iter().take(chunks.len() - 1)).collect(),
+                ];
+                for order in orders {
+                    let _ = std::fs::remove_file(&p);
+                    for &&(at, part) in &order {
+                        write_durably(&p, at as u64, part, size as u64).unwrap();
+                    }
+                    let got = std::fs::read(&p).unwrap();
+                    assert!(got == bytes, "{size} bytes in chunks of {chunk} in {}", dir.display());
                 }
-                assert_eq!(std::fs::read(&p).unwrap(), bytes, "{size} bytes in chunks of {chunk} in {}", dir.display());
             }
         }
     }
