@@ -837,9 +837,20 @@ impl Inner {
         unlinks: Option<u64>,
     ) -> Result<Bytes> {
         let file = self.object_file(id);
-        let f = {
+        let (lo, n) = (k * self.config.chunk_bytes + want.start, want.end - want.start);
+        // Opened and read in one blocking call; whether it was the right file is known after.
+        let (f, bytes) = {
             let file = file.clone();
-            blocking(move || std::fs::File::open(&file).map_err(|e| io_err("opening", &file, e))).await?
+            blocking(move || {
+                use std::io::{Read, Seek};
+                let mut f = std::fs::File::open(&file).map_err(|e| io_err("opening", &file, e))?;
+                f.seek(std::io::SeekFrom::Start(lo)).map_err(|e| io_err("seeking", &file, e))?;
+                // Into spare capacity: no zeroing of a buffer the read overwrites anyway.
+                let mut buf = Vec::with_capacity(n as usize);
+                (&mut f).take(n).read_to_end(&mut buf).map_err(|e| io_err("reading", &file, e))?;
+                Ok((f, buf))
+            })
+            .await?
         };
         if unlinks != Some(self.unlinks.load(Ordering::SeqCst)) {
             let _object = self.object_lock(id).lock().await;
@@ -851,23 +862,13 @@ impl Inner {
                 ));
             }
         }
-        let (lo, n) = (k * self.config.chunk_bytes + want.start, want.end - want.start);
-        blocking(move || {
-            use std::io::{Read, Seek};
-            let mut f = f;
-            f.seek(std::io::SeekFrom::Start(lo)).map_err(|e| io_err("seeking", &file, e))?;
-            // Into spare capacity: no zeroing of a buffer the read overwrites anyway.
-            let mut buf = Vec::with_capacity(n as usize);
-            f.take(n).read_to_end(&mut buf).map_err(|e| io_err("reading", &file, e))?;
-            if buf.len() as u64 != n {
-                return Err(Error::io(
-                    format!("reading {}", file.display()),
-                    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the cached chunk is short"),
-                ));
-            }
-            Ok(Bytes::from(buf))
-        })
-        .await
+        if bytes.len() as u64 != n {
+            return Err(Error::io(
+                format!("reading {}", file.display()),
+                std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the cached chunk is short"),
+            ));
+        }
+        Ok(Bytes::from(bytes))
     }
 
     /// One run: a conditional ranged GET of chunks `first..first + senders.len()`, cut into chunks
