@@ -455,7 +455,12 @@ impl TidemarkFs {
         if !(self.can_pass() || self.local_reads.load(Ordering::Relaxed)) {
             return None;
         }
-        if matches!(e.content, Content::Remote) && e.size > 0 {
+        if matches!(e.content, Content::Remote) {
+            // Small ones as small local files are (inline): one read through the filer answers
+            // them, where asking for the file would cost a call at every open.
+            if e.size <= tidemark_core::model::MAX_INLINE_BYTES as u64 {
+                return None;
+            }
             // Named only while the cache holds it whole; otherwise read through the filer, which
             // fetches what is missing.
             let f = self.call("local file", self.filer.local_file(&e.path)).ok()??;
