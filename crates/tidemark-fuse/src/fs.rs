@@ -122,7 +122,15 @@ impl Local {
         use std::os::unix::fs::MetadataExt;
         let f = &self.file;
         let file = match std::fs::File::open(&f.file) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.cached => return Ok(None),
+            // Gone from the cache since the filer named it, if its directory is here (the
+            // cache keeps its directories); not here at all on another machine than the filer.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && self.cached
+                    && std::path::Path::new(&f.file).parent().is_some_and(|d| d.is_dir()) =>
+            {
+                return Ok(None);
+            }
             r => r?,
         };
         let m = file.metadata()?;
@@ -1846,6 +1854,43 @@ mod tests {
             Answer::Slice(b) => (true, b.to_vec()),
             Answer::Gathered => (false, GATHERED.with_borrow(|g| g.clone())),
         }
+    }
+
+    /// The filer's file is opened only if it is the one named: a cached object's file gone or
+    /// made again since is no file (read through the mount), while a blob that is missing or
+    /// another file, or a cache directory that is not on this machine, is an error (the filer's
+    /// files are not reachable from here: reading them goes off for the session).
+    #[test]
+    fn a_file_of_the_filers_is_opened_only_if_it_is_the_one_named() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ab").join("object");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"twelve bytes").unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        let named = |file: &std::path::Path, size: u64, ino: u64, cached: bool| Local {
+            file: tidemark_core::filer::LocalFile {
+                file: file.display().to_string(),
+                version: 1,
+                size,
+                identity: Some(tidemark_core::filer::FileIdentity { dev: m.dev(), ino }),
+            },
+            cached,
+        };
+        for cached in [true, false] {
+            assert!(named(&p, 12, m.ino(), cached).open().unwrap().is_some(), "the file named");
+        }
+        let (other, short) = (named(&p, 12, m.ino() + 1, true), named(&p, 11, m.ino(), true));
+        assert!(
+            other.open().unwrap().is_none() && short.open().unwrap().is_none(),
+            "a cached object's file made again"
+        );
+        assert!(named(&p, 12, m.ino() + 1, false).open().is_err(), "a blob that is another file");
+        let gone = dir.path().join("ab").join("gone");
+        assert!(named(&gone, 12, m.ino(), true).open().unwrap().is_none(), "a cached object's file gone");
+        assert!(named(&gone, 12, m.ino(), false).open().is_err(), "a blob gone");
+        let elsewhere = dir.path().join("not-here").join("object");
+        assert!(named(&elsewhere, 12, m.ino(), true).open().is_err(), "a cache on another machine");
     }
 
     /// A read's answer is the bytes asked for wherever the frames' edges fall: a slice of the
