@@ -414,11 +414,12 @@ impl ContentCache {
             let mut all = futures::stream::iter(missing)
                 .map(|(k, run_to)| {
                     let (inner, source, entry, id) = (inner.clone(), source.clone(), entry_arc.clone(), id_arc.clone());
-                    async move { inner.flight(&source, &entry, &id, k, run_to, true).await }
+                    let len = chunk_range(entry.size, k, inner.config.chunk_bytes);
+                    async move { inner.flight(&source, &entry, &id, k, run_to, true).await.map(|_| len.end - len.start) }
                 })
                 .buffered(READ_AHEAD);
             while let Some(r) = all.next().await {
-                fetched += r?.len() as u64;
+                fetched += r?;
             }
             Ok::<u64, Error>(fetched)
         };
@@ -749,7 +750,9 @@ impl Inner {
 
     /// Joins the fetch of chunk `k` of `id`, starting one if none runs: a run that fills `k` and
     /// the chunks after it up to `run_to` (exclusive) or the first one already in flight, with one
-    /// ranged GET. With `recorded`, waits until the bytes are in the cache too.
+    /// ranged GET. With `recorded`, waits until the bytes are in the cache too, and returns none
+    /// of them once they are (the caller only waits: reading every chunk back from the disk
+    /// would double what `remote.cache` reads).
     async fn flight(
         self: &Arc<Self>,
         source: &Arc<Source>,
@@ -795,6 +798,7 @@ impl Inner {
                 match &*rx.borrow_and_update() {
                     Flight::Fetched(r) if !recorded => return r.clone(),
                     Flight::Done(r) => return r.clone(),
+                    Flight::Recorded if recorded => return Ok(Bytes::new()),
                     Flight::Recorded => break,
                     // The run gave up before this chunk (nobody read that far in time, or an
                     // earlier chunk failed): start another.
