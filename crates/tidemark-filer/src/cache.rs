@@ -59,6 +59,9 @@ const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(15);
 /// The sweep of unrecorded bytes runs at start and every this many housekeeping rounds (on a
 /// shared store another filer's writes drop this filer's records without it knowing).
 const SWEEP_EVERY_ROUNDS: u64 = 240;
+/// How much older than the sweep a file no record names must be to go: a file's times come
+/// from a clock that may lag the system's by a tick.
+const SWEEP_MARGIN: Duration = Duration::from_secs(5);
 /// Records forgotten per round of eviction.
 const EVICT_BATCH: usize = 64;
 
@@ -1207,7 +1210,12 @@ impl Inner {
         self.ready().await?;
         // The files first, then the records, then the fetches in flight: a file created after
         // the listing is not a candidate, and one whose first record commits after the records
-        // were read still has its fetch in flight then (a fetch ends only after its record).
+        // were read still has its fetch in flight then (a fetch ends only after its record). A
+        // fetch that starts after that and records a chunk before the file's turn comes wrote
+        // the file after the sweep started: only files older than that go (under the object's
+        // lock, which a record needs), or a record would name an unlinked file and a later one
+        // at its name be read as holding its chunk.
+        let started = std::time::SystemTime::now() - SWEEP_MARGIN;
         let dir = self.dir.clone();
         let on_disk: Vec<(String, PathBuf)> = blocking(move || {
             let mut out = Vec::new();
@@ -1245,7 +1253,9 @@ impl Inner {
             }
             if valid_id(&id) {
                 let _object = self.object_lock(&id).lock().await;
-                if self.unlink(&id).await.is_ok() {
+                let old = std::fs::metadata(&p).and_then(|m| m.modified()).is_ok_and(|t| t < started);
+                let fetching = self.flights.lock().unwrap_or_else(|p| p.into_inner()).keys().any(|(f, _)| *f == id);
+                if old && !fetching && self.unlink(&id).await.is_ok() {
                     removed += 1;
                 }
             } else if blocking(move || Ok(std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir_all(&p)).is_ok()))

@@ -325,6 +325,13 @@ async fn the_budget_is_accounted_across_restarts_and_strays_are_swept() {
     let stray = data.join("cache").join("ab").join("ab".repeat(16));
     std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
     std::fs::write(&stray, b"unrecorded").unwrap();
+    // Left by a crash a while ago: the sweep leaves files written in the seconds before it (a
+    // fetch may be about to record them).
+    let ago = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    std::fs::File::options().write(true).open(&stray).unwrap().set_modified(ago).unwrap();
+    let fresh = data.join("cache").join("cd").join("cd".repeat(16));
+    std::fs::create_dir_all(fresh.parent().unwrap()).unwrap();
+    std::fs::write(&fresh, b"just written").unwrap();
     std::fs::write(data.join("cache").join("tmp").join("partial"), b"half").unwrap();
 
     let filer = open(&data, 1 << 30).await;
@@ -333,6 +340,7 @@ async fn the_budget_is_accounted_across_restarts_and_strays_are_swept() {
     // The sweep runs at start in the background; run one more to know it has.
     filer.cache().sweep().await.unwrap();
     assert!(!stray.exists(), "unrecorded bytes are swept");
+    assert!(fresh.exists(), "unrecorded bytes written just now are left for the next sweep");
     filer.cache().housekeep().await.unwrap();
     let st = filer.cache_stats().await.unwrap();
     assert_eq!((st.resident_bytes, st.resident_chunks), (2 * CHUNK, 2), "accounted from the store after a restart");
