@@ -217,14 +217,14 @@ pub async fn run(b: CacheBench) -> Result<(), String> {
         sdk / cold
     );
 
-    // What caching costs on this disk: the same bytes written as the cache writes them (a file
-    // per chunk, fsynced), while nothing else runs.
+    // What caching costs on this disk: the same bytes written as the cache writes them (a chunk
+    // at a time into the object's file, each fsynced), while nothing else runs.
     let disk = write_chunks(&tmp.path().join("disk-limit"), &large, chunk as usize, true)?;
     // And without the fsyncs: what a cache that verified its chunks after a crash, instead of
     // making each durable before recording it, could write (docs/BENCHMARKS.md, the choice).
     let unsynced = write_chunks(&tmp.path().join("disk-limit"), &large, chunk as usize, false)?;
     println!(
-        "  the cache's disk: {:.0} MiB/s writing the same bytes in fsynced chunk files ({disk:.2} s), {:.0} MiB/s without the fsyncs ({unsynced:.2} s) | cold read ÷ the slower of GET and disk: {:.2}",
+        "  the cache's disk: {:.0} MiB/s writing the same bytes as the cache does, a chunk at a time, fsynced ({disk:.2} s), {:.0} MiB/s without the fsyncs ({unsynced:.2} s) | cold read ÷ the slower of GET and disk: {:.2}",
         mib_s(size, disk),
         mib_s(size, unsynced),
         sdk.max(disk) / cold
