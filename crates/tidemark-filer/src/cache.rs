@@ -246,7 +246,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 }
 
 impl ContentCache {
-    /// Opens the cache under `root` (`root/cache/`): clears partial fetches a crash left, and
+    /// Opens the cache under `root` (`root/cache/`): clears what a crash left half written, and
     /// reads or creates this data directory's node id. Background housekeeping starts with
     /// [`ContentCache::start`].
     pub fn open(
