@@ -439,7 +439,8 @@ async fn a_local_remote_reaches_only_what_the_operator_allowed() {
 async fn the_default_server_shows_no_client_a_secret() {
     let b = s3_bucket().await;
     let bucket = &b.name;
-    let moto = Moto::get();
+    // The moto holding the bucket (run alone, `Moto::get` starts a new one at every call).
+    let moto = b._guard.downcast_ref::<Moto>().expect("an S3 bucket's guard is its moto");
     put(&b, "photos/a.txt", "content of a").await;
     let tmp = tempfile::tempdir().unwrap();
     let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
