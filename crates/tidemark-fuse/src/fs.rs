@@ -336,6 +336,9 @@ pub struct TidemarkFs {
     /// Reads of the filer's files from here are on: asked for (as passthrough is), and not yet
     /// found impossible (the mount is on another machine).
     local_reads: AtomicBool,
+    /// The filer names files for its blobs: not when it keeps them on an object store (its
+    /// content cache's files it names still).
+    blob_files: AtomicBool,
 }
 
 fn errno(e: &Error) -> Errno {
@@ -436,6 +439,7 @@ impl TidemarkFs {
             io: Mutex::new(IoModes::default()),
             passthrough: AtomicBool::new(false),
             local_reads: AtomicBool::new(opts.passthrough),
+            blob_files: AtomicBool::new(true),
             opts,
         }
     }
@@ -474,16 +478,18 @@ impl TidemarkFs {
             let f = self.call("local file", self.filer.local_file(&e.path)).ok()??;
             return (f.version == e.version && f.size == e.size).then_some(Local { file: f, cached: true });
         }
-        if !matches!(e.content, Content::Blob { .. }) {
+        if !matches!(e.content, Content::Blob { .. }) || !self.blob_files.load(Ordering::Relaxed) {
             return None;
         }
         let Some(f) = self.call("local file", self.filer.local_file(&e.path)).ok()? else {
             // A blob-backed file the filer has no file of: it keeps its blobs on an object
             // store (or predates the call). No use asking at every open. (A file deleted just
             // now answers so too: this session then reads through the API, which is only slower.)
-            let why = "the filer keeps no files of its own (its blobs are on an object store)";
-            self.no_passthrough(why);
-            self.no_local_reads(why);
+            if self.blob_files.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    "the filer names no files for its blobs (they are on an object store): those read through its API"
+                );
+            }
             return None;
         };
         // Only the version opened: a newer one is read through the mount as any other change.

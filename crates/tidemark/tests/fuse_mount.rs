@@ -242,6 +242,43 @@ for h in handles:
     assert!(counter(&ro, "reads") > reads, "read through the filer again");
 }
 
+/// A filer that keeps its blobs on an object store names no file for them: a mount beside it
+/// reads those through the filer's API, and still hands the kernel the files of bucket objects
+/// the filer's cache holds whole.
+#[test]
+fn with_blobs_on_an_object_store_cached_objects_are_still_read_from_the_caches_file() {
+    let moto = Moto::get();
+    let blobs = unique_name("fuse-blobs");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let s3 = S3Storage::connect(&moto.conf("s3"), &blobs).await.unwrap();
+        s3.client().create_bucket().bucket(&blobs).send().await.unwrap();
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let root = t.join("buckets");
+    std::fs::create_dir_all(root.join("bkt")).unwrap();
+    let t_s = t.to_str().unwrap().to_string();
+    sh(&format!("head -c 3000000 /dev/urandom > '{t_s}/obj' && cp '{t_s}/obj' '{t_s}/buckets/bkt/obj'"));
+    sh(&format!("head -c 2000000 /dev/urandom > '{t_s}/local'"));
+    let (root_s, blob_url) = (root.to_str().unwrap(), format!("s3://{blobs}/b?endpoint={}", moto.endpoint));
+    let aws = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
+    let args = ["--s3-addr", "off", "--local-root", root_s, "--blob-store", &blob_url];
+    let server = TidemarkProcess::server_with_env(bin(), &t.join("data"), &args, &aws);
+    let shell = |c: &str| ok(run_shell(bin(), &server.addr, c, &[]));
+    shell(&format!("remote.configure -name=loc -type=local -local.root={root_s}"));
+    shell("remote.mount -dir=/mnt/b -remote=loc/bkt");
+    shell(&format!("fs.put {t_s}/local /local.bin"));
+    shell("remote.cache -dir=/mnt/b");
+    let ro = Mounted::start(&server.addr, &t.join("ro"), &["--read-only"]);
+    let reads = counter(&ro, "reads");
+    sh(&format!("cmp '{t_s}/local' '{t_s}/ro/local.bin'"));
+    assert!(counter(&ro, "reads") > reads, "the blob read through the filer: {}", ro.counters());
+    let reads = counter(&ro, "reads");
+    sh(&format!("cmp '{t_s}/obj' '{t_s}/ro/mnt/b/obj'"));
+    assert_eq!(counter(&ro, "passthrough opens"), 1, "the cached object passed through: {}", ro.counters());
+    assert_eq!(counter(&ro, "reads"), reads);
+}
+
 #[test]
 fn ordinary_tools_work_on_the_mount_byte_for_byte() {
     let tmp = tempfile::tempdir().unwrap();
