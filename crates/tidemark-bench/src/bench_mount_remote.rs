@@ -170,7 +170,7 @@ fn from_the_disk(p: &Path) -> Result<(), String> {
 }
 
 /// Reads of the object once the cache holds it whole, beside a local file of the same bytes:
-/// each first from the disk, then again from the kernel's pages (seconds).
+/// each first from the disk, then again from the kernel's pages (the better of two; seconds).
 struct Cached {
     ro: (f64, f64),
     rw: (f64, f64),
@@ -222,7 +222,7 @@ async fn cached_reads(
         let read = tokio::task::spawn_blocking(move || -> Result<(f64, f64), String> {
             from_the_disk(&file)?;
             let first = read_local(&large, 1 << 20)?;
-            Ok((first, read_local(&large, 1 << 20)?))
+            Ok((first, best(&[read_local(&large, 1 << 20)?, read_local(&large, 1 << 20)?])))
         })
         .await
         .map_err(err)?;
