@@ -184,6 +184,22 @@ with open('{t_s}/rw/f', 'rb') as again:
     assert_eq!(counter(&plain, "reads") - reads, 1);
 }
 
+/// A local-directory bucket under `t` (`t/buckets/bkt`) holding `obj`, 3 MB of random bytes,
+/// also at `t/obj`: the root of its buckets and `t`, as strings.
+fn local_bucket_of_one_object(t: &Path) -> (String, String) {
+    let root = t.join("buckets");
+    std::fs::create_dir_all(root.join("bkt")).unwrap();
+    let t_s = t.to_str().unwrap().to_string();
+    sh(&format!("head -c 3000000 /dev/urandom > '{t_s}/obj' && cp '{t_s}/obj' '{t_s}/buckets/bkt/obj'"));
+    (root.to_str().unwrap().to_string(), t_s)
+}
+
+/// Mounts that bucket at `/mnt/b`, through `shell`.
+fn mount_local_bucket(shell: &dyn Fn(&str) -> String, root: &str) {
+    shell(&format!("remote.configure -name=loc -type=local -local.root={root}"));
+    shell("remote.mount -dir=/mnt/b -remote=loc/bkt");
+}
+
 /// A remote-backed file the filer's cache holds whole is read by the kernel straight from the
 /// cache's file in a read-only mount beside the filer, and by the mount from it in a read-write
 /// one; until it is cached whole it is read through the filer, which fetches it. Taken out of
@@ -193,15 +209,10 @@ with open('{t_s}/rw/f', 'rb') as again:
 fn a_cached_object_is_read_from_the_caches_file() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    let root = t.join("buckets");
-    std::fs::create_dir_all(root.join("bkt")).unwrap();
-    let t_s = t.to_str().unwrap().to_string();
-    sh(&format!("head -c 3000000 /dev/urandom > '{t_s}/obj' && cp '{t_s}/obj' '{t_s}/buckets/bkt/obj'"));
-    let root_s = root.to_str().unwrap();
-    let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off", "--local-root", root_s]);
+    let (root_s, t_s) = local_bucket_of_one_object(t);
+    let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off", "--local-root", &root_s]);
     let shell = |c: &str| ok(run_shell(bin(), &server.addr, c, &[]));
-    shell(&format!("remote.configure -name=loc -type=local -local.root={root_s}"));
-    shell("remote.mount -dir=/mnt/b -remote=loc/bkt");
+    mount_local_bucket(&shell, &root_s);
     let ro = Mounted::start(&server.addr, &t.join("ro"), &["--read-only", "--root", "/mnt/b"]);
     let rw = Mounted::start(&server.addr, &t.join("rw"), &["--root", "/mnt/b"]);
 
@@ -255,18 +266,14 @@ fn with_blobs_on_an_object_store_cached_objects_are_still_read_from_the_caches_f
     });
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    let root = t.join("buckets");
-    std::fs::create_dir_all(root.join("bkt")).unwrap();
-    let t_s = t.to_str().unwrap().to_string();
-    sh(&format!("head -c 3000000 /dev/urandom > '{t_s}/obj' && cp '{t_s}/obj' '{t_s}/buckets/bkt/obj'"));
+    let (root_s, t_s) = local_bucket_of_one_object(t);
     sh(&format!("head -c 2000000 /dev/urandom > '{t_s}/local'"));
-    let (root_s, blob_url) = (root.to_str().unwrap(), format!("s3://{blobs}/b?endpoint={}", moto.endpoint));
+    let blob_url = format!("s3://{blobs}/b?endpoint={}", moto.endpoint);
     let aws = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
-    let args = ["--s3-addr", "off", "--local-root", root_s, "--blob-store", &blob_url];
+    let args = ["--s3-addr", "off", "--local-root", &root_s, "--blob-store", &blob_url];
     let server = TidemarkProcess::server_with_env(bin(), &t.join("data"), &args, &aws);
     let shell = |c: &str| ok(run_shell(bin(), &server.addr, c, &[]));
-    shell(&format!("remote.configure -name=loc -type=local -local.root={root_s}"));
-    shell("remote.mount -dir=/mnt/b -remote=loc/bkt");
+    mount_local_bucket(&shell, &root_s);
     shell(&format!("fs.put {t_s}/local /local.bin"));
     shell("remote.cache -dir=/mnt/b");
     let ro = Mounted::start(&server.addr, &t.join("ro"), &["--read-only"]);
