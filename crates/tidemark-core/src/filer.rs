@@ -226,6 +226,14 @@ pub struct FileIdentity {
     pub ino: u64,
 }
 
+impl FileIdentity {
+    /// The identity of the file `m` describes.
+    pub fn of(m: &std::fs::Metadata) -> FileIdentity {
+        use std::os::unix::fs::MetadataExt;
+        FileIdentity { dev: m.dev(), ino: m.ino() }
+    }
+}
+
 fn no_cache() -> Error {
     Error::invalid_argument("this filer has no content cache")
 }

@@ -42,6 +42,7 @@ use tokio::sync::{Notify, OnceCell, watch};
 use tidemark_core::cache::{
     CacheOutcome, CacheStats, CacheStatus, CachedChunk, DEFAULT_CHUNK_BYTES, chunk_range, chunks_of, content_id,
 };
+use tidemark_core::filer::FileIdentity;
 use tidemark_core::model::Entry;
 use tidemark_core::{ByteRange, ByteStream, Clock, Error, MetaStore, Result};
 
@@ -270,11 +271,7 @@ impl ContentCache {
             Ok(s) if valid_id(s.trim()) => s.trim().to_string(),
             Ok(_) | Err(_) => {
                 let id = random_hex(16)?;
-                let part = tmp.join("node-id");
-                std::fs::File::create(&part)
-                    .and_then(|mut f| f.write_all(id.as_bytes()).and_then(|()| f.sync_all()))
-                    .map_err(|e| io_err("writing", &part, e))?;
-                std::fs::rename(&part, &node_file).map_err(|e| io_err("renaming", &node_file, e))?;
+                write_own_file(&dir, &tmp, "node-id", &id)?;
                 id
             }
         };
@@ -525,12 +522,11 @@ impl ContentCache {
         for c in &held {
             inner.note_read(&entry.path, c.chunk);
         }
-        use std::os::unix::fs::MetadataExt;
         Ok(Some(tidemark_core::filer::LocalFile {
             file: file.to_string_lossy().into_owned(),
             version: entry.version,
             size: entry.size,
-            identity: Some(tidemark_core::filer::FileIdentity { dev: meta.dev(), ino: meta.ino() }),
+            identity: Some(FileIdentity::of(&meta)),
         }))
     }
 
@@ -623,12 +619,12 @@ impl Inner {
         }
         self.ready
             .get_or_try_init(|| async {
-                let (mut forgotten, mut after) = (0u64, None::<(String, u64)>);
+                let (mut forgotten, mut after) = (0u64, None);
                 loop {
-                    let page =
-                        self.store.cache_scan(&self.node, after.as_ref().map(|(p, k)| (p.as_str(), *k)), 1000).await?;
-                    let Some(last) = page.last() else { break };
-                    after = Some((last.path.clone(), last.chunk));
+                    let page = self.next_records(&mut after).await?;
+                    if page.is_empty() {
+                        break;
+                    }
                     forgotten += self.store.cache_forget(&page).await?.len() as u64;
                 }
                 let (dir, tmp, layout) = (self.dir.clone(), self.tmp.clone(), layout(&self.config));
@@ -639,12 +635,7 @@ impl Inner {
                             std::fs::remove_dir_all(shard.path()).map_err(|e| io_err("removing", &shard.path(), e))?;
                         }
                     }
-                    let (part, file) = (tmp.join(LAYOUT_FILE), dir.join(LAYOUT_FILE));
-                    std::fs::File::create(&part)
-                        .and_then(|mut f| f.write_all(layout.as_bytes()).and_then(|()| f.sync_all()))
-                        .map_err(|e| io_err("writing", &part, e))?;
-                    std::fs::rename(&part, &file).map_err(|e| io_err("renaming", &file, e))?;
-                    std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing", &dir, e))
+                    write_own_file(&dir, &tmp, LAYOUT_FILE, &layout)
                 })
                 .await?;
                 if forgotten > 0 {
@@ -658,6 +649,16 @@ impl Inner {
             })
             .await
             .map(|_| ())
+    }
+
+    /// The next page of all this node's records, after the `(path, chunk)` cursor `after`, which
+    /// it moves on; empty at the end.
+    async fn next_records(&self, after: &mut Option<(String, u64)>) -> Result<Vec<CachedChunk>> {
+        let page = self.store.cache_scan(&self.node, after.as_ref().map(|(p, k)| (p.as_str(), *k)), 1000).await?;
+        if let Some(last) = page.last() {
+            *after = Some((last.path.clone(), last.chunk));
+        }
+        Ok(page)
     }
 
     /// This node's records of content id `id` of `path`, in chunk order.
@@ -1125,7 +1126,7 @@ impl Inner {
         };
         let _object = self.object_lock(id).lock().await;
         let f = file.clone();
-        let here = blocking(move || Ok(std::fs::metadata(&f).ok().map(|m| identity(&m)))).await?;
+        let here = blocking(move || Ok(std::fs::metadata(&f).ok().map(|m| FileIdentity::of(&m)))).await?;
         if here != Some(written) {
             return Ok(false);
         }
@@ -1237,11 +1238,12 @@ impl Inner {
             return Ok(0);
         }
         let mut recorded: HashSet<String> = HashSet::new();
-        let mut after: Option<(String, u64)> = None;
+        let mut after = None;
         loop {
-            let page = self.store.cache_scan(&self.node, after.as_ref().map(|(p, k)| (p.as_str(), *k)), 1000).await?;
-            let Some(last) = page.last() else { break };
-            after = Some((last.path.clone(), last.chunk));
+            let page = self.next_records(&mut after).await?;
+            if page.is_empty() {
+                break;
+            }
             recorded.extend(page.into_iter().map(|c| c.content_id));
         }
         let busy: HashSet<String> =
@@ -1268,21 +1270,26 @@ impl Inner {
     }
 }
 
+/// Writes one of the cache's own small files (`node-id`, `layout`) whole or not at all: under
+/// `tmp` first, fsynced, renamed into `dir`, the directory fsynced.
+fn write_own_file(dir: &Path, tmp: &Path, name: &str, contents: &str) -> Result<()> {
+    let (part, file) = (tmp.join(name), dir.join(name));
+    std::fs::File::create(&part)
+        .and_then(|mut f| f.write_all(contents.as_bytes()).and_then(|()| f.sync_all()))
+        .map_err(|e| io_err("writing", &part, e))?;
+    std::fs::rename(&part, &file).map_err(|e| io_err("renaming", &file, e))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing", dir, e))
+}
+
 /// What `cache/layout` says of a cache laid out as this one is.
 fn layout(config: &CacheConfig) -> String {
     format!("one file per object, chunks of {} bytes\n", config.chunk_bytes)
 }
 
-/// A file's device and inode: which file it is.
-fn identity(m: &std::fs::Metadata) -> tidemark_core::filer::FileIdentity {
-    use std::os::unix::fs::MetadataExt;
-    tidemark_core::filer::FileIdentity { dev: m.dev(), ino: m.ino() }
-}
-
 /// Whether `f` is the file at `path` now.
 fn same_file(f: &std::fs::File, path: &Path) -> bool {
     match (f.metadata(), std::fs::metadata(path)) {
-        (Ok(a), Ok(b)) => identity(&a) == identity(&b),
+        (Ok(a), Ok(b)) => FileIdentity::of(&a) == FileIdentity::of(&b),
         _ => false,
     }
 }
@@ -1448,12 +1455,7 @@ pub fn write_durably(p: &Path, offset: u64, bytes: &[u8], size: u64) -> std::io:
 /// that come back instead (the FUSE mount and the clients keep their own copy of what they just
 /// read). Buffered where `O_DIRECT` is refused (tmpfs before Linux 6.6, some network file
 /// systems) or the offset is not aligned (a `--cache-chunk-size` that is no multiple of 4 KiB).
-pub fn write_chunk(
-    p: &Path,
-    offset: u64,
-    chunk: &ChunkBuf,
-    size: u64,
-) -> std::io::Result<tidemark_core::filer::FileIdentity> {
+pub fn write_chunk(p: &Path, offset: u64, chunk: &ChunkBuf, size: u64) -> std::io::Result<FileIdentity> {
     use std::os::unix::fs::FileExt;
     let shard = p.parent().unwrap_or(Path::new("."));
     let new_shard = !shard.is_dir();
@@ -1500,7 +1502,7 @@ pub fn write_chunk(
             std::fs::File::open(dir)?.sync_all()?;
         }
     }
-    Ok(identity(&f.metadata()?))
+    Ok(FileIdentity::of(&f.metadata()?))
 }
 
 /// The sweep once at start, then last-read times and the budget every few seconds (or when a

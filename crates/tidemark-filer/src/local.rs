@@ -945,10 +945,7 @@ impl Filer for LocalFiler {
         match (&e.content, &self.blobs) {
             (Content::Blob { id }, Blobs::Dir(d)) => {
                 let file = d.file_of(id)?;
-                let identity = std::fs::metadata(&file).ok().map(|m| {
-                    use std::os::unix::fs::MetadataExt;
-                    tidemark_core::filer::FileIdentity { dev: m.dev(), ino: m.ino() }
-                });
+                let identity = std::fs::metadata(&file).ok().map(|m| tidemark_core::filer::FileIdentity::of(&m));
                 Ok(Some(tidemark_core::filer::LocalFile {
                     file: file.to_string_lossy().into_owned(),
                     version: e.version,

@@ -119,7 +119,6 @@ impl Local {
     /// or is another one now; an error if a blob is missing or not as named (the filer's files
     /// are not on this machine, or not reachable from here).
     fn open(&self) -> std::io::Result<Option<std::fs::File>> {
-        use std::os::unix::fs::MetadataExt;
         let f = &self.file;
         let file = match std::fs::File::open(&f.file) {
             // Gone from the cache since the filer named it, if its directory is here (the
@@ -134,7 +133,7 @@ impl Local {
             r => r?,
         };
         let m = file.metadata()?;
-        let named = m.len() == f.size && f.identity.is_none_or(|id| (m.dev(), m.ino()) == (id.dev, id.ino));
+        let named = m.len() == f.size && f.identity.is_none_or(|id| id == tidemark_core::filer::FileIdentity::of(&m));
         match (named, self.cached) {
             (true, _) => Ok(Some(file)),
             (false, true) => Ok(None),
