@@ -169,23 +169,24 @@ impl Collector for Live {
 
 impl Metrics {
     pub fn new(snapshot: Arc<RwLock<Snapshot>>, scheduler: Arc<Mutex<Scheduler>>) -> Self {
+        // The registry ends each help text with a period itself (the collector's are as written).
         let mut registry = Registry::default();
         let slice_duration: Histograms = Family::new_with_constructor(slice_buckets);
         let apply_batch: Histograms = Family::new_with_constructor(batch_buckets);
         let lag: Histograms = Family::new_with_constructor(lag_buckets);
         registry.register(
             "tidemark_slice_duration_seconds",
-            "How long slices ran, by how they ended.",
+            "How long slices ran, by how they ended",
             slice_duration.clone(),
         );
         registry.register(
             "tidemark_apply_batch_duration_seconds",
-            "Wall time to apply one batch of deliveries (HEADs, conditional writes, acks).",
+            "Wall time to apply one batch of deliveries (HEADs, conditional writes, acks)",
             apply_batch.clone(),
         );
         registry.register(
             "tidemark_event_apply_lag_seconds",
-            "From the event's time (the provider's clock) to the applied write.",
+            "From the event's time (the provider's clock) to the applied write",
             lag.clone(),
         );
         registry.register_collector(Box::new(Live { snapshot, scheduler }));

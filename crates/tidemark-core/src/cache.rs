@@ -117,6 +117,11 @@ pub struct CacheStats {
     /// Chunks evicted for the budget.
     pub evictions: u64,
     pub evicted_bytes: u64,
+    /// Chunks a read took back from the cache's file right after its own fetch wrote them: a
+    /// run fetches ahead of its reader, and the bytes were no longer held for it when it came
+    /// (a reader slower than the bucket for longer than the cache holds them).
+    #[serde(default)]
+    pub read_back: u64,
     pub resident_bytes: u64,
     pub resident_chunks: u64,
     /// 0: the cache is off and every read goes to the bucket.

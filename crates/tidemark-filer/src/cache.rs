@@ -87,10 +87,13 @@ enum Flight {
     Fetched(Result<Bytes>),
     /// The bytes, after an attempt to record them that failed (or a failed fetch).
     Done(Result<Bytes>),
-    /// Recorded: the bytes are in the chunk's file. Kept for a moment after the fetch, so a
+    /// Recorded: the bytes are in the object's file. Kept for a moment after the fetch, so a
     /// reader that looked the chunk up just before it was recorded reads the file instead of
-    /// fetching the chunk again.
-    Recorded,
+    /// fetching the chunk again. With the bytes until the reader took them (a run fetches ahead
+    /// of its reader, and a reader waits for the one who reads its stream: the disk is often
+    /// quicker than both): it then takes them from memory instead of reading back from the disk
+    /// what was just written there (half of a cold sequential read did, into fresh buffers).
+    Recorded(Option<Bytes>),
     /// The run gave up before this chunk; a reader starts another.
     Abandoned,
 }
@@ -178,6 +181,12 @@ const CHUNK_WRITERS: usize = 2;
 
 /// How long a recorded fetch stays joinable.
 const RECORDED_GRACE: Duration = Duration::from_secs(2);
+/// Recorded chunks whose bytes are kept for their reader, per filer (see [`Flight::Recorded`]),
+/// and for how long at most: a reader that does not come within it reads them from the disk.
+/// How often a held chunk looks whether its reader took it.
+const HELD_CHUNKS: usize = 16;
+const HELD_FOR: Duration = Duration::from_secs(1);
+const HELD_CHECK: Duration = Duration::from_millis(5);
 
 #[derive(Default)]
 struct Counters {
@@ -188,6 +197,7 @@ struct Counters {
     bytes_served: AtomicU64,
     evictions: AtomicU64,
     evicted_bytes: AtomicU64,
+    read_back: AtomicU64,
     resident_bytes: AtomicU64,
     resident_chunks: AtomicU64,
 }
@@ -211,6 +221,8 @@ struct Inner {
     housekeeping: tokio::sync::Mutex<()>,
     fetch_permits: Arc<tokio::sync::Semaphore>,
     write_permits: Arc<tokio::sync::Semaphore>,
+    /// Bounds the recorded chunks held in memory for their readers (`HELD_CHUNKS`).
+    held_permits: Arc<tokio::sync::Semaphore>,
     started: AtomicBool,
     /// Whether the chunks on record were laid out as this cache lays them out: the file
     /// `layout` says so, or they are forgotten before the first use (see [`Inner::ready`]).
@@ -291,6 +303,7 @@ impl ContentCache {
             housekeeping: tokio::sync::Mutex::new(()),
             fetch_permits: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHES)),
             write_permits: Arc::new(tokio::sync::Semaphore::new(CHUNK_WRITERS)),
+            held_permits: Arc::new(tokio::sync::Semaphore::new(HELD_CHUNKS)),
             started: AtomicBool::new(false),
             same_layout,
             ready: OnceCell::new(),
@@ -467,6 +480,7 @@ impl ContentCache {
             bytes_served: get(&c.bytes_served),
             evictions: get(&c.evictions),
             evicted_bytes: get(&c.evicted_bytes),
+            read_back: get(&c.read_back),
             resident_bytes: get(&c.resident_bytes),
             resident_chunks: get(&c.resident_chunks),
             budget_bytes: self.inner.config.budget_bytes,
@@ -708,7 +722,7 @@ impl Inner {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             for c in &gone {
                 let key = (c.content_id.clone(), c.chunk);
-                if flights.get(&key).is_some_and(|f| matches!(&*f.rx.borrow(), Flight::Recorded)) {
+                if flights.get(&key).is_some_and(|f| matches!(&*f.rx.borrow(), Flight::Recorded(_))) {
                     flights.remove(&key);
                 }
             }
@@ -802,8 +816,9 @@ impl Inner {
                 match &*rx.borrow_and_update() {
                     Flight::Fetched(r) if !recorded => return r.clone(),
                     Flight::Done(r) => return r.clone(),
-                    Flight::Recorded if recorded => return Ok(Bytes::new()),
-                    Flight::Recorded => break,
+                    Flight::Recorded(_) if recorded => return Ok(Bytes::new()),
+                    Flight::Recorded(Some(b)) => return Ok(b.clone()),
+                    Flight::Recorded(None) => break,
                     // The run gave up before this chunk (nobody read that far in time, or an
                     // earlier chunk failed): start another.
                     Flight::Abandoned => continue 'join,
@@ -817,7 +832,10 @@ impl Inner {
             // Recorded: read the file; if it is gone already (evicted), fetch again.
             let len = chunk_range(entry.size, k, self.config.chunk_bytes);
             match self.read_file(&entry.path, id, k, 0..len.end - len.start, None).await {
-                Ok(b) => return Ok(b),
+                Ok(b) => {
+                    self.counters.read_back.fetch_add(1, Ordering::Relaxed);
+                    return Ok(b);
+                }
                 Err(_) => self.forget_flight(&key, &rx),
             }
         }
@@ -990,7 +1008,7 @@ impl Inner {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
             self.counters.bytes_fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             tx.send_replace(Flight::Fetched(Ok(ChunkBuf::shared(&chunk))));
-            tokio::spawn(self.clone().keep(tx, entry.clone(), (id.clone(), k), chunk, permit));
+            tokio::spawn(self.clone().keep(tx, entry.clone(), (id.clone(), k), chunk, permit, run.clone()));
             // The stream's rate, once enough bytes not to be noise: decided once per run.
             if !helper && !rated {
                 measured.0 += want as u64;
@@ -1075,6 +1093,7 @@ impl Inner {
         key: FlightKey,
         chunk: Arc<ChunkBuf>,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        run: Arc<Run>,
     ) {
         let recorded = match self.persist(&entry, &key.0, key.1, chunk.clone()).await {
             Ok(recorded) => recorded,
@@ -1089,8 +1108,19 @@ impl Inner {
             tx.send_replace(Flight::Done(Ok(ChunkBuf::shared(&chunk))));
             return;
         }
-        tx.send_replace(Flight::Recorded);
-        tokio::time::sleep(RECORDED_GRACE).await;
+        let since = Instant::now();
+        // Taken once a reader asked for the chunk (a reader joins its flight before it asks)
+        // and none waits on the flight any more (the flights' own receiver aside).
+        let taken = || *run.wanted.borrow() >= key.1 && tx.receiver_count() <= 1;
+        if let Some(_held) = (!taken()).then(|| self.held_permits.clone().try_acquire_owned().ok()).flatten() {
+            tx.send_replace(Flight::Recorded(Some(ChunkBuf::shared(&chunk))));
+            drop(chunk);
+            while !taken() && since.elapsed() < HELD_FOR {
+                tokio::time::sleep(HELD_CHECK).await;
+            }
+        }
+        tx.send_replace(Flight::Recorded(None));
+        tokio::time::sleep(RECORDED_GRACE.saturating_sub(since.elapsed())).await;
         self.forget_flight(&key, &tx.subscribe());
     }
 

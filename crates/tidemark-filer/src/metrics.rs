@@ -9,8 +9,9 @@ use tidemark_core::cache::CacheStats;
 
 /// The cache's figures as OpenMetrics text.
 pub fn render(s: &CacheStats) -> Result<String, std::fmt::Error> {
+    // The registry ends each help text with a period itself.
     let mut r = Registry::default();
-    let counters: [(&str, &str, u64); 7] = [
+    let counters: [(&str, &str, u64); 8] = [
         ("tidemark_cache_hits", "Chunks of remote-backed files served from the cache.", s.hits),
         ("tidemark_cache_misses", "Chunks fetched from the bucket because they were not cached.", s.misses),
         ("tidemark_cache_requests", "Ranged GETs the cache sent to buckets (one fills a run of chunks).", s.requests),
@@ -18,9 +19,14 @@ pub fn render(s: &CacheStats) -> Result<String, std::fmt::Error> {
         ("tidemark_cache_served_bytes", "Bytes served from the cache.", s.bytes_served),
         ("tidemark_cache_evictions", "Chunks evicted to keep the cache within its budget.", s.evictions),
         ("tidemark_cache_evicted_bytes", "Bytes evicted to keep the cache within its budget.", s.evicted_bytes),
+        (
+            "tidemark_cache_read_back",
+            "Chunks a read took back from the cache's disk just after fetching them ahead of it.",
+            s.read_back,
+        ),
     ];
     for (name, help, v) in counters {
-        r.register(name, help, ConstCounter::new(v));
+        r.register(name, help.trim_end_matches('.'), ConstCounter::new(v));
     }
     let gauges: [(&str, &str, u64); 4] = [
         ("tidemark_cache_resident_bytes", "Bytes of remote-backed files held in the cache now.", s.resident_bytes),
@@ -29,7 +35,7 @@ pub fn render(s: &CacheStats) -> Result<String, std::fmt::Error> {
         ("tidemark_cache_chunk_bytes", "The size of one cached chunk.", s.chunk_bytes),
     ];
     for (name, help, v) in gauges {
-        r.register(name, help, ConstGauge::new(v as i64));
+        r.register(name, help.trim_end_matches('.'), ConstGauge::new(v as i64));
     }
     let mut out = String::new();
     encode(&mut out, &r)?;

@@ -182,6 +182,29 @@ async fn a_reader_that_stops_early_does_not_fetch_the_whole_object() {
     assert_eq!(s.stats().await.misses, 60, "still one fetch per chunk");
 }
 
+/// A run fetches chunks ahead of its reader, and they are written and recorded before a slow
+/// reader comes for them: the reader still takes them from memory, not back from the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_takes_the_chunks_fetched_ahead_of_it_from_memory() {
+    let s = setup(1 << 30).await;
+    let body = pattern(24 * CHUNK as usize + 7, 9);
+    s.put("slow.bin", &body);
+    s.sync().await;
+    let (_, mut stream) = s.filer.read("/m/slow.bin", None).await.unwrap();
+    let mut got = Vec::new();
+    while let Some(piece) = stream.next().await {
+        got.extend_from_slice(&piece.unwrap());
+        // Time for the chunks ahead to be written, fsynced and recorded.
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    assert_eq!(got, body);
+    s.filer.cache().idle().await;
+    let st = s.stats().await;
+    assert_eq!((st.misses, st.requests), (25, 1), "one GET, every chunk fetched once: {st:?}");
+    assert_eq!(st.read_back, 0, "no chunk read back from the disk: {st:?}");
+    assert_eq!(s.cached("/m/slow.bin").await, body.len() as u64);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_readers_of_a_cold_object_share_one_fetch_per_chunk() {
     let s = setup(1 << 30).await;
