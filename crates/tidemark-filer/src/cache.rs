@@ -932,7 +932,13 @@ impl Inner {
             })?;
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             let asked = Instant::now();
-            let got = located.get(Some(ByteRange { offset: range.start, length: Some(range.end - range.start) })).await;
+            // A run of the whole object asks for the whole object: no range for the store to
+            // cut (moto copies the range out of the object first: 20–30 ms more before the
+            // first byte of 256 MiB, 40–60 ms more in all).
+            let whole = range.start == 0 && range.end == entry.size;
+            let asked_range =
+                (!whole).then(|| ByteRange { offset: range.start, length: Some(range.end - range.start) });
+            let got = located.get(asked_range).await;
             open_s = asked.elapsed().as_secs_f64();
             got
         }
