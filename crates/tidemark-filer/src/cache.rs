@@ -181,10 +181,12 @@ const CHUNK_WRITERS: usize = 2;
 
 /// How long a recorded fetch stays joinable.
 const RECORDED_GRACE: Duration = Duration::from_secs(2);
-/// Recorded chunks whose bytes are kept for their reader, per filer (see [`Flight::Recorded`]),
-/// and for how long at most: a reader that does not come within it reads them from the disk.
-/// How often a held chunk looks whether its reader took it.
+/// Recorded chunks whose bytes are kept for their reader, per filer (see [`Flight::Recorded`]):
+/// at most this many, and no more bytes than that many default chunks (a larger
+/// `--cache-chunk-size` holds fewer); for how long at most: a reader that does not come within
+/// it reads them from the disk. How often a held chunk looks whether its reader took it.
 const HELD_CHUNKS: usize = 16;
+const HELD_BYTES: u64 = HELD_CHUNKS as u64 * DEFAULT_CHUNK_BYTES;
 const HELD_FOR: Duration = Duration::from_secs(1);
 const HELD_CHECK: Duration = Duration::from_millis(5);
 
@@ -303,7 +305,9 @@ impl ContentCache {
             housekeeping: tokio::sync::Mutex::new(()),
             fetch_permits: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHES)),
             write_permits: Arc::new(tokio::sync::Semaphore::new(CHUNK_WRITERS)),
-            held_permits: Arc::new(tokio::sync::Semaphore::new(HELD_CHUNKS)),
+            held_permits: Arc::new(tokio::sync::Semaphore::new(
+                (HELD_BYTES / config.chunk_bytes.max(1)).clamp(1, HELD_CHUNKS as u64) as usize,
+            )),
             started: AtomicBool::new(false),
             same_layout,
             ready: OnceCell::new(),
