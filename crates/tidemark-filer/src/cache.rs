@@ -223,7 +223,7 @@ struct Inner {
     housekeeping: tokio::sync::Mutex<()>,
     fetch_permits: Arc<tokio::sync::Semaphore>,
     write_permits: Arc<tokio::sync::Semaphore>,
-    /// Bounds the recorded chunks held in memory for their readers (`HELD_CHUNKS`).
+    /// Bounds the recorded chunks held in memory for their readers (`HELD_CHUNKS`, `HELD_BYTES`).
     held_permits: Arc<tokio::sync::Semaphore>,
     started: AtomicBool,
     /// Whether the chunks on record were laid out as this cache lays them out: the file

@@ -194,8 +194,9 @@ async fn a_slow_reader_takes_the_chunks_fetched_ahead_of_it_from_memory() {
     let mut got = Vec::new();
     while let Some(piece) = stream.next().await {
         got.extend_from_slice(&piece.unwrap());
-        // Time for the chunks ahead to be written, fsynced and recorded.
-        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        // Time for the chunks ahead to be written, fsynced and recorded (a few ms each here;
+        // eight ahead wait at most a quarter of the second the cache holds them).
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
     }
     assert_eq!(got, body);
     s.filer.cache().idle().await;
