@@ -54,7 +54,9 @@ impl Remotes {
             return Ok(s.clone());
         }
         let roots = self.local_roots.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let opening = std::time::Instant::now();
         let s = tidemark_cloud::open_storage(conf, bucket, &roots).await?;
+        tracing::debug!(storage = %conf.name, bucket, ms = opening.elapsed().as_secs_f64() * 1e3, "bucket client opened");
         self.clients.lock().map_err(|_| Error::internal("remote clients poisoned"))?.insert(key, s.clone());
         Ok(s)
     }
