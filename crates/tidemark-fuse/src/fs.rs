@@ -1867,35 +1867,35 @@ mod tests {
     /// files are not reachable from here: reading them goes off for the session).
     #[test]
     fn a_file_of_the_filers_is_opened_only_if_it_is_the_one_named() {
-        use std::os::unix::fs::MetadataExt;
+        use tidemark_core::filer::FileIdentity;
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("ab").join("object");
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, b"twelve bytes").unwrap();
-        let m = std::fs::metadata(&p).unwrap();
+        let id = FileIdentity::of(&std::fs::metadata(&p).unwrap());
         let named = |file: &std::path::Path, size: u64, ino: u64, cached: bool| Local {
             file: tidemark_core::filer::LocalFile {
                 file: file.display().to_string(),
                 version: 1,
                 size,
-                identity: Some(tidemark_core::filer::FileIdentity { dev: m.dev(), ino }),
+                identity: Some(FileIdentity { ino, ..id }),
             },
             cached,
         };
         for cached in [true, false] {
-            assert!(named(&p, 12, m.ino(), cached).open().unwrap().is_some(), "the file named");
+            assert!(named(&p, 12, id.ino, cached).open().unwrap().is_some(), "the file named");
         }
-        let (other, short) = (named(&p, 12, m.ino() + 1, true), named(&p, 11, m.ino(), true));
+        let (other, short) = (named(&p, 12, id.ino + 1, true), named(&p, 11, id.ino, true));
         assert!(
             other.open().unwrap().is_none() && short.open().unwrap().is_none(),
             "a cached object's file made again"
         );
-        assert!(named(&p, 12, m.ino() + 1, false).open().is_err(), "a blob that is another file");
+        assert!(named(&p, 12, id.ino + 1, false).open().is_err(), "a blob that is another file");
         let gone = dir.path().join("ab").join("gone");
-        assert!(named(&gone, 12, m.ino(), true).open().unwrap().is_none(), "a cached object's file gone");
-        assert!(named(&gone, 12, m.ino(), false).open().is_err(), "a blob gone");
+        assert!(named(&gone, 12, id.ino, true).open().unwrap().is_none(), "a cached object's file gone");
+        assert!(named(&gone, 12, id.ino, false).open().is_err(), "a blob gone");
         let elsewhere = dir.path().join("not-here").join("object");
-        assert!(named(&elsewhere, 12, m.ino(), true).open().is_err(), "a cache on another machine");
+        assert!(named(&elsewhere, 12, id.ino, true).open().is_err(), "a cache on another machine");
     }
 
     /// A read's answer is the bytes asked for wherever the frames' edges fall: a slice of the
