@@ -317,7 +317,7 @@ pub fn cache(stats: Result<&CacheStats, String>, filer: &str) -> String {
                     remote-backed file goes to its bucket.</p>");
     }
     let pct = |n: u64, d: u64| if d == 0 { "–".to_string() } else { format!("{:.1}%", n as f64 * 100.0 / d as f64) };
-    let rows: [(&str, &str, String); 11] = [
+    let rows: [(&str, &str, String); 12] = [
         ("resident", "Resident", format!("{} in {} chunks", human_bytes(s.resident_bytes), s.resident_chunks)),
         ("budget", "Budget (--cache-size)", human_bytes(s.budget_bytes)),
         ("use", "Use of the budget", pct(s.resident_bytes, s.budget_bytes)),
@@ -328,6 +328,7 @@ pub fn cache(stats: Result<&CacheStats, String>, filer: &str) -> String {
         ("fetched", "Bytes fetched from buckets", human_bytes(s.bytes_fetched)),
         ("evictions", "Evictions", format!("{} chunks ({})", s.evictions, human_bytes(s.evicted_bytes))),
         ("read-back", "Read back (chunks fetched ahead, then read from the disk)", s.read_back.to_string()),
+        ("resumed", "Resumed (GETs that went on where a bucket's stream broke)", s.resumed.to_string()),
         ("chunk", "Chunk size (--cache-chunk-size)", human_bytes(s.chunk_bytes)),
     ];
     b.push_str("<table id=\"cache\" style=\"width:auto\"><tbody>");
@@ -370,11 +371,13 @@ mod tests {
             hits: 3,
             misses: 1,
             read_back: 7,
+            resumed: 9,
             ..Default::default()
         };
         let html = cache(Ok(&used), "f");
         assert!(html.contains("50.0%") && html.contains("75.0%") && !html.contains("cache-off"), "{html}");
         assert!(html.contains("id=\"cache-read-back\"") && html.contains(">7<"), "{html}");
+        assert!(html.contains("id=\"cache-resumed\"") && html.contains(">9<"), "{html}");
         assert!(cache(Err("<unreachable>".into()), "f").contains("&lt;unreachable&gt;"));
     }
 }

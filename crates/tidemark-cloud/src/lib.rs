@@ -19,9 +19,18 @@ pub mod memory;
 pub mod receive_backoff;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_core::{RemoteStorage, Result};
+
+/// The deadline of one request to a bucket's or queue's REST API (the HTTP clients built here:
+/// Cloud Storage, Azure), from connecting to the end of the answer's body. Not for downloads: a
+/// GET of an object streams for as long as its reader reads.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a connection of those clients may bring nothing while a read waits on it (a
+/// download included) before it is given up as stalled; the filer resumes a download given up.
+pub(crate) const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The settings each kind of remote takes (`remote.configure -TYPE.SETTING=...`).
 pub fn known_settings(kind: StorageKind) -> &'static [(&'static str, &'static str)] {

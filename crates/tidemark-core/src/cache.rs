@@ -122,6 +122,10 @@ pub struct CacheStats {
     /// (a reader slower than the bucket for longer than the cache holds them).
     #[serde(default)]
     pub read_back: u64,
+    /// GETs that resumed a bucket's stream broken mid-object (from the first byte not yet
+    /// received, the same version), beside the `requests` that began them.
+    #[serde(default)]
+    pub resumed: u64,
     pub resident_bytes: u64,
     pub resident_chunks: u64,
     /// 0: the cache is off and every read goes to the bucket.

@@ -485,6 +485,7 @@ impl ContentCache {
             evictions: get(&c.evictions),
             evicted_bytes: get(&c.evicted_bytes),
             read_back: get(&c.read_back),
+            resumed: self.inner.remotes.resumed(),
             resident_bytes: get(&c.resident_bytes),
             resident_chunks: get(&c.resident_chunks),
             budget_bytes: self.inner.config.budget_bytes,
@@ -1134,8 +1135,10 @@ impl Inner {
         self.forget_flight(&key, &tx.subscribe());
     }
 
-    /// A chunk whose fetch failed: its readers get the error.
+    /// A chunk whose fetch failed: its readers get the error, and the log says it (a reader
+    /// past its first bytes sees only its stream end early).
     fn finish_failed(&self, id: &str, k: u64, tx: watch::Sender<Flight>, e: Error) {
+        tracing::warn!(chunk = k, error = %e, "a chunk's fetch from the bucket failed");
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         self.forget_flight(&(id.to_string(), k), &tx.subscribe());
         tx.send_replace(Flight::Done(Err(e)));

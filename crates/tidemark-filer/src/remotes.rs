@@ -2,7 +2,12 @@
 //! from the namespace, and keeping one storage client per configuration for lazy reads.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
 
 use serde::de::DeserializeOwned;
 
@@ -34,9 +39,16 @@ pub struct Remotes {
     given: Mutex<HashMap<(String, String), Arc<dyn RemoteStorage>>>,
     /// The local directories a local remote may serve (`--local-root`); none unless told.
     local_roots: Mutex<LocalRoots>,
+    /// GETs that resumed a stream broken mid-object (see [`Located::get`]).
+    resumed: Arc<AtomicU64>,
 }
 
 impl Remotes {
+    /// How many GETs resumed a stream that broke mid-object, since the filer started.
+    pub fn resumed(&self) -> u64 {
+        self.resumed.load(Ordering::Relaxed)
+    }
+
     /// Local remotes may serve these directories (and what lies below them) from now on.
     pub fn allow_local(&self, roots: LocalRoots) {
         *self.local_roots.lock().unwrap_or_else(|p| p.into_inner()) = roots;
@@ -88,6 +100,8 @@ impl Remotes {
             etag: recorded.etag.clone(),
             path: entry.path.clone(),
             mount_dir: mount.dir.clone(),
+            size: entry.size,
+            resumed: self.resumed.clone(),
         };
         if let Some(storage) = given {
             return Ok(located(storage));
@@ -111,44 +125,135 @@ impl Remotes {
     }
 }
 
+/// How a GET whose stream breaks mid-object goes on: from the first byte not yet received,
+/// with a ranged GET of the same version (a bucket's connections do break: resets, and stalls
+/// the storage's client gives up on). At most this many resumes in a row —
+/// "in a row" while less than `RESUME_PROGRESS` bytes arrived since the one before — waiting
+/// `RESUME_BACKOFF`, doubled each time, before each; then the read fails.
+const RESUMES_IN_A_ROW: u32 = 5;
+const RESUME_PROGRESS: u64 = 64 << 10;
+const RESUME_BACKOFF: Duration = Duration::from_millis(100);
+
 /// A remote-backed entry's object, found.
+#[derive(Clone)]
 pub struct Located {
     pub storage: Arc<dyn RemoteStorage>,
     pub key: String,
     pub etag: String,
     pub path: String,
     pub mount_dir: String,
+    /// The version's size, as the entry has it.
+    size: u64,
+    /// Counts the GETs that resumed a broken stream (the filer's, across its objects).
+    resumed: Arc<AtomicU64>,
 }
 
 impl Located {
-    /// A conditional GET of the entry's version, with errors that say what to do.
+    /// A conditional GET of the entry's version, with errors that say what to do. A stream
+    /// that breaks mid-object is resumed where it broke (see [`RESUMES_IN_A_ROW`]): the reader
+    /// sees one stream of the version's bytes, or an error.
     pub async fn get(&self, range: Option<ByteRange>) -> Result<ByteStream> {
-        match self.storage.get(&self.key, range, Some(&self.etag)).await {
-            Err(Error::PreconditionFailed { .. }) => Err(Error::Unavailable {
+        let stream = self.open(range).await.map_err(|e| self.explain(e))?;
+        let (pos, end) =
+            range.map_or((0, self.size), |r| (r.offset, r.length.map_or(self.size, |n| r.offset.saturating_add(n))));
+        let end = end.min(self.size);
+        let state = Resume { at: self.clone(), pos, end, stream, in_a_row: 0, since: 0 };
+        Ok(futures::stream::unfold(Some(state), |s| async move { s?.next().await }).boxed())
+    }
+
+    async fn open(&self, range: Option<ByteRange>) -> Result<ByteStream> {
+        self.storage.get(&self.key, range, Some(&self.etag)).await
+    }
+
+    /// A failed GET's error as the reader should see it: what happened, and what to do.
+    fn explain(&self, e: Error) -> Error {
+        match e {
+            Error::PreconditionFailed { .. } => Error::Unavailable {
                 message: format!(
                     "{}: the object changed in the bucket since it was last synced; run remote.meta.sync -dir={} (or wait for its event) and read again",
                     self.path, self.mount_dir
                 ),
-            }),
-            Err(Error::NotFound { .. }) => Err(Error::Unavailable {
+            },
+            Error::NotFound { .. } => Error::Unavailable {
                 message: format!(
                     "{}: the object is gone from the bucket; run remote.meta.sync -dir={} to drop the entry",
                     self.path, self.mount_dir
                 ),
-            }),
+            },
             // Not a failure to retry: the object must be restored first (the reader names the
             // entry's storage class).
-            Err(Error::Archived { storage_class, .. }) => {
-                Err(Error::Archived { path: self.path.clone(), storage_class })
-            }
-            Err(e) => Err(Error::Unavailable {
+            Error::Archived { storage_class, .. } => Error::Archived { path: self.path.clone(), storage_class },
+            e => Error::Unavailable {
                 message: format!(
                     "{}: not cached here, and its bucket {} could not be read: {e}",
                     self.path,
                     self.storage.describe()
                 ),
-            }),
-            Ok(s) => Ok(s),
+            },
+        }
+    }
+}
+
+/// A GET's stream, and where it is in the object.
+struct Resume {
+    at: Located,
+    /// The object's offset of the next byte, and the end of what was asked for.
+    pos: u64,
+    end: u64,
+    stream: ByteStream,
+    /// Breaks since `RESUME_PROGRESS` bytes last arrived, and the bytes since the last break.
+    in_a_row: u32,
+    since: u64,
+}
+
+impl Resume {
+    /// The next bytes, resuming the GET as often as it takes; `None` at the end (and after an
+    /// error, which ends the stream).
+    async fn next(mut self) -> Option<(std::io::Result<Bytes>, Option<Resume>)> {
+        loop {
+            let e = match self.stream.next().await {
+                Some(Ok(b)) => {
+                    self.pos += b.len() as u64;
+                    self.since += b.len() as u64;
+                    if self.since >= RESUME_PROGRESS {
+                        self.in_a_row = 0;
+                    }
+                    return Some((Ok(b), Some(self)));
+                }
+                None => return None,
+                Some(Err(e)) => e,
+            };
+            // Everything asked for came: what broke was past it.
+            if self.pos >= self.end {
+                return None;
+            }
+            self.in_a_row += 1;
+            if self.in_a_row > RESUMES_IN_A_ROW {
+                let n = self.in_a_row - 1;
+                let e =
+                    std::io::Error::other(format!("{e} (resumed {n} times in a row at byte {}; gave up)", self.pos));
+                return Some((Err(e), None));
+            }
+            tracing::warn!(path = %self.at.path, at = self.pos, error = %e, "the bucket's stream broke mid-object; resuming it with a ranged GET");
+            tokio::time::sleep(RESUME_BACKOFF * 2u32.pow(self.in_a_row - 1)).await;
+            self.since = 0;
+            let rest = ByteRange { offset: self.pos, length: Some(self.end - self.pos) };
+            match self.at.open(Some(rest)).await {
+                Ok(s) => {
+                    self.at.resumed.fetch_add(1, Ordering::Relaxed);
+                    self.stream = s;
+                }
+                // The object changed or went meanwhile: no other version's bytes follow these.
+                Err(e @ (Error::PreconditionFailed { .. } | Error::NotFound { .. } | Error::Archived { .. })) => {
+                    let e = self.at.explain(e);
+                    return Some((Err(std::io::Error::other(e.to_string())), None));
+                }
+                // Counted as another break.
+                Err(e) => {
+                    let e = std::io::Error::other(e.to_string());
+                    self.stream = futures::stream::once(futures::future::ready(Err(e))).boxed();
+                }
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ pub use azure_double::AzureArmDouble;
 pub use emulators::{Azurite, FakeGcs, Moto, Postgres, PubSub, unique_name};
 pub use gcp_double::GcpDouble;
 pub use process::{LogsOnFailure, TidemarkProcess, eventually, fails, free_port, ok, run_shell};
-pub use throttle::throttling_proxy;
+pub use throttle::{Shape, shaping_proxy, throttling_proxy};
 
 use tidemark_core::model::{ChangeRecord, Entry};
 

@@ -1,6 +1,7 @@
-//! A proxy that makes a bucket on loopback as slow per connection as a real one: a bucket
-//! serves one stream at roughly 80–100 MB/s, where an emulator on loopback is faster than any
-//! disk. Used by the benchmarks (`--throttle`) and by the tests of what a slow stream changes.
+//! A proxy that makes a bucket on loopback behave as a real one does: as slow per connection (a
+//! bucket serves one stream at roughly 80–100 MB/s, where an emulator on loopback is faster
+//! than any disk), or breaking connections mid-answer. Used by the benchmarks (`--throttle`)
+//! and by the tests of what a slow or broken stream changes.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -13,24 +14,41 @@ pub fn throttling_proxy(endpoint: &str, mib_s: f64) -> Result<SocketAddr, String
     if mib_s.is_nan() || mib_s <= 0.0 {
         return Err("--throttle must be a positive rate in MiB/s".into());
     }
+    shaping_proxy(endpoint, Shape { mib_s: Some(mib_s), cut_after: None })
+}
+
+/// What a [`shaping_proxy`] does to each connection's answers (requests pass as they are).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Shape {
+    /// At most this many MiB/s.
+    pub mib_s: Option<f64>,
+    /// The connection closed once it has sent this many bytes of answers, headers included: a
+    /// GET of more than that breaks mid-object, as a bucket's connections sometimes do.
+    pub cut_after: Option<u64>,
+}
+
+/// A TCP proxy on 127.0.0.1 in front of `endpoint` (`http://host:port`) that shapes each
+/// connection's answers as `shape` says. Its threads live as long as the process.
+pub fn shaping_proxy(endpoint: &str, shape: Shape) -> Result<SocketAddr, String> {
     let authority = endpoint.split("://").nth(1).unwrap_or(endpoint).trim_end_matches('/');
     let target = authority
         .to_socket_addrs()
         .map_err(|e| format!("--endpoint {endpoint}: {e}"))?
         .next()
         .ok_or_else(|| format!("--endpoint {endpoint}: no address"))?;
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("the throttling proxy: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| format!("the throttling proxy: {e}"))?;
-    let bytes_per_s = mib_s * 1024.0 * 1024.0;
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("the proxy: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| format!("the proxy: {e}"))?;
     std::thread::spawn(move || {
         for client in listener.incoming().flatten() {
-            std::thread::spawn(move || relay(client, target, bytes_per_s));
+            std::thread::spawn(move || relay(client, target, shape));
         }
     });
     Ok(addr)
 }
 
-fn relay(client: TcpStream, target: SocketAddr, bytes_per_s: f64) {
+fn relay(client: TcpStream, target: SocketAddr, shape: Shape) {
+    let bytes_per_s = shape.mib_s.map_or(f64::INFINITY, |m| m * 1024.0 * 1024.0);
+    let cut_after = shape.cut_after.unwrap_or(u64::MAX);
     let Ok(server) = TcpStream::connect(target) else { return };
     let _ = (client.set_nodelay(true), server.set_nodelay(true));
     let (Ok(mut cr), Ok(mut sw)) = (client.try_clone(), server.try_clone()) else { return };
@@ -41,12 +59,20 @@ fn relay(client: TcpStream, target: SocketAddr, bytes_per_s: f64) {
     let (mut sr, mut cw) = (server, client);
     let mut buf = vec![0u8; 64 << 10];
     let mut next = Instant::now();
+    let mut sent = 0u64;
     loop {
         let n = match sr.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        let n = n.min(usize::try_from(cut_after - sent).unwrap_or(usize::MAX));
         if cw.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        sent += n as u64;
+        if sent == cut_after {
+            // Both ways at once, as a reset connection: the client sees its answer end early.
+            let _ = (cw.shutdown(Shutdown::Both), sr.shutdown(Shutdown::Both));
             break;
         }
         let now = Instant::now();

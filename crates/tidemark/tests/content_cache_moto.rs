@@ -18,7 +18,7 @@ use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::cache::CacheStats;
 use tidemark_core::{Filer, RemoteStorage};
 use tidemark_filer::HttpFiler;
-use tidemark_testkit::{Moto, TidemarkProcess, eventually, fails, ok, run_shell, unique_name};
+use tidemark_testkit::{Moto, Shape, TidemarkProcess, eventually, fails, ok, run_shell, shaping_proxy, unique_name};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
@@ -200,6 +200,87 @@ async fn a_slow_stream_is_read_with_parallel_ranged_gets() {
     let requests = after.requests - before.requests;
     assert!(requests >= 4, "{requests} GETs for 64 chunks of a slow stream: {after:?}");
     eprintln!("4 MiB at 4 MiB/s per connection: {took:?} with {requests} GETs");
+}
+
+/// The bucket behind a proxy that shapes its answers (`shape`), as remote `s3`.
+fn through(w: &World, moto: &Moto, shape: Shape) {
+    let proxy = shaping_proxy(&moto.endpoint, shape).unwrap();
+    w.sh_ok(&format!(
+        "remote.configure -name=s3 -type=s3 -s3.endpoint=http://{proxy} -s3.access_key=testing -s3.secret_key=testing"
+    ));
+}
+
+/// A bucket whose connections break mid-answer (a proxy closing each after 300 KiB): each
+/// broken stream is resumed where it broke, with a ranged GET of the same version; the reader
+/// gets every byte once, in order, and the resumes are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_broken_mid_object_is_resumed_where_it_broke() {
+    let moto = Moto::get();
+    let w = world(&moto, &[]).await;
+    through(&w, &moto, Shape { cut_after: Some(300 << 10), ..Shape::default() });
+    let big = pattern(32 * CHUNK + 1000, 5);
+    w.put("cut/big.bin", &big).await;
+    w.sh_ok(&format!("remote.mount -dir=/mnt/cut -remote=s3/{}/cut", w.bucket));
+    let before = w.stats().await;
+    assert_eq!(w.read("/mnt/cut/big.bin").await, big);
+    w.settle("/mnt/cut/big.bin", big.len() as u64).await;
+    let after = w.stats().await;
+    let (resumed, begun) = (after.resumed - before.resumed, after.requests - before.requests);
+    // 2 MiB in connections of 300 KiB: seven GETs at least, whether begun or resumed (a stream
+    // that breaks looks slow, and may be split into parallel runs).
+    assert!(resumed >= 1 && resumed + begun >= 7, "{resumed} resumes, {begun} GETs begun: {after:?}");
+    assert_eq!(after.misses - before.misses, 33, "each chunk fetched once: {after:?}");
+    let metrics = reqwest::get(format!("http://{}/metrics", w.server.addr)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(&format!("tidemark_cache_resumed_total {}", after.resumed)), "{metrics}");
+}
+
+/// A stream that keeps breaking without bringing anything much (a proxy closing each
+/// connection after 2 KiB of its answer) is given up after five resumes in a row: the read
+/// fails, saying so, and does not hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_keeps_breaking_is_given_up() {
+    let moto = Moto::get();
+    let w = world(&moto, &[]).await;
+    w.put("cut/big.bin", &pattern(4 * CHUNK, 6)).await;
+    w.sh_ok(&format!("remote.mount -dir=/mnt/cut -remote=s3/{}/cut", w.bucket));
+    through(&w, &moto, Shape { cut_after: Some(2048), ..Shape::default() });
+    let t = Instant::now();
+    let err = w.filer.read("/mnt/cut/big.bin", None).await.err().expect("the read fails").to_string();
+    assert!(err.contains("mid-object") && err.contains("gave up"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(20), "given up in {:?}", t.elapsed());
+    assert_eq!(w.cached("/mnt/cut/big.bin").await, 0, "nothing cached of it");
+}
+
+/// An object overwritten in the bucket while its stream is broken: the resume asks for the
+/// version the entry describes, the bucket has another, and the read fails rather than go on
+/// with the other version's bytes; the server's log says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_never_goes_on_with_another_version() {
+    let moto = Moto::get();
+    let w = world(&moto, &[]).await;
+    let v1 = pattern(16 * CHUNK, 7);
+    w.put("cut/big.bin", &v1).await;
+    w.sh_ok(&format!("remote.mount -dir=/mnt/cut -remote=s3/{}/cut", w.bucket));
+    // Slow enough that the first connection breaks (at 320 KiB, 0.6 s) well after the overwrite.
+    through(&w, &moto, Shape { mib_s: Some(0.5), cut_after: Some(320 << 10) });
+    let (_, mut stream) = w.filer.read("/mnt/cut/big.bin", None).await.unwrap();
+    let first = stream.next().await.unwrap().unwrap();
+    assert_eq!(first[..], v1[..first.len()]);
+    w.put("cut/big.bin", &pattern(16 * CHUNK, 8)).await;
+    let mut got = first.to_vec();
+    let mut failed = false;
+    while let Some(part) = stream.next().await {
+        match part {
+            Ok(b) => got.extend_from_slice(&b),
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(failed, "the read failed ({} bytes came)", got.len());
+    assert!(got.len() < v1.len() && got[..] == v1[..got.len()], "only the first version's bytes came");
+    eventually("the server to say why", || w.server.stderr().contains("the object changed in the bucket"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -382,7 +382,10 @@ impl RemoteStorage for S3Storage {
 /// (`ReaderStream`'s default, which held a cold read of 256 MiB to ~500 MiB/s).
 pub fn body_stream(body: aws_sdk_s3::primitives::ByteStream) -> ByteStream {
     futures::stream::unfold(body, |mut body| async move {
-        body.next().await.map(|frame| (frame.map_err(std::io::Error::other), body))
+        // The error's causes too: on its own it says only "streaming error".
+        let frame = body.next().await?;
+        let frame = frame.map_err(|e| std::io::Error::other(aws_sdk_s3::error::DisplayErrorContext(&e).to_string()));
+        Some((frame, body))
     })
     .boxed()
 }

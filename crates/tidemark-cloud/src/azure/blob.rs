@@ -284,7 +284,7 @@ impl RemoteStorage for AzureBlobStorage {
             headers.push(("if-match", format!("\"{e}\"")));
         }
         let rb = self.client.request(Method::GET, &self.blob_path(key)?, &[], &headers, 0);
-        let resp = self.client.send(rb, "GetBlob", &self.target(key)).await?;
+        let resp = self.client.send_unbounded(rb, "GetBlob", &self.target(key)).await?;
         Ok(resp.bytes_stream().map_err(std::io::Error::other).boxed())
     }
 

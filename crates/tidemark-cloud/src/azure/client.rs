@@ -13,6 +13,8 @@ use sha2::Sha256;
 use tidemark_core::remote::RemoteConf;
 use tidemark_core::{Error, Result};
 
+use crate::{REQUEST_TIMEOUT, STALL_TIMEOUT};
+
 pub const API_VERSION: &str = "2021-08-06";
 
 /// Percent-encodes a blob or queue name for a URL path (keeping `/`). A `.` or `..` segment is
@@ -88,9 +90,11 @@ impl AzureClient {
                 )));
             }
         };
+        // No deadline for a whole request here: a download lasts as long as its blob takes (and
+        // its reader reads); [`Self::send`] gives every other request one.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(120))
+            .read_timeout(STALL_TIMEOUT)
             .build()
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         Ok(AzureClient { http, account: account.to_string(), endpoint, base_path, auth, remote: conf.name.clone() })
@@ -174,6 +178,12 @@ impl AzureClient {
 
     /// Sends; a non-success answer becomes an error naming `op` and `target`.
     pub async fn send(&self, rb: RequestBuilder, op: &str, target: &str) -> Result<Response> {
+        self.send_unbounded(rb.timeout(REQUEST_TIMEOUT), op, target).await
+    }
+
+    /// [`Self::send`] without its deadline: for a download, which ends only when its reader has
+    /// read it all (a stall still ends it: `STALL_TIMEOUT`).
+    pub async fn send_unbounded(&self, rb: RequestBuilder, op: &str, target: &str) -> Result<Response> {
         let resp = rb.send().await.map_err(|e| {
             let mut cause: &dyn std::error::Error = &e;
             while let Some(inner) = cause.source() {

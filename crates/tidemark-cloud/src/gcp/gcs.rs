@@ -14,6 +14,7 @@ use tidemark_core::remote::{ListPage, ObjectHeaders, RemoteConf, RemoteObject};
 use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result, parse_rfc3339_ms};
 
 use super::auth::{Auth, check, transport};
+use crate::{REQUEST_TIMEOUT, STALL_TIMEOUT};
 
 pub const SETTINGS: &[(&str, &str)] = &[
     (
@@ -121,9 +122,11 @@ impl GcsStorage {
         }
         let endpoint = conf.setting("endpoint").map(|e| e.trim_end_matches('/').to_string());
         let auth = Auth::from_conf(conf, endpoint.is_some())?;
+        // No deadline for a whole request here: a download lasts as long as its object takes
+        // (and its reader reads); [`Self::send`] gives every other request one.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(120))
+            .read_timeout(STALL_TIMEOUT)
             .build()
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         Ok(GcsStorage {
@@ -143,6 +146,12 @@ impl GcsStorage {
     }
 
     async fn send(&self, rb: reqwest::RequestBuilder, op: &str, target: &str) -> Result<reqwest::Response> {
+        self.send_unbounded(rb.timeout(REQUEST_TIMEOUT), op, target).await
+    }
+
+    /// [`Self::send`] without its deadline: for a download, which ends only when its reader has
+    /// read it all (a stall still ends it: `STALL_TIMEOUT`).
+    async fn send_unbounded(&self, rb: reqwest::RequestBuilder, op: &str, target: &str) -> Result<reqwest::Response> {
         let rb = self.auth.apply(&self.http, rb).await?;
         let resp = rb.send().await.map_err(|e| transport(op, target, &self.endpoint, e))?;
         check(resp, op, target).await
@@ -216,7 +225,7 @@ impl RemoteStorage for GcsStorage {
         if let Some(g) = if_etag {
             rb = rb.query(&[("ifGenerationMatch", g)]);
         }
-        let resp = self.send(rb, "GetObjectMedia", &self.target(key)).await?;
+        let resp = self.send_unbounded(rb, "GetObjectMedia", &self.target(key)).await?;
         // Also check the generation served, for servers that ignore ifGenerationMatch.
         if let Some(want) = if_etag
             && let Some(got) = resp.headers().get("x-goog-generation").and_then(|v| v.to_str().ok())
