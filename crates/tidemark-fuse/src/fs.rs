@@ -196,6 +196,10 @@ struct Handle {
     dirty: bool,
     /// Bytes read through this handle from the filer.
     reader: Option<Reader>,
+    /// A read of this handle, resumed, found the file changed since it began: the handle's
+    /// reads fail from then on (the kernel retries a failed read, and another stream would go
+    /// on with the new version's bytes after the old one's).
+    changed: Arc<AtomicBool>,
     /// The filer's file of the version opened, on this machine: read directly (the mount
     /// beside its filer, the kernel's requests answered without the filer's API).
     local: Option<std::fs::File>,
@@ -218,6 +222,7 @@ impl Handle {
             spool,
             dirty: false,
             reader: None,
+            changed: Arc::default(),
             local: None,
             unlinked: None,
             sealed: false,
@@ -920,21 +925,21 @@ impl TidemarkFs {
             // A read near the start opens a stream from 0: a file is most often read whole,
             // and the kernel's read-ahead may ask for a later offset before the first one.
             let r = if offset <= SKIP {
-                self.stream_from(&h.path, Reader::default())
+                self.stream_from(h, Reader::default())
             } else {
                 self.counters.reads.fetch_add(1, Ordering::Relaxed);
                 let range = ByteRange { offset, length: Some(BLOCK.min(e.size - offset)) };
-                let block =
-                    self.rt.block_on(read_range(self.filer.clone(), h.path.clone(), range, self.opts.timeout))?;
+                let block = self.rt.block_on(read_range(self.filer_read(h, range)))?;
                 let end = offset + block.len() as u64;
                 Reader { window: [block].into(), start: offset, end, stream: None }
             };
             h.reader = Some(r);
         }
-        let Some(r) = h.reader.as_mut() else { return Err(Errno::EIO) };
-        if end > r.end && r.stream.is_none() {
-            *r = self.stream_from(&h.path, std::mem::take(r));
+        if h.reader.as_ref().is_some_and(|r| end > r.end && r.stream.is_none()) {
+            let held = h.reader.take().unwrap_or_default();
+            h.reader = Some(self.stream_from(h, held));
         }
+        let Some(r) = h.reader.as_mut() else { return Err(Errno::EIO) };
         while r.end < end {
             let Some(Stream { rx, .. }) = r.stream.as_mut() else { break };
             // The timer is made inside the runtime: FUSE's threads are not its.
@@ -962,13 +967,18 @@ impl TidemarkFs {
     }
 
     /// `held` with a stream from its end to the end of the file, read ahead by a task.
-    fn stream_from(&self, p: &str, mut held: Reader) -> Reader {
+    fn stream_from(&self, h: &Handle, mut held: Reader) -> Reader {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::mpsc::channel(BATCHES_AHEAD);
         let range = ByteRange { offset: held.end, length: None };
-        let task = self.rt.spawn(pump(self.filer.clone(), p.to_string(), range, self.opts.timeout, tx));
+        let task = self.rt.spawn(pump(self.filer_read(h, range), tx));
         held.stream = Some(Stream { rx, task });
         held
+    }
+
+    /// A read of `range` of handle `h`'s file from the filer.
+    fn filer_read(&self, h: &Handle, range: ByteRange) -> FilerRead {
+        FilerRead::new(self.filer.clone(), h.path.clone(), range, self.opts.timeout, h.changed.clone())
     }
 }
 
@@ -1003,55 +1013,141 @@ fn read_failed(p: &str, timeout: Duration, e: Option<&Error>) -> Errno {
     }
 }
 
-/// Opens `range` of the file at `p` on the filer.
-async fn open_range(filer: &dyn Filer, p: &str, range: ByteRange, timeout: Duration) -> Result<ByteStream, Errno> {
-    match tokio::time::timeout(timeout, filer.read(p, Some(range))).await {
-        Ok(Ok((_, s))) => Ok(s),
-        Ok(Err(e)) => Err(read_failed(p, timeout, Some(&e))),
-        Err(_) => Err(read_failed(p, timeout, None)),
+/// A read of the filer's file at `p` from `pos` to `end` (`None`: the file's end), resumed where
+/// it broke: a stream that fails after it began (the filer restarted, its connection reset, a
+/// filer of the cluster went and the client moved to the next) is opened again from the first
+/// byte not yet received, if the file is still the version it began at — never the bytes of
+/// another version after those of one. At most `RESUMES_IN_A_ROW` times without `RESUME_PROGRESS`
+/// bytes between, `RESUME_BACKOFF` doubling between tries; an open the filer refuses (the file
+/// gone, not readable) is the read's error at once, and so is a filer that sends nothing for
+/// the whole timeout (resuming would wait as long again).
+struct FilerRead {
+    filer: Arc<dyn Filer>,
+    p: String,
+    pos: u64,
+    end: Option<u64>,
+    timeout: Duration,
+    /// The entry's version the read began at, once open.
+    version: Option<u64>,
+    /// Set when a resume found the file changed: the handle's reads fail from then on.
+    changed: Arc<AtomicBool>,
+    stream: Option<ByteStream>,
+    in_a_row: u32,
+    since: u64,
+}
+
+const RESUMES_IN_A_ROW: u32 = 4;
+const RESUME_PROGRESS: u64 = 64 << 10;
+const RESUME_BACKOFF: Duration = Duration::from_millis(200);
+
+impl FilerRead {
+    fn new(filer: Arc<dyn Filer>, p: String, range: ByteRange, timeout: Duration, changed: Arc<AtomicBool>) -> Self {
+        let end = range.length.map(|n| range.offset.saturating_add(n));
+        FilerRead {
+            filer,
+            p,
+            pos: range.offset,
+            end,
+            timeout,
+            version: None,
+            changed,
+            stream: None,
+            in_a_row: 0,
+            since: 0,
+        }
+    }
+
+    /// Opens the stream from `pos`, within the timeout. The error, and whether trying again
+    /// soon may succeed (the filer unreachable: not one that took the whole timeout).
+    async fn open(&mut self) -> Result<(), (Errno, bool)> {
+        if self.changed.load(Ordering::Relaxed) {
+            return Err((Errno::EIO, false));
+        }
+        let range = ByteRange { offset: self.pos, length: self.end.map(|e| e - self.pos) };
+        let (entry, stream) = match tokio::time::timeout(self.timeout, self.filer.read(&self.p, Some(range))).await {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(e)) => return Err((read_failed(&self.p, self.timeout, Some(&e)), e.is_retryable())),
+            Err(_) => return Err((read_failed(&self.p, self.timeout, None), false)),
+        };
+        match self.version {
+            Some(v) if v != entry.version => {
+                tracing::warn!(
+                    path = self.p,
+                    at = self.pos,
+                    "the file changed while its read was being resumed; reopen it to read the new version"
+                );
+                self.changed.store(true, Ordering::Relaxed);
+                return Err((Errno::EIO, false));
+            }
+            _ => self.version = Some(entry.version),
+        }
+        self.stream = Some(stream);
+        Ok(())
+    }
+
+    /// The next bytes; `None` at the end.
+    async fn next(&mut self) -> Result<Option<Bytes>, Errno> {
+        if self.stream.is_none() {
+            self.open().await.map_err(|(e, _)| e)?;
+        }
+        loop {
+            let Some(stream) = self.stream.as_mut() else { return Err(Errno::EIO) };
+            let mut e = match tokio::time::timeout(self.timeout, stream.next()).await {
+                Ok(Some(Ok(b))) => {
+                    self.pos += b.len() as u64;
+                    self.since += b.len() as u64;
+                    if self.since >= RESUME_PROGRESS {
+                        self.in_a_row = 0;
+                    }
+                    return Ok(Some(b));
+                }
+                Ok(None) => return Ok(None),
+                // The stream broke: resumed below.
+                Ok(Some(Err(e))) => read_failed(&self.p, self.timeout, Some(&Error::internal(e.to_string()))),
+                // The filer stopped sending for the whole timeout: the read's error (a resume
+                // would wait as long again).
+                Err(_) => return Err(read_failed(&self.p, self.timeout, None)),
+            };
+            self.stream = None;
+            loop {
+                self.in_a_row += 1;
+                if self.in_a_row > RESUMES_IN_A_ROW {
+                    tracing::warn!(
+                        path = self.p,
+                        at = self.pos,
+                        "read: gave up after {RESUMES_IN_A_ROW} resumes in a row"
+                    );
+                    return Err(e);
+                }
+                tokio::time::sleep(RESUME_BACKOFF * 2u32.pow(self.in_a_row - 1)).await;
+                tracing::info!(path = self.p, at = self.pos, "resuming the read where it broke");
+                self.since = 0;
+                match self.open().await {
+                    Ok(()) => break,
+                    Err((again, true)) => e = again,
+                    Err((e, false)) => return Err(e),
+                }
+            }
+        }
     }
 }
 
-/// The stream's next frame (`None` at its end), within `timeout`.
-async fn next_frame(stream: &mut ByteStream, p: &str, timeout: Duration) -> Result<Option<Bytes>, Errno> {
-    match tokio::time::timeout(timeout, stream.next()).await {
-        Ok(Some(Ok(b))) => Ok(Some(b)),
-        Ok(None) => Ok(None),
-        Ok(Some(Err(e))) => Err(read_failed(p, timeout, Some(&Error::internal(e.to_string())))),
-        Err(_) => Err(read_failed(p, timeout, None)),
-    }
-}
-
-/// `range` of the file at `p`, whole: one ranged read.
-async fn read_range(filer: Arc<dyn Filer>, p: String, range: ByteRange, timeout: Duration) -> Result<Bytes, Errno> {
-    let mut stream = open_range(&*filer, &p, range, timeout).await?;
-    let mut buf = BytesMut::with_capacity(range.length.unwrap_or(BLOCK) as usize);
-    while let Some(b) = next_frame(&mut stream, &p, timeout).await? {
+/// A ranged read, whole.
+async fn read_range(mut read: FilerRead) -> Result<Bytes, Errno> {
+    let mut buf = BytesMut::with_capacity(read.end.map_or(BLOCK, |e| e - read.pos) as usize);
+    while let Some(b) = read.next().await? {
         buf.extend_from_slice(&b);
     }
     Ok(buf.freeze())
 }
 
-/// Reads `range` of the file at `p` from the filer into `tx`, its frames in batches of about
+/// Reads `read` into `tx`, its frames in batches of about
 /// `BATCH` bytes, until the end, an error (sent on, after the bytes before it) or the reader
 /// going away.
-async fn pump(
-    filer: Arc<dyn Filer>,
-    p: String,
-    range: ByteRange,
-    timeout: Duration,
-    tx: tokio::sync::mpsc::Sender<Result<Vec<Bytes>, Errno>>,
-) {
-    let mut stream = match open_range(&*filer, &p, range, timeout).await {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = tx.send(Err(e)).await;
-            return;
-        }
-    };
+async fn pump(mut read: FilerRead, tx: tokio::sync::mpsc::Sender<Result<Vec<Bytes>, Errno>>) {
     let (mut batch, mut bytes) = (Vec::new(), 0);
     loop {
-        let frame = next_frame(&mut stream, &p, timeout).await;
+        let frame = read.next().await;
         if let Ok(Some(b)) = &frame {
             bytes += b.len();
             batch.push(b.clone());

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::RemoteStorage;
-use tidemark_testkit::{Moto, TidemarkProcess, eventually, free_port, ok, run_shell, unique_name};
+use tidemark_testkit::{
+    Moto, Shape, TidemarkProcess, eventually, free_port, ok, run_shell, shaping_proxy, unique_name,
+};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tidemark"))
@@ -607,6 +609,49 @@ fn a_lost_filer_is_eio_not_a_hang_and_a_killed_mount_is_reported() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("fusermount3 -u"), "{err}");
+}
+
+/// A read whose stream from the filer breaks (a proxy between the mount and its filer closes
+/// each connection after 1 MiB of answers, as a filer restarting or a reset would) is resumed
+/// where it broke: `cmp` finds every byte. A file changed before the resume fails the read with
+/// EIO instead of going on with the new version's bytes.
+#[test]
+fn a_read_whose_stream_breaks_is_resumed_and_never_mixes_versions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let t_s = t.to_str().unwrap().to_string();
+    let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off"]);
+    let shell = |cmd: &str| ok(run_shell(bin(), &server.addr, cmd, &[]));
+    let through = |shape: Shape, dir: &str| {
+        let proxy = shaping_proxy(&format!("http://{}", server.addr), shape).unwrap();
+        // Over TCP through the proxy: not the filer's socket, nor its files.
+        Mounted::start(&proxy.to_string(), &t.join(dir), &["--no-filer-socket", "--no-passthrough"])
+    };
+    sh(&format!("head -c 6000000 /dev/urandom > '{t_s}/v1' && head -c 6000000 /dev/urandom > '{t_s}/v2'"));
+    shell(&format!("fs.put {t_s}/v1 /f.bin"));
+
+    let cut = through(Shape { cut_after: Some(1 << 20), ..Default::default() }, "cut");
+    sh(&format!("cmp '{t_s}/v1' '{t_s}/cut/f.bin'"));
+    let log = cut.process.stderr();
+    assert!(log.matches("resuming the read where it broke").count() >= 5, "6 MB in connections of 1 MiB:\n{log}");
+
+    // Slow (1 MiB/s) as well, so the first connection breaks after the file changed.
+    let slow = through(Shape { mib_s: Some(1.0), cut_after: Some(1 << 20) }, "slow");
+    let v1 = std::fs::read(t.join("v1")).unwrap();
+    let mut f = std::fs::File::open(t.join("slow/f.bin")).unwrap();
+    let mut got = vec![0u8; 64 << 10];
+    std::io::Read::read_exact(&mut f, &mut got).unwrap();
+    shell(&format!("fs.put {t_s}/v2 /f.bin"));
+    let mut rest = Vec::new();
+    let r = std::io::Read::read_to_end(&mut f, &mut rest);
+    got.extend_from_slice(&rest);
+    assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::EIO), "the read fails ({} bytes came)", got.len());
+    let first_difference = got.iter().zip(&v1).position(|(a, b)| a != b);
+    assert!(got.len() < v1.len() && first_difference.is_none(), "only v1's bytes came: {first_difference:?}");
+    let log = slow.process.stderr();
+    assert!(log.contains("the file changed while its read was being resumed"), "{log}");
+    // Opened again, the new version reads whole.
+    sh(&format!("cmp '{t_s}/v2' '{t_s}/cut/f.bin'"));
 }
 
 /// What POSIX tools expect of a file system beyond reading and writing files: symbolic links
