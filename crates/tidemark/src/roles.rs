@@ -159,8 +159,9 @@ pub struct S3Args {
 
 #[derive(Args)]
 pub struct MountArgs {
-    /// The filer whose namespace is mounted.
-    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT", default_value = "127.0.0.1:8888")]
+    /// The filer whose namespace is mounted; several filers of one cluster (`A,B`): when one
+    /// cannot be reached, the next, and reads in progress resume there.
+    #[arg(long, env = "TIDEMARK_FILER", value_name = "HOST:PORT[,...]", default_value = "127.0.0.1:8888")]
     filer: String,
     /// An empty directory to mount on.
     #[arg(value_name = "MOUNTPOINT")]

@@ -2,7 +2,8 @@
 //! ordinary tools (ls, cat, cp -r, rsync -a, find, du, tar, git clone, Python, dd) whose
 //! results are compared byte for byte; a bucket on moto whose objects, put, overwritten and
 //! deleted there, show under the mount within seconds through events; and what happens when
-//! the filer goes away, comes back, or the mount process is killed.
+//! the filer goes away, comes back, breaks a read's stream, or is one of two and is killed
+//! mid-read, or when the mount process is killed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,7 +13,7 @@ use bytes::Bytes;
 use tidemark_cloud::aws::s3::S3Storage;
 use tidemark_core::RemoteStorage;
 use tidemark_testkit::{
-    Moto, Shape, TidemarkProcess, eventually, free_port, ok, run_shell, shaping_proxy, unique_name,
+    Moto, Postgres, Shape, TidemarkProcess, eventually, free_port, ok, run_shell, shaping_proxy, unique_name,
 };
 
 fn bin() -> &'static Path {
@@ -652,6 +653,62 @@ fn a_read_whose_stream_breaks_is_resumed_and_never_mixes_versions() {
     assert!(log.contains("the file changed while its read was being resumed"), "{log}");
     // Opened again, the new version reads whole.
     sh(&format!("cmp '{t_s}/v2' '{t_s}/cut/f.bin'"));
+}
+
+/// A mount of a cluster (`--filer A,B`: two filers on one PostgreSQL, file content on a blob
+/// store) reads on through the other filer when the one it reads from is SIGKILLed mid-read:
+/// every byte of a 64 MiB object, in order, and the mount works on through B.
+#[test]
+fn a_mount_of_two_filers_reads_on_when_one_is_killed_mid_read() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (moto, pg) = (Moto::get(), Postgres::get());
+    let store = pg.fresh_database("mountfo");
+    let (data, blobs) = (unique_name("mfo"), unique_name("mfob"));
+    let s3 = rt.block_on(S3Storage::connect(&moto.conf("s3"), &data)).unwrap();
+    for b in [&data, &blobs] {
+        rt.block_on(s3.client().create_bucket().bucket(b).send()).unwrap();
+    }
+    let blob_store = format!("s3://{blobs}?endpoint={}", moto.endpoint);
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let aws = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
+    let filer = |name: &str| {
+        let dir = t.join(name);
+        let args = [
+            "filer",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1:0",
+            "--store",
+            &store,
+            "--blob-store",
+            &blob_store,
+        ];
+        TidemarkProcess::start_with_env(bin(), &dir, &args, 1, &aws)
+    };
+    let (mut a, b) = (filer("a"), filer("b"));
+    let shell = |addr: &str, cmd: &str| ok(run_shell(bin(), addr, cmd, &[]));
+    shell(&a.addr, &moto.configure_command("s3"));
+    let big: Vec<u8> = (0..64u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    rt.block_on(s3.put("big.bin", Bytes::from(big.clone()), Default::default())).unwrap();
+    shell(&a.addr, &format!("remote.mount -dir=/mnt/data -remote=s3/{data}"));
+
+    let m = Mounted::start(&format!("{},{}", a.addr, b.addr), &t.join("mnt"), &["--no-filer-socket"]);
+    let mut f = std::fs::File::open(t.join("mnt/mnt/data/big.bin")).unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    std::io::Read::read_exact(&mut f, &mut got).unwrap();
+    // The mount reads ahead of this reader by about 16 MiB: the stream from A breaks well
+    // before its end.
+    a.kill();
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut rest).unwrap();
+    got.extend_from_slice(&rest);
+    assert!(got == big, "every byte, in order ({} of {})", got.len(), big.len());
+    let log = m.process.stderr();
+    assert!(log.contains("resuming the read where it broke") && log.contains("trying the next"), "{log}");
+    std::fs::write(t.join("mnt/after.txt"), b"through B").unwrap();
+    assert_eq!(shell(&b.addr, "fs.cat /after.txt"), "through B");
 }
 
 /// What POSIX tools expect of a file system beyond reading and writing files: symbolic links
