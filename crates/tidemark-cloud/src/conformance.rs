@@ -41,7 +41,8 @@ macro_rules! remote_storage_conformance {
             put_stat_get_round_trip, tricky_keys_list_in_byte_order_across_pages,
             prefix_and_start_after, ranged_and_conditional_reads, deletes, user_metadata_round_trip,
             directory_markers, hostile_keys_are_kept_verbatim_or_refused,
-            keys_xml_cannot_carry_list_with_the_others, headers_round_trip, copies_are_conditional);
+            keys_xml_cannot_carry_list_with_the_others, headers_round_trip, copies_are_conditional,
+            a_streamed_put_of_several_parts_is_the_object_whole, a_streamed_put_of_the_wrong_length_leaves_nothing);
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
@@ -305,5 +306,53 @@ pub async fn keys_xml_cannot_carry_list_with_the_others(h: &Harness) {
     for k in keys {
         assert_eq!(read(s, k, None).await, k.as_bytes(), "{k:?} reads back");
         assert!(s.stat(k).await.unwrap().is_some(), "{k:?} stats");
+    }
+}
+
+/// A body in pieces of an odd size, as a file read streams.
+fn pieces(body: &[u8]) -> tidemark_core::ByteStream {
+    let parts: Vec<std::io::Result<Bytes>> = body.chunks(100_003).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    futures::stream::iter(parts).boxed()
+}
+
+/// A streamed put larger than an upload's part (two parts and a bit: S3 multipart, Azure
+/// blocks, a Cloud Storage resumable upload) is the object whole, with its headers and
+/// metadata; one smaller than a part is one put.
+pub async fn a_streamed_put_of_several_parts_is_the_object_whole(h: &Harness) {
+    let s = &*h.storage;
+    let body: Vec<u8> =
+        (0..2 * crate::PART + 12_345).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_be_bytes()[0]).collect();
+    let mut meta = BTreeMap::new();
+    meta.insert("tidemark-version".to_string(), "7".to_string());
+    let headers =
+        tidemark_core::remote::ObjectHeaders { content_type: Some("application/x-big".into()), ..Default::default() };
+    let o = s.put_stream("big/parts.bin", pieces(&body), body.len() as u64, meta.clone(), &headers).await.unwrap();
+    assert_eq!(o.size, body.len() as u64);
+    assert!(read(s, "big/parts.bin", None).await == body, "the bytes, whole and in order");
+    let stat = s.stat("big/parts.bin").await.unwrap().unwrap();
+    assert_eq!((stat.size, &stat.etag), (o.size, &o.etag), "the object the put returned");
+    if h.caps.user_metadata {
+        assert_eq!(stat.user_metadata.as_ref(), Some(&meta));
+    }
+    if h.caps.headers {
+        assert_eq!(stat.headers.and_then(|h| h.content_type).as_deref(), Some("application/x-big"));
+    }
+    let small = &body[..1000];
+    s.put_stream("big/small.bin", pieces(small), 1000, BTreeMap::new(), &Default::default()).await.unwrap();
+    assert_eq!(read(s, "big/small.bin", None).await, small);
+}
+
+/// A streamed put whose body is not the length it said (a file that changed while it was
+/// read) fails, and leaves no object.
+pub async fn a_streamed_put_of_the_wrong_length_leaves_nothing(h: &Harness) {
+    let s = &*h.storage;
+    let body = vec![7u8; crate::PART + 1000];
+    for (key, said) in
+        [("short/large", body.len() as u64 + 5), ("long/large", body.len() as u64 - 5), ("short/small", 2000)]
+    {
+        let given = if key.ends_with("small") { &body[..1000] } else { &body[..] };
+        let err = s.put_stream(key, pieces(given), said, BTreeMap::new(), &Default::default()).await.unwrap_err();
+        assert!(err.to_string().contains(&format!("a put of {said} bytes")), "{key}: {err}");
+        assert!(s.stat(key).await.unwrap().is_none(), "{key}: nothing stored");
     }
 }

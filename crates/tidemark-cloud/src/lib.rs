@@ -24,6 +24,23 @@ use std::time::Duration;
 use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_core::{RemoteStorage, Result};
 
+/// An upload in parts (S3 multipart, Azure blocks, a Cloud Storage resumable upload): its first
+/// parts are this large (S3 wants 5 MiB at least, all but the last; Cloud Storage multiples of
+/// 256 KiB). Parts double in size every [`PARTS_PER_SIZE`] parts, so the 10,000 parts S3 allows
+/// carry any object it allows (5 TiB) while small files stay a few parts.
+pub const PART: usize = 8 * 1024 * 1024;
+const PARTS_PER_SIZE: i32 = 1000;
+
+/// The size of part `number` (from 1).
+pub fn part_size(number: i32) -> usize {
+    PART << ((number - 1) / PARTS_PER_SIZE).clamp(0, 9)
+}
+
+/// Parts uploaded at once where the store takes them in any order: a few streams beat one
+/// against a bucket that serves each stream at a bounded rate; memory is at most this many
+/// parts (and one being filled).
+pub const PARTS_IN_FLIGHT: usize = 4;
+
 /// The deadline of one request to a bucket's or queue's REST API (the HTTP clients built here:
 /// Cloud Storage, Azure), from connecting to the end of the answer's body. Not for downloads: a
 /// GET of an object streams for as long as its reader reads.

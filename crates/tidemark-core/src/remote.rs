@@ -140,6 +140,24 @@ pub trait RemoteStorage: Send + Sync + 'static {
         self.put(key, body, metadata).await
     }
 
+    /// [`put_with_headers`](Self::put_with_headers) of a body that streams: `size` bytes, read
+    /// as they are sent. Providers whose objects may be larger than one request carries, or
+    /// than memory should hold, upload a large body in parts (S3 multipart, Azure blocks, a
+    /// Cloud Storage resumable upload), a few parts in memory at a time; the object appears
+    /// whole or not at all. A body of another length than `size` fails the put and leaves
+    /// nothing. This default gathers the body and puts it in one request.
+    async fn put_stream(
+        &self,
+        key: &str,
+        body: ByteStream,
+        size: u64,
+        metadata: BTreeMap<String, String>,
+        headers: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
+        let body = gather(body, size, key).await?;
+        self.put_with_headers(key, body, metadata, headers).await
+    }
+
     /// Deleting a missing key is not an error.
     async fn delete(&self, key: &str) -> Result<()>;
 
@@ -362,6 +380,56 @@ pub mod system_paths {
     pub fn tombstone(path: &str) -> String {
         format!("{TOMBSTONES_DIR}/{}.json", path.replace('%', "%25").replace('/', "%2F"))
     }
+}
+
+/// All of `body`, which must be `size` bytes (a put of another length than the caller said
+/// would store something else than it meant).
+pub async fn gather(mut body: ByteStream, size: u64, key: &str) -> Result<Bytes> {
+    use futures::StreamExt;
+    let mut buf = bytes::BytesMut::with_capacity(usize::try_from(size).unwrap_or(0).min(64 << 20));
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk.map_err(|e| crate::Error::io(format!("reading the bytes for {key}"), e))?);
+    }
+    if buf.len() as u64 != size {
+        return Err(wrong_length(key, size, buf.len() as u64));
+    }
+    Ok(buf.freeze())
+}
+
+/// Reads from `body` into `buf` until it holds `want` bytes or the body ends, and takes them:
+/// the next part of an upload in parts (`None` once nothing is left). `taken` counts the bytes
+/// taken so far, and the body may not bring more than `size`.
+pub async fn next_part(
+    body: &mut ByteStream,
+    buf: &mut bytes::BytesMut,
+    want: usize,
+    taken: &mut u64,
+    size: u64,
+    key: &str,
+) -> Result<Option<Bytes>> {
+    use futures::StreamExt;
+    while buf.len() < want {
+        match body.next().await {
+            Some(chunk) => {
+                buf.extend_from_slice(&chunk.map_err(|e| crate::Error::io(format!("reading the bytes for {key}"), e))?)
+            }
+            None => break,
+        }
+    }
+    let part = buf.split_to(buf.len().min(want)).freeze();
+    *taken += part.len() as u64;
+    if *taken > size {
+        return Err(wrong_length(key, size, *taken));
+    }
+    Ok((!part.is_empty()).then_some(part))
+}
+
+/// A body of another length than its put said.
+pub fn wrong_length(key: &str, size: u64, got: u64) -> crate::Error {
+    crate::Error::invalid_argument(format!(
+        "{key}: a put of {size} bytes got {got}{}",
+        if got > size { " or more" } else { "" }
+    ))
 }
 
 #[cfg(test)]

@@ -9,16 +9,13 @@
 //! object's etag, size and time are recorded in the entry with a write conditional on the version
 //! uploaded (a newer local write in the meantime keeps the entry dirty, to be uploaded in turn).
 
-use bytes::BytesMut;
-use futures::StreamExt;
-
 use tidemark_core::decide::{
     DecideCtx, RemoteSide, is_entrys_pending_upload, is_locally_dirty, is_pending_upload, upload_metadata,
 };
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::{ChangeRecord, Content, Entry, Origin, Precondition, RemoteEntry, Txn, object_attrs};
 use tidemark_core::remote::{Mount, ObjectHeaders};
-use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
+use tidemark_core::{ByteStream, Clock, Error, Filer, RemoteStorage, Result};
 
 /// What one change-log record led to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,7 +219,7 @@ pub async fn sync_record(
             let object = match object {
                 Some(o) => o,
                 None => {
-                    let body = match read_all(filer, &entry).await {
+                    let body = match open_read(filer, &entry).await {
                         Ok(Some(b)) => b,
                         Ok(None) => return Ok(OutboundOutcome::Nothing), // changed again: the newer record uploads it
                         Err(e) => {
@@ -235,7 +232,9 @@ pub async fn sync_record(
                         }
                     };
                     cx.keep_what_reads(&entry).await?;
-                    storage.put_with_headers(&key, body, meta, &headers).await?
+                    // Streamed, in parts where the store takes them: a large file is never
+                    // whole in memory, nor bound by the largest single request.
+                    storage.put_stream(&key, body, entry.size, meta, &headers).await?
                 }
             };
             let mut synced = entry.to_new();
@@ -354,7 +353,7 @@ impl Ctx<'_> {
     async fn localize(&self, x: Entry) -> Result<()> {
         let (filer, storage, map) = (self.filer, self.storage, &self.map);
         let from = moved_from(&x).unwrap_or_default().to_string();
-        let bytes = match read_all(filer, &x).await {
+        let body = match open_read(filer, &x).await {
             Ok(Some(b)) => b,
             Ok(None) => {
                 return Err(Error::Unavailable {
@@ -368,7 +367,6 @@ impl Ctx<'_> {
                 return Err(e);
             }
         };
-        let body = futures::stream::once(async move { Ok(bytes) }).boxed();
         let opts = tidemark_core::WriteOptions {
             precondition: Precondition::Version(x.version),
             mode: Some(x.mode),
@@ -485,17 +483,10 @@ fn moved_from(e: &Entry) -> Option<&str> {
     e.remote.as_ref().and_then(|r| r.moved_from.as_deref())
 }
 
-/// The entry's bytes, if it is still at the version stat'ed.
-async fn read_all(filer: &dyn Filer, entry: &Entry) -> Result<Option<bytes::Bytes>> {
-    let (read, mut stream) = filer.read(&entry.path, None).await?;
-    if read.version != entry.version {
-        return Ok(None);
-    }
-    let mut body = BytesMut::with_capacity(read.size as usize);
-    while let Some(chunk) = stream.next().await {
-        body.extend_from_slice(&chunk.map_err(|e| Error::io(format!("reading {}", entry.path), e))?);
-    }
-    Ok(Some(body.freeze()))
+/// The entry's bytes as a stream, if it is still at the version stat'ed.
+async fn open_read(filer: &dyn Filer, entry: &Entry) -> Result<Option<ByteStream>> {
+    let (read, stream) = filer.read(&entry.path, None).await?;
+    Ok((read.version == entry.version).then_some(stream))
 }
 
 /// Whether a renamed entry's object is no longer at its old key as recorded (deleted there, or

@@ -18,21 +18,10 @@ use futures::StreamExt;
 use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_core::{ByteRange, ByteStream, Error, Result};
 
+pub use tidemark_cloud::aws::s3::part_size;
+use tidemark_cloud::aws::s3::{PART, PARTS_IN_FLIGHT};
+
 use crate::blobs::{BlobPage, Md5Pipe, Stored, StoredContent};
-
-/// A multipart upload's first parts: S3's minimum is 5 MiB (all but the last). Parts double in
-/// size every [`PARTS_PER_SIZE`] parts, so the 10,000 parts S3 allows carry any object it
-/// allows (5 TiB) while small files stay a few parts.
-pub const PART: usize = 8 * 1024 * 1024;
-const PARTS_PER_SIZE: i32 = 1000;
-
-/// The size of part `number` (from 1).
-pub fn part_size(number: i32) -> usize {
-    PART << ((number - 1) / PARTS_PER_SIZE).clamp(0, 9)
-}
-/// Parts uploaded at once: a few streams beat one against a bucket that serves each stream at a
-/// bounded rate; memory is at most this many parts (and one being filled).
-const PARTS_IN_FLIGHT: usize = 4;
 
 /// `--blob-store s3://BUCKET[/PREFIX][?endpoint=URL&region=R&force_path_style=true]`.
 #[derive(Debug, Clone, PartialEq, Eq)]

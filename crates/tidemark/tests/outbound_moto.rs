@@ -148,3 +148,43 @@ async fn uploads_echoes_deletes_and_resumes() {
     // The cursor is written just after the batch's uploads.
     wait_for("the cursor to move", || async { cursor(&server.addr) > cursor_before }).await;
 }
+
+/// A file larger than an upload's part goes to the bucket as a multipart upload, streamed from
+/// the filer (never whole in memory, nor bound by S3's 5 GiB single PUT): the object is the
+/// file's bytes, its etag a multipart one, and its metadata says whose upload it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_file_is_uploaded_in_parts() {
+    let moto = Moto::get();
+    let bucket = unique_name("obig");
+    let s3 = S3Storage::connect(&moto.conf("s3"), &bucket).await.unwrap();
+    s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| ok(run_shell(bin(), &server.addr, cmd, &[]));
+    sh(&moto.configure_command("s3"));
+    sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}"));
+    sh("remote.sync.enable -dir=/mnt/data");
+    let body: Vec<u8> = (0..20_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let local = tmp.path().join("big.bin");
+    std::fs::write(&local, &body).unwrap();
+    sh(&format!("fs.put {} /mnt/data/big.bin", local.display()));
+
+    wait_for("the upload", || async { s3.stat("big.bin").await.unwrap().is_some() }).await;
+    let obj = s3.stat("big.bin").await.unwrap().unwrap();
+    assert_eq!(obj.size, body.len() as u64);
+    assert!(obj.etag.ends_with("-3"), "three parts of 8 MiB at most: {}", obj.etag);
+    assert!(obj.user_metadata.unwrap_or_default().contains_key("tidemark-origin"), "whose upload it is");
+    let got: Vec<bytes::Bytes> = futures::StreamExt::collect::<Vec<_>>(s3.get("big.bin", None, None).await.unwrap())
+        .await
+        .into_iter()
+        .map(|c| c.unwrap())
+        .collect();
+    assert!(got.concat() == body, "the file's bytes");
+    // The entry records the object uploaded.
+    let filer = HttpFiler::new(&server.addr, None).unwrap();
+    wait_for("the entry to record the upload", || async {
+        let e = filer.stat("/mnt/data/big.bin").await.unwrap().unwrap();
+        e.remote.is_some_and(|r| r.etag == obj.etag)
+    })
+    .await;
+}

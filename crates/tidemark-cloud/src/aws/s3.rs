@@ -15,6 +15,8 @@ use futures::StreamExt;
 use tidemark_core::remote::{ListPage, ObjectHeaders, RemoteConf, RemoteObject, normalize_etag};
 use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result};
 
+pub use crate::{PART, PARTS_IN_FLIGHT, part_size};
+
 /// Sets what a reader gets back about an object (its headers and user metadata) on a PutObject
 /// or CopyObject request: their builders have the same setters but no common type.
 macro_rules! with_object_headers {
@@ -328,6 +330,101 @@ impl RemoteStorage for S3Storage {
         self.stat(key)
             .await?
             .ok_or_else(|| Error::internal(format!("s3://{}/{key}: missing right after PutObject", self.bucket)))
+    }
+
+    /// A body larger than one part goes up as a multipart upload: parts of `PART` bytes (growing,
+    /// see [`part_size`]: S3's smallest part is 5 MiB, its most parts 10,000), `PARTS_IN_FLIGHT` at once, in memory only while they are sent; the
+    /// headers and metadata are given at its creation. The object appears when the upload is
+    /// completed; on any failure it is aborted, and nothing is left.
+    async fn put_stream(
+        &self,
+        key: &str,
+        mut body: ByteStream,
+        size: u64,
+        metadata: BTreeMap<String, String>,
+        headers: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
+        if size <= PART as u64 {
+            let body = tidemark_core::remote::gather(body, size, key).await?;
+            return self.put_with_headers(key, body, metadata, headers).await;
+        }
+        let create = self.client.create_multipart_upload().bucket(&self.bucket).key(key);
+        let created = with_object_headers!(create, headers, metadata)
+            .send()
+            .await
+            .map_err(|e| self.error("CreateMultipartUpload", key, e))?;
+        let upload_id = created.upload_id().unwrap_or_default().to_string();
+        let result: Result<()> = async {
+            let mut taken = 0u64;
+            let mut buf = bytes::BytesMut::new();
+            let mut number = 0;
+            let mut parts = Vec::new();
+            let mut inflight = futures::stream::FuturesOrdered::new();
+            let mut ended = false;
+            loop {
+                let next = if ended || inflight.len() >= PARTS_IN_FLIGHT {
+                    None
+                } else {
+                    let want = part_size(number + 1);
+                    let part =
+                        tidemark_core::remote::next_part(&mut body, &mut buf, want, &mut taken, size, key).await?;
+                    // A part shorter than asked is the last (the body ended).
+                    ended = part.as_ref().is_none_or(|p| p.len() < want);
+                    number += i32::from(part.is_some());
+                    part
+                };
+                match next {
+                    Some(part) => {
+                        let req = self
+                            .client
+                            .upload_part()
+                            .bucket(&self.bucket)
+                            .key(key)
+                            .upload_id(&upload_id)
+                            .part_number(number)
+                            .body(AwsBody::from(part));
+                        inflight.push_back(async move { (number, req.send().await) });
+                    }
+                    None => match inflight.next().await {
+                        Some((n, sent)) => {
+                            let out = sent.map_err(|e| self.error("UploadPart", key, e))?;
+                            parts.push(
+                                aws_sdk_s3::types::CompletedPart::builder()
+                                    .part_number(n)
+                                    .e_tag(out.e_tag().unwrap_or_default())
+                                    .build(),
+                            );
+                        }
+                        None => break,
+                    },
+                }
+            }
+            if taken != size {
+                return Err(tidemark_core::remote::wrong_length(key, size, taken));
+            }
+            let completed = aws_sdk_s3::types::CompletedMultipartUpload::builder().set_parts(Some(parts)).build();
+            self.client
+                .complete_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(&upload_id)
+                .multipart_upload(completed)
+                .send()
+                .await
+                .map_err(|e| self.error("CompleteMultipartUpload", key, e))?;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            let abort = self.client.abort_multipart_upload().bucket(&self.bucket).key(key).upload_id(&upload_id);
+            if let Err(a) = abort.send().await {
+                tracing::warn!(key, error = %aws_sdk_s3::error::DisplayErrorContext(&a), "aborting a failed multipart upload failed; the bucket's lifecycle rule for incomplete uploads removes its parts");
+            }
+            return Err(e);
+        }
+        self.stat(key).await?.ok_or_else(|| {
+            Error::internal(format!("s3://{}/{key}: missing right after CompleteMultipartUpload", self.bucket))
+        })
     }
 
     /// CopyObject: the bytes stay in the bucket (up to 5 GiB, CopyObject's limit; the caller

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use reqwest::Method;
@@ -299,29 +301,77 @@ impl RemoteStorage for AzureBlobStorage {
         metadata: BTreeMap<String, String>,
         blob: &ObjectHeaders,
     ) -> Result<RemoteObject> {
-        let mut headers = vec![("x-ms-blob-type", "BlockBlob".to_string())];
-        for (name, value) in [
-            ("x-ms-blob-content-type", &blob.content_type),
-            ("x-ms-blob-content-encoding", &blob.content_encoding),
-            ("x-ms-blob-content-disposition", &blob.content_disposition),
-            ("x-ms-blob-content-language", &blob.content_language),
-            ("x-ms-blob-cache-control", &blob.cache_control),
-        ] {
-            if let Some(v) = value {
-                headers.push((name, v.clone()));
-            }
-        }
-        let meta: Vec<(String, String)> =
-            metadata.into_iter().map(|(k, v)| (format!("x-ms-meta-{}", meta_name_to_azure(&k)), v)).collect();
-        for (k, v) in &meta {
-            headers.push((k.as_str(), v.clone()));
-        }
+        let meta = meta_headers(metadata);
+        let mut headers = blob_headers(blob, &meta);
+        headers.push(("x-ms-blob-type", "BlockBlob".to_string()));
         let len = body.len() as u64;
         let rb = self.client.request(Method::PUT, &self.blob_path(key)?, &[], &headers, len).body(body);
         self.client.send(rb, "PutBlob", &self.target(key)).await?;
         self.stat(key)
             .await?
             .ok_or_else(|| Error::internal(format!("{}: missing right after PutBlob", self.target(key))))
+    }
+
+    /// A body larger than one part goes up as blocks (Put Block, `PARTS_IN_FLIGHT` at once, in
+    /// memory only while they are sent) committed by one Put Block List that carries the headers
+    /// and metadata: the blob appears whole when the list commits. Blocks never committed are
+    /// dropped by the service (within a week).
+    async fn put_stream(
+        &self,
+        key: &str,
+        mut body: ByteStream,
+        size: u64,
+        metadata: BTreeMap<String, String>,
+        blob: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
+        if size <= crate::PART as u64 {
+            let body = tidemark_core::remote::gather(body, size, key).await?;
+            return self.put_with_headers(key, body, metadata, blob).await;
+        }
+        let (path, target) = (self.blob_path(key)?, self.target(key));
+        let (mut taken, mut buf, mut number, mut ended) = (0u64, bytes::BytesMut::new(), 0i32, false);
+        let mut ids = Vec::new();
+        let mut inflight = futures::stream::FuturesUnordered::new();
+        loop {
+            if !ended && inflight.len() < crate::PARTS_IN_FLIGHT {
+                let want = crate::part_size(number + 1);
+                let part = tidemark_core::remote::next_part(&mut body, &mut buf, want, &mut taken, size, key).await?;
+                ended = part.as_ref().is_none_or(|p| p.len() < want);
+                if let Some(part) = part {
+                    number += 1;
+                    // Every id of a blob has the same length.
+                    let id = STANDARD.encode(format!("tidemark-block-{number:08}"));
+                    let len = part.len() as u64;
+                    let query = [("comp", "block".to_string()), ("blockid", id.clone())];
+                    let rb = self.client.request(Method::PUT, &path, &query, &[], len).body(part);
+                    inflight.push(self.client.send(rb, "PutBlock", &target));
+                    ids.push(id);
+                    continue;
+                }
+            }
+            match inflight.next().await {
+                Some(sent) => {
+                    sent?;
+                }
+                None => break,
+            }
+        }
+        if taken != size {
+            return Err(tidemark_core::remote::wrong_length(key, size, taken));
+        }
+        let mut list = String::from("<?xml version=\"1.0\" encoding=\"utf-8\"?><BlockList>");
+        for id in &ids {
+            list.push_str(&format!("<Latest>{id}</Latest>"));
+        }
+        list.push_str("</BlockList>");
+        let meta = meta_headers(metadata);
+        let headers = blob_headers(blob, &meta);
+        let query = [("comp", "blocklist".to_string())];
+        let rb = self.client.request(Method::PUT, &path, &query, &headers, list.len() as u64).body(list);
+        self.client.send(rb, "PutBlockList", &self.target(key)).await?;
+        self.stat(key)
+            .await?
+            .ok_or_else(|| Error::internal(format!("{}: missing right after PutBlockList", self.target(key))))
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
@@ -331,6 +381,32 @@ impl RemoteStorage for AzureBlobStorage {
             Err(e) => Err(e),
         }
     }
+}
+
+/// User metadata as Azure's `x-ms-meta-*` headers.
+fn meta_headers(metadata: BTreeMap<String, String>) -> Vec<(String, String)> {
+    metadata.into_iter().map(|(k, v)| (format!("x-ms-meta-{}", meta_name_to_azure(&k)), v)).collect()
+}
+
+/// The headers that set a blob's properties (`x-ms-blob-content-type`, ...) and its metadata,
+/// on Put Blob and on Put Block List.
+fn blob_headers<'a>(blob: &ObjectHeaders, meta: &'a [(String, String)]) -> Vec<(&'a str, String)> {
+    let mut headers = Vec::new();
+    for (name, value) in [
+        ("x-ms-blob-content-type", &blob.content_type),
+        ("x-ms-blob-content-encoding", &blob.content_encoding),
+        ("x-ms-blob-content-disposition", &blob.content_disposition),
+        ("x-ms-blob-content-language", &blob.content_language),
+        ("x-ms-blob-cache-control", &blob.cache_control),
+    ] {
+        if let Some(v) = value {
+            headers.push((name, v.clone()));
+        }
+    }
+    for (k, v) in meta {
+        headers.push((k.as_str(), v.clone()));
+    }
+    headers
 }
 
 #[cfg(test)]
