@@ -436,6 +436,53 @@ pub fn wrong_length(key: &str, size: u64, got: u64) -> crate::Error {
 mod tests {
     use super::*;
 
+    fn stream_of(pieces: &[usize]) -> ByteStream {
+        use futures::StreamExt;
+        let mut n = 0u8;
+        let parts: Vec<std::io::Result<Bytes>> = pieces
+            .iter()
+            .map(|&len| {
+                let b: Vec<u8> = (0..len)
+                    .map(|_| {
+                        n = n.wrapping_add(1);
+                        n
+                    })
+                    .collect();
+                Ok(Bytes::from(b))
+            })
+            .collect();
+        futures::stream::iter(parts).boxed()
+    }
+
+    /// The parts an upload in parts takes from a body: pieces straddling parts are split, the
+    /// last part is what is left, and a body longer than said is refused before it is sent.
+    #[tokio::test]
+    async fn a_body_is_cut_into_parts_of_the_size_asked() {
+        for (pieces, want, size, expect) in [
+            (vec![3, 3, 3, 1], 4, 10, vec![4, 4, 2]),
+            (vec![8], 4, 8, vec![4, 4]),
+            (vec![1, 1, 1, 1, 1], 10, 5, vec![5]),
+            (vec![], 4, 0, vec![]),
+        ] {
+            let mut body = stream_of(&pieces);
+            let (mut buf, mut taken, mut got, mut all) = (bytes::BytesMut::new(), 0, Vec::new(), Vec::new());
+            while let Some(p) = next_part(&mut body, &mut buf, want, &mut taken, size, "k").await.unwrap() {
+                got.push(p.len());
+                all.extend_from_slice(&p);
+            }
+            assert_eq!((got, taken), (expect, size), "{pieces:?} in parts of {want}");
+            assert_eq!(all, (1..=size as u8).collect::<Vec<_>>(), "every byte once, in order");
+        }
+        let mut body = stream_of(&[6, 6]);
+        let (mut buf, mut taken) = (bytes::BytesMut::new(), 0);
+        assert!(next_part(&mut body, &mut buf, 4, &mut taken, 10, "k").await.is_ok());
+        assert!(next_part(&mut body, &mut buf, 4, &mut taken, 10, "k").await.is_ok());
+        let err = next_part(&mut body, &mut buf, 4, &mut taken, 10, "k").await.unwrap_err();
+        assert!(err.to_string().contains("a put of 10 bytes got 12 or more"), "{err}");
+        let err = gather(stream_of(&[3]), 4, "k").await.unwrap_err();
+        assert!(err.to_string().contains("a put of 4 bytes got 3"), "{err}");
+    }
+
     #[test]
     fn etags_normalise() {
         assert_eq!(normalize_etag("\"abc\""), "abc");
