@@ -41,6 +41,69 @@ pub fn part_size(number: i32) -> usize {
 /// parts (and one being filled).
 pub const PARTS_IN_FLIGHT: usize = 4;
 
+/// Sends `body` (`size` bytes) in parts of [`part_size`], each with `send(number, part)` as a
+/// task of its own — so that the parts in flight go on while the next one is read — at most
+/// `PARTS_IN_FLIGHT` at once; their answers in the parts' order, once every part is sent. On
+/// any failure (a part's, the body's, another length than `size`) the parts still in flight
+/// are stopped and the error returned: the caller abandons the upload.
+pub(crate) async fn send_parts<T, Fut>(
+    body: &mut tidemark_core::ByteStream,
+    size: u64,
+    key: &str,
+    send: impl Fn(i32, bytes::Bytes) -> Fut,
+) -> tidemark_core::Result<Vec<T>>
+where
+    Fut: std::future::Future<Output = tidemark_core::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut inflight = std::collections::VecDeque::new();
+    let sent = send_all_parts(body, size, key, &send, &mut inflight).await;
+    if sent.is_err() {
+        for part in &inflight {
+            part.abort();
+        }
+    }
+    sent
+}
+
+async fn send_all_parts<T, Fut>(
+    body: &mut tidemark_core::ByteStream,
+    size: u64,
+    key: &str,
+    send: &impl Fn(i32, bytes::Bytes) -> Fut,
+    inflight: &mut std::collections::VecDeque<tokio::task::JoinHandle<tidemark_core::Result<T>>>,
+) -> tidemark_core::Result<Vec<T>>
+where
+    Fut: std::future::Future<Output = tidemark_core::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    use tidemark_core::remote::{next_part, wrong_length};
+    let (mut taken, mut buf, mut number, mut done) = (0u64, bytes::BytesMut::new(), 0i32, Vec::new());
+    loop {
+        let want = part_size(number + 1);
+        let part = next_part(body, &mut buf, want, &mut taken, size, key).await?;
+        // A part shorter than asked is the last: the body ended.
+        let ended = part.as_ref().is_none_or(|p| p.len() < want);
+        if let Some(part) = part {
+            number += 1;
+            inflight.push_back(tokio::spawn(send(number, part)));
+        }
+        while inflight.len() >= PARTS_IN_FLIGHT || (ended && !inflight.is_empty()) {
+            let Some(first) = inflight.pop_front() else { break };
+            let answer =
+                first.await.map_err(|e| tidemark_core::Error::internal(format!("{key}: a part's upload: {e}")))?;
+            done.push(answer?);
+        }
+        if ended {
+            break;
+        }
+    }
+    if taken != size {
+        return Err(wrong_length(key, size, taken));
+    }
+    Ok(done)
+}
+
 /// The deadline of one request to a bucket's or queue's REST API (the HTTP clients built here:
 /// Cloud Storage, Azure), from connecting to the end of the answer's body. Not for downloads: a
 /// GET of an object streams for as long as its reader reads.

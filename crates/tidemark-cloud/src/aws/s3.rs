@@ -332,10 +332,11 @@ impl RemoteStorage for S3Storage {
             .ok_or_else(|| Error::internal(format!("s3://{}/{key}: missing right after PutObject", self.bucket)))
     }
 
-    /// A body larger than one part goes up as a multipart upload: parts of `PART` bytes (growing,
-    /// see [`part_size`]: S3's smallest part is 5 MiB, its most parts 10,000), `PARTS_IN_FLIGHT` at once, in memory only while they are sent; the
-    /// headers and metadata are given at its creation. The object appears when the upload is
-    /// completed; on any failure it is aborted, and nothing is left.
+    /// A body larger than one part goes up as a multipart upload: parts of `PART` bytes
+    /// (growing, see [`part_size`]: S3's smallest part is 5 MiB, its most parts 10,000),
+    /// `PARTS_IN_FLIGHT` at once, in memory only while they are sent; the headers and metadata
+    /// are given at its creation. The object appears when the upload is completed; on any
+    /// failure it is aborted, and nothing is left.
     async fn put_stream(
         &self,
         key: &str,
@@ -355,53 +356,25 @@ impl RemoteStorage for S3Storage {
             .map_err(|e| self.error("CreateMultipartUpload", key, e))?;
         let upload_id = created.upload_id().unwrap_or_default().to_string();
         let result: Result<()> = async {
-            let mut taken = 0u64;
-            let mut buf = bytes::BytesMut::new();
-            let mut number = 0;
-            let mut parts = Vec::new();
-            let mut inflight = futures::stream::FuturesOrdered::new();
-            let mut ended = false;
-            loop {
-                let next = if ended || inflight.len() >= PARTS_IN_FLIGHT {
-                    None
-                } else {
-                    let want = part_size(number + 1);
-                    let part =
-                        tidemark_core::remote::next_part(&mut body, &mut buf, want, &mut taken, size, key).await?;
-                    // A part shorter than asked is the last (the body ended).
-                    ended = part.as_ref().is_none_or(|p| p.len() < want);
-                    number += i32::from(part.is_some());
-                    part
-                };
-                match next {
-                    Some(part) => {
-                        let req = self
-                            .client
-                            .upload_part()
-                            .bucket(&self.bucket)
-                            .key(key)
-                            .upload_id(&upload_id)
-                            .part_number(number)
-                            .body(AwsBody::from(part));
-                        inflight.push_back(async move { (number, req.send().await) });
-                    }
-                    None => match inflight.next().await {
-                        Some((n, sent)) => {
-                            let out = sent.map_err(|e| self.error("UploadPart", key, e))?;
-                            parts.push(
-                                aws_sdk_s3::types::CompletedPart::builder()
-                                    .part_number(n)
-                                    .e_tag(out.e_tag().unwrap_or_default())
-                                    .build(),
-                            );
-                        }
-                        None => break,
-                    },
+            let parts = crate::send_parts(&mut body, size, key, |number, part| {
+                let (this, key, upload_id) = (self.clone(), key.to_string(), upload_id.clone());
+                async move {
+                    let req = this
+                        .client
+                        .upload_part()
+                        .bucket(&this.bucket)
+                        .key(&key)
+                        .upload_id(upload_id)
+                        .part_number(number)
+                        .body(AwsBody::from(part));
+                    let out = req.send().await.map_err(|e| this.error("UploadPart", &key, e))?;
+                    Ok(aws_sdk_s3::types::CompletedPart::builder()
+                        .part_number(number)
+                        .e_tag(out.e_tag().unwrap_or_default())
+                        .build())
                 }
-            }
-            if taken != size {
-                return Err(tidemark_core::remote::wrong_length(key, size, taken));
-            }
+            })
+            .await?;
             let completed = aws_sdk_s3::types::CompletedMultipartUpload::builder().set_parts(Some(parts)).build();
             self.client
                 .complete_multipart_upload()

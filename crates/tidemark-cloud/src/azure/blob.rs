@@ -329,36 +329,19 @@ impl RemoteStorage for AzureBlobStorage {
             return self.put_with_headers(key, body, metadata, blob).await;
         }
         let (path, target) = (self.blob_path(key)?, self.target(key));
-        let (mut taken, mut buf, mut number, mut ended) = (0u64, bytes::BytesMut::new(), 0i32, false);
-        let mut ids = Vec::new();
-        let mut inflight = futures::stream::FuturesUnordered::new();
-        loop {
-            if !ended && inflight.len() < crate::PARTS_IN_FLIGHT {
-                let want = crate::part_size(number + 1);
-                let part = tidemark_core::remote::next_part(&mut body, &mut buf, want, &mut taken, size, key).await?;
-                ended = part.as_ref().is_none_or(|p| p.len() < want);
-                if let Some(part) = part {
-                    number += 1;
-                    // Every id of a blob has the same length.
-                    let id = STANDARD.encode(format!("tidemark-block-{number:08}"));
-                    let len = part.len() as u64;
-                    let query = [("comp", "block".to_string()), ("blockid", id.clone())];
-                    let rb = self.client.request(Method::PUT, &path, &query, &[], len).body(part);
-                    inflight.push(self.client.send(rb, "PutBlock", &target));
-                    ids.push(id);
-                    continue;
-                }
+        let ids = crate::send_parts(&mut body, size, key, |number, part| {
+            let (client, path, target) = (self.client.clone(), path.clone(), target.clone());
+            async move {
+                // Every id of a blob has the same length.
+                let id = STANDARD.encode(format!("tidemark-block-{number:08}"));
+                let len = part.len() as u64;
+                let query = [("comp", "block".to_string()), ("blockid", id.clone())];
+                let rb = client.request(Method::PUT, &path, &query, &[], len).body(part);
+                client.send(rb, "PutBlock", &target).await?;
+                Ok(id)
             }
-            match inflight.next().await {
-                Some(sent) => {
-                    sent?;
-                }
-                None => break,
-            }
-        }
-        if taken != size {
-            return Err(tidemark_core::remote::wrong_length(key, size, taken));
-        }
+        })
+        .await?;
         let mut list = String::from("<?xml version=\"1.0\" encoding=\"utf-8\"?><BlockList>");
         for id in &ids {
             list.push_str(&format!("<Latest>{id}</Latest>"));
