@@ -24,21 +24,7 @@ use std::time::Duration;
 use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_core::{RemoteStorage, Result};
 
-/// An upload in parts (S3 multipart, Azure blocks, a Cloud Storage resumable upload): its first
-/// parts are this large (S3 wants 5 MiB at least, all but the last; Cloud Storage multiples of
-/// 256 KiB). Parts double in size every [`PARTS_PER_SIZE`] parts, so the 10,000 parts S3 allows
-/// carry any object it allows (5 TiB) while small files stay a few parts.
-pub const PART: usize = 8 * 1024 * 1024;
-const PARTS_PER_SIZE: i32 = 1000;
-
-/// The largest part: Azure's largest block (S3's largest part is 5 GiB). With it the 10,000
-/// parts still carry 7.7 TiB.
-const MAX_PART: usize = 4000 * 1024 * 1024;
-
-/// The size of part `number` (from 1).
-pub fn part_size(number: i32) -> usize {
-    (PART << ((number - 1) / PARTS_PER_SIZE).clamp(0, 9)).min(MAX_PART)
-}
+pub use tidemark_core::remote::{PART, part_size};
 
 /// Parts uploaded at once where the store takes them in any order: a few streams beat one
 /// against a bucket that serves each stream at a bounded rate; memory is at most this many
@@ -208,18 +194,5 @@ pub async fn open_storage(
         StorageKind::Local => Ok(Arc::new(local::LocalStorage::open(conf, bucket, roots)?)),
         StorageKind::Azure => Ok(Arc::new(azure::AzureBlobStorage::open(conf, bucket)?)),
         StorageKind::Gcs => Ok(Arc::new(gcp::GcsStorage::open(conf, bucket)?)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parts_grow_so_ten_thousand_carry_five_tebibytes() {
-        assert_eq!((part_size(1), part_size(1000), part_size(1001)), (PART, PART, 2 * PART));
-        let total: u64 = (1..=10_000).map(|n| part_size(n) as u64).sum();
-        assert!(total >= 5 << 40, "{total}");
-        assert!(part_size(10_000) <= 4000 << 20, "Azure's largest block is 4000 MiB, S3's largest part 5 GiB");
     }
 }

@@ -141,12 +141,29 @@ pub trait RemoteStorage: Send + Sync + 'static {
     }
 
     /// [`put_with_headers`](Self::put_with_headers) of a body that streams: `size` bytes, read
-    /// as they are sent. Providers whose objects may be larger than one request carries, or
-    /// than memory should hold, upload a large body in parts (S3 multipart, Azure blocks, a
-    /// Cloud Storage resumable upload), a few parts in memory at a time; the object appears
-    /// whole or not at all. A body of another length than `size` fails the put and leaves
-    /// nothing. This default gathers the body and puts it in one request.
+    /// as they are sent. One of [`PART`] bytes or less is gathered and put in one request; a
+    /// larger one goes to [`put_in_parts`](Self::put_in_parts). The object appears whole or not
+    /// at all; a body of another length than `size` fails the put and leaves nothing.
     async fn put_stream(
+        &self,
+        key: &str,
+        body: ByteStream,
+        size: u64,
+        metadata: BTreeMap<String, String>,
+        headers: &ObjectHeaders,
+    ) -> Result<RemoteObject> {
+        if size > PART as u64 {
+            return self.put_in_parts(key, body, size, metadata, headers).await;
+        }
+        let body = gather(body, size, key).await?;
+        self.put_with_headers(key, body, metadata, headers).await
+    }
+
+    /// [`put_stream`](Self::put_stream) of a body larger than [`PART`]. Providers whose objects
+    /// may be larger than one request carries, or than memory should hold, upload it in parts
+    /// (S3 multipart, Azure blocks, a Cloud Storage resumable upload; see [`part_size`]), a few
+    /// parts in memory at a time. This default gathers the body and puts it in one request.
+    async fn put_in_parts(
         &self,
         key: &str,
         body: ByteStream,
@@ -382,6 +399,22 @@ pub mod system_paths {
     }
 }
 
+/// An upload in parts (S3 multipart, Azure blocks, a Cloud Storage resumable upload): its first
+/// parts are this large (S3 wants 5 MiB at least, all but the last; Cloud Storage multiples of
+/// 256 KiB). Parts double in size every [`PARTS_PER_SIZE`] parts, so the 10,000 parts S3 allows
+/// carry any object it allows (5 TiB) while small files stay a few parts.
+pub const PART: usize = 8 * 1024 * 1024;
+const PARTS_PER_SIZE: i32 = 1000;
+
+/// The largest part: Azure's largest block (S3's largest part is 5 GiB). With it the 10,000
+/// parts still carry 7.7 TiB.
+const MAX_PART: usize = 4000 * 1024 * 1024;
+
+/// The size of part `number` (from 1).
+pub fn part_size(number: i32) -> usize {
+    (PART << ((number - 1) / PARTS_PER_SIZE).clamp(0, 9)).min(MAX_PART)
+}
+
 /// All of `body`, which must be `size` bytes (a put of another length than the caller said
 /// would store something else than it meant).
 pub async fn gather(mut body: ByteStream, size: u64, key: &str) -> Result<Bytes> {
@@ -452,6 +485,14 @@ mod tests {
             })
             .collect();
         futures::stream::iter(parts).boxed()
+    }
+
+    #[test]
+    fn parts_grow_so_ten_thousand_carry_five_tebibytes() {
+        assert_eq!((part_size(1), part_size(1000), part_size(1001)), (PART, PART, 2 * PART));
+        let total: u64 = (1..=10_000).map(|n| part_size(n) as u64).sum();
+        assert!(total >= 5 << 40, "{total}");
+        assert!(part_size(10_000) <= 4000 << 20, "Azure's largest block is 4000 MiB, S3's largest part 5 GiB");
     }
 
     /// The parts an upload in parts takes from a body: pieces straddling parts are split, the

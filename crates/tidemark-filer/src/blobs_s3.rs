@@ -18,8 +18,8 @@ use futures::StreamExt;
 use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_core::{ByteRange, ByteStream, Error, Result};
 
-pub use tidemark_cloud::aws::s3::part_size;
-use tidemark_cloud::aws::s3::{PART, PARTS_IN_FLIGHT};
+pub use tidemark_cloud::part_size;
+use tidemark_cloud::{PART, PARTS_IN_FLIGHT};
 
 use crate::blobs::{BlobPage, Md5Pipe, Stored, StoredContent};
 

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use tidemark_cloud::local::LocalRoots;
 
+use tidemark_core::backoff::Resumes;
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::Entry;
 use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
@@ -127,11 +128,9 @@ impl Remotes {
 
 /// How a GET whose stream breaks mid-object goes on: from the first byte not yet received,
 /// with a ranged GET of the same version (a bucket's connections do break: resets, and stalls
-/// the storage's client gives up on). At most this many resumes in a row —
-/// "in a row" while less than `RESUME_PROGRESS` bytes arrived since the one before — waiting
-/// `RESUME_BACKOFF`, doubled each time, before each; then the read fails.
+/// the storage's client gives up on). At most this many resumes in a row (see [`Resumes`]),
+/// waiting `RESUME_BACKOFF`, doubled each time, before each; then the read fails.
 const RESUMES_IN_A_ROW: u32 = 5;
-const RESUME_PROGRESS: u64 = 64 << 10;
 const RESUME_BACKOFF: Duration = Duration::from_millis(100);
 
 /// A remote-backed entry's object, found.
@@ -157,7 +156,8 @@ impl Located {
         let (pos, end) =
             range.map_or((0, self.size), |r| (r.offset, r.length.map_or(self.size, |n| r.offset.saturating_add(n))));
         let end = end.min(self.size);
-        let state = Resume { at: self.clone(), pos, end, stream, in_a_row: 0, since: 0 };
+        let resumes = Resumes::new(RESUME_BACKOFF, RESUMES_IN_A_ROW);
+        let state = Resume { at: self.clone(), pos, end, stream, resumes };
         Ok(futures::stream::unfold(Some(state), |s| async move { s?.next().await }).boxed())
     }
 
@@ -201,9 +201,7 @@ struct Resume {
     pos: u64,
     end: u64,
     stream: ByteStream,
-    /// Breaks since `RESUME_PROGRESS` bytes last arrived, and the bytes since the last break.
-    in_a_row: u32,
-    since: u64,
+    resumes: Resumes,
 }
 
 impl Resume {
@@ -214,10 +212,7 @@ impl Resume {
             let e = match self.stream.next().await {
                 Some(Ok(b)) => {
                     self.pos += b.len() as u64;
-                    self.since += b.len() as u64;
-                    if self.since >= RESUME_PROGRESS {
-                        self.in_a_row = 0;
-                    }
+                    self.resumes.got(b.len() as u64);
                     return Some((Ok(b), Some(self)));
                 }
                 None => return None,
@@ -227,16 +222,14 @@ impl Resume {
             if self.pos >= self.end {
                 return None;
             }
-            self.in_a_row += 1;
-            if self.in_a_row > RESUMES_IN_A_ROW {
-                let n = self.in_a_row - 1;
+            let Some(wait) = self.resumes.broke() else {
+                let n = self.resumes.in_a_row();
                 let e =
                     std::io::Error::other(format!("{e} (resumed {n} times in a row at byte {}; gave up)", self.pos));
                 return Some((Err(e), None));
-            }
+            };
             tracing::warn!(path = %self.at.path, at = self.pos, error = %e, "the bucket's stream broke mid-object; resuming it with a ranged GET");
-            tokio::time::sleep(RESUME_BACKOFF * 2u32.pow(self.in_a_row - 1)).await;
-            self.since = 0;
+            tokio::time::sleep(wait).await;
             let rest = ByteRange { offset: self.pos, length: Some(self.end - self.pos) };
             match self.at.open(Some(rest)).await {
                 Ok(s) => {

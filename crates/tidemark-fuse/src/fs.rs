@@ -21,6 +21,7 @@ use fuser::{
 };
 use futures::StreamExt;
 
+use tidemark_core::backoff::Resumes;
 use tidemark_core::model::{Content, EntryKind, INODES_DIR, NewEntry, Origin, Precondition, Txn, inode_path};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Entry, Error, Filer, WriteOptions, path};
 
@@ -1017,8 +1018,8 @@ fn read_failed(p: &str, timeout: Duration, e: Option<&Error>) -> Errno {
 /// it broke: a stream that fails after it began (the filer restarted, its connection reset, a
 /// filer of the cluster went and the client moved to the next) is opened again from the first
 /// byte not yet received, if the file is still the version it began at — never the bytes of
-/// another version after those of one. At most `RESUMES_IN_A_ROW` times without `RESUME_PROGRESS`
-/// bytes between, `RESUME_BACKOFF` doubling between tries; an open the filer refuses (the file
+/// another version after those of one. At most `RESUMES_IN_A_ROW` times in a row (see
+/// [`Resumes`]), `RESUME_BACKOFF` doubling between tries; an open the filer refuses (the file
 /// gone, not readable) is the read's error at once, and so is a filer that sends nothing for
 /// the whole timeout (resuming would wait as long again).
 struct FilerRead {
@@ -1032,12 +1033,10 @@ struct FilerRead {
     /// Set when a resume found the file changed: the handle's reads fail from then on.
     changed: Arc<AtomicBool>,
     stream: Option<ByteStream>,
-    in_a_row: u32,
-    since: u64,
+    resumes: Resumes,
 }
 
 const RESUMES_IN_A_ROW: u32 = 4;
-const RESUME_PROGRESS: u64 = 64 << 10;
 const RESUME_BACKOFF: Duration = Duration::from_millis(200);
 
 impl FilerRead {
@@ -1052,8 +1051,7 @@ impl FilerRead {
             version: None,
             changed,
             stream: None,
-            in_a_row: 0,
-            since: 0,
+            resumes: Resumes::new(RESUME_BACKOFF, RESUMES_IN_A_ROW),
         }
     }
 
@@ -1095,10 +1093,7 @@ impl FilerRead {
             let mut e = match tokio::time::timeout(self.timeout, stream.next()).await {
                 Ok(Some(Ok(b))) => {
                     self.pos += b.len() as u64;
-                    self.since += b.len() as u64;
-                    if self.since >= RESUME_PROGRESS {
-                        self.in_a_row = 0;
-                    }
+                    self.resumes.got(b.len() as u64);
                     return Ok(Some(b));
                 }
                 Ok(None) => return Ok(None),
@@ -1110,18 +1105,16 @@ impl FilerRead {
             };
             self.stream = None;
             loop {
-                self.in_a_row += 1;
-                if self.in_a_row > RESUMES_IN_A_ROW {
+                let Some(wait) = self.resumes.broke() else {
                     tracing::warn!(
                         path = self.p,
                         at = self.pos,
                         "read: gave up after {RESUMES_IN_A_ROW} resumes in a row"
                     );
                     return Err(e);
-                }
-                tokio::time::sleep(RESUME_BACKOFF * 2u32.pow(self.in_a_row - 1)).await;
+                };
+                tokio::time::sleep(wait).await;
                 tracing::info!(path = self.p, at = self.pos, "resuming the read where it broke");
-                self.since = 0;
                 match self.open().await {
                     Ok(()) => break,
                     Err((again, true)) => e = again,

@@ -15,8 +15,6 @@ use futures::StreamExt;
 use tidemark_core::remote::{ListPage, ObjectHeaders, RemoteConf, RemoteObject, normalize_etag};
 use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result};
 
-pub use crate::{PART, PARTS_IN_FLIGHT, part_size};
-
 /// Sets what a reader gets back about an object (its headers and user metadata) on a PutObject
 /// or CopyObject request: their builders have the same setters but no common type.
 macro_rules! with_object_headers {
@@ -332,12 +330,12 @@ impl RemoteStorage for S3Storage {
             .ok_or_else(|| Error::internal(format!("s3://{}/{key}: missing right after PutObject", self.bucket)))
     }
 
-    /// A body larger than one part goes up as a multipart upload: parts of `PART` bytes
-    /// (growing, see [`part_size`]: S3's smallest part is 5 MiB, its most parts 10,000),
+    /// The body goes up as a multipart upload: parts of `PART` bytes
+    /// (growing, see [`crate::part_size`]: S3's smallest part is 5 MiB, its most parts 10,000),
     /// `PARTS_IN_FLIGHT` at once, in memory only while they are sent; the headers and metadata
     /// are given at its creation. The object appears when the upload is completed; on any
     /// failure it is aborted, and nothing is left.
-    async fn put_stream(
+    async fn put_in_parts(
         &self,
         key: &str,
         mut body: ByteStream,
@@ -345,10 +343,6 @@ impl RemoteStorage for S3Storage {
         metadata: BTreeMap<String, String>,
         headers: &ObjectHeaders,
     ) -> Result<RemoteObject> {
-        if size <= PART as u64 {
-            let body = tidemark_core::remote::gather(body, size, key).await?;
-            return self.put_with_headers(key, body, metadata, headers).await;
-        }
         let create = self.client.create_multipart_upload().bucket(&self.bucket).key(key);
         let created = with_object_headers!(create, headers, metadata)
             .send()

@@ -312,11 +312,11 @@ impl RemoteStorage for AzureBlobStorage {
             .ok_or_else(|| Error::internal(format!("{}: missing right after PutBlob", self.target(key))))
     }
 
-    /// A body larger than one part goes up as blocks (Put Block, `PARTS_IN_FLIGHT` at once, in
+    /// The body goes up as blocks (Put Block, `PARTS_IN_FLIGHT` at once, in
     /// memory only while they are sent) committed by one Put Block List that carries the headers
     /// and metadata: the blob appears whole when the list commits. Blocks never committed are
     /// dropped by the service (within a week).
-    async fn put_stream(
+    async fn put_in_parts(
         &self,
         key: &str,
         mut body: ByteStream,
@@ -324,10 +324,6 @@ impl RemoteStorage for AzureBlobStorage {
         metadata: BTreeMap<String, String>,
         blob: &ObjectHeaders,
     ) -> Result<RemoteObject> {
-        if size <= crate::PART as u64 {
-            let body = tidemark_core::remote::gather(body, size, key).await?;
-            return self.put_with_headers(key, body, metadata, blob).await;
-        }
         let (path, target) = (self.blob_path(key)?, self.target(key));
         let ids = crate::send_parts(&mut body, size, key, |number, part| {
             let (client, path, target) = (self.client.clone(), path.clone(), target.clone());
@@ -351,10 +347,8 @@ impl RemoteStorage for AzureBlobStorage {
         let headers = blob_headers(blob, &meta);
         let query = [("comp", "blocklist".to_string())];
         let rb = self.client.request(Method::PUT, &path, &query, &headers, list.len() as u64).body(list);
-        self.client.send(rb, "PutBlockList", &self.target(key)).await?;
-        self.stat(key)
-            .await?
-            .ok_or_else(|| Error::internal(format!("{}: missing right after PutBlockList", self.target(key))))
+        self.client.send(rb, "PutBlockList", &target).await?;
+        self.stat(key).await?.ok_or_else(|| Error::internal(format!("{target}: missing right after PutBlockList")))
     }
 
     async fn delete(&self, key: &str) -> Result<()> {

@@ -269,11 +269,11 @@ impl RemoteStorage for GcsStorage {
         Ok(r.into_object(true))
     }
 
-    /// A body larger than one part goes up as a resumable upload: a session begun with the
+    /// The body goes up as a resumable upload: a session begun with the
     /// object's metadata, then its parts in order (`PART` bytes, growing; multiples of 256 KiB
     /// as Cloud Storage wants), one in memory at a time. The object appears when the last part
     /// is taken; a session left unfinished expires (a week).
-    async fn put_stream(
+    async fn put_in_parts(
         &self,
         key: &str,
         mut body: ByteStream,
@@ -281,10 +281,6 @@ impl RemoteStorage for GcsStorage {
         metadata: BTreeMap<String, String>,
         headers: &ObjectHeaders,
     ) -> Result<RemoteObject> {
-        if size <= crate::PART as u64 {
-            let body = tidemark_core::remote::gather(body, size, key).await?;
-            return self.put_with_headers(key, body, metadata, headers).await;
-        }
         let target = self.target(key);
         let begin = self
             .http
