@@ -7,6 +7,19 @@ cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
 
+# The test build takes about 5 GB of the target directory's disk (7 GB with incremental
+# compilation), and the tests write up to about 5 GB more in the temporary directory at once (the
+# mount's 2 GiB file, spooled and stored). Say so before a build fails halfway with ENOSPC.
+free_gb() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 { printf "%d", $4 / 1048576 }'; }
+target_dir=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target_dir"
+for need in "$target_dir:8" "${TMPDIR:-/tmp}:6"; do
+  dir=${need%:*} want=${need##*:} have=$(free_gb "${need%:*}")
+  if [ -n "$have" ] && [ "$have" -lt "$want" ]; then
+    echo "test: WARNING: $dir has $have GB free; the suite needs up to about $want GB there (a build from scratch, the tests' files; free some space, or set CARGO_TARGET_DIR / TMPDIR to a larger disk)" >&2
+  fi
+done
+
 logs=$(mktemp -d -t tidemark-test-XXXXXX)
 pids=()
 . scripts/postgres.sh
