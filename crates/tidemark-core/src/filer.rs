@@ -48,6 +48,26 @@ pub fn idle_limited(stream: ByteStream, idle: std::time::Duration) -> ByteStream
     .boxed()
 }
 
+/// What a read's stream ends with when it broke and, before it could be resumed where it broke,
+/// the file became another version (or went): the bytes after the break would be another
+/// version's, so the read fails instead. A client that retries the read would mix versions too;
+/// it must read the file again from its start (see [`changed_mid_read`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{path} changed while its read was being resumed (it was version {was}{}); read it again from its start for the new version",
+    match now { Some(v) => format!(", now {v}"), None => ", and is gone".to_string() }
+)]
+pub struct ChangedMidRead {
+    pub path: String,
+    pub was: u64,
+    pub now: Option<u64>,
+}
+
+/// Whether a read's stream failed because the file changed mid-read ([`ChangedMidRead`]).
+pub fn changed_mid_read(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<ChangedMidRead>())
+}
+
 /// A byte range of a file's content: `length: None` reads to the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ByteRange {
@@ -148,7 +168,9 @@ pub trait Filer: Send + Sync + 'static {
     /// (in one read: a data client's count of `/` says nothing of the system directory).
     async fn count(&self, dir: &str, except: Option<&str>) -> Result<u64>;
 
-    /// The entry and a stream of its content (or of `range` of it).
+    /// The entry and a stream of its content (or of `range` of it). A client over a network
+    /// (`HttpFiler`) resumes a stream that breaks where it broke, on the same version; one that
+    /// cannot ends with an error ([`ChangedMidRead`] when the file changed).
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)>;
 
     /// Writes a file from a stream. The entry is committed only after every byte is durable;

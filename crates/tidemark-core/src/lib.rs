@@ -22,7 +22,7 @@ pub mod subscription;
 
 pub use clock::{Clock, ManualClock, SystemClock, format_rfc3339_ms, parse_rfc3339_ms};
 pub use error::{Error, ErrorCode, Result};
-pub use filer::{ByteRange, ByteStream, DeleteOptions, Filer, Health, WriteOptions};
+pub use filer::{ByteRange, ByteStream, ChangedMidRead, DeleteOptions, Filer, Health, WriteOptions, changed_mid_read};
 pub use model::{
     Applied, ChangeRecord, Content, Entry, EntryKind, Fence, Lease, Mutation, NewEntry, Origin, Page, Precondition,
     RemoteEntry, Txn, TxnBatch, TxnOutcome,

@@ -9,10 +9,11 @@ use futures::{StreamExt, TryStreamExt};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
 
+use tidemark_core::backoff::Resumes;
 use tidemark_core::cache::{CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::error::ErrorBody;
 use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Precondition, Txn, TxnBatch, TxnOutcome};
-use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
+use tidemark_core::{ByteRange, ByteStream, ChangedMidRead, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
 
 use crate::http::{
     AcquireRequest, CacheStatusRequest, ENTRY_HEADER, EXTENDED_HEADER, MAX_EXTENDED_BYTES, MAX_STATUS_PATHS,
@@ -231,6 +232,40 @@ impl HttpFiler {
         }
     }
 
+    /// The entry at `path` and one request's stream of its content (or of `range` of it).
+    async fn open_content(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
+        let spec = match range {
+            Some(r) => Some(match r.length {
+                Some(0) => return Err(Error::invalid_argument("an empty range")),
+                Some(n) => format!("bytes={}-{}", r.offset, r.offset.saturating_add(n - 1)),
+                None => format!("bytes={}-", r.offset),
+            }),
+            None => None,
+        };
+        let (resp, i) = self
+            .send_with(|u| {
+                let rb = self.request_at(u, Method::GET, "content").query(&[("path", path)]);
+                match &spec {
+                    Some(spec) => rb.header(reqwest::header::RANGE, spec),
+                    None => rb,
+                }
+            })
+            .await?;
+        if resp.status() == StatusCode::RANGE_NOT_SATISFIABLE
+            && let Some(r) = range
+            && let Ok(entry) = entry_of(&resp)
+            && entry.size == r.offset
+        {
+            // A range at the very end: the filer says 416 (HTTP has no empty 206) and sends the
+            // entry; the read returns nothing, as the local filer's does.
+            return Ok((entry, futures::stream::empty().boxed()));
+        }
+        let resp = check(self.base_at(i), resp).await?;
+        let entry = entry_of(&resp)?;
+        let stream = resp.bytes_stream().map_err(std::io::Error::other).boxed();
+        Ok((entry, stream))
+    }
+
     /// Sends the request `make` builds for a filer's base URL, failing over as the type says.
     async fn send_with(&self, make: impl Fn(&Target) -> RequestBuilder) -> Result<(Response, usize)> {
         let mut last = None;
@@ -272,6 +307,86 @@ impl HttpFiler {
         let (resp, i) = self.send_with(|b| make(b).timeout(REQUEST_TIMEOUT)).await?;
         let base = self.base_at(i);
         check(base, resp).await?.json().await.map_err(|e| transport(base, e))
+    }
+}
+
+/// How many times in a row a content stream that breaks is opened again, and the first wait
+/// (doubling): 0.2 + 0.4 + 0.8 + 1.6 s, time for a client of several filers to reach the next.
+const RESUMES_IN_A_ROW: u32 = 4;
+const RESUME_BACKOFF: Duration = Duration::from_millis(200);
+
+/// A read of the filer's file at `path`, bytes `pos..end`, resumed where it broke: a stream that
+/// fails after it began (the filer restarted, the connection was reset, the filer went and the
+/// client moved to the next of its cluster) is opened again from the first byte not yet
+/// received, if the file is still the version it began at — never the bytes of another version
+/// after those of one ([`ChangedMidRead`]). At most [`RESUMES_IN_A_ROW`] times in a row (see
+/// [`Resumes`]); an open the filer refuses for another reason is the read's error at once.
+struct Resumed {
+    filer: HttpFiler,
+    path: String,
+    pos: u64,
+    end: u64,
+    version: u64,
+    /// `None` once the read ended, well or not.
+    stream: Option<ByteStream>,
+    resumes: Resumes,
+}
+
+impl Resumed {
+    async fn next(&mut self) -> Option<std::io::Result<bytes::Bytes>> {
+        loop {
+            let e = match self.stream.as_mut()?.next().await {
+                Some(Ok(b)) => {
+                    self.pos += b.len() as u64;
+                    self.resumes.got(b.len() as u64);
+                    return Some(Ok(b));
+                }
+                Some(Err(e)) => e,
+                None => {
+                    self.stream = None;
+                    return None;
+                }
+            };
+            self.stream = None;
+            if let Err(e) = self.resume(e).await {
+                return Some(Err(e));
+            }
+        }
+    }
+
+    /// Opens the stream again from `pos`, after `broke`; the read's error if it cannot be.
+    async fn resume(&mut self, mut broke: std::io::Error) -> std::io::Result<()> {
+        loop {
+            let Some(wait) = self.resumes.broke() else {
+                tracing::warn!(path = self.path, at = self.pos, error = %broke, "read: gave up after {RESUMES_IN_A_ROW} resumes in a row");
+                return Err(broke);
+            };
+            tracing::info!(path = self.path, at = self.pos, error = %broke, "resuming the read where it broke in {wait:?}");
+            tokio::time::sleep(wait).await;
+            if self.pos >= self.end {
+                // It broke after its last byte: nothing is left to read.
+                self.stream = Some(futures::stream::empty().boxed());
+                return Ok(());
+            }
+            let rest = ByteRange { offset: self.pos, length: Some(self.end - self.pos) };
+            let changed = |now| {
+                let c = ChangedMidRead { path: self.path.clone(), was: self.version, now };
+                tracing::warn!(path = self.path, at = self.pos, "{c}");
+                std::io::Error::other(c)
+            };
+            match self.filer.open_content(&self.path, Some(rest)).await {
+                Ok((entry, stream)) if entry.version == self.version => {
+                    self.stream = Some(stream);
+                    return Ok(());
+                }
+                Ok((entry, _)) => return Err(changed(Some(entry.version))),
+                Err(Error::NotFound { .. } | Error::IsADirectory { .. } | Error::NotADirectory { .. }) => {
+                    return Err(changed(None));
+                }
+                Err(e) if e.is_retryable() => broke = std::io::Error::other(e),
+                Err(e) => return Err(std::io::Error::other(e)),
+            }
+        }
     }
 }
 
@@ -392,36 +507,23 @@ impl Filer for HttpFiler {
     }
 
     async fn read(&self, path: &str, range: Option<ByteRange>) -> Result<(Entry, ByteStream)> {
-        let spec = match range {
-            Some(r) => Some(match r.length {
-                Some(0) => return Err(Error::invalid_argument("an empty range")),
-                Some(n) => format!("bytes={}-{}", r.offset, r.offset.saturating_add(n - 1)),
-                None => format!("bytes={}-", r.offset),
-            }),
-            None => None,
+        let (entry, stream) = self.open_content(path, range).await?;
+        let pos = range.map_or(0, |r| r.offset);
+        let end = match range.and_then(|r| r.length) {
+            Some(n) => pos.saturating_add(n).min(entry.size),
+            None => entry.size,
         };
-        let (resp, i) = self
-            .send_with(|u| {
-                let rb = self.request_at(u, Method::GET, "content").query(&[("path", path)]);
-                match &spec {
-                    Some(spec) => rb.header(reqwest::header::RANGE, spec),
-                    None => rb,
-                }
-            })
-            .await?;
-        if resp.status() == StatusCode::RANGE_NOT_SATISFIABLE
-            && let Some(r) = range
-            && let Ok(entry) = entry_of(&resp)
-            && entry.size == r.offset
-        {
-            // A range at the very end: the filer says 416 (HTTP has no empty 206) and sends the
-            // entry; the read returns nothing, as the local filer's does.
-            return Ok((entry, futures::stream::empty().boxed()));
-        }
-        let resp = check(self.base_at(i), resp).await?;
-        let entry = entry_of(&resp)?;
-        let stream = resp.bytes_stream().map_err(std::io::Error::other).boxed();
-        Ok((entry, stream))
+        let read = Resumed {
+            filer: self.clone(),
+            path: path.to_string(),
+            pos,
+            end,
+            version: entry.version,
+            stream: Some(stream),
+            resumes: Resumes::new(RESUME_BACKOFF, RESUMES_IN_A_ROW),
+        };
+        let stream = futures::stream::unfold(read, |mut r| async move { r.next().await.map(|item| (item, r)) });
+        Ok((entry, stream.boxed()))
     }
 
     async fn write(&self, path: &str, body: ByteStream, opts: WriteOptions) -> Result<Entry> {

@@ -21,7 +21,6 @@ use fuser::{
 };
 use futures::StreamExt;
 
-use tidemark_core::backoff::Resumes;
 use tidemark_core::model::{Content, EntryKind, INODES_DIR, NewEntry, Origin, Precondition, Txn, inode_path};
 use tidemark_core::{ByteRange, ByteStream, DeleteOptions, Entry, Error, Filer, WriteOptions, path};
 
@@ -1014,113 +1013,59 @@ fn read_failed(p: &str, timeout: Duration, e: Option<&Error>) -> Errno {
     }
 }
 
-/// A read of the filer's file at `p` from `pos` to `end` (`None`: the file's end), resumed where
-/// it broke: a stream that fails after it began (the filer restarted, its connection reset, a
-/// filer of the cluster went and the client moved to the next) is opened again from the first
-/// byte not yet received, if the file is still the version it began at — never the bytes of
-/// another version after those of one. At most `RESUMES_IN_A_ROW` times in a row (see
-/// [`Resumes`]), `RESUME_BACKOFF` doubling between tries; an open the filer refuses (the file
-/// gone, not readable) is the read's error at once, and so is a filer that sends nothing for
-/// the whole timeout (resuming would wait as long again).
+/// A read of the filer's file at `p` from `pos` to `end` (`None`: the file's end). The filer's
+/// client resumes a stream that breaks where it broke, on the same version
+/// ([`Filer::read`]); when the file changed before it could, this handle's reads fail from then
+/// on (`changed`). A filer that sends nothing for the whole timeout fails the read.
 struct FilerRead {
     filer: Arc<dyn Filer>,
     p: String,
     pos: u64,
     end: Option<u64>,
     timeout: Duration,
-    /// The entry's version the read began at, once open.
-    version: Option<u64>,
-    /// Set when a resume found the file changed: the handle's reads fail from then on.
+    /// Set when the file changed mid-read: the handle's reads fail from then on.
     changed: Arc<AtomicBool>,
     stream: Option<ByteStream>,
-    resumes: Resumes,
 }
-
-const RESUMES_IN_A_ROW: u32 = 4;
-const RESUME_BACKOFF: Duration = Duration::from_millis(200);
 
 impl FilerRead {
     fn new(filer: Arc<dyn Filer>, p: String, range: ByteRange, timeout: Duration, changed: Arc<AtomicBool>) -> Self {
         let end = range.length.map(|n| range.offset.saturating_add(n));
-        FilerRead {
-            filer,
-            p,
-            pos: range.offset,
-            end,
-            timeout,
-            version: None,
-            changed,
-            stream: None,
-            resumes: Resumes::new(RESUME_BACKOFF, RESUMES_IN_A_ROW),
-        }
+        FilerRead { filer, p, pos: range.offset, end, timeout, changed, stream: None }
     }
 
-    /// Opens the stream from `pos`, within the timeout. The error, and whether trying again
-    /// soon may succeed (the filer unreachable: not one that took the whole timeout).
-    async fn open(&mut self) -> Result<(), (Errno, bool)> {
+    /// Opens the stream from `pos`, within the timeout.
+    async fn open(&mut self) -> Result<ByteStream, Errno> {
         if self.changed.load(Ordering::Relaxed) {
-            return Err((Errno::EIO, false));
+            return Err(Errno::EIO);
         }
         let range = ByteRange { offset: self.pos, length: self.end.map(|e| e - self.pos) };
-        let (entry, stream) = match tokio::time::timeout(self.timeout, self.filer.read(&self.p, Some(range))).await {
-            Ok(Ok(opened)) => opened,
-            Ok(Err(e)) => return Err((read_failed(&self.p, self.timeout, Some(&e)), e.is_retryable())),
-            Err(_) => return Err((read_failed(&self.p, self.timeout, None), false)),
-        };
-        match self.version {
-            Some(v) if v != entry.version => {
-                tracing::warn!(
-                    path = self.p,
-                    at = self.pos,
-                    "the file changed while its read was being resumed; reopen it to read the new version"
-                );
-                self.changed.store(true, Ordering::Relaxed);
-                return Err((Errno::EIO, false));
-            }
-            _ => self.version = Some(entry.version),
+        match tokio::time::timeout(self.timeout, self.filer.read(&self.p, Some(range))).await {
+            Ok(Ok((_, stream))) => Ok(stream),
+            Ok(Err(e)) => Err(read_failed(&self.p, self.timeout, Some(&e))),
+            Err(_) => Err(read_failed(&self.p, self.timeout, None)),
         }
-        self.stream = Some(stream);
-        Ok(())
     }
 
     /// The next bytes; `None` at the end.
     async fn next(&mut self) -> Result<Option<Bytes>, Errno> {
         if self.stream.is_none() {
-            self.open().await.map_err(|(e, _)| e)?;
+            self.stream = Some(self.open().await?);
         }
-        loop {
-            let Some(stream) = self.stream.as_mut() else { return Err(Errno::EIO) };
-            let mut e = match tokio::time::timeout(self.timeout, stream.next()).await {
-                Ok(Some(Ok(b))) => {
-                    self.pos += b.len() as u64;
-                    self.resumes.got(b.len() as u64);
-                    return Ok(Some(b));
-                }
-                Ok(None) => return Ok(None),
-                // The stream broke: resumed below.
-                Ok(Some(Err(e))) => read_failed(&self.p, self.timeout, Some(&Error::internal(e.to_string()))),
-                // The filer stopped sending for the whole timeout: the read's error (a resume
-                // would wait as long again).
-                Err(_) => return Err(read_failed(&self.p, self.timeout, None)),
-            };
-            self.stream = None;
-            loop {
-                let Some(wait) = self.resumes.broke() else {
-                    tracing::warn!(
-                        path = self.p,
-                        at = self.pos,
-                        "read: gave up after {RESUMES_IN_A_ROW} resumes in a row"
-                    );
-                    return Err(e);
-                };
-                tokio::time::sleep(wait).await;
-                tracing::info!(path = self.p, at = self.pos, "resuming the read where it broke");
-                match self.open().await {
-                    Ok(()) => break,
-                    Err((again, true)) => e = again,
-                    Err((e, false)) => return Err(e),
-                }
+        let Some(stream) = self.stream.as_mut() else { return Err(Errno::EIO) };
+        match tokio::time::timeout(self.timeout, stream.next()).await {
+            Ok(Some(Ok(b))) => {
+                self.pos += b.len() as u64;
+                Ok(Some(b))
             }
+            Ok(None) => Ok(None),
+            Ok(Some(Err(e))) => {
+                if tidemark_core::changed_mid_read(&e) {
+                    self.changed.store(true, Ordering::Relaxed);
+                }
+                Err(read_failed(&self.p, self.timeout, Some(&Error::internal(e.to_string()))))
+            }
+            Err(_) => Err(read_failed(&self.p, self.timeout, None)),
         }
     }
 }
