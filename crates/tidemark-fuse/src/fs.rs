@@ -606,17 +606,46 @@ impl TidemarkFs {
         f: impl std::future::Future<Output = tidemark_core::Result<T>>,
         precondition_failed: Errno,
     ) -> Result<T, Errno> {
+        self.call_within(what, f, precondition_failed, &Progress::default())
+    }
+
+    /// [`Self::call_or`] for a call that sends a body (counted by `progress`): it may take as
+    /// long as the body takes, but fails with EIO once the filer has taken none of the body,
+    /// nor answered, for the timeout. (A whole-call deadline failed every upload longer than
+    /// the timeout — a large file on a slow link, or a slow filer — at close, and its bytes
+    /// were lost with the handle.) A call without a body has no progress: the timeout is its
+    /// deadline.
+    fn call_within<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = tidemark_core::Result<T>>,
+        precondition_failed: Errno,
+        progress: &Progress,
+    ) -> Result<T, Errno> {
         let timeout = self.opts.timeout;
-        match self.rt.block_on(async { tokio::time::timeout(timeout, f).await }) {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(Error::PreconditionFailed { .. })) => Err(precondition_failed),
-            Ok(Err(e)) => {
+        let answered = self.rt.block_on(async {
+            tokio::pin!(f);
+            loop {
+                tokio::select! {
+                    r = &mut f => return Some(r),
+                    _ = tokio::time::sleep_until((progress.last() + timeout).into()) => {
+                        if progress.last() + timeout <= std::time::Instant::now() {
+                            return None;
+                        }
+                    }
+                }
+            }
+        });
+        match answered {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(Error::PreconditionFailed { .. })) => Err(precondition_failed),
+            Some(Err(e)) => {
                 if errno(&e) == Errno::EIO {
                     tracing::warn!(error = %e, "{what} failed");
                 }
                 Err(errno(&e))
             }
-            Err(_) => {
+            None => {
                 tracing::warn!("{what}: the filer did not answer within {timeout:?}");
                 Err(Errno::EIO)
             }
@@ -783,12 +812,19 @@ impl TidemarkFs {
         let mut f = tempfile::tempfile().map_err(|_| Errno::EIO)?;
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let (_, mut s) = self.call("read", self.filer.read(p, None))?;
+        let timeout = self.opts.timeout;
         let copied: Result<(), Errno> = self.rt.block_on(async {
-            while let Some(part) = s.next().await {
-                let part = part.map_err(|_| Errno::EIO)?;
-                f.write_all(&part).map_err(|_| Errno::EIO)?;
+            // As long as the file takes, but not a filer that sends nothing for the timeout.
+            loop {
+                match tokio::time::timeout(timeout, s.next()).await {
+                    Ok(Some(part)) => {
+                        let part = part.map_err(|e| read_failed(p, timeout, Some(&Error::internal(e))))?;
+                        f.write_all(&part).map_err(|_| Errno::EIO)?;
+                    }
+                    Ok(None) => return Ok(()),
+                    Err(_) => return Err(read_failed(p, timeout, None)),
+                }
             }
-            Ok(())
         });
         copied?;
         Ok(f)
@@ -800,9 +836,15 @@ impl TidemarkFs {
             return Ok(());
         }
         let spool = h.spool.as_ref().ok_or(Errno::EBADF)?.try_clone().map_err(|_| Errno::EIO)?;
-        let body = spool_stream(spool)?;
+        let progress = Progress::default();
+        let body = progress.counting(spool_stream(spool)?);
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        let e = self.call("write", self.filer.write(&h.path, body, WriteOptions::default()))?;
+        let e = self.call_within(
+            "write",
+            self.filer.write(&h.path, body, WriteOptions::default()),
+            Errno::EAGAIN,
+            &progress,
+        )?;
         h.dirty = false;
         self.forget(&h.path);
         self.inodes().remember(e);
@@ -1105,6 +1147,36 @@ async fn pump(mut read: FilerRead, tx: tokio::sync::mpsc::Sender<Result<Vec<Byte
                 return;
             }
         }
+    }
+}
+
+/// When a body sent to the filer last moved: the call's start, then each part it took.
+#[derive(Clone)]
+struct Progress {
+    start: std::time::Instant,
+    /// Milliseconds after `start` of the last part taken.
+    last_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress { start: std::time::Instant::now(), last_ms: Default::default() }
+    }
+}
+
+impl Progress {
+    fn last(&self) -> std::time::Instant {
+        self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+
+    /// `body`, noting each part the filer takes of it.
+    fn counting(&self, body: ByteStream) -> ByteStream {
+        let p = self.clone();
+        body.inspect(move |_| {
+            let ms = u64::try_from(p.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            p.last_ms.fetch_max(ms, Ordering::Relaxed);
+        })
+        .boxed()
     }
 }
 
@@ -1842,6 +1914,8 @@ impl TidemarkFs {
         } else {
             self.counters.reads.fetch_add(1, Ordering::Relaxed);
             let (_, stream) = self.call("read", self.filer.read(from, None))?;
+            let progress = Progress::default();
+            let stream = progress.counting(stream);
             self.counters.writes.fetch_add(1, Ordering::Relaxed);
             let opts = WriteOptions {
                 precondition,
@@ -1852,7 +1926,7 @@ impl TidemarkFs {
                 dir_times: true,
                 ..Default::default()
             };
-            self.call_or("write", self.filer.write(to, stream, opts), Errno::EEXIST)?;
+            self.call_within("write", self.filer.write(to, stream, opts), Errno::EEXIST, &progress)?;
         }
         let del = DeleteOptions { recursive: false, precondition: Precondition::Version(src.version), dir_times: true };
         self.call("delete", self.filer.delete(from, del)).map(drop)

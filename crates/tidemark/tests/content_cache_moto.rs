@@ -262,7 +262,7 @@ async fn a_resume_never_goes_on_with_another_version() {
     w.put("cut/big.bin", &v1).await;
     w.sh_ok(&format!("remote.mount -dir=/mnt/cut -remote=s3/{}/cut", w.bucket));
     // Slow enough that the first connection breaks (at 320 KiB, 0.6 s) well after the overwrite.
-    through(&w, &moto, Shape { mib_s: Some(0.5), cut_after: Some(320 << 10) });
+    through(&w, &moto, Shape { mib_s: Some(0.5), cut_after: Some(320 << 10), ..Shape::default() });
     let (_, mut stream) = w.filer.read("/mnt/cut/big.bin", None).await.unwrap();
     let first = stream.next().await.unwrap().unwrap();
     assert_eq!(first[..], v1[..first.len()]);

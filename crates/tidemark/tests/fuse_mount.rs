@@ -637,7 +637,7 @@ fn a_read_whose_stream_breaks_is_resumed_and_never_mixes_versions() {
     assert!(log.matches("resuming the read where it broke").count() >= 5, "6 MB in connections of 1 MiB:\n{log}");
 
     // Slow (1 MiB/s) as well, so the first connection breaks after the file changed.
-    let slow = through(Shape { mib_s: Some(1.0), cut_after: Some(1 << 20) }, "slow");
+    let slow = through(Shape { mib_s: Some(1.0), cut_after: Some(1 << 20), ..Default::default() }, "slow");
     let v1 = std::fs::read(t.join("v1")).unwrap();
     let mut f = std::fs::File::open(t.join("slow/f.bin")).unwrap();
     let mut got = vec![0u8; 64 << 10];
@@ -653,6 +653,51 @@ fn a_read_whose_stream_breaks_is_resumed_and_never_mixes_versions() {
     assert!(log.contains("/f.bin changed while its read was being resumed"), "{log}");
     // Opened again, the new version reads whole.
     sh(&format!("cmp '{t_s}/v2' '{t_s}/cut/f.bin'"));
+}
+
+/// `--timeout` bounds a filer that does not move, not an upload that takes long: a file written
+/// through a link to the filer of 4 MiB/s takes twice the timeout to upload and is stored whole
+/// (it failed with EIO at close, its bytes lost, when the timeout was the whole upload's
+/// deadline). A filer that stops taking the body fails the fsync with EIO after the timeout, not a
+/// hang, and the handle keeps its bytes: its close uploads them once the filer is back.
+#[test]
+fn an_upload_longer_than_the_timeout_is_stored_while_it_moves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let t_s = t.to_str().unwrap().to_string();
+    let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off"]);
+    let slow = Shape { up_mib_s: Some(4.0), ..Default::default() };
+    let proxy = shaping_proxy(&format!("http://{}", server.addr), slow).unwrap();
+    // (Up to about 10 MB of a body is in flight in loopback's buffers, unseen by the mount: they
+    // must reach the filer within the timeout.)
+    let m = Mounted::start(&proxy.to_string(), &t.join("mnt"), &["--no-filer-socket", "--timeout", "4"]);
+    let started = Instant::now();
+    sh(&format!("head -c 32000000 /dev/urandom > '{t_s}/src' && cp '{t_s}/src' '{t_s}/mnt/big.bin'"));
+    let took = started.elapsed();
+    assert!(took > Duration::from_secs(6), "the upload was throttled ({took:?})");
+    sh(&format!("cmp '{t_s}/src' '{t_s}/mnt/big.bin'"));
+    assert_eq!(ok(run_shell(bin(), &server.addr, "fs.ls -l /big.bin", &[])).matches(" 32000000 ").count(), 1);
+
+    // The filer stopped before the upload: EIO after the timeout once the body stops moving.
+    let data: Vec<u8> = (0..32u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let mut f = std::fs::File::create(t.join("mnt/stopped.bin")).unwrap();
+    server.signal("STOP");
+    let started = Instant::now();
+    let r = std::io::Write::write_all(&mut f, &data).and_then(|()| f.sync_all());
+    let waited = started.elapsed();
+    server.signal("CONT");
+    assert_eq!(r.as_ref().err().and_then(|e| e.raw_os_error()), Some(libc::EIO), "{r:?} after {waited:?}");
+    assert!(waited < Duration::from_secs(40), "EIO after the body stopped moving, not a hang: {waited:?}");
+    assert!(m.process.stderr().contains("write: the filer did not answer within"), "{}", m.process.stderr());
+    drop(f);
+    let stored = std::fs::read(t.join("mnt/stopped.bin")).unwrap();
+    assert!(
+        stored == data,
+        "the handle's bytes, uploaded at its close ({} bytes):\n{}\n{}",
+        stored.len(),
+        m.process.stderr(),
+        server.stderr()
+    );
 }
 
 /// A mount of a cluster (`--filer A,B`: two filers on one PostgreSQL, file content on a blob
