@@ -213,14 +213,17 @@ impl Shared {
         self.facts.lock().await.remove(bucket);
     }
 
-    /// Whether a canned ACL lets this request do operation `op` on `path`, which its caller's
-    /// identity (or the lack of one: `signed` false) does not: `public-read` objects read and
-    /// `public-read` buckets listed by anyone, objects written into a `public-read-write`
-    /// bucket by anyone (signed or not), `authenticated-read` ones read by any identity. Reading or changing an
-    /// ACL or any configuration is never granted this way.
-    pub async fn acl_grants(&self, signed: bool, op: &str, path: &S3Path) -> bool {
-        const READS: [&str; 2] = ["GetObject", "HeadObject"];
-        const LISTS: [&str; 4] = ["ListObjects", "ListObjectsV2", "HeadBucket", "GetBucketLocation"];
+    /// Whether an ACL lets this request do operation `op` on `path`, which its caller's
+    /// identity `identity` (or the lack of one: `signed` false) does not: the object's ACL for
+    /// reading its bytes or its ACL (`READ`, `READ_ACP`) and changing its ACL (`WRITE_ACP`); the
+    /// bucket's for listing it (`READ`), writing its objects (`WRITE`), and reading or changing
+    /// its ACL. Grants are to identities by name, to everyone (`AllUsers`: `public-read`,
+    /// `public-read-write`) or to every signed request (`AuthenticatedUsers`:
+    /// `authenticated-read`). Any other configuration is never granted this way.
+    pub async fn acl_grants(&self, identity: Option<&str>, signed: bool, op: &str, path: &S3Path) -> bool {
+        use crate::acl::{Acl, Asker, Perm};
+        const LISTS: [&str; 5] =
+            ["ListObjects", "ListObjectsV2", "ListObjectVersions", "HeadBucket", "GetBucketLocation"];
         const WRITES: [&str; 6] = [
             "PutObject",
             "DeleteObject",
@@ -234,33 +237,35 @@ impl Shared {
             S3Path::Bucket { bucket } => (bucket.as_ref(), None),
             S3Path::Object { bucket, key } => (bucket.as_ref(), Some(key.as_ref())),
         };
-        let entry_acl = |p: Option<String>| async move {
-            let p = p?;
+        let asker = Asker { signed, identity };
+        let acl_of = |p: String| async move {
             match self.filer.stat(&p).await {
-                Ok(Some(e)) => Some(crate::acl::of(&e.extended)),
+                Ok(Some(e)) => Some(Acl::of(&e.extended)),
                 _ => None,
             }
         };
         let bucket_dir = crate::names::bucket_dir(bucket).ok();
-        if READS.contains(&op) {
+        let on_bucket = |want: Perm| async move {
+            let Some(p) = bucket_dir else { return false };
+            acl_of(p).await.is_some_and(|a| a.allows(asker, want))
+        };
+        let on_object = |want: Perm| async move {
             let Some(p) = key.and_then(|k| crate::names::object_path(bucket, k).ok()).map(|(p, _)| p) else {
                 return false;
             };
-            return entry_acl(Some(p))
-                .await
-                .is_some_and(|c| if signed { c.authenticated_read() } else { c.anonymous().0 });
+            acl_of(p).await.is_some_and(|a| a.allows(asker, want))
+        };
+        match op {
+            "GetObject" | "HeadObject" => on_object(Perm::Read).await,
+            "GetObjectAcl" => on_object(Perm::ReadAcp).await,
+            "PutObjectAcl" => on_object(Perm::WriteAcp).await,
+            "GetBucketAcl" => on_bucket(Perm::ReadAcp).await,
+            "PutBucketAcl" => on_bucket(Perm::WriteAcp).await,
+            op if LISTS.contains(&op) => on_bucket(Perm::Read).await,
+            // (A POST form names its key in the form: the request is the bucket's.)
+            op if (WRITES.contains(&op) && key.is_some()) || op == "PostObject" => on_bucket(Perm::Write).await,
+            _ => false,
         }
-        if LISTS.contains(&op) {
-            return entry_acl(bucket_dir)
-                .await
-                .is_some_and(|c| if signed { c.authenticated_read() } else { c.anonymous().0 });
-        }
-        // `public-read-write` lets everyone write, every identity included.
-        // (A POST form names its key in the form: the request is the bucket's.)
-        if (WRITES.contains(&op) && key.is_some()) || op == "PostObject" {
-            return entry_acl(bucket_dir).await.is_some_and(|c| c.anonymous().1);
-        }
-        false
     }
 
     /// The identities; on a failed re-read, the last ones read (a filer restart must not lock
@@ -387,7 +392,7 @@ impl S3Access for Access {
         }
         let allowed = caller.as_ref().is_some_and(|c| c.allows(action, bucket.as_deref(), facts.owner.as_deref()))
             || decision == Decision::Allow
-            || (!facts.ignore_public_acls && self.0.acl_grants(ak.is_some(), &op, cx.s3_path()).await);
+            || (!facts.ignore_public_acls && self.0.acl_grants(name.as_deref(), ak.is_some(), &op, cx.s3_path()).await);
         // A request about a bucket that does not exist is told so (S3 answers NoSuchBucket
         // before AccessDenied: bucket names are public), whoever asks.
         if !allowed
@@ -410,7 +415,8 @@ impl S3Access for Access {
             let bucket_path = S3Path::Bucket { bucket: b.as_str().into() };
             let may_list = caller.as_ref().is_some_and(|c| c.allows(Action::List, Some(b), facts.owner.as_deref()))
                 || facts.policy.as_ref().is_some_and(|p| p.evaluate(&list) == Decision::Allow)
-                || (!facts.ignore_public_acls && self.0.acl_grants(ak.is_some(), "ListObjects", &bucket_path).await);
+                || (!facts.ignore_public_acls
+                    && self.0.acl_grants(name.as_deref(), ak.is_some(), "ListObjects", &bucket_path).await);
             if may_list && self.0.object_absent(b, &key).await {
                 return Err(S3Error::with_message(S3ErrorCode::NoSuchKey, format!("no object {key:?}")));
             }

@@ -16,7 +16,7 @@ use tidemark_core::remote::system_paths::MOUNT_MAPPING;
 use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions, path};
 use tidemark_engine::docs;
 
-use crate::acl::{self, ATTR_ACL, Canned};
+use crate::acl::{self, ATTR_ACL, Acl, Canned};
 use crate::auth::Shared;
 use crate::body;
 use crate::checksum::{self, Algo, Asked, Given, Sum, sent_checksum, with_checksum};
@@ -196,29 +196,39 @@ macro_rules! attrs {
     };
 }
 
-/// The canned ACL a request asks for (`x-amz-acl`), after refusing grants to particular
-/// accounts: the `x-amz-grant-*` every such request has, and the fields `$more` that only some
-/// have (`grant_write`, an `access_control_policy` document).
-macro_rules! canned_acl {
-    ($i:expr $(, $more:ident)*) => {{
+/// The ACL a request asks for: a canned one (`x-amz-acl`), grants (`x-amz-grant-*`: the four
+/// every such request has, and `grant_write` where it has one) or an `access_control_policy`
+/// document; at most one of them.
+macro_rules! asked_acl {
+    ($i:expr) => {
+        asked_acl!(@ $i, None, None)
+    };
+    ($i:expr, grant_write) => {
+        asked_acl!(@ $i, $i.grant_write.as_deref(), None)
+    };
+    ($i:expr, grant_write, access_control_policy) => {
+        asked_acl!(@ $i, $i.grant_write.as_deref(), $i.access_control_policy.as_ref())
+    };
+    (@ $i:expr, $write:expr, $policy:expr) => {{
         let i = &$i;
-        let grants = [
-            i.grant_full_control.is_some(),
-            i.grant_read.is_some(),
-            i.grant_read_acp.is_some(),
-            i.grant_write_acp.is_some(),
-            $(i.$more.is_some(),)*
-        ];
-        acl::refuse_grants(grants.contains(&true))?;
-        i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?
+        let headers = acl::from_headers(
+            i.grant_read.as_deref(),
+            $write,
+            i.grant_read_acp.as_deref(),
+            i.grant_write_acp.as_deref(),
+            i.grant_full_control.as_deref(),
+        )?;
+        let policy = $policy.map(acl::from_policy).transpose()?;
+        let canned = i.acl.as_ref().map(|a| Canned::parse(a.as_str())).transpose()?;
+        acl::asked(canned, headers, policy)?
     }};
 }
 
-/// Records a canned ACL in an entry's attributes (`None`: private).
-fn set_acl(ext: &mut BTreeMap<String, String>, c: Option<Canned>) {
+/// Records an ACL in an entry's attributes (`None`: private).
+fn set_acl(ext: &mut BTreeMap<String, String>, acl: Option<&Acl>) {
     ext.remove(ATTR_ACL);
-    if let Some(c) = c.filter(|c| *c != Canned::Private) {
-        ext.insert(ATTR_ACL.to_string(), c.as_str().to_string());
+    if let Some(v) = acl.and_then(Acl::to_attr) {
+        ext.insert(ATTR_ACL.to_string(), v);
     }
 }
 
@@ -292,11 +302,11 @@ pub fn public_access_block_of(bucket: &Entry) -> Option<PublicAccessBlockConfigu
     config_of(bucket, ATTR_PUBLIC_ACCESS_BLOCK)
 }
 
-/// Refuses a canned ACL that would open `bucket` (or one of its objects) to the public when
-/// the bucket blocks public ACLs (`BlockPublicAcls`), as S3 does: 403, nothing stored.
-fn refuse_public_acl(bucket: &Entry, canned: Option<Canned>) -> S3Result<()> {
+/// Refuses an ACL that would open `bucket` (or one of its objects) to the public when the
+/// bucket blocks public ACLs (`BlockPublicAcls`), as S3 does: 403, nothing stored.
+fn refuse_public_acl(bucket: &Entry, acl: Option<&Acl>) -> S3Result<()> {
     let blocks = public_access_block_of(bucket).is_some_and(|c| c.block_public_acls == Some(true));
-    if blocks && canned.is_some_and(|c| c.authenticated_read()) {
+    if blocks && acl.is_some_and(Acl::is_public) {
         return Err(s3_error!(
             AccessDenied,
             "the bucket blocks public ACLs (its public access block); nothing was stored"
@@ -328,16 +338,17 @@ fn acls_off() -> S3Error {
     )
 }
 
-/// Whether the writer of a new object in `bucket` with ACL `canned` owns it (else the bucket's
+/// Whether the writer of a new object in `bucket` with ACL `acl` owns it (else the bucket's
 /// owner does), by the bucket's ownership control; under BucketOwnerEnforced ACLs are off, and
 /// one other than `bucket-owner-full-control` is refused, as S3 does.
-fn writer_owns(bucket: &Entry, canned: Option<Canned>) -> S3Result<bool> {
+fn writer_owns(bucket: &Entry, acl: Option<&Acl>) -> S3Result<bool> {
+    let canned = acl.map(|a| a.canned());
     match bucket.extended.get(ATTR_OWNERSHIP).map(String::as_str) {
         Some(ENFORCED) => match canned {
-            None | Some(Canned::BucketOwnerFullControl) => Ok(false),
+            None | Some(Some(Canned::BucketOwnerFullControl)) => Ok(false),
             Some(_) => Err(acls_off()),
         },
-        Some(PREFERRED) => Ok(canned != Some(Canned::BucketOwnerFullControl)),
+        Some(PREFERRED) => Ok(canned != Some(Some(Canned::BucketOwnerFullControl))),
         Some(OBJECT_WRITER) => Ok(true),
         _ => Ok(false),
     }
@@ -345,14 +356,14 @@ fn writer_owns(bucket: &Entry, canned: Option<Canned>) -> S3Result<bool> {
 
 /// Checks an ownership control as S3 does: a known one, and BucketOwnerEnforced only over a
 /// private ACL.
-fn check_ownership(o: &str, acl: Option<Canned>) -> S3Result<()> {
+fn check_ownership(o: &str, acl: Option<&Acl>) -> S3Result<()> {
     if ![ENFORCED, PREFERRED, OBJECT_WRITER].contains(&o) {
         return Err(s3_error!(
             InvalidArgument,
             "ObjectOwnership {o:?}: BucketOwnerEnforced, BucketOwnerPreferred or ObjectWriter"
         ));
     }
-    if o == ENFORCED && acl.is_some_and(|c| c != Canned::Private) {
+    if o == ENFORCED && acl.is_some_and(|a| !a.is_private()) {
         return Err(custom_error(
             "InvalidBucketAclWithObjectOwnership",
             hyper::StatusCode::BAD_REQUEST,
@@ -932,16 +943,31 @@ impl Gateway {
         &self,
         ext: &mut BTreeMap<String, String>,
         bucket: &Entry,
-        canned: Option<Canned>,
+        acl: Option<&Acl>,
         credentials: &Option<s3s::auth::Credentials>,
     ) -> S3Result<()> {
         ext.remove(ATTR_OWNER);
-        if writer_owns(bucket, canned)?
+        if writer_owns(bucket, acl)?
             && let Some(name) = self.identity_name(credentials).await
         {
             ext.insert(ATTR_OWNER.to_string(), name);
         }
         Ok(())
+    }
+
+    /// `acl`, if every identity its grants name is one the gateway knows (`InvalidArgument`
+    /// otherwise, as S3 answers a grant to an unknown canonical id).
+    async fn known(&self, acl: Option<Acl>) -> S3Result<Option<Acl>> {
+        if let Some(Acl::Grants(g)) = &acl {
+            let ids = self.shared.identities().await;
+            if let Some(unknown) = acl::named(g).find(|n| !ids.identities.iter().any(|i| i.name == *n)) {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "the grantee id {unknown:?} is no identity here (s3.configure lists them)"
+                ));
+            }
+        }
+        Ok(acl)
     }
 
     async fn identity_name(&self, credentials: &Option<s3s::auth::Credentials>) -> Option<String> {
@@ -1504,15 +1530,14 @@ impl S3 for Gateway {
 
     async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
         let i = req.input;
-        let canned = canned_acl!(i, grant_write, access_control_policy);
+        let acl = self.known(asked_acl!(i, grant_write, access_control_policy)).await?;
         let bucket = self.bucket_entry(&i.bucket).await?.1;
-        refuse_public_acl(&bucket, canned)?;
+        refuse_public_acl(&bucket, acl.as_ref())?;
         // ACLs are off under BucketOwnerEnforced: none may be set.
         if bucket.extended.get(ATTR_OWNERSHIP).is_some_and(|o| o == ENFORCED) {
             return Err(acls_off());
         }
-        let value = canned.filter(|c| *c != Canned::Private).map(|c| c.as_str().to_string());
-        self.set_bucket_attr(&i.bucket, ATTR_ACL, value).await?;
+        self.set_bucket_attr(&i.bucket, ATTR_ACL, acl.and_then(|a| a.to_attr())).await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
     }
 
@@ -1525,7 +1550,7 @@ impl S3 for Gateway {
             return Err(s3_error!(MalformedXML, "OwnershipControls has exactly one rule"));
         };
         let (_, bucket) = self.bucket_entry(&i.bucket).await?;
-        check_ownership(rule.object_ownership.as_str(), Some(acl::of(&bucket.extended)))?;
+        check_ownership(rule.object_ownership.as_str(), Some(&Acl::of(&bucket.extended)))?;
         self.set_bucket_attr(&i.bucket, ATTR_OWNERSHIP, Some(rule.object_ownership.as_str().to_string())).await?;
         Ok(S3Response::new(PutBucketOwnershipControlsOutput::default()))
     }
@@ -1559,19 +1584,19 @@ impl S3 for Gateway {
     async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
         let (_, e) = self.bucket_entry(&req.input.bucket).await?;
         let owner = owner_of(&e);
-        let grants = acl::of(&e.extended).grants(&owner);
+        let grants = Acl::of(&e.extended).grants(&owner, owner.id.as_deref().unwrap_or_default());
         Ok(S3Response::new(GetBucketAclOutput { grants: Some(grants), owner: Some(owner) }))
     }
 
     async fn put_object_acl(&self, req: S3Request<PutObjectAclInput>) -> S3Result<S3Response<PutObjectAclOutput>> {
         let i = req.input;
-        let canned = canned_acl!(i, grant_write, access_control_policy);
+        let acl = self.known(asked_acl!(i, grant_write, access_control_policy)).await?;
         let found = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?;
         let (p, e) = (found.path, found.entry);
         let bucket = self.bucket_entry(&i.bucket).await?.1;
-        refuse_public_acl(&bucket, canned)?;
-        writer_owns(&bucket, canned)?;
-        self.update_extended(&p, &e, Origin::Local, "its ACL was set", |ext| set_acl(ext, canned)).await?;
+        refuse_public_acl(&bucket, acl.as_ref())?;
+        writer_owns(&bucket, acl.as_ref())?;
+        self.update_extended(&p, &e, Origin::Local, "its ACL was set", |ext| set_acl(ext, acl.as_ref())).await?;
         Ok(S3Response::new(PutObjectAclOutput::default()))
     }
 
@@ -1580,7 +1605,7 @@ impl S3 for Gateway {
         let e = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?.entry;
         let (_, bucket) = self.bucket_entry(&i.bucket).await?;
         let owner = object_owner(&bucket, &e);
-        let grants = acl::of(&e.extended).grants(&owner);
+        let grants = Acl::of(&e.extended).grants(&owner, owner_of(&bucket).id.as_deref().unwrap_or_default());
         Ok(S3Response::new(GetObjectAclOutput { grants: Some(grants), owner: Some(owner), ..Default::default() }))
     }
 
@@ -1634,7 +1659,7 @@ impl S3 for Gateway {
             .extended
             .get(ATTR_POLICY)
             .is_some_and(|text| policy::parse(text, &req.input.bucket).is_ok_and(|p| p.is_public()));
-        let public = by_policy || acl::of(&e.extended).authenticated_read();
+        let public = by_policy || Acl::of(&e.extended).is_public();
         Ok(S3Response::new(GetBucketPolicyStatusOutput {
             policy_status: Some(PolicyStatus { is_public: Some(public) }),
         }))
@@ -1844,13 +1869,13 @@ impl S3 for Gateway {
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         let b = &req.input.bucket;
         names::valid_new_bucket(b).map_err(name_err)?;
-        let canned = canned_acl!(req.input, grant_write);
+        let acl = self.known(asked_acl!(req.input, grant_write)).await?;
         let dir = names::bucket_dir(b).map_err(name_err)?;
         let creator = self.identity_name(&req.credentials).await;
         let mut entry = NewEntry::dir(now_ms());
-        set_acl(&mut entry.extended, canned);
+        set_acl(&mut entry.extended, acl.as_ref());
         if let Some(o) = &req.input.object_ownership {
-            check_ownership(o.as_str(), canned)?;
+            check_ownership(o.as_str(), acl.as_ref())?;
             entry.extended.insert(ATTR_OWNERSHIP.to_string(), o.as_str().to_string());
         }
         if let Some(name) = &creator {
@@ -2206,10 +2231,10 @@ impl S3 for Gateway {
         if let Some(t) = &i.tagging {
             tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
         }
-        let canned = canned_acl!(i);
-        refuse_public_acl(&bucket, canned)?;
-        set_acl(&mut extended, canned);
-        self.set_object_owner(&mut extended, &bucket, canned, &req.credentials).await?;
+        let acl = self.known(asked_acl!(i)).await?;
+        refuse_public_acl(&bucket, acl.as_ref())?;
+        set_acl(&mut extended, acl.as_ref());
+        self.set_object_owner(&mut extended, &bucket, acl.as_ref(), &req.credentials).await?;
         let conditions = self.precondition_for_put(&p, i.if_match.as_ref(), i.if_none_match.as_ref()).await?;
         let stamp = self.new_stamp(&i.bucket, &i.key, versioning::mode_of(&bucket))?;
         let md5 = i.content_md5.as_deref().map(body::parse_content_md5).transpose()?;
@@ -2297,10 +2322,10 @@ impl S3 for Gateway {
         tagging::set(&mut extended, tagging::ATTR_TAGGING, &tags);
         // The copy's ACL is the request's (private unless it names one), never the source's;
         // its owner is its writer's, never the source's.
-        let canned = canned_acl!(i);
-        refuse_public_acl(&bucket, canned)?;
-        set_acl(&mut extended, canned);
-        self.set_object_owner(&mut extended, &bucket, canned, &req.credentials).await?;
+        let acl = self.known(asked_acl!(i)).await?;
+        refuse_public_acl(&bucket, acl.as_ref())?;
+        set_acl(&mut extended, acl.as_ref());
+        self.set_object_owner(&mut extended, &bucket, acl.as_ref(), &req.credentials).await?;
         // The source's checksum of its whole bytes is the copy's (of the algorithm asked, if one
         // was); another algorithm is computed as the bytes are copied.
         let want = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
@@ -2427,10 +2452,10 @@ impl S3 for Gateway {
         if let Some(t) = &i.tagging {
             tagging::set(&mut extended, tagging::ATTR_TAGGING, &tagging::from_header(t)?);
         }
-        let canned = canned_acl!(i);
-        refuse_public_acl(&bucket, canned)?;
-        set_acl(&mut extended, canned);
-        self.set_object_owner(&mut extended, &bucket, canned, &req.credentials).await?;
+        let acl = self.known(asked_acl!(i)).await?;
+        refuse_public_acl(&bucket, acl.as_ref())?;
+        set_acl(&mut extended, acl.as_ref());
+        self.set_object_owner(&mut extended, &bucket, acl.as_ref(), &req.credentials).await?;
         let algo = i.checksum_algorithm.as_ref().map(|a| algo_named(a.as_str())).transpose()?;
         let full_object = match (i.checksum_type.as_ref().map(|t| t.as_str()), algo) {
             (Some(_), None) => {

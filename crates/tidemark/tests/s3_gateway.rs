@@ -63,7 +63,8 @@ fn boto3_drives_every_operation() {
 /// A bucket created through S3 is its creator's: another identity (unless its `-buckets` names
 /// the bucket) can neither read, list, write nor delete it, and creating it again answers
 /// BucketAlreadyExists; canned ACLs (`public-read`, `public-read-write`) open objects and
-/// buckets to unsigned requests; grants to particular accounts are refused. Bucket policies:
+/// buckets to unsigned requests; grants (headers or a policy document) open them to an identity
+/// or a group, and a grant to an unknown identity or an e-mail address is refused. Bucket policies:
 /// an Allow opens (to everyone, or to an identity, under a prefix condition), a Deny wins (the
 /// owner's reads and deletes included, on the source address or on plain HTTP), and a document
 /// using what is not evaluated is refused.

@@ -479,7 +479,7 @@ def unsigned(endpoint, method, path, body=None):
 
 
 def owners_mode(endpoint, one_ak, one_sk, two_ak, two_sk):
-    """Buckets belong to the identity that created them; canned ACLs open them, and nothing else does."""
+    """Buckets belong to the identity that created them; ACLs (canned, or grants) open them."""
     one, two = client(endpoint, one_ak, one_sk), client(endpoint, two_ak, two_sk)
     one.create_bucket(Bucket="own-one")
     one.put_object(Bucket="own-one", Key="k", Body=b"one's")
@@ -511,10 +511,44 @@ def owners_mode(endpoint, one_ak, one_sk, two_ak, two_sk):
     # A copy's ACL is its request's, never its source's.
     one.copy_object(Bucket="own-one", Key="pub-copy", CopySource={"Bucket": "own-one", "Key": "pub"})
     assert unsigned(endpoint, "GET", "/own-one/pub-copy")[0] == 403
-    # Grants to particular accounts are refused, and nothing is stored.
-    expect_code("NotImplemented", lambda: one.put_object_acl(Bucket="own-one", Key="k", GrantRead='id="two"'), "a grant")
-    expect_code("NotImplemented", lambda: one.create_bucket(Bucket="own-grant", GrantRead='id="two"'), "a grant at creation")
-    expect_code("404", lambda: one.head_bucket(Bucket="own-grant"), "nothing created")
+    # Grants to an identity: READ on an object lets it read that object and nothing else; a
+    # bucket's READ, its listing; WRITE, its objects; READ_ACP / WRITE_ACP, the ACL itself.
+    one.create_bucket(Bucket="own-obj")
+    one.put_object(Bucket="own-obj", Key="k", Body=b"one's")
+    one.put_object(Bucket="own-obj", Key="other", Body=b"one's")
+    one.put_object_acl(Bucket="own-obj", Key="k", GrantRead='id="two"')
+    assert two.get_object(Bucket="own-obj", Key="k")["Body"].read() == b"one's"
+    expect_code("AccessDenied", lambda: two.get_object(Bucket="own-obj", Key="other"), "another object")
+    expect_code("AccessDenied", lambda: two.list_objects_v2(Bucket="own-obj"), "an object's grant opens no listing")
+    expect_code("AccessDenied", lambda: two.get_object_acl(Bucket="own-obj", Key="k"), "READ is not READ_ACP")
+    one.create_bucket(Bucket="own-grant", GrantRead="id=two", GrantReadACP='id="two"')
+    got = one.get_bucket_acl(Bucket="own-grant")["Grants"]
+    assert sorted((g["Grantee"]["ID"], g["Permission"]) for g in got) == [("two", "READ"), ("two", "READ_ACP")], got
+    assert two.list_objects_v2(Bucket="own-grant")["KeyCount"] == 0 and two.get_bucket_acl(Bucket="own-grant")["Grants"]
+    expect_code("AccessDenied", lambda: two.put_object(Bucket="own-grant", Key="w", Body=b"w"), "READ is not WRITE")
+    assert unsigned(endpoint, "GET", "/own-grant?list-type=2")[0] == 403, "a grant to two is not to everyone"
+    owner = one.get_bucket_acl(Bucket="own-grant")["Owner"]
+    policy = {"Owner": owner, "Grants": [
+        {"Grantee": {"Type": "CanonicalUser", "ID": "one"}, "Permission": "FULL_CONTROL"},
+        {"Grantee": {"Type": "CanonicalUser", "ID": "two"}, "Permission": "WRITE"},
+        {"Grantee": {"Type": "Group", "URI": "http://acs.amazonaws.com/groups/global/AllUsers"}, "Permission": "READ"}]}
+    one.put_bucket_acl(Bucket="own-grant", AccessControlPolicy=policy)
+    two.put_object(Bucket="own-grant", Key="w", Body=b"by two")
+    assert one.get_object(Bucket="own-grant", Key="w")["Body"].read() == b"by two"
+    assert unsigned(endpoint, "GET", "/own-grant?list-type=2")[0] == 200, "AllUsers READ: listed by anyone"
+    expect_code("AccessDenied", lambda: two.get_bucket_acl(Bucket="own-grant"), "READ_ACP no longer granted")
+    got = one.get_bucket_acl(Bucket="own-grant")["Grants"]
+    assert got[0]["Grantee"]["Type"] == "Group" and len(got) == 3, got
+    # Grants that cannot be kept: an unknown identity, an e-mail address, both a canned ACL and
+    # grants. Nothing is stored.
+    bad = dict(policy, Grants=[{"Grantee": {"Type": "CanonicalUser", "ID": "nobody"}, "Permission": "READ"}])
+    expect_code("InvalidArgument", lambda: one.put_bucket_acl(Bucket="own-grant", AccessControlPolicy=bad), "an unknown id")
+    mail = dict(policy, Grants=[{"Grantee": {"Type": "AmazonCustomerByEmail", "EmailAddress": "two@example.com"}, "Permission": "READ"}])
+    expect_code("UnresolvableGrantByEmailAddress", lambda: one.put_bucket_acl(Bucket="own-grant", AccessControlPolicy=mail), "an e-mail grant")
+    expect_code("InvalidRequest", lambda: one.put_bucket_acl(Bucket="own-grant", ACL="private", GrantRead="id=two"), "both")
+    assert len(one.get_bucket_acl(Bucket="own-grant")["Grants"]) == 3, "unchanged"
+    one.delete_object(Bucket="own-grant", Key="w")
+    one.delete_bucket(Bucket="own-grant")
     # Object ownership: another identity writes into the public-read-write bucket; who owns what
     # it wrote follows the bucket's ownership control.
     rule = lambda o: {"Rules": [{"ObjectOwnership": o}]}
