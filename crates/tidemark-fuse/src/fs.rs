@@ -67,6 +67,10 @@ pub struct Options {
     /// Hand the kernel the filer's own file of a file opened read-only, when the mount runs on
     /// the filer's machine and the kernel offers FUSE passthrough (Linux 6.9 and later).
     pub passthrough: bool,
+    /// Where a handle's bytes go when its last close cannot store them (the filer down or
+    /// refusing): the close's error reaches no program (the kernel sends it after `close`
+    /// returned), so without a copy they would be lost with the handle.
+    pub unsaved_dir: std::path::PathBuf,
 }
 
 /// What a read at a fresh offset (not 0, not continuing the last one) fetches: one ranged read,
@@ -849,6 +853,61 @@ impl TidemarkFs {
         self.forget(&h.path);
         self.inodes().remember(e);
         Ok(())
+    }
+
+    /// After the last close of `h` failed to store its bytes (`why`): a copy of them in the
+    /// unsaved directory (0700), named for the time and the file, and a log line saying where.
+    fn keep_unsaved(&self, h: &Handle, why: Errno) {
+        let Some(spool) = h.spool.as_ref().filter(|_| h.dirty) else { return };
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let mut file = h.path.trim_start_matches('/').replace('/', "%2F");
+        // A name's length is limited (255 bytes): the end of a long path is kept, the whole
+        // path is in the log line.
+        while file.len() > 180 {
+            file.remove(0);
+        }
+        let stamp = tidemark_core::format_rfc3339_ms(now);
+        let why = std::io::Error::from_raw_os_error(why.code());
+        let mut to = self.opts.unsaved_dir.join(format!("{stamp}-{file}"));
+        let kept = (|| -> std::io::Result<u64> {
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.opts.unsaved_dir)?;
+            let mut from = spool.try_clone()?;
+            from.seek(SeekFrom::Start(0))?;
+            let create =
+                |p: &std::path::Path| std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(p);
+            let mut out = create(&to);
+            // (Two last closes of one path in one millisecond.)
+            for n in 1..10 {
+                match out {
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        to = self.opts.unsaved_dir.join(format!("{stamp}-{n}-{file}"));
+                        out = create(&to);
+                    }
+                    _ => break,
+                }
+            }
+            let mut out = out?;
+            let n = std::io::copy(&mut from, &mut out)?;
+            out.sync_all()?;
+            Ok(n)
+        })();
+        match kept {
+            Ok(n) => tracing::error!(
+                path = h.path,
+                kept = %to.display(),
+                "the last close of {} could not store its {n} bytes ({why}); they are kept in {}: copy them back once the filer is reachable",
+                h.path,
+                to.display()
+            ),
+            Err(e) => tracing::error!(
+                path = h.path,
+                "the last close of {} could not store its bytes ({why}), nor keep them in {} ({e}): they are lost",
+                h.path,
+                self.opts.unsaved_dir.display()
+            ),
+        }
     }
 
     /// A new entry `n` at `p` in directory `parent`, owned by the user `req` acts for (with the
@@ -1831,7 +1890,11 @@ impl Filesystem for TidemarkFs {
                 let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
                 h.reader = None;
                 self.release_io(&h);
-                self.upload(&mut h)
+                let r = self.upload(&mut h);
+                if r.is_err() {
+                    self.keep_unsaved(&h, r.err().unwrap_or(Errno::EIO));
+                }
+                r
             }
             None => Ok(()),
         };

@@ -32,6 +32,21 @@ pub struct MountArgs {
     /// Let the kernel read files opened read-only straight from the filer's files when they are
     /// on this machine (FUSE passthrough).
     pub passthrough: bool,
+    /// Where the bytes of a file whose last close could not store them are kept (see
+    /// [`fs::Options::unsaved_dir`]).
+    pub unsaved_dir: PathBuf,
+}
+
+/// The default `--unsaved-dir`: `$XDG_STATE_HOME/tidemark/unsaved`, else
+/// `~/.local/state/tidemark/unsaved`, else `/var/tmp/tidemark-unsaved`.
+pub fn default_unsaved_dir() -> PathBuf {
+    let state = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).filter(|p| p.is_absolute()).or_else(|| {
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")).filter(|p| p.is_absolute())
+    });
+    match state {
+        Some(s) => s.join("tidemark/unsaved"),
+        None => PathBuf::from("/var/tmp/tidemark-unsaved"),
+    }
 }
 
 /// Why a mount point cannot be used, with what to do about it.
@@ -139,8 +154,13 @@ pub async fn mount(
     }
     // Follow from now: everything read after this point is invalidated when it changes.
     let after = filer.health().await.map_err(|e: Error| format!("cannot reach the filer: {e}"))?.last_seq;
-    let opts =
-        Options { read_only: args.read_only, ttl: args.ttl, timeout: args.timeout, passthrough: args.passthrough };
+    let opts = Options {
+        read_only: args.read_only,
+        ttl: args.ttl,
+        timeout: args.timeout,
+        passthrough: args.passthrough,
+        unsaved_dir: args.unsaved_dir.clone(),
+    };
     let fs = fs::TidemarkFs::new(filer.clone(), tokio::runtime::Handle::current(), &root, opts);
     let inodes = fs.inodes.clone();
     let counters = fs.counters.clone();

@@ -179,9 +179,15 @@ pub struct MountArgs {
     /// Seconds the kernel may keep attributes and names; changes invalidate them sooner.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     attr_ttl: u64,
-    /// Seconds one call to the filer may take before the operation fails with EIO.
+    /// Seconds the filer may leave a call unanswered (for an upload: take none of its bytes)
+    /// before the operation fails with EIO. An upload takes as long as its bytes take.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     timeout: u64,
+    /// Where the bytes of a file are kept when its last close cannot store them (the filer
+    /// unreachable): a program's close has returned by then, so this copy is what is left.
+    /// Default: $XDG_STATE_HOME/tidemark/unsaved (~/.local/state/tidemark/unsaved).
+    #[arg(long, value_name = "DIR")]
+    unsaved_dir: Option<PathBuf>,
     /// Read every file through the filer's API. By default, a file opened read-only whose
     /// bytes lie in the data directory of a filer on this machine is read straight from that
     /// file: by the kernel in a --read-only mount (FUSE passthrough, Linux 6.9+, as root: near
@@ -876,6 +882,7 @@ pub async fn run_mount(a: MountArgs) -> i32 {
         ttl: std::time::Duration::from_secs(a.attr_ttl),
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
         passthrough: !a.no_passthrough,
+        unsaved_dir: a.unsaved_dir.clone().unwrap_or_else(tidemark_fuse::default_unsaved_dir),
     };
     println!("tidemark mount: {} of filer {}{through} on {}", args.root, a.filer, a.mountpoint.display());
     match tidemark_fuse::mount(filer, args, shutdown, report_rx).await {

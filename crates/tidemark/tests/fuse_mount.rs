@@ -659,18 +659,24 @@ fn a_read_whose_stream_breaks_is_resumed_and_never_mixes_versions() {
 /// through a link to the filer of 4 MiB/s takes twice the timeout to upload and is stored whole
 /// (it failed with EIO at close, its bytes lost, when the timeout was the whole upload's
 /// deadline). A filer that stops taking the body fails the fsync with EIO after the timeout, not a
-/// hang, and the handle keeps its bytes: its close uploads them once the filer is back.
+/// hang, and the handle keeps its bytes: its close uploads them once the filer is back. A filer
+/// gone at the last close: the bytes are kept in `--unsaved-dir`.
 #[test]
 fn an_upload_longer_than_the_timeout_is_stored_while_it_moves() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let t_s = t.to_str().unwrap().to_string();
-    let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off"]);
+    let mut server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off"]);
     let slow = Shape { up_mib_s: Some(4.0), ..Default::default() };
     let proxy = shaping_proxy(&format!("http://{}", server.addr), slow).unwrap();
     // (Up to about 10 MB of a body is in flight in loopback's buffers, unseen by the mount: they
     // must reach the filer within the timeout.)
-    let m = Mounted::start(&proxy.to_string(), &t.join("mnt"), &["--no-filer-socket", "--timeout", "4"]);
+    let unsaved = t.join("unsaved");
+    let m = Mounted::start(
+        &proxy.to_string(),
+        &t.join("mnt"),
+        &["--no-filer-socket", "--timeout", "4", "--unsaved-dir", unsaved.to_str().unwrap()],
+    );
     let started = Instant::now();
     sh(&format!("head -c 32000000 /dev/urandom > '{t_s}/src' && cp '{t_s}/src' '{t_s}/mnt/big.bin'"));
     let took = started.elapsed();
@@ -693,11 +699,26 @@ fn an_upload_longer_than_the_timeout_is_stored_while_it_moves() {
     let stored = std::fs::read(t.join("mnt/stopped.bin")).unwrap();
     assert!(
         stored == data,
-        "the handle's bytes, uploaded at its close ({} bytes):\n{}\n{}",
+        "the handle's bytes, uploaded at its close ({} bytes):\n{}",
         stored.len(),
-        m.process.stderr(),
-        server.stderr()
+        m.process.stderr()
     );
+
+    // The filer gone at the last close: the close fails, and the bytes are kept in
+    // --unsaved-dir (the release's error reaches no program), with a log line saying where.
+    let mut f = std::fs::File::create(t.join("mnt/dir-lost.bin")).unwrap();
+    std::io::Write::write_all(&mut f, b"written while the filer went").unwrap();
+    server.kill();
+    drop(f);
+    eventually("the bytes kept in --unsaved-dir", || {
+        std::fs::read_dir(&unsaved).is_ok_and(|d| {
+            d.flatten().any(|e| {
+                e.file_name().to_string_lossy().ends_with("-dir-lost.bin")
+                    && std::fs::read(e.path()).is_ok_and(|b| b == b"written while the filer went")
+            })
+        })
+    });
+    assert!(m.process.stderr().contains("could not store its 28 bytes"), "{}", m.process.stderr());
 }
 
 /// A mount of a cluster (`--filer A,B`: two filers on one PostgreSQL, file content on a blob
