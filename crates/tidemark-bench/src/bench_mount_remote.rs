@@ -61,6 +61,7 @@ pub(crate) async fn mount_in_process(
         ttl: Duration::from_secs(60),
         timeout: Duration::from_secs(30),
         passthrough: true,
+        unsaved_dir: mnt.with_extension("unsaved"),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (report_tx, report_rx) = tokio::sync::mpsc::channel(1);
