@@ -49,6 +49,12 @@ fn policy_request(
             values.insert(format!("s3:{h}"), v.to_string());
         }
     }
+    // The tags a put gives its object (`x-amz-tagging`, URL-encoded).
+    if let Some(v) = cx.headers().get("x-amz-tagging").and_then(|v| v.to_str().ok()) {
+        for (k, v) in form_urlencoded::parse(v.as_bytes()) {
+            values.insert(format!("{}{k}", crate::policy::REQUEST_TAG), v.into_owned());
+        }
+    }
     // Said by the client, so only as good as a client's word (as on S3).
     for (h, k) in [("referer", "aws:referer"), ("user-agent", "aws:useragent")] {
         if let Some(v) = cx.headers().get(h).and_then(|v| v.to_str().ok()) {
@@ -190,6 +196,17 @@ impl Shared {
         }
         all.insert(bucket.to_string(), (Instant::now(), facts.clone()));
         facts
+    }
+
+    /// The tags the object `key` of `bucket` has, as a policy's `s3:ExistingObjectTag/KEY`
+    /// values (none when it does not exist or cannot be read: a condition on them then fails).
+    pub async fn add_object_tags(&self, r: &mut crate::policy::Request, bucket: &str, key: &str) {
+        let Ok((p, _)) = crate::names::object_path(bucket, key) else { return };
+        if let Ok(Some(e)) = self.filer.stat(&p).await {
+            for (k, v) in crate::tagging::kept(&e.extended, crate::tagging::ATTR_TAGGING) {
+                r.values.insert(format!("{}{k}", crate::policy::EXISTING_TAG), v);
+            }
+        }
     }
 
     /// Whether the object `key` of `bucket` surely does not exist.
@@ -368,7 +385,16 @@ impl S3Access for Access {
             return Err(denied(format!("bucket {b} is not owned by {expected:?} (x-amz-expected-bucket-owner)")));
         }
         let mut decision = match (&facts.policy, &bucket) {
-            (Some(p), Some(b)) => p.evaluate(&policy_request(cx, name.clone(), &op, b)),
+            (Some(p), Some(b)) => {
+                let mut r = policy_request(cx, name.clone(), &op, b);
+                if p.reads_object_tags()
+                    && let S3Path::Object { key, .. } = cx.s3_path()
+                {
+                    let key = key.to_string();
+                    self.0.add_object_tags(&mut r, b, &key).await;
+                }
+                p.evaluate(&r)
+            }
             _ => Decision::Silent,
         };
         // A public policy of a bucket that restricts public buckets allows only its creator.

@@ -2,7 +2,8 @@
 //! bucket that has one (`s3.policy` in its entry, the document as given). `Allow` and `Deny`
 //! statements name principals (`*`, or identities: a name or an ARN ending in `user/NAME`),
 //! actions (`s3:GetObject`, wildcards) and resources (`arn:aws:s3:::bucket/key*`), with conditions
-//! on the listing prefix, the source address, secure transport and a few request headers. An
+//! on the listing prefix, the source address, secure transport, a few request headers, the tags
+//! an object has (`s3:ExistingObjectTag/KEY`) and those a put gives it (`s3:RequestObjectTag/KEY`). An
 //! explicit `Deny` wins over everything; an `Allow` opens the bucket to identities (and unsigned
 //! requests) beyond their own scope. A document using what is not evaluated here — another
 //! condition key or operator, `NotPrincipal`, a resource of another bucket — is refused when it is
@@ -35,6 +36,25 @@ const KEYS: [&str; 14] = [
     "s3:x-amz-copy-source",
     "s3:x-amz-metadata-directive",
 ];
+
+/// Condition key families whose last part is a tag's key (case kept): the tags the object has
+/// (`s3:ExistingObjectTag/KEY`) and those a request gives it (`s3:RequestObjectTag/KEY`, from
+/// `x-amz-tagging`).
+pub const EXISTING_TAG: &str = "s3:existingobjecttag/";
+pub const REQUEST_TAG: &str = "s3:requestobjecttag/";
+
+/// A condition key as requests' values are kept: lower case, but for a tag's key.
+fn condition_key(k: &str) -> String {
+    for family in [EXISTING_TAG, REQUEST_TAG] {
+        if let (Some(head), Some(tag)) = (k.get(..family.len()), k.get(family.len()..))
+            && head.eq_ignore_ascii_case(family)
+            && !tag.is_empty()
+        {
+            return format!("{family}{tag}");
+        }
+    }
+    k.to_ascii_lowercase()
+}
 
 const OPERATORS: [&str; 10] = [
     "Null",
@@ -78,6 +98,13 @@ pub struct Statement {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     statements: Vec<Statement>,
+}
+
+impl Policy {
+    /// Whether a condition names an object's existing tags: the access check then reads them.
+    pub fn reads_object_tags(&self) -> bool {
+        self.statements.iter().any(|st| st.conditions.iter().any(|(_, k, _)| k.starts_with(EXISTING_TAG)))
+    }
 }
 
 #[derive(Deserialize)]
@@ -167,8 +194,9 @@ pub fn parse(text: &str, bucket: &str) -> S3Result<Policy> {
                 }
                 let kv = kv.as_object().ok_or_else(|| malformed(format!("{op}: an object of keys")))?;
                 for (k, v) in kv {
-                    let key = k.to_ascii_lowercase();
-                    if !KEYS.contains(&key.as_str()) {
+                    let key = condition_key(k);
+                    let tag = key.starts_with(EXISTING_TAG) || key.starts_with(REQUEST_TAG);
+                    if !tag && !KEYS.contains(&key.as_str()) {
                         return Err(S3Error::with_message(
                             S3ErrorCode::NotImplemented,
                             format!("the condition key {k} is not evaluated here; nothing was stored"),
@@ -368,6 +396,31 @@ mod tests {
     }
 
     #[test]
+    fn conditions_on_object_tags_match_the_tag_key_as_written() {
+        let p = parse(
+            r#"{"Statement":[{"Effect":"Allow","Principal":"*","Action":"s3:GetObject","Resource":"arn:aws:s3:::b/*","Condition":{"StringEquals":{"s3:ExistingObjectTag/Security":"public"}}},
+                {"Effect":"Allow","Principal":"*","Action":"s3:PutObject","Resource":"arn:aws:s3:::b/*","Condition":{"StringEquals":{"S3:RequestObjectTag/team":"a"}}}]}"#,
+            "b",
+        )
+        .unwrap();
+        assert!(p.reads_object_tags());
+        let req = |action: &str, values: &[(&str, &str)]| Request {
+            principal: Some("alt".into()),
+            action: action.into(),
+            resource: "arn:aws:s3:::b/k".into(),
+            values: values.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            source_ip: None,
+        };
+        let get = |tag: &str, v: &str| p.evaluate(&req("s3:GetObject", &[(&format!("{EXISTING_TAG}{tag}"), v)]));
+        assert_eq!(get("Security", "public"), Decision::Allow);
+        assert_eq!(get("Security", "private"), Decision::Silent);
+        assert_eq!(get("security", "public"), Decision::Silent, "a tag's key is case-sensitive");
+        assert_eq!(p.evaluate(&req("s3:GetObject", &[])), Decision::Silent, "no such tag");
+        assert_eq!(p.evaluate(&req("s3:PutObject", &[("s3:requestobjecttag/team", "a")])), Decision::Allow);
+        assert_eq!(p.evaluate(&req("s3:PutObject", &[("s3:requestobjecttag/team", "b")])), Decision::Silent);
+    }
+
+    #[test]
     fn policies_allow_deny_and_refuse_what_they_cannot_say() {
         let p = parse(
             r#"{"Version":"2012-10-17","Statement":[
@@ -404,7 +457,7 @@ mod tests {
         );
         assert_eq!(
             code(
-                r#"{"Statement":{"Effect":"Allow","Principal":"*","Action":"s3:GetObject","Resource":"arn:aws:s3:::b/*","Condition":{"StringEquals":{"s3:ExistingObjectTag/k":"v"}}}}"#
+                r#"{"Statement":{"Effect":"Allow","Principal":"*","Action":"s3:GetObject","Resource":"arn:aws:s3:::b/*","Condition":{"StringEquals":{"s3:ExistingObjectTags/k":"v"}}}}"#
             ),
             S3ErrorCode::NotImplemented
         );

@@ -613,11 +613,32 @@ def policy_mode(endpoint, one_ak, one_sk, two_ak, two_sk):
     expect_code("AccessDenied", lambda: one.get_object(Bucket=b, Key="docs/c"), "a source-address Deny")
     one.delete_bucket_policy(Bucket=b)
     assert one.get_object(Bucket=b, Key="docs/c")["Body"].read() == b"docs/c"
+    # Conditions on tags: an object's own (a Deny on secret=yes, even for the owner; an Allow on
+    # Team=two for two) and those a put gives it.
+    tagged = {"Statement": [
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{b}/*",
+         "Condition": {"StringEquals": {"s3:ExistingObjectTag/secret": "yes"}}},
+        {"Effect": "Allow", "Principal": {"AWS": "two"}, "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{b}/*",
+         "Condition": {"StringEquals": {"s3:ExistingObjectTag/Team": "two"}}},
+        {"Effect": "Allow", "Principal": {"AWS": "two"}, "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{b}/*",
+         "Condition": {"StringEquals": {"s3:RequestObjectTag/Team": "two"}}}]}
+    one.put_bucket_policy(Bucket=b, Policy=json.dumps(tagged))
+    one.put_object_tagging(Bucket=b, Key="docs/c", Tagging={"TagSet": [{"Key": "secret", "Value": "yes"}]})
+    expect_code("AccessDenied", lambda: one.get_object(Bucket=b, Key="docs/c"), "a Deny on an object's tag")
+    one.put_object_tagging(Bucket=b, Key="private/b", Tagging={"TagSet": [{"Key": "Team", "Value": "two"}]})
+    assert two.get_object(Bucket=b, Key="private/b")["Body"].read() == b"private/b", "an Allow on an object's tag"
+    one.put_object_tagging(Bucket=b, Key="private/b", Tagging={"TagSet": [{"Key": "team", "Value": "two"}]})
+    expect_code("AccessDenied", lambda: two.get_object(Bucket=b, Key="private/b"), "a tag's key is case-sensitive")
+    two.put_object(Bucket=b, Key="by-two", Body=b"2", Tagging="Team=two")
+    expect_code("AccessDenied", lambda: two.put_object(Bucket=b, Key="by-two", Body=b"2", Tagging="Team=one"), "another tag")
+    expect_code("AccessDenied", lambda: two.put_object(Bucket=b, Key="by-two", Body=b"2"), "no tag")
+    one.delete_bucket_policy(Bucket=b)
+    one.delete_object_tagging(Bucket=b, Key="docs/c")
     # Refused, and nothing stored.
     expect_code("MalformedPolicy", lambda: one.put_bucket_policy(Bucket=b, Policy="{"), "not JSON")
-    tagged = {"Statement": [{"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{b}/*",
-                             "Condition": {"StringEquals": {"s3:ExistingObjectTag/secret": "yes"}}}]}
-    expect_code("NotImplemented", lambda: one.put_bucket_policy(Bucket=b, Policy=json.dumps(tagged)), "a key not evaluated")
+    untagged = {"Statement": [{"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{b}/*",
+                               "Condition": {"StringEquals": {"s3:ExistingObjectTags/secret": "yes"}}}]}
+    expect_code("NotImplemented", lambda: one.put_bucket_policy(Bucket=b, Policy=json.dumps(untagged)), "a key not evaluated")
     other = {"Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::other/*"}]}
     expect_code("MalformedPolicy", lambda: one.put_bucket_policy(Bucket=b, Policy=json.dumps(other)), "another bucket's resource")
     expect_code("NoSuchBucketPolicy", lambda: one.get_bucket_policy(Bucket=b), "nothing stored")
