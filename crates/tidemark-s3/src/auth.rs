@@ -39,6 +39,11 @@ fn policy_request(
     }
     for h in [
         "x-amz-acl",
+        "x-amz-grant-read",
+        "x-amz-grant-write",
+        "x-amz-grant-read-acp",
+        "x-amz-grant-write-acp",
+        "x-amz-grant-full-control",
         "x-amz-server-side-encryption",
         "x-amz-server-side-encryption-aws-kms-key-id",
         "x-amz-server-side-encryption-customer-algorithm",

@@ -20,7 +20,12 @@ use s3s::{S3Error, S3ErrorCode, S3Result};
 pub const ATTR_POLICY: &str = "s3.policy";
 
 /// Condition keys evaluated here.
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 19] = [
+    "s3:x-amz-grant-read",
+    "s3:x-amz-grant-write",
+    "s3:x-amz-grant-read-acp",
+    "s3:x-amz-grant-write-acp",
+    "s3:x-amz-grant-full-control",
     "aws:referer",
     "aws:useragent",
     "s3:prefix",
@@ -418,6 +423,14 @@ mod tests {
         assert_eq!(p.evaluate(&req("s3:GetObject", &[])), Decision::Silent, "no such tag");
         assert_eq!(p.evaluate(&req("s3:PutObject", &[("s3:requestobjecttag/team", "a")])), Decision::Allow);
         assert_eq!(p.evaluate(&req("s3:PutObject", &[("s3:requestobjecttag/team", "b")])), Decision::Silent);
+        // A put's grant headers, as the bucket owner's condition on what others upload.
+        let p = parse(
+            r#"{"Statement":{"Effect":"Allow","Principal":"*","Action":"s3:PutObject","Resource":"arn:aws:s3:::b/*","Condition":{"StringEquals":{"s3:x-amz-grant-full-control":"id=main"}}}}"#,
+            "b",
+        )
+        .unwrap();
+        assert_eq!(p.evaluate(&req("s3:PutObject", &[("s3:x-amz-grant-full-control", "id=main")])), Decision::Allow);
+        assert_eq!(p.evaluate(&req("s3:PutObject", &[])), Decision::Silent);
     }
 
     #[test]
