@@ -57,6 +57,16 @@ impl TidemarkProcess {
         Self::start_with_env(bin, data_dir, &args, if s3_off { 2 } else { 3 }, env)
     }
 
+    /// Starts one filer of a cluster in `dir`: `tidemark filer` on the shared `store` (a
+    /// PostgreSQL URL), its content on `blob_store` (an `s3://` URL on moto, reached with
+    /// moto's credentials), on a free port.
+    pub fn cluster_filer(bin: &Path, dir: &Path, store: &str, blob_store: &str) -> Self {
+        let d = dir.to_str().expect("UTF-8 temp path");
+        let args = ["filer", "--data-dir", d, "--addr", "127.0.0.1:0", "--store", store, "--blob-store", blob_store];
+        let aws = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
+        Self::start_with_env(bin, dir, &args, 1, &aws)
+    }
+
     /// Starts `tidemark ARGS...`, which must print `... listening on http://ADDR ...` on stdout.
     pub fn start(bin: &Path, data_dir: &Path, args: &[&str]) -> Self {
         Self::start_with(bin, data_dir, args, 1)

@@ -737,22 +737,7 @@ fn a_mount_of_two_filers_reads_on_when_one_is_killed_mid_read() {
     let blob_store = format!("s3://{blobs}?endpoint={}", moto.endpoint);
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    let aws = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
-    let filer = |name: &str| {
-        let dir = t.join(name);
-        let args = [
-            "filer",
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--addr",
-            "127.0.0.1:0",
-            "--store",
-            &store,
-            "--blob-store",
-            &blob_store,
-        ];
-        TidemarkProcess::start_with_env(bin(), &dir, &args, 1, &aws)
-    };
+    let filer = |name: &str| TidemarkProcess::cluster_filer(bin(), &t.join(name), &store, &blob_store);
     let (mut a, b) = (filer("a"), filer("b"));
     let shell = |addr: &str, cmd: &str| ok(run_shell(bin(), addr, cmd, &[]));
     shell(&a.addr, &moto.configure_command("s3"));

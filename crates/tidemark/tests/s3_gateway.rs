@@ -257,13 +257,7 @@ fn a_gateway_of_two_filers_answers_a_get_whole_when_one_is_killed_mid_body() {
     let blob_store = format!("s3://{blobs}?endpoint={}", moto.endpoint);
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    let aws = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
-    let filer = |name: &str| {
-        let dir = t.join(name);
-        let args = ["filer", "--data-dir", dir.to_str().unwrap(), "--addr", "127.0.0.1:0", "--store", &store];
-        let args = [&args[..], &["--blob-store", &blob_store]].concat();
-        TidemarkProcess::start_with_env(bin(), &dir, &args, 1, &aws)
-    };
+    let filer = |name: &str| TidemarkProcess::cluster_filer(bin(), &t.join(name), &store, &blob_store);
     let (mut a, b) = (filer("a"), filer("b"));
     let filers = format!("{},{}", a.addr, b.addr);
     let gw = TidemarkProcess::start(bin(), &t.join("gw"), &["s3", "--filer", &filers, "--addr", "127.0.0.1:0"]);
