@@ -154,6 +154,17 @@ pub async fn mount(
     }
     // Follow from now: everything read after this point is invalidated when it changes.
     let after = filer.health().await.map_err(|e: Error| format!("cannot reach the filer: {e}"))?.last_seq;
+    // Bytes an earlier mount could not store wait there for someone to notice.
+    if let Ok(d) = std::fs::read_dir(&args.unsaved_dir) {
+        let n = d.flatten().count();
+        if n > 0 {
+            tracing::warn!(
+                dir = %args.unsaved_dir.display(),
+                "{n} unsaved file(s) in {} (the bytes of files whose last close could not store them): copy them back into the mount, then remove them",
+                args.unsaved_dir.display()
+            );
+        }
+    }
     let opts = Options {
         read_only: args.read_only,
         ttl: args.ttl,

@@ -719,6 +719,12 @@ fn an_upload_longer_than_the_timeout_is_stored_while_it_moves() {
         })
     });
     assert!(m.process.stderr().contains("could not store its 28 bytes"), "{}", m.process.stderr());
+    // A later mount says they are there.
+    drop(m);
+    let server = TidemarkProcess::server(bin(), &t.join("data"), &["--s3-addr", "off"]);
+    let again = Mounted::start(&server.addr, &t.join("mnt"), &["--unsaved-dir", unsaved.to_str().unwrap()]);
+    let log = again.process.stderr();
+    assert!(log.contains("1 unsaved file(s) in"), "{log}");
 }
 
 /// A mount of a cluster (`--filer A,B`: two filers on one PostgreSQL, file content on a blob
