@@ -48,6 +48,80 @@ pub fn idle_limited(stream: ByteStream, idle: std::time::Duration) -> ByteStream
     .boxed()
 }
 
+/// What reopening a broken stream from where it broke gave ([`resuming`]).
+pub enum Reopened {
+    /// The rest of the bytes.
+    Stream(ByteStream),
+    /// Not now (the source unreachable): counted as another break.
+    Retry(std::io::Error),
+    /// Never (the source changed or went): the stream ends with this error.
+    Fail(std::io::Error),
+}
+
+/// `stream`, bytes `pos..end` of something that can be opened again from any offset, resumed
+/// where it broke: after a break it waits as `resumes` says and asks `reopen` for the rest
+/// (given the range left and the error that broke it), as often as `resumes` allows in a row;
+/// then it ends with the last error. A break after the last byte ends it well. Both resumed
+/// reads — a bucket's GET in the filer, a filer's content in its client — are this.
+pub fn resuming<F, Fut>(
+    stream: ByteStream,
+    pos: u64,
+    end: u64,
+    resumes: crate::backoff::Resumes,
+    reopen: F,
+) -> ByteStream
+where
+    F: FnMut(ByteRange, &std::io::Error) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Reopened> + Send,
+{
+    use futures::StreamExt;
+    struct State<F> {
+        stream: Option<ByteStream>,
+        pos: u64,
+        end: u64,
+        resumes: crate::backoff::Resumes,
+        reopen: F,
+    }
+    let state = State { stream: Some(stream), pos, end, resumes, reopen };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            let mut e = match s.stream.as_mut()?.next().await {
+                Some(Ok(b)) => {
+                    s.pos += b.len() as u64;
+                    s.resumes.got(b.len() as u64);
+                    return Some((Ok(b), s));
+                }
+                Some(Err(e)) => e,
+                None => return None,
+            };
+            s.stream = None;
+            loop {
+                // Everything asked for came: what broke was past it.
+                if s.pos >= s.end {
+                    return None;
+                }
+                let Some(wait) = s.resumes.broke() else {
+                    let n = s.resumes.in_a_row();
+                    let e =
+                        std::io::Error::other(format!("{e} (resumed {n} times in a row at byte {}; gave up)", s.pos));
+                    return Some((Err(e), s));
+                };
+                tokio::time::sleep(wait).await;
+                let rest = ByteRange { offset: s.pos, length: Some(s.end - s.pos) };
+                match (s.reopen)(rest, &e).await {
+                    Reopened::Stream(stream) => {
+                        s.stream = Some(stream);
+                        break;
+                    }
+                    Reopened::Retry(again) => e = again,
+                    Reopened::Fail(e) => return Some((Err(e), s)),
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
 /// What a read's stream ends with when it broke and, before it could be resumed where it broke,
 /// the file became another version (or went): the bytes after the break would be another
 /// version's, so the read fails instead. A client that retries the read would mix versions too;

@@ -155,8 +155,7 @@ pub trait RemoteStorage: Send + Sync + 'static {
         if size > PART as u64 {
             return self.put_in_parts(key, body, size, metadata, headers).await;
         }
-        let body = gather(body, size, key).await?;
-        self.put_with_headers(key, body, metadata, headers).await
+        put_gathered(self, key, body, size, metadata, headers).await
     }
 
     /// [`put_stream`](Self::put_stream) of a body larger than [`PART`]. Providers whose objects
@@ -171,8 +170,7 @@ pub trait RemoteStorage: Send + Sync + 'static {
         metadata: BTreeMap<String, String>,
         headers: &ObjectHeaders,
     ) -> Result<RemoteObject> {
-        let body = gather(body, size, key).await?;
-        self.put_with_headers(key, body, metadata, headers).await
+        put_gathered(self, key, body, size, metadata, headers).await
     }
 
     /// Deleting a missing key is not an error.
@@ -413,6 +411,19 @@ const MAX_PART: usize = 4000 * 1024 * 1024;
 /// The size of part `number` (from 1).
 pub fn part_size(number: i32) -> usize {
     (PART << ((number - 1) / PARTS_PER_SIZE).clamp(0, 9)).min(MAX_PART)
+}
+
+/// `body` (`size` bytes) gathered and put in one request.
+async fn put_gathered<S: RemoteStorage + ?Sized>(
+    store: &S,
+    key: &str,
+    body: ByteStream,
+    size: u64,
+    metadata: BTreeMap<String, String>,
+    headers: &ObjectHeaders,
+) -> Result<RemoteObject> {
+    let body = gather(body, size, key).await?;
+    store.put_with_headers(key, body, metadata, headers).await
 }
 
 /// All of `body`, which must be `size` bytes (a put of another length than the caller said

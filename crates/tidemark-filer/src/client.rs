@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use tidemark_core::backoff::Resumes;
 use tidemark_core::cache::{CacheOutcome, CacheStats, CacheStatus};
 use tidemark_core::error::ErrorBody;
+use tidemark_core::filer::{Reopened, resuming};
 use tidemark_core::model::{Applied, ChangeRecord, Entry, Fence, Lease, Page, Precondition, Txn, TxnBatch, TxnOutcome};
 use tidemark_core::{ByteRange, ByteStream, ChangedMidRead, DeleteOptions, Error, Filer, Health, Result, WriteOptions};
 
@@ -310,85 +311,12 @@ impl HttpFiler {
     }
 }
 
-/// How many times in a row a content stream that breaks is opened again, and the first wait
-/// (doubling): 0.2 + 0.4 + 0.8 + 1.6 s, time for a client of several filers to reach the next.
+/// How many times in a row a content stream that breaks is opened again from where it broke
+/// (if the file is still the version it began at: never the bytes of another version after
+/// those of one, [`ChangedMidRead`]), and the first wait (doubling): 0.2 + 0.4 + 0.8 + 1.6 s,
+/// time for a client of several filers to reach the next.
 const RESUMES_IN_A_ROW: u32 = 4;
 const RESUME_BACKOFF: Duration = Duration::from_millis(200);
-
-/// A read of the filer's file at `path`, bytes `pos..end`, resumed where it broke: a stream that
-/// fails after it began (the filer restarted, the connection was reset, the filer went and the
-/// client moved to the next of its cluster) is opened again from the first byte not yet
-/// received, if the file is still the version it began at — never the bytes of another version
-/// after those of one ([`ChangedMidRead`]). At most [`RESUMES_IN_A_ROW`] times in a row (see
-/// [`Resumes`]); an open the filer refuses for another reason is the read's error at once.
-struct Resumed {
-    filer: HttpFiler,
-    path: String,
-    pos: u64,
-    end: u64,
-    version: u64,
-    /// `None` once the read ended, well or not.
-    stream: Option<ByteStream>,
-    resumes: Resumes,
-}
-
-impl Resumed {
-    async fn next(&mut self) -> Option<std::io::Result<bytes::Bytes>> {
-        loop {
-            let e = match self.stream.as_mut()?.next().await {
-                Some(Ok(b)) => {
-                    self.pos += b.len() as u64;
-                    self.resumes.got(b.len() as u64);
-                    return Some(Ok(b));
-                }
-                Some(Err(e)) => e,
-                None => {
-                    self.stream = None;
-                    return None;
-                }
-            };
-            self.stream = None;
-            if let Err(e) = self.resume(e).await {
-                return Some(Err(e));
-            }
-        }
-    }
-
-    /// Opens the stream again from `pos`, after `broke`; the read's error if it cannot be.
-    async fn resume(&mut self, mut broke: std::io::Error) -> std::io::Result<()> {
-        loop {
-            let Some(wait) = self.resumes.broke() else {
-                tracing::warn!(path = self.path, at = self.pos, error = %broke, "read: gave up after {RESUMES_IN_A_ROW} resumes in a row");
-                return Err(broke);
-            };
-            tracing::info!(path = self.path, at = self.pos, error = %broke, "resuming the read where it broke in {wait:?}");
-            tokio::time::sleep(wait).await;
-            if self.pos >= self.end {
-                // It broke after its last byte: nothing is left to read.
-                self.stream = Some(futures::stream::empty().boxed());
-                return Ok(());
-            }
-            let rest = ByteRange { offset: self.pos, length: Some(self.end - self.pos) };
-            let changed = |now| {
-                let c = ChangedMidRead { path: self.path.clone(), was: self.version, now };
-                tracing::warn!(path = self.path, at = self.pos, "{c}");
-                std::io::Error::other(c)
-            };
-            match self.filer.open_content(&self.path, Some(rest)).await {
-                Ok((entry, stream)) if entry.version == self.version => {
-                    self.stream = Some(stream);
-                    return Ok(());
-                }
-                Ok((entry, _)) => return Err(changed(Some(entry.version))),
-                Err(Error::NotFound { .. } | Error::IsADirectory { .. } | Error::NotADirectory { .. }) => {
-                    return Err(changed(None));
-                }
-                Err(e) if e.is_retryable() => broke = std::io::Error::other(e),
-                Err(e) => return Err(std::io::Error::other(e)),
-            }
-        }
-    }
-}
 
 /// The response if it succeeded, else the error it carries.
 async fn check(base: &str, resp: Response) -> Result<Response> {
@@ -513,17 +441,29 @@ impl Filer for HttpFiler {
             Some(n) => pos.saturating_add(n).min(entry.size),
             None => entry.size,
         };
-        let read = Resumed {
-            filer: self.clone(),
-            path: path.to_string(),
-            pos,
-            end,
-            version: entry.version,
-            stream: Some(stream),
-            resumes: Resumes::new(RESUME_BACKOFF, RESUMES_IN_A_ROW),
+        let (filer, path, version) = (self.clone(), path.to_string(), entry.version);
+        let reopen = move |rest: ByteRange, e: &std::io::Error| {
+            tracing::info!(path, at = rest.offset, error = %e, "resuming the read where it broke");
+            let (filer, path) = (filer.clone(), path.clone());
+            async move {
+                let changed = |now| {
+                    let c = ChangedMidRead { path: path.clone(), was: version, now };
+                    tracing::warn!(path, at = rest.offset, "{c}");
+                    Reopened::Fail(std::io::Error::other(c))
+                };
+                match filer.open_content(&path, Some(rest)).await {
+                    Ok((entry, stream)) if entry.version == version => Reopened::Stream(stream),
+                    Ok((entry, _)) => changed(Some(entry.version)),
+                    Err(Error::NotFound { .. } | Error::IsADirectory { .. } | Error::NotADirectory { .. }) => {
+                        changed(None)
+                    }
+                    Err(e) if e.is_retryable() => Reopened::Retry(std::io::Error::other(e)),
+                    Err(e) => Reopened::Fail(std::io::Error::other(e)),
+                }
+            }
         };
-        let stream = futures::stream::unfold(read, |mut r| async move { r.next().await.map(|item| (item, r)) });
-        Ok((entry, stream.boxed()))
+        let resumes = Resumes::new(RESUME_BACKOFF, RESUMES_IN_A_ROW);
+        Ok((entry, resuming(stream, pos, end, resumes, reopen)))
     }
 
     async fn write(&self, path: &str, body: ByteStream, opts: WriteOptions) -> Result<Entry> {

@@ -6,14 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::StreamExt;
-
 use serde::de::DeserializeOwned;
 
 use tidemark_cloud::local::LocalRoots;
 
 use tidemark_core::backoff::Resumes;
+use tidemark_core::filer::{Reopened, resuming};
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::Entry;
 use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
@@ -157,8 +155,25 @@ impl Located {
             range.map_or((0, self.size), |r| (r.offset, r.length.map_or(self.size, |n| r.offset.saturating_add(n))));
         let end = end.min(self.size);
         let resumes = Resumes::new(RESUME_BACKOFF, RESUMES_IN_A_ROW);
-        let state = Resume { at: self.clone(), pos, end, stream, resumes };
-        Ok(futures::stream::unfold(Some(state), |s| async move { s?.next().await }).boxed())
+        let at = self.clone();
+        let reopen = move |rest: ByteRange, e: &std::io::Error| {
+            tracing::warn!(path = %at.path, at = rest.offset, error = %e, "the bucket's stream broke mid-object; resuming it with a ranged GET");
+            let at = at.clone();
+            async move {
+                match at.open(Some(rest)).await {
+                    Ok(s) => {
+                        at.resumed.fetch_add(1, Ordering::Relaxed);
+                        Reopened::Stream(s)
+                    }
+                    // The object changed or went meanwhile: no other version's bytes follow these.
+                    Err(e @ (Error::PreconditionFailed { .. } | Error::NotFound { .. } | Error::Archived { .. })) => {
+                        Reopened::Fail(std::io::Error::other(at.explain(e).to_string()))
+                    }
+                    Err(e) => Reopened::Retry(std::io::Error::other(e.to_string())),
+                }
+            }
+        };
+        Ok(resuming(stream, pos, end, resumes, reopen))
     }
 
     async fn open(&self, range: Option<ByteRange>) -> Result<ByteStream> {
@@ -190,63 +205,6 @@ impl Located {
                     self.storage.describe()
                 ),
             },
-        }
-    }
-}
-
-/// A GET's stream, and where it is in the object.
-struct Resume {
-    at: Located,
-    /// The object's offset of the next byte, and the end of what was asked for.
-    pos: u64,
-    end: u64,
-    stream: ByteStream,
-    resumes: Resumes,
-}
-
-impl Resume {
-    /// The next bytes, resuming the GET as often as it takes; `None` at the end (and after an
-    /// error, which ends the stream).
-    async fn next(mut self) -> Option<(std::io::Result<Bytes>, Option<Resume>)> {
-        loop {
-            let e = match self.stream.next().await {
-                Some(Ok(b)) => {
-                    self.pos += b.len() as u64;
-                    self.resumes.got(b.len() as u64);
-                    return Some((Ok(b), Some(self)));
-                }
-                None => return None,
-                Some(Err(e)) => e,
-            };
-            // Everything asked for came: what broke was past it.
-            if self.pos >= self.end {
-                return None;
-            }
-            let Some(wait) = self.resumes.broke() else {
-                let n = self.resumes.in_a_row();
-                let e =
-                    std::io::Error::other(format!("{e} (resumed {n} times in a row at byte {}; gave up)", self.pos));
-                return Some((Err(e), None));
-            };
-            tracing::warn!(path = %self.at.path, at = self.pos, error = %e, "the bucket's stream broke mid-object; resuming it with a ranged GET");
-            tokio::time::sleep(wait).await;
-            let rest = ByteRange { offset: self.pos, length: Some(self.end - self.pos) };
-            match self.at.open(Some(rest)).await {
-                Ok(s) => {
-                    self.at.resumed.fetch_add(1, Ordering::Relaxed);
-                    self.stream = s;
-                }
-                // The object changed or went meanwhile: no other version's bytes follow these.
-                Err(e @ (Error::PreconditionFailed { .. } | Error::NotFound { .. } | Error::Archived { .. })) => {
-                    let e = self.at.explain(e);
-                    return Some((Err(std::io::Error::other(e.to_string())), None));
-                }
-                // Counted as another break.
-                Err(e) => {
-                    let e = std::io::Error::other(e.to_string());
-                    self.stream = futures::stream::once(futures::future::ready(Err(e))).boxed();
-                }
-            }
         }
     }
 }
