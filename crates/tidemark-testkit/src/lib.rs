@@ -4,6 +4,7 @@
 pub mod azure_double;
 pub mod browser;
 pub mod emulators;
+pub mod fsx;
 pub mod gcp_double;
 pub mod process;
 pub mod throttle;
