@@ -7,8 +7,13 @@
 //! (FUSE `notify_inval_entry` / `notify_inval_inode`). So an object put in the bucket shows in
 //! `ls` as soon as its event is applied, while unchanged metadata costs no filer call.
 
-mod fs;
+mod fuse;
 pub mod inodes;
+#[cfg(test)]
+mod model_test;
+mod open;
+mod ops;
+mod read;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,7 +23,7 @@ use fuser::{Config, INodeNo, MountOption, SessionACL};
 
 use tidemark_core::{Error, Filer};
 
-pub use fs::{Counters, Options};
+pub use ops::{Caller, Counters, Opened, Options, SetAttr, TidemarkFs};
 
 #[derive(Debug, Clone)]
 pub struct MountArgs {
@@ -172,7 +177,7 @@ pub async fn mount(
         passthrough: args.passthrough,
         unsaved_dir: args.unsaved_dir.clone(),
     };
-    let fs = fs::TidemarkFs::new(filer.clone(), tokio::runtime::Handle::current(), &root, opts);
+    let fs = Arc::new(TidemarkFs::new(filer.clone(), tokio::runtime::Handle::current(), &root, opts));
     let inodes = fs.inodes.clone();
     let counters = fs.counters.clone();
     let mut config = Config::default();
@@ -188,7 +193,7 @@ pub async fn mount(
     }
     config.n_threads = Some(4);
     let mountpoint = args.mountpoint.clone();
-    let session = fuser::Session::new(fs, &mountpoint, &config).map_err(|e| {
+    let session = fuser::Session::new(fuse::Fuse(fs), &mountpoint, &config).map_err(|e| {
         format!("cannot mount at {}: {e} (is fusermount3 installed, /dev/fuse there?)", mountpoint.display())
     })?;
     let notifier = session.notifier();
