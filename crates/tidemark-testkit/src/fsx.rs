@@ -39,6 +39,32 @@ pub struct Config {
     pub reopen_every: u64,
     /// Start from the bytes the file holds (it must exist) rather than emptying it first.
     pub keep: bool,
+    /// Reads and writes with `O_DIRECT` (fsx's `-Z`), in whole blocks of `DIRECT_BLOCK`, past
+    /// the page cache; no mapped reads or writes then.
+    pub direct: bool,
+}
+
+/// The alignment of `O_DIRECT` reads and writes: their offsets, lengths and buffers.
+pub const DIRECT_BLOCK: u64 = 4096;
+
+/// A buffer of `len` bytes at an address aligned for `O_DIRECT`.
+struct Aligned {
+    buf: Vec<u8>,
+    at: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let block = DIRECT_BLOCK as usize;
+        let buf = vec![0u8; len + block];
+        let at = (block - buf.as_ptr() as usize % block) % block;
+        Aligned { buf, at, len }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        &mut self.buf[self.at..self.at + self.len]
+    }
 }
 
 impl Config {
@@ -56,6 +82,7 @@ impl Config {
             verify_every: 1000,
             reopen_every: 500,
             keep: false,
+            direct: false,
         }
     }
 }
@@ -172,7 +199,8 @@ impl Run<'_> {
     }
 
     fn open(&self) -> std::io::Result<std::fs::File> {
-        std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(&self.cfg.path)
+        let direct = if self.cfg.direct { libc::O_DIRECT } else { 0 };
+        std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC | direct).open(&self.cfg.path)
     }
 
     fn size(&self) -> u64 {
@@ -209,19 +237,28 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Up to `len` bytes at `offset` (fewer at the end of the file). With `O_DIRECT` the
+    /// whole blocks around them are read into an aligned buffer.
     fn pread_all(&self, offset: u64, len: u64) -> Result<Vec<u8>, Failure> {
-        let mut buf = vec![0u8; len as usize];
+        let (start, end) = if self.cfg.direct {
+            (offset / DIRECT_BLOCK * DIRECT_BLOCK, (offset + len).div_ceil(DIRECT_BLOCK) * DIRECT_BLOCK)
+        } else {
+            (offset, offset + len)
+        };
+        let mut aligned = Aligned::new((end - start) as usize);
+        let buf = aligned.bytes();
         let mut n = 0;
         while n < buf.len() {
-            match self.file.read_at(&mut buf[n..], offset + n as u64) {
+            match self.file.read_at(&mut buf[n..], start + n as u64) {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.fail(format!("read at {:#x}: {e}", offset + n as u64))),
+                Err(e) => return Err(self.fail(format!("read at {:#x}: {e}", start + n as u64))),
             }
         }
-        buf.truncate(n);
-        Ok(buf)
+        let skew = (offset - start) as usize;
+        let upto = n.min(skew + len as usize).max(skew);
+        Ok(buf[skew..upto].to_vec())
     }
 
     fn verify_all(&self, why: &str) -> Result<(), Failure> {
@@ -272,8 +309,18 @@ impl Run<'_> {
     }
 
     fn write(&mut self) -> Result<(), Failure> {
-        let (off, len) = self.anywhere();
-        let data: Vec<u8> = (0..len).map(|_| self.rng.next() as u8).collect();
+        let (mut off, mut len) = self.anywhere();
+        if self.cfg.direct {
+            // Whole blocks, below the largest size.
+            off = off / DIRECT_BLOCK * DIRECT_BLOCK;
+            len = len.div_ceil(DIRECT_BLOCK) * DIRECT_BLOCK;
+            off = off.min(self.cfg.max_len.saturating_sub(len) / DIRECT_BLOCK * DIRECT_BLOCK);
+        }
+        let mut aligned = Aligned::new(len as usize);
+        for b in aligned.bytes() {
+            *b = self.rng.next() as u8;
+        }
+        let data = aligned.bytes().to_vec();
         let how = if off > self.size() {
             "HOLE"
         } else if off + len > self.size() {
@@ -282,7 +329,7 @@ impl Run<'_> {
             "interior"
         };
         self.note("write", format!("WRITE {off:#x} thru {:#x} ({len:#x} bytes) {how}", off + len - 1));
-        self.file.write_all_at(&data, off).map_err(|e| self.fail(format!("write at {off:#x}: {e}")))?;
+        self.file.write_all_at(aligned.bytes(), off).map_err(|e| self.fail(format!("write at {off:#x}: {e}")))?;
         if off + len > self.size() {
             self.resize(off + len);
         }
@@ -356,11 +403,22 @@ impl Run<'_> {
     }
 
     fn copy(&mut self) -> Result<(), Failure> {
-        let Some((src, len)) = self.within() else { return Ok(()) };
+        let Some((mut src, mut len)) = self.within() else { return Ok(()) };
+        if self.cfg.direct {
+            // Whole blocks within the file: a direct copy's ranges are aligned as its I/O is.
+            src = src / DIRECT_BLOCK * DIRECT_BLOCK;
+            len = len / DIRECT_BLOCK * DIRECT_BLOCK;
+            if len == 0 || src + len > self.size() {
+                return Ok(());
+            }
+        }
         // Linux refuses a copy within one file whose ranges overlap.
         let mut dst = None;
         for _ in 0..8 {
-            let d = self.rng.below(self.cfg.max_len - len + 1);
+            let mut d = self.rng.below(self.cfg.max_len - len + 1);
+            if self.cfg.direct {
+                d = d / DIRECT_BLOCK * DIRECT_BLOCK;
+            }
             if d + len <= src || src + len <= d {
                 dst = Some(d);
                 break;
@@ -452,7 +510,7 @@ impl Run<'_> {
 
     fn step(&mut self) -> Result<(), Failure> {
         let mut kinds: Vec<Step<'_>> = vec![Self::read, Self::read, Self::write, Self::write, Self::truncate];
-        if self.cfg.mmap {
+        if self.cfg.mmap && !self.cfg.direct {
             kinds.extend([Self::map_read as Step<'_>, Self::map_write]);
         }
         if self.cfg.copy_range && !self.copy_off {
@@ -478,6 +536,7 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
         .write(true)
         .create(!cfg.keep)
         .truncate(!cfg.keep)
+        .custom_flags(if cfg.direct { libc::O_DIRECT } else { 0 })
         .open(&cfg.path)
         .map_err(|e| fail0(format!("open {}: {e}", cfg.path.display())))?;
     let model = if cfg.keep {

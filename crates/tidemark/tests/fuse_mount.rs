@@ -1036,8 +1036,9 @@ fn pjdfstest_passes_what_the_namespace_supports() {
 /// The file exerciser (`tidemark_testkit::fsx`, fsx's idea) through the kernel on the
 /// read-write mount: random reads, writes, truncates up and down, mapped reads and writes,
 /// `copy_file_range`, every `fallocate` mode the mount takes, `fsync` and reopens, every size
-/// and byte checked after each operation — two seeds with and without `mmap`, all modes
-/// required. And on a file of a remote-backed directory, first read through the content cache.
+/// and byte checked after each operation — two seeds with and without `mmap`, the four at once
+/// on files of one directory, all modes required; with `O_DIRECT`; and on a file of a remote-backed directory, first read through the
+/// content cache.
 /// The 100,000-operation runs are in docs/BENCHMARKS.md.
 #[test]
 fn the_file_exerciser_finds_every_size_and_byte_right() {
@@ -1050,14 +1051,29 @@ fn the_file_exerciser_finds_every_size_and_byte_right() {
     mount_local_bucket(&shell, &root_s);
     let m = Mounted::start(&server.addr, &t.join("mnt"), &[]);
     let ops: u64 = std::env::var("TIDEMARK_FSX_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(5_000);
-    for (seed, mmap) in [(1, true), (2, true), (1, false), (2, false)] {
-        let mut cfg = fsx::Config::new(m.dir.join(format!("fsx-{seed}-{mmap}")), seed, ops);
-        cfg.mmap = mmap;
-        cfg.require_all = true;
-        match fsx::run(&cfg) {
-            Ok(report) => eprintln!("fsx on the mount, seed {seed}, mmap {mmap}: {report}"),
-            Err(f) => panic!("fsx on the mount, seed {seed}, mmap {mmap}:\n{f}\n{}", m.process.stderr()),
+    // The four at once, each on its own file of one directory (as several programs would).
+    let runs: Vec<_> = [(1, true), (2, true), (1, false), (2, false)]
+        .into_iter()
+        .map(|(seed, mmap)| {
+            let mut cfg = fsx::Config::new(m.dir.join(format!("fsx-{seed}-{mmap}")), seed, ops);
+            cfg.mmap = mmap;
+            cfg.require_all = true;
+            std::thread::spawn(move || (seed, mmap, fsx::run(&cfg)))
+        })
+        .collect();
+    for r in runs {
+        match r.join().unwrap() {
+            (seed, mmap, Ok(report)) => eprintln!("fsx on the mount, seed {seed}, mmap {mmap}: {report}"),
+            (seed, mmap, Err(f)) => panic!("fsx on the mount, seed {seed}, mmap {mmap}:\n{f}\n{}", m.process.stderr()),
         }
+    }
+    // O_DIRECT (fsx's -Z): whole blocks past the page cache.
+    let mut cfg = fsx::Config::new(m.dir.join("fsx-direct"), 3, ops / 2);
+    cfg.direct = true;
+    cfg.require_all = true;
+    match fsx::run(&cfg) {
+        Ok(report) => eprintln!("fsx on the mount with O_DIRECT: {report}"),
+        Err(f) => panic!("fsx on the mount with O_DIRECT:\n{f}\n{}", m.process.stderr()),
     }
     // A bucket's object: its bytes come through the content cache before the first change.
     let obj = m.dir.join("mnt/b/obj");

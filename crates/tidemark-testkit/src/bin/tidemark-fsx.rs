@@ -19,6 +19,7 @@ options:
   -F              no fallocate
   -c N            close and reopen about once in N operations (default 500; 0: never)
   -v N            compare the whole file every N operations (default 1000; 0: only at the end)
+  -Z              O_DIRECT reads and writes, in whole 4 KiB blocks (no mmap then)
   -k              keep FILE's bytes: start from what it holds (it must exist)
   --strict        a mode the file system refuses (EOPNOTSUPP) is a failure
 ";
@@ -48,6 +49,7 @@ fn main() -> ExitCode {
                 "-C" => cfg.copy_range = false,
                 "-F" => cfg.fallocate = false,
                 "-k" => cfg.keep = true,
+                "-Z" => cfg.direct = true,
                 "--strict" => cfg.require_all = true,
                 f if f.starts_with('-') => return Err(format!("unknown option {f}")),
                 p if path.is_none() => path = Some(p.to_string()),
