@@ -331,8 +331,20 @@ fn mode_string(e: &Entry) -> String {
 }
 
 /// One line of `fs.ls`; with `long`, `cached` is the cache column.
+/// A name as a listing shows it: quoted (`'name '`) where it would not read as itself — a space
+/// at its start or end, control characters (escaped, as `path::printable` does), an empty
+/// target — so that `a ` and `a` are told apart; other names as they are.
+fn shown(name: &str) -> String {
+    let printable = path::printable(name);
+    let needs = name.is_empty()
+        || name.starts_with(char::is_whitespace)
+        || name.ends_with(char::is_whitespace)
+        || matches!(printable, std::borrow::Cow::Owned(_));
+    if needs { format!("'{}'", printable.replace('\'', "\\'")) } else { printable.into_owned() }
+}
+
 fn print_entry(out: Out<'_>, e: &Entry, long: Option<&str>) -> std::io::Result<()> {
-    let name = if e.path == path::ROOT { "/".into() } else { path::printable(e.name()) };
+    let name = if e.path == path::ROOT { "/".into() } else { shown(e.name()) };
     let slash = if e.is_dir() && e.path != path::ROOT { "/" } else { "" };
     // An object that must be restored before it can be read says so, with its class.
     let archived = tidemark_core::model::object_attrs::archived(&e.extended)
@@ -340,7 +352,7 @@ fn print_entry(out: Out<'_>, e: &Entry, long: Option<&str>) -> std::io::Result<(
         .unwrap_or_default();
     match long {
         Some(cached) => {
-            let target = e.posix.target.as_deref().map(|t| format!(" -> {}", path::printable(t))).unwrap_or_default();
+            let target = e.posix.target.as_deref().map(|t| format!(" -> {}", shown(t))).unwrap_or_default();
             writeln!(
                 out,
                 "{} {:>12} {} {cached:>4} {name}{slash}{target}{archived}",
@@ -450,4 +462,26 @@ async fn fs_rm(ctx: &Context, args: Args, _out: Out<'_>) -> Result<(), CmdError>
     }
     ctx.filer.delete(&p, DeleteOptions { recursive: args.is_set("r"), ..Default::default() }).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    /// A name that would not read as itself in a listing is quoted; others print as they are.
+    #[test]
+    fn names_that_would_not_read_as_themselves_are_quoted() {
+        for (name, want) in [
+            ("plain", "plain"),
+            ("with space", "with space"),
+            ("ends in a space ", "'ends in a space '"),
+            (" starts", "' starts'"),
+            ("bell\u{7}", "'bell\\x07'"),
+            ("new\nline", "'new\\x0aline'"),
+            ("it's ", "'it\\'s '"),
+            ("é", "é"),
+        ] {
+            assert_eq!(shown(name), want, "{name:?}");
+        }
+    }
 }

@@ -461,7 +461,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
     }
     writeln!(
         out,
-        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tECHO\tSHADOWED\tDEAD\tUPDATED\tSLICE"
+        "DIR\tTOPOLOGY\tQUEUE\tBUCKET/PREFIX\tEVENTS\tFINGERPRINT\tSTATE\tRECEIVED\tAPPLIED\tFAILED\tIGNORED\tECHO\tSHADOWED\tDEAD\tUPDATED\tSLICE"
     )?;
     for d in docs {
         // Slices write a status blob per fingerprint; until one has run, the state is idle.
@@ -474,7 +474,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
         let dead = status.as_ref().and_then(|s| s.dead_lettered).map_or("-".to_string(), |n| n.to_string());
         writeln!(
             out,
-            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}\t{dead}\t{}\t{}",
+            "{}\t{}\t{}\t{}/{}\t{}\t{}\t{state}\t{}\t{}\t{}\t{}\t{}\t{}\t{dead}\t{}\t{}",
             d.dir,
             d.identity.topology.as_str(),
             d.identity.queue,
@@ -485,6 +485,7 @@ pub async fn list(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdErro
             c.received,
             c.applied,
             c.failed,
+            c.ignored,
             c.echo_suppressed,
             c.shadowed,
             format_rfc3339_ms(d.updated_at_ms),
