@@ -1359,3 +1359,32 @@ fn sizes_hold_while_reads_and_writebacks_are_in_flight() {
         fs.release(h).expect("close");
     }
 }
+
+/// What the mount refuses by design answers the errno docs/SEMANTICS.md gives for it.
+#[test]
+fn what_the_mount_refuses_by_design_answers_its_errno() {
+    let bench = Bench::new();
+    let (fs, _) = bench.fresh(Bugs::default()).expect("a directory");
+    let root = INodeNo(ROOT_INO);
+    let d = fs.mkdir(CALLER, root, OsStr::new("d"), 0o755, 0o022).expect("mkdir");
+    let (a, fh) =
+        fs.create(CALLER, root, OsStr::new("f"), 0o100644, 0o022, libc::O_RDWR | libc::O_CREAT).expect("create");
+    fs.write(fh, 0, &data(8192, 1)).expect("write");
+    let exchange = fs.rename(root, OsStr::new("f"), root, OsStr::new("d"), RenameFlags::RENAME_EXCHANGE);
+    assert_eq!(exchange, Err(Errno::EINVAL), "RENAME_EXCHANGE");
+    for mode in [
+        libc::FALLOC_FL_COLLAPSE_RANGE,
+        libc::FALLOC_FL_INSERT_RANGE,
+        libc::FALLOC_FL_UNSHARE_RANGE,
+        libc::FALLOC_FL_PUNCH_HOLE,
+    ] {
+        assert_eq!(fs.fallocate(fh, 0, 4096, mode), Err(Errno::EOPNOTSUPP), "fallocate mode {mode:#x}");
+    }
+    for name in ["trusted.x", "security.x", "system.x"] {
+        assert_eq!(fs.setxattr(a.ino, OsStr::new(name), b"v", 0), Err(Errno::ENOTSUP), "setxattr {name}");
+    }
+    assert_eq!(fs.link(d.ino, root, OsStr::new("d2")).map(drop), Err(Errno::EPERM), "a link to a directory");
+    let long = "n".repeat(256);
+    assert_eq!(fs.mkdir(CALLER, root, OsStr::new(&long), 0o755, 0o022).map(drop), Err(Errno::ENAMETOOLONG));
+    fs.release(fh).expect("close");
+}
