@@ -126,6 +126,10 @@ pub struct CacheStats {
     /// received, the same version), beside the `requests` that began them.
     #[serde(default)]
     pub resumed: u64,
+    /// HEADs sent to learn the headers of objects whose entries came from a listing (once per
+    /// object: see `object_attrs::HEADERS_SEEN`).
+    #[serde(default)]
+    pub header_heads: u64,
     pub resident_bytes: u64,
     pub resident_chunks: u64,
     /// 0: the cache is off and every read goes to the bucket.

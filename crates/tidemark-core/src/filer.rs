@@ -228,6 +228,15 @@ pub trait Filer: Send + Sync + 'static {
 
     async fn stat(&self, path: &str) -> Result<Option<Entry>>;
 
+    /// The entry at `path` as `stat` answers it — except that a remote-backed entry whose
+    /// object's headers were never seen (it came from a listing, which carries none) has them
+    /// asked of the bucket first, once, and recorded (`object_attrs::HEADERS_SEEN`): what the
+    /// S3 gateway and the HTTP API answer an object's readers with. A HEAD that fails leaves the
+    /// entry as it was. Filers without buckets answer as `stat` does.
+    async fn describe(&self, path: &str) -> Result<Option<Entry>> {
+        self.stat(path).await
+    }
+
     /// The entries at `paths`, in order, read at one point in time (see
     /// [`crate::MetaStore::get_many`]).
     async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>>;

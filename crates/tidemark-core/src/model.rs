@@ -389,6 +389,11 @@ pub mod object_attrs {
     pub const EXPIRES: &str = "s3.expires";
     pub const STORAGE_CLASS: &str = "s3.storage-class";
     pub const RESTORE: &str = "s3.restore";
+    /// Set where the headers above are those of the object the entry describes, as a HEAD, an
+    /// event's HEAD or an upload's answer gave them. A listing carries none: an entry made from
+    /// one has not seen its object's headers, and the filer asks the bucket for them once, at
+    /// the first read or gateway lookup of it (`Filer::describe`).
+    pub const HEADERS_SEEN: &str = "s3.headers-seen";
     /// User metadata `x-amz-meta-NAME` is kept as `s3.meta.NAME` (name lower-cased).
     pub const META_PREFIX: &str = "s3.meta.";
     /// The checksum the S3 gateway verified when it stored the bytes (`ALGO:TYPE:base64`).
@@ -422,7 +427,8 @@ pub mod object_attrs {
     /// file, so not shown as the file's metadata.
     const OWN_METADATA_PREFIX: &str = "tidemark-";
 
-    const HEADERS: [&str; 8] = [
+    const HEADERS: [&str; 9] = [
+        HEADERS_SEEN,
         CONTENT_TYPE,
         CONTENT_ENCODING,
         CONTENT_DISPOSITION,
@@ -453,6 +459,11 @@ pub mod object_attrs {
         ext.iter().filter_map(|(k, v)| k.strip_prefix(META_PREFIX).map(|n| (n.to_string(), v.clone()))).collect()
     }
 
+    /// Whether `ext` holds the headers its object was last seen with (see [`HEADERS_SEEN`]).
+    pub fn headers_seen(ext: &BTreeMap<String, String>) -> bool {
+        ext.contains_key(HEADERS_SEEN)
+    }
+
     /// The storage class, if the object cannot be read before it is restored.
     pub fn archived(ext: &BTreeMap<String, String>) -> Option<&str> {
         let class = ext.get(STORAGE_CLASS).map(String::as_str);
@@ -470,6 +481,7 @@ pub mod object_attrs {
             ext.retain(|k, _| !HEADERS.contains(&k.as_str()));
         }
         if let Some(h) = &o.headers {
+            ext.insert(HEADERS_SEEN.to_string(), "1".to_string());
             let pairs = [
                 (CONTENT_TYPE, &h.content_type),
                 (CONTENT_ENCODING, &h.content_encoding),

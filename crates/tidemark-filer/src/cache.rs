@@ -486,6 +486,7 @@ impl ContentCache {
             evicted_bytes: get(&c.evicted_bytes),
             read_back: get(&c.read_back),
             resumed: self.inner.remotes.resumed(),
+            header_heads: self.inner.remotes.header_heads(),
             resident_bytes: get(&c.resident_bytes),
             resident_chunks: get(&c.resident_chunks),
             budget_bytes: self.inner.config.budget_bytes,

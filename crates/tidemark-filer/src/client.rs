@@ -401,6 +401,17 @@ impl Filer for HttpFiler {
         }
     }
 
+    async fn describe(&self, path: &str) -> Result<Option<Entry>> {
+        match self
+            .call(|u| self.request_at(u, Method::GET, "entry").query(&[("path", path), ("describe", "true")]))
+            .await
+        {
+            Ok(e) => Ok(Some(e)),
+            Err(Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
         self.call(|u| {
             let rb = self.request_at(u, Method::GET, "list").query(&[("dir", dir)]).query(&[("limit", limit)]);

@@ -346,10 +346,19 @@ struct PathQuery {
     path: String,
 }
 
-async fn stat(Access(f): Access, q: Result<Query<PathQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
+#[derive(Deserialize)]
+struct StatQuery {
+    path: String,
+    /// `Filer::describe` rather than `stat`: a remote-backed entry from a listing learns its
+    /// object's headers first.
+    #[serde(default)]
+    describe: bool,
+}
+
+async fn stat(Access(f): Access, q: Result<Query<StatQuery>, QueryRejection>) -> ApiResult<impl IntoResponse> {
     let q = query(q)?;
-    let entry = f.stat(&q.path).await?.ok_or_else(|| Error::not_found(&q.path))?;
-    Ok(Json(entry))
+    let entry = if q.describe { f.describe(&q.path).await? } else { f.stat(&q.path).await? };
+    Ok(Json(entry.ok_or_else(|| Error::not_found(&q.path))?))
 }
 
 #[derive(Deserialize)]

@@ -45,6 +45,42 @@ pub struct LocalFiler {
 }
 
 impl LocalFiler {
+    /// `entry`, with its object's headers recorded if it is remote-backed and never saw them
+    /// (see `Filer::describe`): one HEAD of the object (counted), then the same entry with them,
+    /// on its version. Anything else — the HEAD failing, the object another one by now (a
+    /// different etag: its event or a reconcile brings it), the entry changed meanwhile — leaves
+    /// the entry as it was, and a read goes on.
+    async fn with_headers(&self, entry: Entry) -> Entry {
+        use tidemark_core::model::object_attrs;
+        let clean = entry.remote.as_ref().is_some_and(|r| r.dirty_after.is_none());
+        if entry.content != Content::Remote || !clean || object_attrs::headers_seen(&entry.extended) {
+            return entry;
+        }
+        let object = match self.remotes.head(self.store.as_ref(), &entry).await {
+            Ok(Some(o)) => o,
+            Ok(None) => return entry,
+            Err(e) => {
+                tracing::debug!(path = %entry.path, error = %e, "asking the bucket for an object's headers failed");
+                return entry;
+            }
+        };
+        if entry.remote.as_ref().is_none_or(|r| r.etag != object.etag) {
+            return entry;
+        }
+        let mut n = entry.to_new();
+        object_attrs::refresh(&mut n.extended, &object, true);
+        let txn = Txn::put(&entry.path, n, tidemark_core::Origin::Remote)
+            .with_precondition(Precondition::Version(entry.version));
+        match self.apply(txn).await {
+            Ok(Applied { new: Some(recorded), .. }) => recorded,
+            Ok(_) => entry,
+            Err(e) => {
+                tracing::debug!(path = %entry.path, error = %e, "recording an object's headers failed");
+                entry
+            }
+        }
+    }
+
     /// Opens the filer on a data directory with the embedded SQLite store.
     pub fn open(data_dir: DataDir) -> Result<Self> {
         let file = data_dir.store_file();
@@ -618,6 +654,13 @@ impl Filer for LocalFiler {
         Ok(e.pop())
     }
 
+    async fn describe(&self, p: &str) -> Result<Option<Entry>> {
+        match self.stat(p).await? {
+            Some(e) => Ok(Some(self.with_headers(e).await)),
+            None => Ok(None),
+        }
+    }
+
     async fn stat_many(&self, paths: &[String]) -> Result<Vec<Option<Entry>>> {
         let mut all = self.store.get_many(paths).await?;
         self.resolve_links(all.iter_mut().flatten()).await?;
@@ -655,6 +698,8 @@ impl Filer for LocalFiler {
             if entry.is_dir() {
                 return Err(Error::IsADirectory { path: p.into() });
             }
+            // The first read of an entry from a listing learns its object's headers.
+            let entry = self.with_headers(entry).await;
             let stream = match &entry.content {
                 Content::Empty => {
                     slice_range(p, 0, range)?;

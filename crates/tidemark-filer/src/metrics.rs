@@ -11,7 +11,7 @@ use tidemark_core::cache::CacheStats;
 pub fn render(s: &CacheStats) -> Result<String, std::fmt::Error> {
     // The registry ends each help text with a period itself.
     let mut r = Registry::default();
-    let counters: [(&str, &str, u64); 9] = [
+    let counters: [(&str, &str, u64); 10] = [
         ("tidemark_cache_hits", "Chunks of remote-backed files served from the cache.", s.hits),
         ("tidemark_cache_misses", "Chunks fetched from the bucket because they were not cached.", s.misses),
         ("tidemark_cache_requests", "Ranged GETs the cache sent to buckets (one fills a run of chunks).", s.requests),
@@ -28,6 +28,11 @@ pub fn render(s: &CacheStats) -> Result<String, std::fmt::Error> {
             "tidemark_cache_resumed",
             "GETs that resumed a bucket's stream broken mid-object, from the first byte not yet received.",
             s.resumed,
+        ),
+        (
+            "tidemark_cache_header_heads",
+            "HEADs that asked a bucket for the headers of an object whose entry came from a listing (once per object).",
+            s.header_heads,
         ),
     ];
     for (name, help, v) in counters {

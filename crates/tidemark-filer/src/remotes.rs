@@ -14,7 +14,7 @@ use tidemark_core::backoff::Resumes;
 use tidemark_core::filer::{Reopened, resuming};
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::Entry;
-use tidemark_core::remote::{MountMapping, RemoteConf, system_paths};
+use tidemark_core::remote::{MountMapping, RemoteConf, RemoteObject, system_paths};
 use tidemark_core::{ByteRange, ByteStream, Error, MetaStore, RemoteStorage, Result};
 
 /// Reads a JSON system document; `None` if it does not exist.
@@ -40,12 +40,26 @@ pub struct Remotes {
     local_roots: Mutex<LocalRoots>,
     /// GETs that resumed a stream broken mid-object (see [`Located::get`]).
     resumed: Arc<AtomicU64>,
+    /// HEADs asking for the headers of objects whose entries came from a listing.
+    header_heads: AtomicU64,
 }
 
 impl Remotes {
     /// How many GETs resumed a stream that broke mid-object, since the filer started.
     pub fn resumed(&self) -> u64 {
         self.resumed.load(Ordering::Relaxed)
+    }
+
+    /// How many HEADs asked for the headers of objects whose entries came from a listing.
+    pub fn header_heads(&self) -> u64 {
+        self.header_heads.load(Ordering::Relaxed)
+    }
+
+    /// A remote-backed entry's object as a HEAD answers it now (`None`: gone), counted.
+    pub async fn head(&self, store: &dyn MetaStore, entry: &Entry) -> Result<Option<RemoteObject>> {
+        let located = self.locate(store, entry).await?;
+        self.header_heads.fetch_add(1, Ordering::Relaxed);
+        located.storage.stat(&located.key).await
     }
 
     /// Local remotes may serve these directories (and what lies below them) from now on.

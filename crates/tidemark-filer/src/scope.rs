@@ -65,6 +65,11 @@ impl Filer for DataScope {
         self.inner.stat(path).await
     }
 
+    async fn describe(&self, path: &str) -> Result<Option<Entry>> {
+        readable(path)?;
+        self.inner.describe(path).await
+    }
+
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {
         readable(dir)?;
         self.inner.list(dir, start_after, limit).await
@@ -270,6 +275,10 @@ impl Filer for AdminScope {
 
     async fn stat(&self, path: &str) -> Result<Option<Entry>> {
         self.inner.stat(path).await
+    }
+
+    async fn describe(&self, path: &str) -> Result<Option<Entry>> {
+        self.inner.describe(path).await
     }
 
     async fn list(&self, dir: &str, start_after: Option<&str>, limit: usize) -> Result<Page> {

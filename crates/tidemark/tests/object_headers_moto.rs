@@ -176,3 +176,79 @@ async fn entries_keep_the_objects_headers_and_archived_objects_say_so() {
     assert_eq!(head.content_type(), Some("text/csv"));
     assert_eq!(head.metadata().and_then(|m| m.get("source")).map(String::as_str), Some("gateway"));
 }
+
+/// The filer's count of HEADs that asked a bucket for an object's headers.
+async fn header_heads(filer: &str) -> u64 {
+    let metrics = reqwest::get(format!("http://{filer}/metrics")).await.unwrap().text().await.unwrap();
+    let line = metrics.lines().find(|l| l.starts_with("tidemark_cache_header_heads_total ")).expect("the counter");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Objects a bucket held before it was mounted came from its listing, which carries no headers:
+/// their entries learn them from the bucket once — at the first gateway HEAD or GET, the first
+/// read through the HTTP API, or the first read of any kind — and every answer, the first
+/// included, carries the object's own Content-Type and Content-Encoding, never
+/// `binary/octet-stream`. Counted; nothing is asked at mount time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_mounted_from_a_listing_are_served_with_their_own_headers() {
+    let moto = Moto::get();
+    let bucket = unique_name("lst");
+    let s3 = S3Storage::connect(&moto.conf("s3"), &bucket).await.unwrap();
+    s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    for key in ["via-head.txt.gz", "via-api.txt.gz", "via-cat.txt.gz"] {
+        s3.client()
+            .put_object()
+            .bucket(&bucket)
+            .key(key)
+            .body(SdkBody::from(b"\x1f\x8bnot really gzip".to_vec()))
+            .content_type("text/plain")
+            .content_encoding("gzip")
+            .send()
+            .await
+            .unwrap();
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    ok(sh(&moto.configure_command("s3")));
+    ok(sh(&format!("remote.mount -dir=/buckets/lst -remote=s3/{bucket}")));
+    assert_eq!(header_heads(&server.addr).await, 0, "no HEAD per key at mount time");
+    let meta = ok(sh("fs.meta.cat /buckets/lst/via-head.txt.gz"));
+    assert!(!meta.contains("s3.content-type"), "a listing carries no headers: {meta}");
+
+    // Through the gateway: the first HEAD asks the bucket, once; the GET after it does not.
+    let gw = gateway_client(&server.s3_addr, "lst").await;
+    let head = gw.client().head_object().bucket("lst").key("via-head.txt.gz").send().await.unwrap();
+    assert_eq!((head.content_type(), head.content_encoding()), (Some("text/plain"), Some("gzip")));
+    assert_eq!(header_heads(&server.addr).await, 1);
+    let got = gw.client().get_object().bucket("lst").key("via-head.txt.gz").send().await.unwrap();
+    assert_eq!((got.content_type(), got.content_encoding()), (Some("text/plain"), Some("gzip")));
+    let ranged = gw.client().get_object().bucket("lst").key("via-head.txt.gz").range("bytes=0-1").send().await;
+    assert_eq!(ranged.unwrap().content_type(), Some("text/plain"), "a ranged GET too");
+    assert_eq!(header_heads(&server.addr).await, 1, "asked once");
+
+    // Through the HTTP API: the very first read answers with them.
+    let resp =
+        reqwest::get(format!("http://{}/api/v1/content?path=/buckets/lst/via-api.txt.gz", server.addr)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/plain");
+    assert_eq!(resp.headers()["content-encoding"], "gzip");
+    assert_eq!(header_heads(&server.addr).await, 2);
+
+    // Any first read records them (here the shell's, through the filer): the gateway asks no more.
+    assert_eq!(
+        String::from_utf8_lossy(&sh("fs.cat /buckets/lst/via-cat.txt.gz").stdout),
+        "\u{1f}\u{fffd}not really gzip"
+    );
+    assert_eq!(header_heads(&server.addr).await, 3);
+    let meta = ok(sh("fs.meta.cat /buckets/lst/via-cat.txt.gz"));
+    assert!(
+        meta.contains("\"s3.content-type\": \"text/plain\"") && meta.contains("\"s3.content-encoding\": \"gzip\""),
+        "{meta}"
+    );
+    let head = gw.client().head_object().bucket("lst").key("via-cat.txt.gz").send().await.unwrap();
+    assert_eq!(head.content_type(), Some("text/plain"));
+    assert_eq!(header_heads(&server.addr).await, 3, "recorded: not asked again");
+    let ls = ok(sh("fs.ls -l /buckets/lst"));
+    assert_eq!(ls.lines().filter(|l| l.contains(".txt.gz") && l.contains(" 17 ")).count(), 3, "{ls}");
+}

@@ -371,7 +371,12 @@ impl Gateway {
         if let Some(id) = id {
             check_id(id)?;
         }
-        let cur = if marker { None } else { self.current(&p).await? };
+        // (`describe`: an object whose entry came from a listing learns its headers first.)
+        let cur = if marker {
+            None
+        } else {
+            self.filer.describe(&p).await.map_err(s3_err)?.filter(|e| e.kind == tidemark_core::model::EntryKind::File)
+        };
         let cur_id = |e: &Entry| Stamp::of(e).map_or_else(|| versioning::NULL.to_string(), |s| s.id());
         match (id, cur) {
             (None, Some(e)) => {
