@@ -10,7 +10,10 @@
 //! refuses a second), an event subscription's destination and filter checked (a `StorageQueue`
 //! destination on a known account; `subjectBeginsWith` under `/blobServices/default/`), 201 on
 //! create and 200 on update with `provisioningState: Succeeded`, 200 on delete and 204 when
-//! there was nothing to delete. Operations complete at once (no `Azure-AsyncOperation` polling).
+//! there was nothing to delete. Lists are paged (`nextLink`, `$skiptoken`) a page of one item
+//! at a time, so a client that reads only the first page misses the rest; `deliveries` compares
+//! subjects without case unless the filter's `isSubjectCaseSensitive` says otherwise, as Event
+//! Grid does. Operations complete at once (no `Azure-AsyncOperation` polling).
 //! It delivers nothing: [`AzureArmDouble::deliveries`] says which queues an event would reach,
 //! so a test can put it there as Event Grid would.
 
@@ -68,6 +71,19 @@ impl AzureArmDouble {
         self.shared.arm.lock().unwrap().topics.values().cloned().collect()
     }
 
+    /// Adds a system topic `name` for `account` in subscription `sub`, group `rg` (one another
+    /// tool made), as Resource Manager would hold it.
+    pub fn add_system_topic(&self, sub: &str, rg: &str, name: &str, account: &str, location: &str) {
+        let id = format!("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.EventGrid/systemTopics/{name}");
+        let source =
+            format!("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Storage/storageAccounts/{account}");
+        let topic = json!({
+            "id": id, "name": name, "type": "Microsoft.EventGrid/systemTopics", "location": location,
+            "properties": {"source": source, "topicType": "Microsoft.Storage.StorageAccounts", "provisioningState": "Succeeded"},
+        });
+        self.shared.arm.lock().unwrap().topics.insert(id.to_ascii_lowercase(), topic);
+    }
+
     /// The event subscriptions, as the double holds them.
     pub fn event_subscriptions(&self) -> Vec<Value> {
         self.shared.arm.lock().unwrap().event_subscriptions.values().cloned().collect()
@@ -82,7 +98,11 @@ impl AzureArmDouble {
             .filter(|s| {
                 let f = &s["properties"]["filter"];
                 let typed = f["includedEventTypes"].as_array().is_none_or(|t| t.iter().any(|t| t == event_type));
-                let under = f["subjectBeginsWith"].as_str().is_none_or(|p| subject.starts_with(p));
+                // Event Grid compares subjects without case unless `isSubjectCaseSensitive`.
+                let exact = f["isSubjectCaseSensitive"].as_bool().unwrap_or(false);
+                let under = f["subjectBeginsWith"].as_str().is_none_or(|p| {
+                    if exact { subject.starts_with(p) } else { subject.to_lowercase().starts_with(&p.to_lowercase()) }
+                });
                 typed && under
             })
             .filter_map(|s| {
@@ -108,6 +128,7 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string);
+    let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("127.0.0.1").to_string();
     let body = axum::body::to_bytes(req.into_body(), 1 << 20).await.unwrap_or_default();
     if path.ends_with("/oauth2/v2.0/token") {
         return token(&s, &path, &body);
@@ -152,7 +173,8 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         }
         ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.eventgrid", "systemtopics", rest @ ..] => {
             let base = parts[..7].join("/");
-            topics(&s, method, &format!("/{base}"), rest, &parts[7..], body)
+            let url = format!("http://{host}{path}");
+            topics(&s, method, &format!("/{base}"), rest, &parts[7..], body, Asked { url: &url, query: &query })
         }
         _ => error(StatusCode::NOT_FOUND, "InvalidResourceType", &format!("not served by the double: {path}")),
     }
@@ -200,14 +222,50 @@ fn percent_decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn topics(s: &Shared, method: Method, base: &str, rest: &[&str], original: &[&str], body: Value) -> Response {
+/// How many items a list's page holds here. Resource Manager pages lists at sizes of its own
+/// choosing and says so with `nextLink` (a whole URL, `$skiptoken` in it) while more follow; a
+/// page of one makes every client that reads only the first page miss the rest.
+const PAGE: usize = 1;
+
+/// One page of `items` for the list at `url` (`query` its query string): `value` and, while
+/// more follow, `nextLink`.
+fn page(items: Vec<Value>, url: &str, query: &str) -> Response {
+    let skip: usize = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("$skiptoken=").or_else(|| kv.strip_prefix("%24skiptoken=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let value: Vec<Value> = items.iter().skip(skip).take(PAGE).cloned().collect();
+    let mut body = json!({ "value": value });
+    if skip + PAGE < items.len() {
+        let api = query.split('&').find(|kv| kv.starts_with("api-version=")).unwrap_or_default();
+        body["nextLink"] = json!(format!("{url}?{api}&$skiptoken={}", skip + PAGE));
+    }
+    (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+/// Where the request was sent, for the `nextLink`s of its answer.
+struct Asked<'a> {
+    url: &'a str,
+    query: &'a str,
+}
+
+fn topics(
+    s: &Shared,
+    method: Method,
+    base: &str,
+    rest: &[&str],
+    original: &[&str],
+    body: Value,
+    asked: Asked<'_>,
+) -> Response {
     let mut arm = s.arm.lock().unwrap();
     match (method, rest) {
         (Method::GET, []) => {
             let prefix = format!("{}/", base.to_ascii_lowercase());
             let value: Vec<Value> =
                 arm.topics.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(_, v)| v.clone()).collect();
-            (StatusCode::OK, axum::Json(json!({"value": value}))).into_response()
+            page(value, asked.url, asked.query)
         }
         (m, [_]) => {
             let id = format!("{base}/{}", original[0]);
@@ -308,7 +366,7 @@ fn topics(s: &Shared, method: Method, base: &str, rest: &[&str], original: &[&st
                         .filter(|(k, _)| k.starts_with(&prefix))
                         .map(|(_, v)| v.clone())
                         .collect();
-                    (StatusCode::OK, axum::Json(json!({"value": value}))).into_response()
+                    page(value, asked.url, asked.query)
                 }
                 (m, [_]) => {
                     let id = format!("{topic}/eventSubscriptions/{}", original[2]);

@@ -4,8 +4,9 @@
 //! - Cloud Storage JSON API: `notifications.insert/list/get/delete`
 //!   (`/storage/v1/b/BUCKET/notificationConfigs[/ID]`) and `projects.serviceAccount.get`
 //!   (`/storage/v1/projects/P/serviceAccount`) — fake-gcs-server has neither;
-//! - Pub/Sub: `topics.getIamPolicy` / `topics.setIamPolicy` (`/v1/projects/P/topics/T:...`) and
-//!   the same of subscriptions — the emulator answers 501;
+//! - Pub/Sub: `topics.getIamPolicy` (GET) / `topics.setIamPolicy` (POST)
+//!   (`/v1/projects/P/topics/T:...`) and the same of subscriptions — the emulator answers 501; a
+//!   method the reference does not give (a POST to `getIamPolicy`) is a 404, as Google answers;
 //! - Cloud Resource Manager: `projects.get` (`GET /v1/projects/P`), for the project's number.
 //!
 //! They follow Google's published REST reference: the same paths, bodies, status codes and
@@ -136,11 +137,21 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         (m, ["storage", "v1", "b", bucket, "notificationConfigs", rest @ ..]) => {
             notifications(&s, m, bucket, rest.first().copied(), &body).await
         }
-        (Method::POST, ["v1", "projects", p, kind @ ("topics" | "subscriptions"), last])
+        // `GET /v1/{resource}:getIamPolicy` and `POST /v1/{resource}:setIamPolicy` (Pub/Sub's REST
+        // reference, projects.topics / projects.subscriptions); any other method on them is
+        // answered as Google's front end answers a method the API does not have: 404.
+        (m, ["v1", "projects", p, kind @ ("topics" | "subscriptions"), last])
             if last.ends_with(":getIamPolicy") || last.ends_with(":setIamPolicy") =>
         {
             let (t, verb) = last.split_once(':').unwrap_or_default();
-            iam(&s, &format!("projects/{p}/{kind}/{t}"), verb, &body).await
+            match (m, verb) {
+                (Method::GET, "getIamPolicy") | (Method::POST, "setIamPolicy") => {
+                    iam(&s, &format!("projects/{p}/{kind}/{t}"), verb, &body).await
+                }
+                (m, verb) => {
+                    error(StatusCode::NOT_FOUND, &format!("{m} is not a method of {verb}: the URL was not found"))
+                }
+            }
         }
         (Method::GET, ["v1", "projects", p]) => {
             ok(json!({"projectNumber": PROJECT_NUMBER, "projectId": p, "lifecycleState": "ACTIVE"}))
@@ -319,5 +330,28 @@ async fn iam(s: &Shared, topic: &str, verb: &str, body: &Bytes) -> Response {
             ok(new)
         }
         other => error(StatusCode::NOT_FOUND, &format!("no such method {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `getIamPolicy` is a GET and `setIamPolicy` a POST in Pub/Sub's REST reference: the other
+    /// method on either is refused as Google refuses a method an API does not have (404), so a
+    /// client that sends the wrong one fails here as it would against Google.
+    #[tokio::test]
+    async fn the_wrong_method_on_an_iam_call_is_refused() {
+        // (Nothing listens upstream: a refusal is answered before any is asked.)
+        let double = GcpDouble::start("http://127.0.0.1:9", "http://127.0.0.1:9");
+        let http = reqwest::Client::new();
+        let url = |verb: &str| format!("{}/v1/projects/p/topics/t:{verb}", double.endpoint);
+        let post_get = http.post(url("getIamPolicy")).json(&json!({})).send().await.unwrap();
+        assert_eq!(post_get.status(), 404, "POST to getIamPolicy");
+        let get_set = http.get(url("setIamPolicy")).send().await.unwrap();
+        assert_eq!(get_set.status(), 404, "GET of setIamPolicy");
+        // The right method reaches the policy (here: the topic is looked up upstream, which is down).
+        let get = http.get(url("getIamPolicy")).send().await.unwrap();
+        assert_ne!(get.status(), 404, "GET of getIamPolicy is served");
     }
 }

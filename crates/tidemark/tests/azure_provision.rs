@@ -88,6 +88,21 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     let filter = &subs[0]["properties"]["filter"];
     assert_eq!(filter["subjectBeginsWith"], format!("/blobServices/default/containers/{container}/blobs/photos/"));
     assert!(filter["includedEventTypes"].to_string().contains("Microsoft.Storage.BlobCreated"));
+    assert_eq!(filter["isSubjectCaseSensitive"], true, "blob names, and so the prefix, have case");
+
+    // A second subscription of the account finds the system topic the first made, though
+    // Resource Manager lists it on a later page (the double pages one topic at a time, and
+    // another account's topic sorts first): one topic per account, shared, kept at its
+    // teardown for the first.
+    arm.add_system_topic("sub-1", "rg-1", "aaa-another-accounts", "anotheraccount", "westeurope");
+    ok(sh(&format!("remote.mount -dir=/mnt/az2 -remote=az/{container}/docs")));
+    let out = ok(sh("remote.events.enable -dir=/mnt/az2 -slice=6s -visibility=2s"));
+    assert!(out.contains("provisioned sqs_direct tidemark-"), "{out}");
+    assert_eq!(arm.system_topics().len(), 2, "ours found on the second page, not made again");
+    assert_eq!(arm.event_subscriptions().len(), 2);
+    ok(sh("remote.events.disable -dir=/mnt/az2 -teardown"));
+    assert_eq!(arm.system_topics().len(), 2, "kept for the first subscription");
+    assert_eq!(arm.event_subscriptions().len(), 1);
 
     // Event Grid's part: a blob created and one deleted, delivered where the subscription says.
     within("the subscription to tail", 60, async || {
@@ -117,6 +132,7 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     blobs.put("photos/new.txt", Bytes::from_static(b"through event grid"), Default::default()).await.unwrap();
     assert_eq!(deliver("BlobCreated", "photos/new.txt").await, 1);
     assert_eq!(deliver("BlobCreated", "other/outside.txt").await, 0, "the filter keeps the prefix");
+    assert_eq!(deliver("BlobCreated", "PHOTOS/upper.txt").await, 0, "the prefix with its case");
     within("the new blob in the namespace", 30, async || sh("fs.cat /mnt/az/new.txt").status.success()).await;
     assert_eq!(ok(sh("fs.cat /mnt/az/new.txt")), "through event grid");
     blobs.delete("photos/before.txt").await.unwrap();
@@ -136,6 +152,8 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
 
     let out = ok(sh("remote.events.disable -dir=/mnt/az -teardown"));
     assert!(!out.is_empty());
-    assert!(arm.event_subscriptions().is_empty() && arm.system_topics().is_empty(), "all of it removed");
+    assert!(arm.event_subscriptions().is_empty(), "all of it removed");
+    let left: Vec<_> = arm.system_topics().iter().map(|t| t["name"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(left, ["aaa-another-accounts"], "the topic Tidemark made removed, another's kept");
     assert!(!queue_exists(&a, &queue).await && !queue_exists(&a, &poison).await, "the queues removed");
 }

@@ -163,7 +163,12 @@ impl AzureNotifications {
         body: Option<Value>,
         missing_ok: bool,
     ) -> Result<Option<Value>> {
-        let url = format!("{}{id}?api-version={api}", self.arm);
+        // A list's `nextLink` is a whole URL, its api-version and `$skiptoken` in it.
+        let url = if id.starts_with("http://") || id.starts_with("https://") {
+            id.to_string()
+        } else {
+            format!("{}{id}?api-version={api}", self.arm)
+        };
         let mut rb = self.http.request(method.clone(), &url).bearer_auth(self.token().await?);
         if let Some(b) = body {
             rb = rb.json(&b);
@@ -209,11 +214,27 @@ impl AzureNotifications {
         }
     }
 
+    /// Every item of the collection `id`, page by page: Resource Manager answers a list in pages
+    /// (`value`, and `nextLink` while more follow), however few it holds. A missing collection
+    /// is empty.
+    async fn arm_list(&self, id: &str, api: &str) -> Result<Vec<Value>> {
+        let mut items = Vec::new();
+        let mut next = Some(id.to_string());
+        // (A bound, so a service that kept answering the same link cannot hold this forever.)
+        for _ in 0..1000 {
+            let Some(at) = next.take() else { return Ok(items) };
+            let page = self.arm(Method::GET, &at, api, None, true).await?.unwrap_or_default();
+            items.extend(page["value"].as_array().into_iter().flatten().cloned());
+            next = page["nextLink"].as_str().filter(|l| !l.is_empty()).map(str::to_string);
+        }
+        Err(Error::Unavailable { message: format!("GET {id}: Resource Manager's list did not end after 1000 pages") })
+    }
+
     /// The account's system topic (its resource id), if it has one.
     async fn existing_topic(&self) -> Result<Option<String>> {
-        let list = self.arm(Method::GET, &self.topics(), EVENT_GRID_API, None, true).await?.unwrap_or_default();
+        let list = self.arm_list(&self.topics(), EVENT_GRID_API).await?;
         let source = self.account_id().to_ascii_lowercase();
-        Ok(list["value"].as_array().into_iter().flatten().find_map(|t| {
+        Ok(list.iter().find_map(|t| {
             let same = t["properties"]["source"].as_str().is_some_and(|s| s.to_ascii_lowercase() == source);
             same.then(|| t["id"].as_str().map(str::to_string)).flatten()
         }))
@@ -281,6 +302,8 @@ impl EventNotifications for AzureNotifications {
             "filter": {
                 "includedEventTypes": types,
                 "subjectBeginsWith": format!("/blobServices/default/containers/{}/blobs/{prefix}", self.container),
+                // Blob names are case-sensitive, and so is the prefix (Event Grid's default is not).
+                "isSubjectCaseSensitive": true,
             },
             "eventDeliverySchema": "EventGridSchema",
         }});
@@ -296,11 +319,8 @@ impl EventNotifications for AzureNotifications {
         }
         if let Some(topic) = managed.system_topic.clone() {
             if managed.system_topic_created {
-                let subs = self
-                    .arm(Method::GET, &format!("{topic}/eventSubscriptions"), EVENT_GRID_API, None, true)
-                    .await?
-                    .unwrap_or_default();
-                if subs["value"].as_array().is_none_or(|v| v.is_empty()) {
+                let subs = self.arm_list(&format!("{topic}/eventSubscriptions"), EVENT_GRID_API).await?;
+                if subs.is_empty() {
                     self.arm(Method::DELETE, &topic, EVENT_GRID_API, None, true).await?;
                 }
             }

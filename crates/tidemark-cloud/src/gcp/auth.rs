@@ -36,8 +36,11 @@ fn default_token_uri() -> String {
     "https://oauth2.googleapis.com/token".into()
 }
 
-/// What Tidemark asks for: objects (read and write) and Pub/Sub.
-const SCOPES: &str = "https://www.googleapis.com/auth/devstorage.read_write https://www.googleapis.com/auth/pubsub";
+/// What Tidemark asks for: objects (read and write), Pub/Sub, and reading projects (Resource
+/// Manager's `projects.get`, for the project's number when dead letters are provisioned: its
+/// reference accepts `cloudplatformprojects.readonly`, the narrowest scope that reads a project).
+const SCOPES: &str = "https://www.googleapis.com/auth/devstorage.read_write https://www.googleapis.com/auth/pubsub \
+                      https://www.googleapis.com/auth/cloudplatformprojects.readonly";
 
 #[derive(serde::Serialize)]
 struct Claims<'a> {

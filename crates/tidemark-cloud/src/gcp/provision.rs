@@ -212,9 +212,10 @@ impl GcsNotifications {
     /// whether the policy changed. The policy's etag makes a concurrent change fail rather than
     /// be overwritten.
     async fn role(&self, topic: &str, role: &str, member: &str, grant: bool) -> Result<bool> {
+        // A GET (`GET /v1/{resource}:getIamPolicy`, Pub/Sub's REST reference); setIamPolicy is a POST.
         let get = format!("{}/v1/{topic}:getIamPolicy", self.pubsub);
         let Some(mut policy) =
-            self.call(Method::POST, get, Some(json!({})), ("reading the access policy of", topic), !grant).await?
+            self.call(Method::GET, get, None, ("reading the access policy of", topic), !grant).await?
         else {
             return Ok(false);
         };
