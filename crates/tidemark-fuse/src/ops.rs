@@ -532,7 +532,12 @@ impl TidemarkFs {
     fn unlinked_attr_of(&self, f: &OpenFile) -> Option<FileAttr> {
         let (ino, e, len) = {
             let s = f.state();
-            let (ino, e) = s.unlinked.clone()?;
+            let (ino, mut e) = s.unlinked.clone()?;
+            // The time of its unsaved changes (or a `utime` since), as while it had a name.
+            if let Some(t) = s.mtime_ms.filter(|_| s.dirty) {
+                e.mtime_ms = t;
+                e.posix.ctime_ms = Some(e.posix.ctime_ms.unwrap_or(t).max(t));
+            }
             (ino, e, s.spool_len())
         };
         let mut a = self.attr(&e);
