@@ -193,15 +193,14 @@ pub async fn mount(
     }
     config.n_threads = Some(4);
     let mountpoint = args.mountpoint.clone();
+    // (Before mounting: afterwards, resolving the path would ask the mount itself.)
+    let canonical = std::fs::canonicalize(&mountpoint).unwrap_or_else(|_| mountpoint.clone());
     let session = fuser::Session::new(fuse::Fuse(fs), &mountpoint, &config).map_err(|e| {
         format!("cannot mount at {}: {e} (is fusermount3 installed, /dev/fuse there?)", mountpoint.display())
     })?;
     let notifier = session.notifier();
     let bg = session.spawn().map_err(|e| format!("cannot start the mount: {e}"))?;
-    {
-        let mp = mountpoint.clone();
-        tokio::task::spawn_blocking(move || widen_read_ahead(&mp));
-    }
+    tokio::task::spawn_blocking(move || widen_read_ahead(&canonical));
     tracing::info!(root = %root, mountpoint = %mountpoint.display(), read_only = args.read_only, "mounted");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let follower = tokio::spawn(follow(filer, inodes, notify_thread(notifier), counters.clone(), after, stop_rx));
@@ -233,6 +232,25 @@ pub async fn mount(
     Ok(())
 }
 
+/// The device (`major:minor`) of the newest FUSE mount at `mountpoint` in `mountinfo`
+/// (`/proc/self/mountinfo`'s text: its fifth field the mount point, octal-escaped, its third
+/// the device, and after ` - ` the file system type).
+fn device_of(mountinfo: &str, mountpoint: &str) -> Option<(u32, u32)> {
+    let escaped = mountpoint.replace('\\', "\\134").replace(' ', "\\040").replace('\t', "\\011").replace('\n', "\\012");
+    mountinfo
+        .lines()
+        .rev()
+        .filter(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let fstype = l.split(" - ").nth(1).and_then(|rest| rest.split(' ').next()).unwrap_or("");
+            f.get(4) == Some(&escaped.as_str()) && fstype.starts_with("fuse")
+        })
+        .find_map(|l| {
+            let (major, minor) = l.split(' ').nth(2)?.split_once(':')?;
+            Some((major.parse().ok()?, minor.parse().ok()?))
+        })
+}
+
 /// How far ahead the kernel reads a file of the mount, in KiB. Its default for FUSE, 128 KiB,
 /// has a sequential read arrive as 128 KiB requests; 1 MiB makes them FUSE's largest, and the
 /// mount answers an eighth as many (`tidemark-bench mount`: a 1 GiB file 20–40 % faster).
@@ -240,17 +258,43 @@ pub async fn mount(
 const READ_AHEAD_KB: u32 = 1024;
 
 /// Sets the mount's read-ahead: its device's `read_ahead_kb` in sysfs, which only root may
-/// write (elsewhere the kernel's default stays). Once the session serves requests: finding the
-/// device stats the mountpoint, which the mount itself answers.
+/// write (elsewhere the kernel's default stays). The device is found in `/proc/self/mountinfo`,
+/// not by a `stat` of the mountpoint: that would be a request to this very process, and a
+/// mount killed while it was in flight could never exit (its thread waits in the kernel for an
+/// answer no thread is left to give, and the kernel aborts the connection only when the process
+/// has exited).
 fn widen_read_ahead(mountpoint: &std::path::Path) {
-    use std::os::unix::fs::MetadataExt;
-    let dev = match std::fs::metadata(mountpoint) {
-        Ok(m) => m.dev(),
-        Err(e) => return tracing::debug!(error = %e, "read-ahead left as the kernel's: the mountpoint did not stat"),
+    let Some((major, minor)) = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| device_of(&info, &mountpoint.to_string_lossy()))
+    else {
+        return tracing::debug!(mountpoint = %mountpoint.display(), "read-ahead left as the kernel's: the mount is not in mountinfo");
     };
-    let knob = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
     match std::fs::write(&knob, READ_AHEAD_KB.to_string()) {
         Ok(()) => tracing::debug!(knob, kb = READ_AHEAD_KB, "read-ahead set"),
         Err(e) => tracing::info!(knob, error = %e, "read-ahead left as the kernel's (128 KiB): large reads are slower"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_of;
+
+    /// The mount's device comes from mountinfo: the newest FUSE mount at the path, its name
+    /// escaped as the kernel escapes it; other file systems and other paths are not it.
+    #[test]
+    fn the_mounts_device_is_read_from_mountinfo() {
+        let info = "\
+22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+97 22 0:51 / /tmp/a\\040b rw,nosuid,nodev,relatime shared:50 - fuse.tidemark tidemark:/ rw,user_id=0,group_id=0
+98 22 0:52 / /tmp/other rw,nosuid shared:51 - fuse.tidemark tidemark:/ rw
+99 97 0:60 / /tmp/a\\040b rw,nosuid,nodev,relatime shared:52 - fuse.tidemark tidemark:/ rw
+100 22 0:61 / /tmp/disk rw shared:53 - ext4 /dev/vdb rw
+";
+        assert_eq!(device_of(info, "/tmp/a b"), Some((0, 60)), "the newest mount there, name unescaped");
+        assert_eq!(device_of(info, "/tmp/other"), Some((0, 52)));
+        assert_eq!(device_of(info, "/tmp/disk"), None, "not a FUSE mount");
+        assert_eq!(device_of(info, "/tmp/none"), None);
     }
 }
