@@ -415,6 +415,12 @@ impl Real {
         Ok(a)
     }
 
+    /// `rel` resolved, refused with EPERM if it is a symlink (the harness sets no attribute of
+    /// one: Linux would follow it).
+    fn resolve_not_link(&self, rel: &str) -> Result<FileAttr, Errno> {
+        self.resolve(rel).and_then(|a| if a.kind == FileType::Symlink { Err(Errno::EPERM) } else { Ok(a) })
+    }
+
     /// The directory `rel` is in, and its name.
     fn parent<'a>(&self, rel: &'a str) -> Result<(INodeNo, &'a str), Errno> {
         let (dir, name) = parent_and_name(rel);
@@ -865,8 +871,7 @@ fn step(real: &mut Real, m: &mut Model, op: &Op) -> (Outcome, Outcome) {
             let rel = PATHS[path];
             let flags = if create { libc::XATTR_CREATE } else { 0 };
             let real_out = real
-                .resolve(rel)
-                .and_then(|a| if a.kind == FileType::Symlink { Err(Errno::EPERM) } else { Ok(a) })
+                .resolve_not_link(rel)
                 .and_then(|a| fs.setxattr(a.ino, OsStr::new(XATTRS[name]), &[value; 3], flags))
                 .map_or_else(err, |()| Outcome::Done);
             let model_out = match m.resolve(rel) {
@@ -887,8 +892,7 @@ fn step(real: &mut Real, m: &mut Model, op: &Op) -> (Outcome, Outcome) {
         Op::GetXattr { path, name } => {
             let rel = PATHS[path];
             let real_out = real
-                .resolve(rel)
-                .and_then(|a| if a.kind == FileType::Symlink { Err(Errno::EPERM) } else { Ok(a) })
+                .resolve_not_link(rel)
                 .and_then(|a| fs.getxattr(a.ino, OsStr::new(XATTRS[name])))
                 .map_or_else(err, Outcome::Bytes);
             let model_out = match m.resolve(rel) {
@@ -904,8 +908,7 @@ fn step(real: &mut Real, m: &mut Model, op: &Op) -> (Outcome, Outcome) {
         Op::RemoveXattr { path, name } => {
             let rel = PATHS[path];
             let real_out = real
-                .resolve(rel)
-                .and_then(|a| if a.kind == FileType::Symlink { Err(Errno::EPERM) } else { Ok(a) })
+                .resolve_not_link(rel)
                 .and_then(|a| fs.removexattr(a.ino, OsStr::new(XATTRS[name])))
                 .map_or_else(err, |()| Outcome::Done);
             let model_out = match m.resolve(rel) {
@@ -925,11 +928,7 @@ fn step(real: &mut Real, m: &mut Model, op: &Op) -> (Outcome, Outcome) {
                     b.split(|c| *c == 0).filter(|n| !n.is_empty()).map(|n| String::from_utf8_lossy(n).into()).collect(),
                 )
             };
-            let real_out = real
-                .resolve(rel)
-                .and_then(|a| if a.kind == FileType::Symlink { Err(Errno::EPERM) } else { Ok(a) })
-                .and_then(|a| fs.listxattr(a.ino))
-                .map_or_else(err, names);
+            let real_out = real.resolve_not_link(rel).and_then(|a| fs.listxattr(a.ino)).map_or_else(err, names);
             let model_out = match m.resolve(rel) {
                 Ok(Node::Symlink(..)) => err(Errno::EPERM),
                 Ok(_) => Outcome::Names(m.xattrs_mut(rel).map(|x| x.keys().cloned().collect()).unwrap_or_default()),
@@ -978,15 +977,12 @@ fn change_attr(real: &mut Real, m: &mut Model, rel: &str, which: Owned, value: u
         Owned::Mode => SetAttr { mode: Some(value), ..Default::default() },
         Owned::Uid => SetAttr { uid: Some(value), ..Default::default() },
     };
-    let real_out = real
-        .resolve(rel)
-        .and_then(|a| if a.kind == FileType::Symlink { Err(Errno::EPERM) } else { real.fs.setattr(a.ino, set, None) })
-        .map_or_else(err, |a| {
-            Outcome::Count(match which {
-                Owned::Mode => a.perm as u64,
-                Owned::Uid => a.uid as u64,
-            })
-        });
+    let real_out = real.resolve_not_link(rel).and_then(|a| real.fs.setattr(a.ino, set, None)).map_or_else(err, |a| {
+        Outcome::Count(match which {
+            Owned::Mode => a.perm as u64,
+            Owned::Uid => a.uid as u64,
+        })
+    });
     let model_out = match m.resolve(rel).cloned() {
         Ok(Node::Symlink(..)) => err(Errno::EPERM),
         Ok(Node::File(id)) => {
