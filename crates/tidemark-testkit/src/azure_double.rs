@@ -4,26 +4,44 @@
 //! delivery with — a storage account's `GET`, Event Grid `systemTopics` and their
 //! `eventSubscriptions` (list, get, create or update, delete).
 //!
-//! It follows the published REST reference: `api-version` required (400
-//! `MissingApiVersionParameter`), a bearer token required (401 `AuthenticationFailed`), 404
-//! `ResourceNotFound` / `ParentResourceNotFound`, one system topic per source (400, as Azure
-//! refuses a second), an event subscription's destination and filter checked (a `StorageQueue`
-//! destination on a known account; `subjectBeginsWith` under `/blobServices/default/`), 201 on
-//! create and 200 on update with `provisioningState: Succeeded`, 200 on delete and 204 when
-//! there was nothing to delete. Lists are paged (`nextLink`, `$skiptoken`) a page of one item
-//! at a time, so a client that reads only the first page misses the rest; `deliveries` compares
-//! subjects without case unless the filter's `isSubjectCaseSensitive` says otherwise, as Event
-//! Grid does. Operations complete at once (no `Azure-AsyncOperation` polling).
-//! It delivers nothing: [`AzureArmDouble::deliveries`] says which queues an event would reach,
-//! so a test can put it there as Event Grid would.
+//! It follows the published REST references (Event Grid `2022-06-15`: System Topics and System
+//! Topic Event Subscriptions — Create Or Update, Delete, Get, List by Resource Group; and
+//! "Track asynchronous Azure operations" and "Understand how Azure Resource Manager throttles
+//! requests" for the protocol): `api-version` required (400 `MissingApiVersionParameter`), a
+//! bearer token required (401 `AuthenticationFailed`), 404 `ResourceNotFound` /
+//! `ParentResourceNotFound`, one system topic per source (400, as Azure refuses a second), an
+//! event subscription's destination and filter checked (a `StorageQueue` destination on a known
+//! account; `subjectBeginsWith` under `/blobServices/default/`).
+//!
+//! **Operations are long-running, as Event Grid's are.** A create or update answers 201 or 200
+//! with `provisioningState` `Creating` or `Updating` and an `Azure-AsyncOperation` header; a
+//! delete answers 202 with `Location` and `Azure-AsyncOperation`, the resource still listed as
+//! `Deleting`; a delete of nothing answers 204. An operation ends [`OPERATION_TIME`] later
+//! (`operationsStatus`: `InProgress`, then `Succeeded` or `Failed` with its error;
+//! `operationResults`: 202 with `Retry-After`, then 200, or the error's status). A change to a
+//! resource whose operation has not ended — a topic whose event subscription is still being
+//! deleted included — is refused 409 `AnotherOperationInProgress`. An event subscription
+//! delivers only once `Succeeded`. Faults a test can ask for: 429 `TooManyRequests` (with
+//! `Retry-After`) and 409 `AnotherOperationInProgress` on the next requests, and an operation
+//! that fails after it was accepted.
+//!
+//! Lists are paged (`nextLink`, `$skiptoken`) a page of one item at a time, so a client that
+//! reads only the first page misses the rest; `deliveries` compares subjects without case
+//! unless the filter's `isSubjectCaseSensitive` says otherwise, as Event Grid does. It delivers
+//! nothing: [`AzureArmDouble::deliveries`] says which queues an event would reach, so a test can
+//! put it there as Event Grid would.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
+
+/// How long each long-running operation takes here.
+pub const OPERATION_TIME: Duration = Duration::from_millis(300);
 
 #[derive(Default)]
 struct Arm {
@@ -32,6 +50,113 @@ struct Arm {
     /// resource id (lower-cased) -> resource
     event_subscriptions: BTreeMap<String, Value>,
     tokens: Vec<String>,
+    /// operation id -> operation
+    operations: BTreeMap<String, Operation>,
+    faults: Faults,
+    /// Requests to an operation's status or result.
+    polls: u64,
+}
+
+/// Faults asked for by a test, each used up as it is answered.
+#[derive(Default)]
+struct Faults {
+    /// The next requests to Resource Manager answered 429.
+    throttled: u32,
+    /// The next changes (PUT, DELETE) answered 409 `AnotherOperationInProgress`.
+    busy: u32,
+    /// The next operation accepted ends `Failed` with this code and message.
+    fail_next: Option<(String, String)>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Topic,
+    EventSubscription,
+}
+
+enum Effect {
+    /// The resource (kind, lower-cased id) becomes `Succeeded`.
+    Provision(Kind, String),
+    /// The resource is gone (a topic with its event subscriptions).
+    Remove(Kind, String),
+}
+
+struct Operation {
+    ends: Instant,
+    effect: Effect,
+    /// `InProgress`, `Succeeded` or `Failed`.
+    status: &'static str,
+    error: Option<(String, String)>,
+    /// Whether a delete (whose result is 204, not a resource).
+    delete: bool,
+}
+
+impl Arm {
+    fn resources(&mut self, kind: Kind) -> &mut BTreeMap<String, Value> {
+        match kind {
+            Kind::Topic => &mut self.topics,
+            Kind::EventSubscription => &mut self.event_subscriptions,
+        }
+    }
+
+    /// Ends every operation whose time has come, as Resource Manager would have meanwhile.
+    fn settle(&mut self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .operations
+            .iter()
+            .filter(|(_, o)| o.status == "InProgress" && o.ends <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            let op = self.operations.get_mut(&id).expect("listed");
+            let failed = op.error.is_some();
+            op.status = if failed { "Failed" } else { "Succeeded" };
+            let (kind, key, remove) = match &op.effect {
+                Effect::Provision(k, key) => (*k, key.clone(), false),
+                Effect::Remove(k, key) => (*k, key.clone(), true),
+            };
+            match (remove, failed) {
+                (true, false) => {
+                    self.resources(kind).remove(&key);
+                    if kind == Kind::Topic {
+                        let prefix = format!("{key}/eventsubscriptions/");
+                        self.event_subscriptions.retain(|k, _| !k.starts_with(&prefix));
+                    }
+                }
+                (true, true) => set_state(self.resources(kind), &key, "Succeeded"),
+                (false, failed) => set_state(self.resources(kind), &key, if failed { "Failed" } else { "Succeeded" }),
+            }
+        }
+    }
+
+    /// Whether an operation on `key` (or, for a topic, on one of its event subscriptions) has
+    /// not ended.
+    fn busy(&self, key: &str) -> bool {
+        let changing = |v: &Value| {
+            matches!(v["properties"]["provisioningState"].as_str(), Some("Creating" | "Updating" | "Deleting"))
+        };
+        let nested = format!("{key}/eventsubscriptions/");
+        self.topics.get(key).is_some_and(changing)
+            || self.event_subscriptions.iter().any(|(k, v)| (k == key || k.starts_with(&nested)) && changing(v))
+    }
+
+    /// Accepts an operation on the resource; its id.
+    fn begin(&mut self, effect: Effect, delete: bool) -> String {
+        let id = format!("op-{:04}", self.operations.len() + 1);
+        let error = self.faults.fail_next.take();
+        self.operations.insert(
+            id.clone(),
+            Operation { ends: Instant::now() + OPERATION_TIME, effect, status: "InProgress", error, delete },
+        );
+        id
+    }
+}
+
+fn set_state(resources: &mut BTreeMap<String, Value>, key: &str, state: &str) {
+    if let Some(r) = resources.get_mut(key) {
+        r["properties"]["provisioningState"] = json!(state);
+    }
 }
 
 struct Shared {
@@ -66,9 +191,39 @@ impl AzureArmDouble {
         AzureArmDouble { endpoint, shared, _stop: stop }
     }
 
-    /// The system topics, as the double holds them.
+    /// The system topics, as the double holds them (operations due by now ended).
     pub fn system_topics(&self) -> Vec<Value> {
-        self.shared.arm.lock().unwrap().topics.values().cloned().collect()
+        let mut arm = self.shared.arm.lock().unwrap();
+        arm.settle();
+        arm.topics.values().cloned().collect()
+    }
+
+    /// Answers the next `n` requests to Resource Manager 429 `TooManyRequests`, `Retry-After: 1`.
+    pub fn throttle(&self, n: u32) {
+        self.shared.arm.lock().unwrap().faults.throttled = n;
+    }
+
+    /// Answers the next `n` changes (PUT, DELETE) 409 `AnotherOperationInProgress`, as when
+    /// another client is changing the resource.
+    pub fn busy(&self, n: u32) {
+        self.shared.arm.lock().unwrap().faults.busy = n;
+    }
+
+    /// The next operation accepted ends `Failed` with `code` and `message`, after it was
+    /// accepted (as Event Grid does when it cannot validate a destination).
+    pub fn fail_next_operation(&self, code: &str, message: &str) {
+        self.shared.arm.lock().unwrap().faults.fail_next = Some((code.into(), message.into()));
+    }
+
+    /// The faults asked for and not yet answered (429s, 409s, failing operations).
+    pub fn faults_left(&self) -> u32 {
+        let arm = self.shared.arm.lock().unwrap();
+        arm.faults.throttled + arm.faults.busy + u32::from(arm.faults.fail_next.is_some())
+    }
+
+    /// How many times an operation's status or result was asked for.
+    pub fn polls(&self) -> u64 {
+        self.shared.arm.lock().unwrap().polls
     }
 
     /// Adds a system topic `name` for `account` in subscription `sub`, group `rg` (one another
@@ -84,17 +239,22 @@ impl AzureArmDouble {
         self.shared.arm.lock().unwrap().topics.insert(id.to_ascii_lowercase(), topic);
     }
 
-    /// The event subscriptions, as the double holds them.
+    /// The event subscriptions, as the double holds them (operations due by now ended).
     pub fn event_subscriptions(&self) -> Vec<Value> {
-        self.shared.arm.lock().unwrap().event_subscriptions.values().cloned().collect()
+        let mut arm = self.shared.arm.lock().unwrap();
+        arm.settle();
+        arm.event_subscriptions.values().cloned().collect()
     }
 
     /// The queues (account, queue) an event of `event_type` about `subject` would be delivered
     /// to: every event subscription whose filter takes it.
     pub fn deliveries(&self, event_type: &str, subject: &str) -> Vec<(String, String)> {
-        let arm = self.shared.arm.lock().unwrap();
+        let mut arm = self.shared.arm.lock().unwrap();
+        arm.settle();
         arm.event_subscriptions
             .values()
+            // Only an event subscription whose creation has ended delivers.
+            .filter(|s| s["properties"]["provisioningState"] == "Succeeded")
             .filter(|s| {
                 let f = &s["properties"]["filter"];
                 let typed = f["includedEventTypes"].as_array().is_none_or(|t| t.iter().any(|t| t == event_type));
@@ -147,11 +307,35 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             "Authentication failed. The 'Authorization' header is missing or invalid.",
         );
     }
+    {
+        let mut arm = s.arm.lock().unwrap();
+        arm.settle();
+        if arm.faults.throttled > 0 {
+            arm.faults.throttled -= 1;
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "The request is being throttled as the limit has been reached for operation type. Retry after 1 second.",
+            );
+            r.headers_mut().insert("retry-after", "1".parse().unwrap());
+            return r;
+        }
+        if arm.faults.busy > 0 && (method == Method::PUT || method == Method::DELETE) {
+            arm.faults.busy -= 1;
+            return another_operation(&path);
+        }
+    }
     let body: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap_or(Value::Null) };
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let lower: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
     let l: Vec<&str> = lower.iter().map(String::as_str).collect();
+    let origin = format!("http://{host}");
     match l.as_slice() {
+        ["subscriptions", _, "providers", "microsoft.eventgrid", "locations", _, which, op]
+            if method == Method::GET && (*which == "operationsstatus" || *which == "operationresults") =>
+        {
+            operation(&s, which == &"operationresults", op, &origin, &path, &query)
+        }
         ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.storage", "storageaccounts", _] => {
             let name = parts[7];
             match (method, s.accounts.get(name)) {
@@ -173,8 +357,9 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         }
         ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.eventgrid", "systemtopics", rest @ ..] => {
             let base = parts[..7].join("/");
-            let url = format!("http://{host}{path}");
-            topics(&s, method, &format!("/{base}"), rest, &parts[7..], body, Asked { url: &url, query: &query })
+            let url = format!("{origin}{path}");
+            let asked = Asked { url: &url, query: &query, origin: &origin, subscription: parts[1] };
+            topics(&s, method, &format!("/{base}"), rest, &parts[7..], body, asked)
         }
         _ => error(StatusCode::NOT_FOUND, "InvalidResourceType", &format!("not served by the double: {path}")),
     }
@@ -244,10 +429,73 @@ fn page(items: Vec<Value>, url: &str, query: &str) -> Response {
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
-/// Where the request was sent, for the `nextLink`s of its answer.
+/// Where the request was sent, for the `nextLink`s and operation URLs of its answer.
 struct Asked<'a> {
     url: &'a str,
     query: &'a str,
+    /// `http://host:port`
+    origin: &'a str,
+    /// The Azure subscription in the path.
+    subscription: &'a str,
+}
+
+fn another_operation(path: &str) -> Response {
+    error(
+        StatusCode::CONFLICT,
+        "AnotherOperationInProgress",
+        &format!("Another operation on this or a dependent resource is in progress: {path}. Retry later."),
+    )
+}
+
+/// The answer that accepts an operation: `status` with `body` (a create or update), or 202 (a
+/// delete), and where to follow it.
+fn accepted(asked: &Asked<'_>, location: &str, op: &str, status: StatusCode, body: Option<Value>) -> Response {
+    let base = format!(
+        "{}/subscriptions/{}/providers/Microsoft.EventGrid/locations/{location}",
+        asked.origin, asked.subscription
+    );
+    let mut r = match body {
+        Some(b) => (status, axum::Json(b)).into_response(),
+        None => status.into_response(),
+    };
+    let h = r.headers_mut();
+    h.insert("azure-asyncoperation", format!("{base}/operationsStatus/{op}?{API}").parse().unwrap());
+    if status == StatusCode::ACCEPTED {
+        h.insert("location", format!("{base}/operationResults/{op}?{API}").parse().unwrap());
+        h.insert("retry-after", "1".parse().unwrap());
+    }
+    r
+}
+
+/// Event Grid's api-version, in the operation URLs it answers.
+const API: &str = "api-version=2022-06-15";
+
+/// `GET .../operationsStatus/{op}` (the status document) or `.../operationResults/{op}` (202
+/// while running, then the outcome's status).
+fn operation(s: &Shared, result: bool, op: &str, origin: &str, path: &str, query: &str) -> Response {
+    let mut arm = s.arm.lock().unwrap();
+    arm.polls += 1;
+    let Some(o) = arm.operations.get(op) else {
+        return error(StatusCode::NOT_FOUND, "OperationNotFound", &format!("The operation '{op}' was not found."));
+    };
+    if !result {
+        let mut doc = json!({"id": path, "name": op, "status": o.status});
+        if let (Some((code, message)), "Failed") = (&o.error, o.status) {
+            doc["error"] = json!({"code": code, "message": message});
+        }
+        return (StatusCode::OK, axum::Json(doc)).into_response();
+    }
+    match (o.status, &o.error) {
+        ("InProgress", _) => {
+            let mut r = StatusCode::ACCEPTED.into_response();
+            r.headers_mut().insert("location", format!("{origin}{path}?{query}").parse().unwrap());
+            r.headers_mut().insert("retry-after", "1".parse().unwrap());
+            r
+        }
+        (_, Some((code, message))) => error(StatusCode::BAD_REQUEST, code, message),
+        _ if o.delete => StatusCode::NO_CONTENT.into_response(),
+        _ => StatusCode::OK.into_response(),
+    }
 }
 
 fn topics(
@@ -326,29 +574,45 @@ fn topics(
                             ),
                         );
                     }
+                    if arm.busy(&key) {
+                        return another_operation(&id);
+                    }
                     let created = !arm.topics.contains_key(&key);
                     let t = json!({
                         "id": id, "name": original[0], "type": "Microsoft.EventGrid/systemTopics", "location": location,
-                        "properties": {"source": source, "topicType": "Microsoft.Storage.StorageAccounts", "provisioningState": "Succeeded"},
+                        "properties": {"source": source, "topicType": "Microsoft.Storage.StorageAccounts",
+                                       "provisioningState": if created { "Creating" } else { "Updating" }},
                     });
-                    arm.topics.insert(key, t.clone());
-                    (if created { StatusCode::CREATED } else { StatusCode::OK }, axum::Json(t)).into_response()
+                    arm.topics.insert(key.clone(), t.clone());
+                    let op = arm.begin(Effect::Provision(Kind::Topic, key), false);
+                    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+                    accepted(&asked, location, &op, status, Some(t))
                 }
                 Method::DELETE => {
-                    let prefix = format!("{key}/eventsubscriptions/");
-                    arm.event_subscriptions.retain(|k, _| !k.starts_with(&prefix));
-                    if arm.topics.remove(&key).is_some() {
-                        StatusCode::OK.into_response()
-                    } else {
-                        StatusCode::NO_CONTENT.into_response()
+                    let Some(location) = arm.topics.get(&key).map(|t| t["location"].as_str().unwrap_or("").to_string())
+                    else {
+                        return StatusCode::NO_CONTENT.into_response();
+                    };
+                    if arm.busy(&key) {
+                        return another_operation(&id);
                     }
+                    set_state(&mut arm.topics, &key, "Deleting");
+                    let op = arm.begin(Effect::Remove(Kind::Topic, key), true);
+                    accepted(&asked, &location, &op, StatusCode::ACCEPTED, None)
                 }
                 _ => error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "not served by the double"),
             }
         }
         (m, [_, "eventsubscriptions", tail @ ..]) => {
             let topic = format!("{base}/{}", original[0]);
-            if !arm.topics.contains_key(&topic.to_ascii_lowercase()) {
+            let (topic_location, topic_state) = match arm.topics.get(&topic.to_ascii_lowercase()) {
+                Some(t) => (
+                    t["location"].as_str().unwrap_or("").to_string(),
+                    t["properties"]["provisioningState"].as_str().unwrap_or("").to_string(),
+                ),
+                None => (String::new(), String::new()),
+            };
+            if topic_state.is_empty() {
                 return error(
                     StatusCode::NOT_FOUND,
                     "ParentResourceNotFound",
@@ -411,18 +675,28 @@ fn topics(
                                     "filter.subjectBeginsWith must start with /blobServices/default/ for a storage account topic",
                                 );
                             }
+                            // Not while the topic or this event subscription is changing.
+                            if topic_state != "Succeeded" || arm.busy(&key) {
+                                return another_operation(&id);
+                            }
                             let created = !arm.event_subscriptions.contains_key(&key);
                             let mut e = json!({"id": id, "name": original[2], "type": "Microsoft.EventGrid/systemTopics/eventSubscriptions", "properties": p.clone()});
-                            e["properties"]["provisioningState"] = json!("Succeeded");
-                            arm.event_subscriptions.insert(key, e.clone());
-                            (if created { StatusCode::CREATED } else { StatusCode::OK }, axum::Json(e)).into_response()
+                            e["properties"]["provisioningState"] = json!(if created { "Creating" } else { "Updating" });
+                            arm.event_subscriptions.insert(key.clone(), e.clone());
+                            let op = arm.begin(Effect::Provision(Kind::EventSubscription, key), false);
+                            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+                            accepted(&asked, &topic_location, &op, status, Some(e))
                         }
                         Method::DELETE => {
-                            if arm.event_subscriptions.remove(&key).is_some() {
-                                StatusCode::OK.into_response()
-                            } else {
-                                StatusCode::NO_CONTENT.into_response()
+                            if !arm.event_subscriptions.contains_key(&key) {
+                                return StatusCode::NO_CONTENT.into_response();
                             }
+                            if arm.busy(&key) {
+                                return another_operation(&id);
+                            }
+                            set_state(&mut arm.event_subscriptions, &key, "Deleting");
+                            let op = arm.begin(Effect::Remove(Kind::EventSubscription, key), true);
+                            accepted(&asked, &topic_location, &op, StatusCode::ACCEPTED, None)
                         }
                         _ => error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "not served by the double"),
                     }

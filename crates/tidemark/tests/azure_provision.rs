@@ -89,6 +89,10 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     assert_eq!(filter["subjectBeginsWith"], format!("/blobServices/default/containers/{container}/blobs/photos/"));
     assert!(filter["includedEventTypes"].to_string().contains("Microsoft.Storage.BlobCreated"));
     assert_eq!(filter["isSubjectCaseSensitive"], true, "blob names, and so the prefix, have case");
+    // Event Grid's creates are long-running: the double answered `Creating` with an
+    // `Azure-AsyncOperation`, and the enable waited for it to end.
+    assert!(arm.polls() >= 2, "each operation followed to its end ({} polls)", arm.polls());
+    assert_eq!(subs[0]["properties"]["provisioningState"], "Succeeded");
 
     // A second subscription of the account finds the system topic the first made, though
     // Resource Manager lists it on a later page (the double pages one topic at a time, and
@@ -96,13 +100,30 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     // teardown for the first.
     arm.add_system_topic("sub-1", "rg-1", "aaa-another-accounts", "anotheraccount", "westeurope");
     ok(sh(&format!("remote.mount -dir=/mnt/az2 -remote=az/{container}/docs")));
+    // Resource Manager throttling (429, Retry-After) and another operation in progress (409
+    // AnotherOperationInProgress) are waited out, not failures.
+    arm.throttle(2);
+    arm.busy(1);
     let out = ok(sh("remote.events.enable -dir=/mnt/az2 -slice=6s -visibility=2s"));
     assert!(out.contains("provisioned sqs_direct tidemark-"), "{out}");
+    assert_eq!(arm.faults_left(), 0, "the 429s and the 409 were answered, and retried");
     assert_eq!(arm.system_topics().len(), 2, "ours found on the second page, not made again");
     assert_eq!(arm.event_subscriptions().len(), 2);
     ok(sh("remote.events.disable -dir=/mnt/az2 -teardown"));
     assert_eq!(arm.system_topics().len(), 2, "kept for the first subscription");
     assert_eq!(arm.event_subscriptions().len(), 1);
+
+    // An operation that fails after Resource Manager accepted it (Event Grid could not validate
+    // the destination): the enable fails naming it, and what it made is taken back — the failed
+    // event subscription and the queues.
+    ok(sh(&format!("remote.mount -dir=/mnt/az3 -remote=az/{container}/third")));
+    arm.fail_next_operation("DestinationValidationFailed", "The destination queue could not be validated.");
+    let err = fails(sh("remote.events.enable -dir=/mnt/az3 -slice=6s"));
+    assert!(err.contains("DestinationValidationFailed") && err.contains("ended Failed"), "{err}");
+    assert!(err.contains("/eventSubscriptions/tidemark-"), "the operation's resource named: {err}");
+    assert_eq!(arm.event_subscriptions().len(), 1, "the failed event subscription deleted");
+    assert_eq!(arm.system_topics().len(), 2);
+    assert!(!ok(sh("remote.events.list")).contains("/mnt/az3"), "no subscription recorded for /mnt/az3");
 
     // Event Grid's part: a blob created and one deleted, delivered where the subscription says.
     within("the subscription to tail", 60, async || {

@@ -4,11 +4,14 @@
 //! this cluster's on it that delivers the container's blob events under the mount's prefix to
 //! the queue. Through Azure Resource Manager, signed in as a service principal (client
 //! credentials). The queue exists before the event subscription, so nothing is delivered to
-//! nothing. Each resource is recorded in [`ManagedResources`] as soon as it exists; teardown
-//! goes in reverse, forgiving what is already gone, and removes the system topic only if
-//! Tidemark created it and no event subscription is left on it.
+//! nothing. Event Grid's creates and deletes are long-running operations: each is followed to
+//! its end (see [`AzureNotifications::arm`]), so a failure after Resource Manager accepted the
+//! request is seen, and the teardown's "is any event subscription left?" does not count the one
+//! it is deleting. Each resource is recorded in [`ManagedResources`] before it is asked for;
+//! teardown goes in reverse, forgiving what is already gone, and removes the system topic only
+//! if Tidemark created it and no event subscription is left on it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use reqwest::Method;
@@ -22,6 +25,59 @@ use super::client::{AzureClient, encode_path};
 
 const EVENT_GRID_API: &str = "2022-06-15";
 const STORAGE_API: &str = "2023-01-01";
+/// How often one Resource Manager request is sent before its last answer stands.
+const ARM_ATTEMPTS: u32 = 6;
+/// The longest wait between two attempts or two polls, whatever `Retry-After` says.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+/// How long a long-running operation is waited for (Event Grid's take seconds to a few minutes).
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// One answer of Resource Manager, with the headers that say how to go on.
+struct ArmAnswer {
+    status: u16,
+    async_operation: Option<String>,
+    location: Option<String>,
+    retry_after: Option<Duration>,
+    text: String,
+}
+
+impl ArmAnswer {
+    fn code(&self) -> String {
+        let v: Value = serde_json::from_str(&self.text).unwrap_or_default();
+        v["error"]["code"].as_str().unwrap_or("").to_string()
+    }
+
+    /// The error of a refused call, naming it and what to do.
+    fn failure(&self, method: &Method, id: &str) -> Error {
+        let v: Value = serde_json::from_str(&self.text).unwrap_or_default();
+        let (code, message) =
+            (v["error"]["code"].as_str().unwrap_or(""), v["error"]["message"].as_str().unwrap_or(&self.text));
+        let what = format!("{method} {id}: Azure answered {} {code}: {message}", self.status);
+        match self.status {
+            401 | 403 => Error::Unauthorized {
+                message: format!("{what}; the service principal needs rights on the storage account and Event Grid"),
+            },
+            404 => Error::NotFound { path: what },
+            409 | 429 | 500.. => Error::Unavailable { message: format!("{what} (after {ARM_ATTEMPTS} attempts)") },
+            _ => Error::invalid_argument(what),
+        }
+    }
+}
+
+/// The wait before the next poll: `Retry-After` if the service gave it, else a second.
+fn poll_interval(retry_after: Option<Duration>) -> Duration {
+    retry_after.unwrap_or(Duration::from_secs(1)).clamp(Duration::from_millis(100), MAX_WAIT)
+}
+
+fn still_running(method: &Method, id: &str, how: &str) -> Error {
+    Error::Unavailable {
+        message: format!(
+            "{method} {id}: {how} after {} s; it may yet finish — see the resource group's activity log in the \
+             portal, then run the command again",
+            OPERATION_TIMEOUT.as_secs()
+        ),
+    }
+}
 
 pub struct AzureNotifications {
     http: reqwest::Client,
@@ -153,8 +209,14 @@ impl AzureNotifications {
         Ok(token.to_string())
     }
 
-    /// One Resource Manager call on `id` (a resource id, or a collection); `Ok(None)` for a 404
-    /// when `missing_ok`.
+    /// One Resource Manager call on `id` (a resource id, or a whole URL: a list's `nextLink`),
+    /// carried to its end: retried while Resource Manager says to wait (429, 409
+    /// `AnotherOperationInProgress`, 500/502/503/504 — every call here is idempotent), and an
+    /// asynchronous answer (`Azure-AsyncOperation`, a 202 with `Location`, or a resource still
+    /// `Creating`/`Updating`/`Deleting`) polled until the operation ends, within
+    /// [`OPERATION_TIMEOUT`]. `Ok(None)` for a 404 (or a delete's 204) when `missing_ok`.
+    /// Reference: "Track asynchronous Azure operations" and "Understand how Azure Resource
+    /// Manager throttles requests" (learn.microsoft.com, azure-resource-manager/management).
     async fn arm(
         &self,
         method: Method,
@@ -163,41 +225,163 @@ impl AzureNotifications {
         body: Option<Value>,
         missing_ok: bool,
     ) -> Result<Option<Value>> {
-        // A list's `nextLink` is a whole URL, its api-version and `$skiptoken` in it.
-        let url = if id.starts_with("http://") || id.starts_with("https://") {
+        let url = self.url_of(id, api);
+        let answer = self.request(&method, id, &url, body.as_ref()).await?;
+        if missing_ok && (answer.status == 404 || answer.status == 204) {
+            return Ok(None);
+        }
+        if !(200..300).contains(&answer.status) {
+            return Err(answer.failure(&method, id));
+        }
+        let began = Instant::now();
+        if let Some(op) = answer.async_operation.clone() {
+            self.wait_status(&method, id, &op, answer.retry_after, began).await?;
+        } else if answer.status == 202
+            && let Some(location) = answer.location.clone()
+        {
+            self.wait_location(&method, id, &location, answer.retry_after, began).await?;
+        }
+        if method == Method::DELETE {
+            return Ok(None);
+        }
+        // The resource as the operation left it; a PUT that answered a state still changing, with
+        // no operation to follow, is followed through the resource itself.
+        let mut now: Value = if answer.async_operation.is_some() && method == Method::PUT {
+            let got = self.request(&Method::GET, id, &url, None).await?;
+            if !(200..300).contains(&got.status) {
+                return Err(got.failure(&Method::GET, id));
+            }
+            serde_json::from_str(&got.text).unwrap_or(Value::Null)
+        } else {
+            serde_json::from_str(&answer.text).unwrap_or(Value::Null)
+        };
+        let mut wait = answer.retry_after;
+        loop {
+            match now["properties"]["provisioningState"].as_str() {
+                None | Some("Succeeded") => return Ok(Some(now)),
+                Some(state @ ("Failed" | "Canceled")) => {
+                    return Err(Error::Unavailable {
+                        message: format!(
+                            "{method} {id}: Resource Manager accepted it, then the resource ended {state}; see the                              resource group's activity log in the portal, fix the cause and run the command again"
+                        ),
+                    });
+                }
+                Some(state) => {
+                    if began.elapsed() >= OPERATION_TIMEOUT {
+                        return Err(still_running(&method, id, &format!("the resource is still {state}")));
+                    }
+                    tokio::time::sleep(poll_interval(wait)).await;
+                    let got = self.request(&Method::GET, id, &url, None).await?;
+                    if !(200..300).contains(&got.status) {
+                        return Err(got.failure(&Method::GET, id));
+                    }
+                    wait = got.retry_after;
+                    now = serde_json::from_str(&got.text).unwrap_or(Value::Null);
+                }
+            }
+        }
+    }
+
+    fn url_of(&self, id: &str, api: &str) -> String {
+        // A list's `nextLink` and an operation's URL are whole URLs, their api-version in them.
+        if id.starts_with("http://") || id.starts_with("https://") {
             id.to_string()
         } else {
             format!("{}{id}?api-version={api}", self.arm)
-        };
-        let mut rb = self.http.request(method.clone(), &url).bearer_auth(self.token().await?);
-        if let Some(b) = body {
-            rb = rb.json(&b);
         }
-        let resp = rb.send().await.map_err(|e| Error::Unavailable {
-            message: format!("{method} {id}: cannot reach {} ({e}); check -azure.arm_endpoint", self.arm),
-        })?;
-        let status = resp.status();
-        if missing_ok && (status == reqwest::StatusCode::NOT_FOUND || status == reqwest::StatusCode::NO_CONTENT) {
-            return Ok(None);
+    }
+
+    /// One request, retried while Resource Manager asks for patience (429, 409
+    /// `AnotherOperationInProgress`, 500/502/503/504), honouring `Retry-After`, up to
+    /// [`ARM_ATTEMPTS`] times. What it finally answers is returned, whatever its status.
+    async fn request(&self, method: &Method, id: &str, url: &str, body: Option<&Value>) -> Result<ArmAnswer> {
+        let mut attempt = 1;
+        loop {
+            let mut rb = self.http.request(method.clone(), url).bearer_auth(self.token().await?);
+            if let Some(b) = body {
+                rb = rb.json(b);
+            }
+            let resp = rb.send().await.map_err(|e| Error::Unavailable {
+                message: format!("{method} {id}: cannot reach {} ({e}); check -azure.arm_endpoint", self.arm),
+            })?;
+            let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let (async_operation, location) = (header("azure-asyncoperation"), header("location"));
+            let retry_after = header("retry-after").and_then(|v| v.trim().parse::<u64>().ok()).map(Duration::from_secs);
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            let answer = ArmAnswer { status, async_operation, location, retry_after, text };
+            let busy = answer.status == 409 && answer.code() == "AnotherOperationInProgress";
+            if attempt >= ARM_ATTEMPTS || !(busy || matches!(answer.status, 429 | 500 | 502 | 503 | 504)) {
+                return Ok(answer);
+            }
+            let wait = answer.retry_after.unwrap_or(Duration::from_secs(1 << (attempt - 1))).min(MAX_WAIT);
+            tracing::info!(%method, id, status = answer.status, attempt, wait_ms = wait.as_millis() as u64,
+                "Resource Manager asked to wait; trying again");
+            tokio::time::sleep(wait).await;
+            attempt += 1;
         }
-        let text = resp.text().await.unwrap_or_default();
-        if !status.is_success() {
-            let v: Value = serde_json::from_str(&text).unwrap_or_default();
-            let (code, message) =
-                (v["error"]["code"].as_str().unwrap_or(""), v["error"]["message"].as_str().unwrap_or(&text));
-            let what = format!("{method} {id}: Azure answered {status} {code}: {message}");
-            return Err(match status.as_u16() {
-                401 | 403 => Error::Unauthorized {
-                    message: format!(
-                        "{what}; the service principal needs rights on the storage account and Event Grid"
-                    ),
-                },
-                404 => Error::NotFound { path: what },
-                409 | 429 | 500.. => Error::Unavailable { message: what },
-                _ => Error::invalid_argument(what),
-            });
+    }
+
+    /// Polls an `Azure-AsyncOperation` URL until its `status` is `Succeeded` (an error naming
+    /// the operation if it is `Failed` or `Canceled`, or still running at the bound).
+    async fn wait_status(
+        &self,
+        method: &Method,
+        id: &str,
+        op: &str,
+        mut wait: Option<Duration>,
+        began: Instant,
+    ) -> Result<()> {
+        loop {
+            tokio::time::sleep(poll_interval(wait)).await;
+            let got = self.request(&Method::GET, op, op, None).await?;
+            if !(200..300).contains(&got.status) {
+                return Err(got.failure(&Method::GET, op));
+            }
+            let v: Value = serde_json::from_str(&got.text).unwrap_or(Value::Null);
+            match v["status"].as_str().unwrap_or("") {
+                "Succeeded" => return Ok(()),
+                state @ ("Failed" | "Canceled") => {
+                    let (code, message) =
+                        (v["error"]["code"].as_str().unwrap_or(""), v["error"]["message"].as_str().unwrap_or(""));
+                    return Err(Error::Unavailable {
+                        message: format!(
+                            "{method} {id}: Resource Manager accepted it, then its operation ended {state} ({code}:                              {message}); operation {op}"
+                        ),
+                    });
+                }
+                state => {
+                    if began.elapsed() >= OPERATION_TIMEOUT {
+                        return Err(still_running(method, id, &format!("operation {op} is still {state:?}")));
+                    }
+                    wait = got.retry_after;
+                }
+            }
         }
-        Ok(Some(serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    /// Polls a 202's `Location` until it answers something other than 202: a success ends the
+    /// operation, an error is the operation's.
+    async fn wait_location(
+        &self,
+        method: &Method,
+        id: &str,
+        location: &str,
+        mut wait: Option<Duration>,
+        began: Instant,
+    ) -> Result<()> {
+        loop {
+            tokio::time::sleep(poll_interval(wait)).await;
+            let got = self.request(&Method::GET, location, location, None).await?;
+            match got.status {
+                202 if began.elapsed() >= OPERATION_TIMEOUT => {
+                    return Err(still_running(method, id, &format!("{location} still answers 202")));
+                }
+                202 => wait = got.retry_after,
+                200..300 => return Ok(()),
+                _ => return Err(got.failure(method, id)),
+            }
+        }
     }
 
     async fn queue(&self, name: &str, create: bool) -> Result<()> {
@@ -287,8 +471,11 @@ impl EventNotifications for AzureNotifications {
                     "location": location,
                     "properties": {"source": self.account_id(), "topicType": "Microsoft.Storage.StorageAccounts"},
                 });
-                self.arm(Method::PUT, &id, EVENT_GRID_API, Some(body), false).await?;
+                // Recorded before it is asked for: an operation that fails after Resource
+                // Manager accepted it leaves a (failed) resource for the teardown to take back.
+                managed.system_topic = Some(id.clone());
                 managed.system_topic_created = true;
+                self.arm(Method::PUT, &id, EVENT_GRID_API, Some(body), false).await?;
                 id
             }
         };
@@ -307,8 +494,8 @@ impl EventNotifications for AzureNotifications {
             },
             "eventDeliverySchema": "EventGridSchema",
         }});
+        managed.event_subscription = Some(id.clone());
         self.arm(Method::PUT, &id, EVENT_GRID_API, Some(body), false).await?;
-        managed.event_subscription = Some(id);
         Ok(queue_name.to_string())
     }
 
@@ -319,6 +506,8 @@ impl EventNotifications for AzureNotifications {
         }
         if let Some(topic) = managed.system_topic.clone() {
             if managed.system_topic_created {
+                // Our event subscription's delete has ended (it was waited for), so any left is
+                // another cluster's.
                 let subs = self.arm_list(&format!("{topic}/eventSubscriptions"), EVENT_GRID_API).await?;
                 if subs.is_empty() {
                     self.arm(Method::DELETE, &topic, EVENT_GRID_API, None, true).await?;
