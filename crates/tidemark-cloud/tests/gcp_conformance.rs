@@ -18,8 +18,11 @@ use tidemark_testkit::emulators::http_request;
 use tidemark_testkit::{FakeGcs, PubSub, unique_name};
 
 fn conf(gcs_endpoint: &str, pubsub_host: Option<&str>) -> RemoteConf {
-    let mut settings =
-        vec![("endpoint".to_string(), gcs_endpoint.to_string()), ("project".to_string(), FakeGcs::PROJECT.to_string())];
+    let mut settings = vec![
+        ("endpoint".to_string(), gcs_endpoint.to_string()),
+        ("project".to_string(), FakeGcs::PROJECT.to_string()),
+        ("emulator".to_string(), "true".to_string()),
+    ];
     if let Some(h) = pubsub_host {
         settings.push(("pubsub_endpoint".into(), format!("http://{h}")));
     }
@@ -215,7 +218,10 @@ async fn a_service_account_key_is_exchanged_for_a_cached_token() {
     });
     let mut key: serde_json::Value = serde_json::from_str(include_str!("data/test-service-account.json")).unwrap();
     key["token_uri"] = serde_json::Value::String(token_uri);
+    // A custom endpoint (here fake-gcs-server's, standing in for a regional or Private Service
+    // Connect one) is still sent the remote's credentials: only -gcs.emulator=true turns them off.
     let mut c = conf(&fake.endpoint, None);
+    c.settings.remove("emulator");
     c.settings.insert("service_account_json".into(), key.to_string());
     let storage = GcsStorage::open(&c, &unique_name("sa")).unwrap();
     storage.create_bucket().await.expect("the token was accepted");
@@ -225,4 +231,54 @@ async fn a_service_account_key_is_exchanged_for_a_cached_token() {
     c.settings.insert("service_account_json".into(), "/no/such/key.json".into());
     let err = GcsStorage::open(&c, "b").err().expect("a missing key file is refused").to_string();
     assert!(err.contains("/no/such/key.json"), "{err}");
+}
+
+/// Credentials are turned off only by `-gcs.emulator=true`, never by an endpoint: a custom
+/// endpoint without credentials goes to the metadata server (absent here), and says how to give
+/// credentials or declare an emulator; an emulator with credentials is a contradiction, refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_emulator_setting_turns_credentials_off() {
+    let fake = FakeGcs::get(None);
+    let mut c = conf(&fake.endpoint, None);
+    c.settings.remove("emulator");
+    let storage = GcsStorage::open(&c, &unique_name("noauth")).unwrap();
+    let err = storage.create_bucket().await.expect_err("no credentials, and no metadata server here").to_string();
+    assert!(err.contains("no Google credentials") && err.contains("-gcs.emulator=true"), "{err}");
+
+    let mut c = conf(&fake.endpoint, None);
+    c.settings.insert("access_token".into(), "ya29.token".into());
+    let err = GcsStorage::open(&c, "b").err().expect("a contradiction").to_string();
+    assert!(err.contains("-gcs.emulator=true") && err.contains("-gcs.access_token"), "{err}");
+    c.settings.insert("emulator".into(), "yes".into());
+    let err = GcsStorage::open(&c, "b").err().expect("not a boolean").to_string();
+    assert!(err.contains("-gcs.emulator=\"yes\""), "{err}");
+}
+
+/// The pull Google documents, as used against Google (credentials set, no emulator declared):
+/// no `returnImmediately`, the server holding the pull; a message published while the pull
+/// waits is received at once, not at the next poll. Against the emulator, which answers that
+/// pull as Pub/Sub does when a message arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn googles_pull_waits_on_the_server_and_returns_with_the_first_message() {
+    let Some(ps) = PubSub::get() else { return };
+    let topic = format!("projects/{}/topics/{}", FakeGcs::PROJECT, unique_name("t"));
+    let sub = subscription(&ps, &topic, true);
+    let mut c = conf("http://unused", None);
+    c.settings.remove("emulator");
+    c.settings.insert("pubsub_endpoint".into(), format!("http://{}", ps.host));
+    // The emulator takes any token.
+    c.settings.insert("access_token".into(), "ya29.test-token".into());
+    let source = PubSubSource::open(&c, &sub).unwrap();
+    let producer = PubSubProducer { host: ps.host.clone(), topic };
+    let began = Instant::now();
+    let (got, ()) = tokio::join!(source.receive(10, Duration::from_secs(20)), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        producer.send("while the pull waits").await;
+    });
+    let got = got.unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(&got[0].body[..], b"while the pull waits");
+    let took = began.elapsed();
+    assert!(took >= Duration::from_millis(1400) && took < Duration::from_secs(10), "answered after {took:?}");
+    source.ack(&[got[0].ack_id.clone()]).await.unwrap();
 }

@@ -51,7 +51,10 @@ async fn gcs_events_are_provisioned_consumed_and_torn_down() {
     let conf = RemoteConf {
         name: "g".into(),
         kind: StorageKind::Gcs,
-        settings: [("endpoint".to_string(), fake.endpoint.clone())].into_iter().collect(),
+        settings: [("endpoint", fake.endpoint.as_str()), ("emulator", "true")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
     };
     let storage = GcsStorage::open(&conf, &bucket).unwrap();
     storage.create_bucket().await.unwrap();
@@ -62,7 +65,8 @@ async fn gcs_events_are_provisioned_consumed_and_torn_down() {
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
     // Without a project there is nothing to provision in: said, and nothing is left behind.
     ok(sh(&format!(
-        "remote.configure -name=g -type=gcs -gcs.endpoint={0} -gcs.pubsub_endpoint={0} -gcs.resource_manager_endpoint={0}",
+        "remote.configure -name=g -type=gcs -gcs.emulator=true -gcs.endpoint={0} -gcs.pubsub_endpoint={0} \
+         -gcs.resource_manager_endpoint={0}",
         double.endpoint
     )));
     ok(sh(&format!("remote.mount -dir=/mnt/g -remote=g/{bucket}/photos")));

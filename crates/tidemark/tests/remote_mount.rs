@@ -105,11 +105,15 @@ async fn gcs_bucket() -> Bucket {
     let conf = RemoteConf {
         name: "gcstest".into(),
         kind: StorageKind::Gcs,
-        settings: [("endpoint".to_string(), fake.endpoint.clone())].into_iter().collect(),
+        settings: [("endpoint", fake.endpoint.as_str()), ("emulator", "true")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
     };
     let storage = GcsStorage::open(&conf, &name).unwrap();
     storage.create_bucket().await.unwrap();
-    let configure = format!("remote.configure -name=gcstest -type=gcs -gcs.endpoint={}", fake.endpoint);
+    let configure =
+        format!("remote.configure -name=gcstest -type=gcs -gcs.endpoint={} -gcs.emulator=true", fake.endpoint);
     Bucket {
         storage: Arc::new(storage),
         configure,

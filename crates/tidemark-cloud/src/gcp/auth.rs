@@ -105,17 +105,42 @@ struct TokenResponse {
     expires_in: u64,
 }
 
+/// Whether the remote's endpoints are the emulators (`-gcs.emulator=true`: fake-gcs-server,
+/// the Pub/Sub emulator), which take no credentials. Only this setting — or Google's own
+/// `PUBSUB_EMULATOR_HOST`, for Pub/Sub — turns credentials off: a custom endpoint alone (a
+/// regional or Private Service Connect one) is Google, and is sent the remote's credentials.
+pub fn emulator(conf: &RemoteConf) -> Result<bool> {
+    match conf.setting("emulator") {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Error::invalid_argument(format!(
+            "-gcs.emulator={other:?}: true (the endpoints are emulators: no credentials) or false"
+        ))),
+    }
+}
+
 impl Auth {
-    /// In order: a configured token, a service account key, none for an emulator (an endpoint
-    /// set), else the metadata server of a Google Cloud machine.
-    pub fn from_conf(conf: &RemoteConf, endpoint_set: bool) -> Result<Auth> {
+    /// In order: none for an emulator (`emulator`: `-gcs.emulator=true`, or Pub/Sub's
+    /// `PUBSUB_EMULATOR_HOST`), a configured token, a service account key, else the metadata
+    /// server of a Google Cloud machine. An emulator with credentials configured is a
+    /// contradiction, refused.
+    pub fn from_conf(conf: &RemoteConf, emulator: bool) -> Result<Auth> {
+        let configured = ["access_token", "service_account_json"].into_iter().find(|s| conf.setting(s).is_some());
+        if emulator {
+            if let (Some(s), Ok(true)) = (configured, self::emulator(conf)) {
+                return Err(Error::invalid_argument(format!(
+                    "-gcs.emulator=true sends no credentials, yet -gcs.{s} is set: leave out one of them"
+                )));
+            }
+            return Ok(Auth::None);
+        }
         if let Some(t) = conf.setting("access_token") {
             return Ok(Auth::Static(t.to_string()));
         }
         if let Some(sa) = conf.setting("service_account_json") {
             return Ok(Auth::ServiceAccount { key: Box::new(ServiceAccountKey::load(sa)?), cache: Mutex::new(None) });
         }
-        Ok(if endpoint_set { Auth::None } else { Auth::Metadata(Mutex::new(None)) })
+        Ok(Auth::Metadata(Mutex::new(None)))
     }
 
     pub async fn apply(&self, http: &reqwest::Client, rb: RequestBuilder) -> Result<RequestBuilder> {
@@ -132,7 +157,7 @@ impl Auth {
                         .await
                         .map_err(|e| Error::Unauthorized {
                             message: format!(
-                                "no Google credentials: set -gcs.service_account_json or -gcs.access_token, or run on a Google Cloud machine (metadata server: {e})"
+                                "no Google credentials: set -gcs.service_account_json or -gcs.access_token, or run on a Google Cloud machine (metadata server: {e}); for the emulators, set -gcs.emulator=true"
                             ),
                         })?;
                     resp.json().await.map_err(|e| Error::Unauthorized { message: format!("the metadata server's token answer is unreadable: {e}") })

@@ -21,9 +21,11 @@ pub const SETTINGS: &[(&str, &str)] = &[
         "endpoint",
         "the Cloud Storage endpoint (default https://storage.googleapis.com; fake-gcs-server: http://127.0.0.1:PORT)",
     ),
+    ("access_token", "an OAuth2 access token (default: the metadata server of a Google Cloud machine)"),
     (
-        "access_token",
-        "an OAuth2 access token (default: the metadata server of a Google Cloud machine; none for an emulator)",
+        "emulator",
+        "true: the endpoints are emulators (fake-gcs-server, the Pub/Sub emulator) — no credentials are sent and Pub/Sub \
+         is polled as the emulator needs; a custom endpoint alone does not turn credentials off (default false)",
     ),
     (
         "pubsub_endpoint",
@@ -121,7 +123,7 @@ impl GcsStorage {
             return Err(Error::invalid_argument(format!("bad bucket name {bucket:?}")));
         }
         let endpoint = conf.setting("endpoint").map(|e| e.trim_end_matches('/').to_string());
-        let auth = Auth::from_conf(conf, endpoint.is_some())?;
+        let auth = Auth::from_conf(conf, super::auth::emulator(conf)?)?;
         // No deadline for a whole request here: a download lasts as long as its object takes
         // (and its reader reads); [`Self::send`] gives every other request one.
         let http = reqwest::Client::builder()

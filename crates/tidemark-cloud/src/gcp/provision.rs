@@ -111,7 +111,7 @@ impl GcsNotifications {
             }
         };
         let storage_set = conf.setting("endpoint").map(|e| e.trim_end_matches('/').to_string());
-        let (pubsub, pubsub_emulated) = super::pubsub::endpoint_of(conf);
+        let (pubsub, pubsub_emulated) = super::pubsub::endpoint_of(conf)?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(60))
@@ -119,7 +119,7 @@ impl GcsNotifications {
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         Ok(GcsNotifications {
             http,
-            storage_auth: Auth::from_conf(conf, storage_set.is_some())?,
+            storage_auth: Auth::from_conf(conf, super::auth::emulator(conf)?)?,
             pubsub_auth: Auth::from_conf(conf, pubsub_emulated)?,
             storage: storage_set.unwrap_or_else(|| "https://storage.googleapis.com".into()),
             pubsub,

@@ -1,7 +1,13 @@
-//! A Pub/Sub subscription as an [`EventSource`] (pull). The emulator's blocking pull can hang for
-//! a long time on an empty subscription, so `receive` pulls with `returnImmediately` and polls
-//! until `wait` passes. `deliveryAttempt` is the receive count when the subscription has a
-//! dead-letter policy; otherwise this source counts the deliveries it saw itself.
+//! A Pub/Sub subscription as an [`EventSource`] (pull). Against Google, `receive` is the pull
+//! Google documents: no `returnImmediately` (deprecated), the server holding the request until
+//! a message arrives or the `X-Server-Timeout` it was given (the receive's wait) passes — so the
+//! server ends the pull, and no message is handed to a pull the client has already given up.
+//! The Pub/Sub emulator ignores that timeout and holds an empty pull for about 90 s, handing
+//! what arrives meanwhile to a pull its client may have abandoned: against the emulator
+//! (`-gcs.emulator=true` or `PUBSUB_EMULATOR_HOST`), `receive` pulls with `returnImmediately`
+//! and polls until the wait passes. `deliveryAttempt` is the receive count when the
+//! subscription has a dead-letter policy; otherwise this source counts the deliveries it saw
+//! itself.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -23,7 +29,10 @@ use crate::receive_backoff::ReceiveBackoff;
 use super::auth::{Auth, check, transport};
 
 pub const MAX_BATCH: usize = 100;
+/// How often the emulator's subscription is polled while a receive waits.
 const POLL: Duration = Duration::from_millis(250);
+/// How much longer than the server's timeout the client waits for a pull's answer.
+const PULL_MARGIN: Duration = Duration::from_secs(10);
 
 pub struct PubSubSource {
     http: reqwest::Client,
@@ -41,6 +50,8 @@ pub struct PubSubSource {
     /// How long a pulled message stays with this consumer before Pub/Sub delivers it again (the
     /// subscription's visibility option), whatever the subscription's own ack deadline.
     visibility: Option<Duration>,
+    /// The Pub/Sub emulator, whose pull is polled (see the module's comment).
+    emulated: bool,
 }
 
 /// The most dead letters one count looks at (a pull's limit).
@@ -75,17 +86,20 @@ struct PubsubMessage {
     publish_time: Option<String>,
 }
 
-/// The Pub/Sub endpoint of a remote: `pubsub_endpoint`, else `$PUBSUB_EMULATOR_HOST`, else Google.
-pub fn endpoint_of(conf: &RemoteConf) -> (String, bool) {
+/// The Pub/Sub endpoint of a remote — `pubsub_endpoint`, else `$PUBSUB_EMULATOR_HOST`, else
+/// Google — and whether it is an emulator (`-gcs.emulator=true`, or the endpoint taken from
+/// `PUBSUB_EMULATOR_HOST`, as Google's own client libraries take it).
+pub fn endpoint_of(conf: &RemoteConf) -> Result<(String, bool)> {
+    let emulator = super::auth::emulator(conf)?;
     if let Some(e) = conf.setting("pubsub_endpoint") {
-        return (e.trim_end_matches('/').to_string(), true);
+        return Ok((e.trim_end_matches('/').to_string(), emulator));
     }
     if let Ok(host) = std::env::var("PUBSUB_EMULATOR_HOST")
         && !host.is_empty()
     {
-        return (format!("http://{host}"), true);
+        return Ok((format!("http://{host}"), true));
     }
-    ("https://pubsub.googleapis.com".into(), false)
+    Ok(("https://pubsub.googleapis.com".into(), emulator))
 }
 
 impl PubSubSource {
@@ -101,7 +115,7 @@ impl PubSubSource {
             })?;
             format!("projects/{project}/subscriptions/{subscription}")
         };
-        let (endpoint, emulated) = endpoint_of(conf);
+        let (endpoint, emulated) = endpoint_of(conf)?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(60))
@@ -112,6 +126,7 @@ impl PubSubSource {
             endpoint,
             subscription,
             auth: Auth::from_conf(conf, emulated)?,
+            emulated,
             seen: Mutex::default(),
             in_flight: Mutex::default(),
             backoff: ReceiveBackoff::default(),
@@ -138,9 +153,33 @@ impl PubSubSource {
 
     async fn post_to(&self, subscription: &str, verb: &str, body: serde_json::Value) -> Result<reqwest::Response> {
         let rb = self.http.post(format!("{}/v1/{subscription}:{verb}", self.endpoint)).json(&body);
+        self.send(rb, subscription, verb).await
+    }
+
+    async fn send(&self, rb: reqwest::RequestBuilder, subscription: &str, verb: &str) -> Result<reqwest::Response> {
         let rb = self.auth.apply(&self.http, rb).await?;
         let resp = rb.send().await.map_err(|e| transport(verb, subscription, &self.endpoint, e))?;
         check(resp, verb, subscription).await
+    }
+
+    /// One pull of up to `max` messages from `subscription`, waiting at most `wait` for the
+    /// first: against Google, held by the server (`X-Server-Timeout`, which Google's system
+    /// parameters define for REST calls; the client's own deadline a little later); against the
+    /// emulator, answered at once.
+    async fn pull(&self, subscription: &str, max: usize, wait: Duration) -> Result<PullResponse> {
+        let url = format!("{}/v1/{subscription}:pull", self.endpoint);
+        let rb = if self.emulated {
+            self.http.post(url).json(&json!({"maxMessages": max, "returnImmediately": true}))
+        } else {
+            let secs = wait.as_secs_f64().max(1.0);
+            self.http
+                .post(url)
+                .header("X-Server-Timeout", format!("{secs:.1}"))
+                .timeout(Duration::from_secs_f64(secs) + PULL_MARGIN)
+                .json(&json!({"maxMessages": max}))
+        };
+        let resp = self.send(rb, subscription, "pull").await?;
+        resp.json().await.map_err(|e| Error::internal(format!("pull: unreadable answer ({e})")))
     }
 
     fn forget(&self, ack_id: &str) {
@@ -165,10 +204,7 @@ impl EventSource for PubSubSource {
     /// pulled (up to 1,000) and given back at once, so the count is what a pull sees.
     async fn dead_lettered(&self) -> Result<Option<u64>> {
         let Some(dead) = &self.dead_letter else { return Ok(None) };
-        let resp =
-            self.post_to(dead, "pull", json!({"maxMessages": DEAD_LETTER_PEEK, "returnImmediately": true})).await?;
-        let pulled: PullResponse =
-            resp.json().await.map_err(|e| Error::internal(format!("pull: unreadable answer ({e})")))?;
+        let pulled = self.pull(dead, DEAD_LETTER_PEEK, Duration::from_secs(1)).await?;
         let ids: Vec<&str> = pulled.received_messages.iter().map(|m| m.ack_id.as_str()).collect();
         if !ids.is_empty() {
             self.post_to(dead, "modifyAckDeadline", json!({"ackIds": ids, "ackDeadlineSeconds": 0})).await?;
@@ -180,11 +216,9 @@ impl EventSource for PubSubSource {
         self.backoff.pause().await;
         let deadline = Instant::now() + wait;
         loop {
-            let result =
-                self.post("pull", json!({"maxMessages": max.clamp(1, MAX_BATCH), "returnImmediately": true})).await;
-            let resp = self.backoff.record(&self.describe(), result)?;
-            let pulled: PullResponse =
-                resp.json().await.map_err(|e| Error::internal(format!("pull: unreadable answer ({e})")))?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let result = self.pull(&self.subscription, max.clamp(1, MAX_BATCH), left).await;
+            let pulled = self.backoff.record(&self.describe(), result)?;
             if let Some(v) = self.visibility
                 && !pulled.received_messages.is_empty()
             {

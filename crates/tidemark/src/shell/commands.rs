@@ -65,7 +65,8 @@ pub static ALL: &[Command] = &[
                   s3:    -s3.endpoint -s3.region -s3.access_key -s3.secret_key -s3.session_token\n\
                   \x20      -s3.force_path_style -s3.sqs_endpoint -s3.sns_endpoint -s3.events_endpoint\n\
                   gcs:   -gcs.endpoint -gcs.service_account_json | -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
-                  \x20      -gcs.resource_manager_endpoint\n\
+                  \x20      -gcs.resource_manager_endpoint -gcs.emulator=true (the emulators: no credentials; an\n\
+                  \x20      endpoint alone never turns credentials off)\n\
                   azure: -azure.account -azure.account_key | -azure.sas_token -azure.blob_endpoint -azure.queue_endpoint\n\
                   \x20      (to provision events) -azure.subscription_id -azure.resource_group -azure.tenant_id\n\
                   \x20      -azure.client_id -azure.client_secret -azure.arm_endpoint -azure.login_endpoint\n\
@@ -92,6 +93,10 @@ pub static ALL: &[Command] = &[
                 "a service account key: its JSON file's path (default: the metadata server)",
             ),
             flag("gcs.access_token", "an OAuth2 access token, instead of a service account"),
+            flag(
+                "gcs.emulator",
+                "true: the endpoints are emulators (fake-gcs-server, the Pub/Sub emulator): no credentials are sent",
+            ),
             flag("gcs.pubsub_endpoint", "Pub/Sub endpoint, for events (default https://pubsub.googleapis.com)"),
             flag("gcs.project", "the project of the Pub/Sub topic and subscription, for events"),
             flag(
