@@ -238,6 +238,10 @@ pub struct ManagedResources {
     /// (an existing topic's policy; a topic Tidemark created goes with its policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publisher_binding: Option<String>,
+    /// GCS: the member granted that role (`serviceAccount:service-N@gs-project-accounts…`, the
+    /// service agent of the bucket's project), so teardown takes back exactly what it granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher_member: Option<String>,
     /// GCS: this cluster's Pub/Sub subscription (`projects/P/subscriptions/S`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pubsub_subscription: Option<String>,

@@ -1,5 +1,5 @@
-//! A test double for the two Google Cloud APIs that no emulator serves, in front of the
-//! emulators that serve the rest:
+//! A test double for the Google Cloud APIs that no emulator serves, in front of the emulators
+//! that serve the rest:
 //!
 //! - Cloud Storage JSON API: `notifications.insert/list/get/delete`
 //!   (`/storage/v1/b/BUCKET/notificationConfigs[/ID]`) and `projects.serviceAccount.get`
@@ -7,15 +7,28 @@
 //! - Pub/Sub: `topics.getIamPolicy` (GET) / `topics.setIamPolicy` (POST)
 //!   (`/v1/projects/P/topics/T:...`) and the same of subscriptions — the emulator answers 501; a
 //!   method the reference does not give (a POST to `getIamPolicy`) is a 404, as Google answers;
-//! - Cloud Resource Manager: `projects.get` (`GET /v1/projects/P`), for the project's number.
+//! - Cloud Resource Manager: `projects.get` (`GET /v1/projects/P`), for the project's number;
+//! - Google's OAuth 2.0 token endpoint for a service account (`POST /token`, the JWT bearer
+//!   grant), and the scopes its tokens carry.
 //!
 //! They follow Google's published REST reference: the same paths, bodies, status codes and
 //! error shapes (`{"error": {"code", "message", "status"?}}`), 404 for an unknown bucket or
 //! topic, 400 for a malformed topic name, payload format or event type, 403 when the bucket's
 //! service agent may not publish to the topic, 409 (`ABORTED`) for a policy written over a
-//! newer one. Everything else passes through unchanged: Cloud Storage paths to
-//! fake-gcs-server, `/v1/...` to the Pub/Sub emulator. The double publishes nothing: in the
-//! tests fake-gcs-server publishes the bucket's events to its own topic.
+//! newer one. **Identity as Google checks it:** a bearer token the double did not issue is 401
+//! `UNAUTHENTICATED`; one whose scopes do not cover the API (Cloud Storage: `devstorage.*`;
+//! Pub/Sub: `pubsub`; Resource Manager: `cloudplatformprojects[.readonly]`; `cloud-platform`
+//! covers all) is 403 with `ACCESS_TOKEN_SCOPE_INSUFFICIENT`; no token at all is the emulator
+//! case, served. (The assertion's signature is not checked: the double has no public key.)
+//! **The service agent is the bucket's project's** (`service-NUMBER@gs-project-accounts…`, the
+//! number of the project asked for; fake-gcs-server puts every bucket in project number 0), and
+//! a configuration is refused 403 unless that agent may publish to the topic. **IAM
+//! propagates:** a policy change reaches the notification check [`PROPAGATION`] after it was
+//! made, as Google's IAM takes time to. Faults on request: 429 `RESOURCE_EXHAUSTED` on the next
+//! requests, and a concurrent policy change before the next `setIamPolicy` (409 `ABORTED`).
+//! Everything else passes through unchanged: Cloud Storage paths to fake-gcs-server, `/v1/...`
+//! to the Pub/Sub emulator. The double publishes nothing: in the tests fake-gcs-server
+//! publishes the bucket's events to its own topic.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -26,8 +39,16 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-/// The email of every project's Cloud Storage service agent here.
-pub const SERVICE_AGENT: &str = "service-000000000000@gs-project-accounts.iam.gserviceaccount.com";
+/// The Cloud Storage service agent of every bucket here: fake-gcs-server reports every bucket
+/// in project number 0.
+pub const SERVICE_AGENT: &str = "service-0@gs-project-accounts.iam.gserviceaccount.com";
+/// How long a policy change takes to reach Cloud Storage's check of a configuration here.
+pub const PROPAGATION: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The Cloud Storage service agent of the project with `number`.
+pub fn storage_agent(number: &str) -> String {
+    format!("service-{number}@gs-project-accounts.iam.gserviceaccount.com")
+}
 /// Every project's number here (Cloud Resource Manager's `projects.get`).
 pub const PROJECT_NUMBER: &str = "123456789012";
 /// The Pub/Sub service agent of every project here, which forwards dead letters.
@@ -41,6 +62,16 @@ struct Doubled {
     next_id: u64,
     /// topic path -> (policy, etag version)
     policies: HashMap<String, (Value, u64)>,
+    /// topic path -> (the policy before the last change, when that change was made)
+    changed: HashMap<String, (Value, std::time::Instant)>,
+    /// token -> the scopes it carries
+    tokens: HashMap<String, Vec<String>>,
+    /// The next requests answered 429.
+    throttled: u32,
+    /// The next `setIamPolicy`s preceded by another writer's change.
+    races: u32,
+    /// Configurations refused because a grant had not propagated yet.
+    refused_unpropagated: u32,
 }
 
 struct Shared {
@@ -98,16 +129,107 @@ impl GcpDouble {
         state.notifications.get(bucket).map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
 
+    /// Answers the next `n` requests 429 `RESOURCE_EXHAUSTED`.
+    pub fn throttle(&self, n: u32) {
+        self.shared.state.lock().unwrap().throttled = n;
+    }
+
+    /// Has another writer change the policy before each of the next `n` `setIamPolicy`s, so
+    /// they meet 409 `ABORTED` (their etag is stale).
+    pub fn race(&self, n: u32) {
+        self.shared.state.lock().unwrap().races = n;
+    }
+
+    /// The faults asked for and not yet met.
+    pub fn faults_left(&self) -> u32 {
+        let st = self.shared.state.lock().unwrap();
+        st.throttled + st.races
+    }
+
+    /// How many configurations were refused because a grant had not propagated yet.
+    pub fn refused_unpropagated(&self) -> u32 {
+        self.shared.state.lock().unwrap().refused_unpropagated
+    }
+
+    /// The scopes of every token issued, in order.
+    pub fn scopes_issued(&self) -> Vec<Vec<String>> {
+        let st = self.shared.state.lock().unwrap();
+        let mut tokens: Vec<_> = st.tokens.iter().collect();
+        tokens.sort();
+        tokens.into_iter().map(|(_, s)| s.clone()).collect()
+    }
+
     /// The access policy of `topic` (`projects/P/topics/T`), if one was set.
     pub fn policy(&self, topic: &str) -> Option<Value> {
         self.shared.state.lock().unwrap().policies.get(topic).map(|(p, _)| p.clone())
     }
 }
 
+/// Google's OAuth 2.0 token endpoint, for the JWT bearer grant of a service account: a token
+/// carrying the scopes the assertion asks for.
+fn token(s: &Shared, body: &[u8]) -> Response {
+    use base64::Engine;
+    let form = String::from_utf8_lossy(body);
+    let field = |name: &str| form.split('&').find_map(|kv| kv.strip_prefix(&format!("{name}=")[..]));
+    if field("grant_type") != Some("urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer") {
+        return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "unsupported_grant_type"}))).into_response();
+    }
+    let claims = field("assertion")
+        .and_then(|jwt| jwt.split('.').nth(1))
+        .and_then(|c| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).ok())
+        .and_then(|c| serde_json::from_slice::<Value>(&c).ok());
+    let Some(claims) = claims.filter(|c| c["iss"].is_string()) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": "invalid_grant", "error_description": "Invalid JWT"})),
+        )
+            .into_response();
+    };
+    let scopes: Vec<String> = claims["scope"].as_str().unwrap_or("").split_whitespace().map(str::to_string).collect();
+    let mut st = s.state.lock().unwrap();
+    let token = format!("ya29.double-{}", st.tokens.len() + 1);
+    st.tokens.insert(token.clone(), scopes);
+    ok(json!({"access_token": token, "expires_in": 3599, "token_type": "Bearer"}))
+}
+
+/// Google's check of the caller: `None` to serve the request; else the refusal. No token is the
+/// emulator case (served); a token must be one the double issued, with a scope that covers the
+/// API — as Google answers: 401 `UNAUTHENTICATED`, 403 `ACCESS_TOKEN_SCOPE_INSUFFICIENT`.
+fn identity(s: &Shared, headers: &HeaderMap, path: &str) -> Option<Response> {
+    let bearer = headers.get("authorization")?.to_str().ok()?.strip_prefix("Bearer ")?.to_string();
+    let st = s.state.lock().unwrap();
+    let Some(scopes) = st.tokens.get(&bearer) else {
+        return Some(error(
+            StatusCode::UNAUTHORIZED,
+            "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid \
+             authentication credential.",
+        ));
+    };
+    const AUTH: &str = "https://www.googleapis.com/auth/";
+    let needed: &[&str] = if path.starts_with("/storage/") {
+        &["devstorage.read_write", "devstorage.full_control", "devstorage.read_only"]
+    } else if path.contains("/topics/") || path.contains("/subscriptions/") {
+        &["pubsub"]
+    } else {
+        // Cloud Resource Manager's projects.get.
+        &["cloudplatformprojects.readonly", "cloudplatformprojects", "cloud-platform.read-only"]
+    };
+    let covered =
+        scopes.iter().any(|sc| sc.strip_prefix(AUTH).is_some_and(|sc| sc == "cloud-platform" || needed.contains(&sc)));
+    if covered {
+        return None;
+    }
+    let body = json!({"error": {"code": 403, "message": "Request had insufficient authentication scopes.",
+        "status": "PERMISSION_DENIED",
+        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "ACCESS_TOKEN_SCOPE_INSUFFICIENT"}]}});
+    Some((StatusCode::FORBIDDEN, axum::Json(body)).into_response())
+}
+
 fn error(status: StatusCode, message: &str) -> Response {
     let reason = match status.as_u16() {
         400 => "INVALID_ARGUMENT",
         403 => "PERMISSION_DENIED",
+        429 => "RESOURCE_EXHAUSTED",
         404 => "NOT_FOUND",
         409 => "ABORTED",
         _ => "UNKNOWN",
@@ -129,10 +251,25 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("unreadable body: {e}")),
     };
+    if method == Method::POST && path == "/token" {
+        return token(&s, &body);
+    }
+    if let Some(refused) = identity(&s, &headers, &path) {
+        return refused;
+    }
+    {
+        let mut st = s.state.lock().unwrap();
+        if st.throttled > 0 {
+            st.throttled -= 1;
+            return error(StatusCode::TOO_MANY_REQUESTS, "Quota exceeded (rate of requests); retry with backoff.");
+        }
+    }
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (method.clone(), parts.as_slice()) {
-        (Method::GET, ["storage", "v1", "projects", _, "serviceAccount"]) => {
-            ok(json!({"kind": "storage#serviceAccount", "email_address": SERVICE_AGENT}))
+        // A project id or number; every id here has PROJECT_NUMBER.
+        (Method::GET, ["storage", "v1", "projects", p, "serviceAccount"]) => {
+            let number = if p.chars().all(|c| c.is_ascii_digit()) { p } else { PROJECT_NUMBER };
+            ok(json!({"kind": "storage#serviceAccount", "email_address": storage_agent(number)}))
         }
         (m, ["storage", "v1", "b", bucket, "notificationConfigs", rest @ ..]) => {
             notifications(&s, m, bucket, rest.first().copied(), &body).await
@@ -195,11 +332,17 @@ async fn exists(s: &Shared, url: String) -> Result<bool, Response> {
 }
 
 async fn notifications(s: &Shared, method: Method, bucket: &str, id: Option<&str>, body: &Bytes) -> Response {
-    match exists(s, format!("{}/storage/v1/b/{bucket}", s.storage)).await {
-        Ok(true) => {}
-        Ok(false) => return error(StatusCode::NOT_FOUND, "The specified bucket does not exist."),
-        Err(r) => return r,
-    }
+    let project_number = match s.http.get(format!("{}/storage/v1/b/{bucket}", s.storage)).send().await {
+        Ok(r) if r.status().is_success() => {
+            let b: Value = r.json().await.unwrap_or_default();
+            b["projectNumber"].as_str().unwrap_or("0").to_string()
+        }
+        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
+            return error(StatusCode::NOT_FOUND, "The specified bucket does not exist.");
+        }
+        Ok(r) => return error(StatusCode::BAD_GATEWAY, &format!("the emulator answered {}", r.status())),
+        Err(e) => return error(StatusCode::BAD_GATEWAY, &format!("the emulator is unreachable: {e}")),
+    };
     match (method, id) {
         (Method::GET, None) => {
             let state = s.state.lock().unwrap();
@@ -217,12 +360,12 @@ async fn notifications(s: &Shared, method: Method, bucket: &str, id: Option<&str
                 None => error(StatusCode::NOT_FOUND, "Not Found"),
             }
         }
-        (Method::POST, None) => insert(s, bucket, body).await,
+        (Method::POST, None) => insert(s, bucket, &project_number, body).await,
         _ => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
     }
 }
 
-async fn insert(s: &Shared, bucket: &str, body: &Bytes) -> Response {
+async fn insert(s: &Shared, bucket: &str, project_number: &str, body: &Bytes) -> Response {
     let Ok(req) = serde_json::from_slice::<Value>(body) else {
         return error(StatusCode::BAD_REQUEST, "Parse Error");
     };
@@ -255,19 +398,30 @@ async fn insert(s: &Shared, bucket: &str, body: &Bytes) -> Response {
         Ok(false) => return error(StatusCode::BAD_REQUEST, &format!("Cloud Pub/Sub topic {topic} not found")),
         Err(r) => return r,
     }
-    let member = format!("serviceAccount:{SERVICE_AGENT}");
+    // The bucket's own project's service agent publishes; the policy as it has propagated.
+    let agent = storage_agent(project_number);
+    let member = format!("serviceAccount:{agent}");
     let mut state = s.state.lock().unwrap();
-    let may_publish = state.policies.get(topic).is_some_and(|(p, _)| {
+    let allows = |p: &Value| {
         p["bindings"].as_array().into_iter().flatten().any(|b| {
             b["role"] == "roles/pubsub.publisher"
                 && b["members"].as_array().is_some_and(|m| m.iter().any(|x| x == &member))
         })
-    });
-    if !may_publish {
+    };
+    let now_allowed = state.policies.get(topic).is_some_and(|(p, _)| allows(p));
+    let visible = match state.changed.get(topic) {
+        Some((before, at)) if at.elapsed() < PROPAGATION => allows(before),
+        _ => now_allowed,
+    };
+    if !visible {
+        if now_allowed {
+            state.refused_unpropagated += 1;
+        }
         return error(
             StatusCode::FORBIDDEN,
             &format!(
-                "The service account {SERVICE_AGENT} does not have permission to publish messages to the Cloud Pub/Sub topic {topic}"
+                "The service account '{agent}' does not have permission to publish messages to to the Cloud Pub/Sub topic \
+                 '//pubsub.googleapis.com/{topic}', or that topic does not exist."
             ),
         );
     }
@@ -316,6 +470,15 @@ async fn iam(s: &Shared, topic: &str, verb: &str, body: &Bytes) -> Response {
             let Some(mut new) = req.get("policy").filter(|p| p.is_object()).cloned() else {
                 return error(StatusCode::BAD_REQUEST, "policy is required");
             };
+            let version = if state.races > 0 {
+                // Another writer got there first.
+                state.races -= 1;
+                let v = version + 1;
+                state.policies.insert(topic.to_string(), (policy.clone(), v));
+                v
+            } else {
+                version
+            };
             if let Some(given) = new.get("etag").and_then(Value::as_str)
                 && given != etag(version)
             {
@@ -324,9 +487,11 @@ async fn iam(s: &Shared, topic: &str, verb: &str, body: &Bytes) -> Response {
                     "There were concurrent policy changes. Please retry the whole read-modify-write with exponential backoff.",
                 );
             }
+            let before = state.policies.get(topic).map(|(p, _)| p.clone()).unwrap_or_else(|| json!({}));
             let version = version + 1;
             new["etag"] = json!(etag(version));
             state.policies.insert(topic.to_string(), (new.clone(), version));
+            state.changed.insert(topic.to_string(), (before, std::time::Instant::now()));
             ok(new)
         }
         other => error(StatusCode::NOT_FOUND, &format!("no such method {other}")),
@@ -353,5 +518,40 @@ mod tests {
         // The right method reaches the policy (here: the topic is looked up upstream, which is down).
         let get = http.get(url("getIamPolicy")).send().await.unwrap();
         assert_ne!(get.status(), 404, "GET of getIamPolicy is served");
+    }
+
+    /// A token is refused where its scopes do not reach, as Google refuses it: Resource
+    /// Manager's `projects.get` with a token scoped to Cloud Storage and Pub/Sub only is 403
+    /// `ACCESS_TOKEN_SCOPE_INSUFFICIENT`; with `cloudplatformprojects.readonly` it is served; a
+    /// token the double never issued is 401.
+    #[tokio::test]
+    async fn a_token_of_the_wrong_scope_is_refused() {
+        use base64::Engine;
+        let double = GcpDouble::start("http://127.0.0.1:9", "http://127.0.0.1:9");
+        let http = reqwest::Client::new();
+        let mint = async |scope: &str| {
+            let claims = json!({"iss": "sa@p.iam.gserviceaccount.com", "scope": scope, "aud": "x", "iat": 0, "exp": 1});
+            let b64 = |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+            let jwt = format!("{}.{}.c2ln", b64(&json!({"alg": "RS256"})), b64(&claims));
+            let r = http
+                .post(format!("{}/token", double.endpoint))
+                .form(&[("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"), ("assertion", jwt.as_str())])
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()["access_token"].as_str().unwrap().to_string()
+        };
+        let project = format!("{}/v1/projects/p", double.endpoint);
+        let narrow =
+            mint("https://www.googleapis.com/auth/devstorage.read_write https://www.googleapis.com/auth/pubsub").await;
+        let r = http.get(&project).bearer_auth(&narrow).send().await.unwrap();
+        assert_eq!(r.status(), 403);
+        assert!(r.text().await.unwrap().contains("ACCESS_TOKEN_SCOPE_INSUFFICIENT"));
+        let enough = mint("https://www.googleapis.com/auth/cloudplatformprojects.readonly").await;
+        let r = http.get(&project).bearer_auth(&enough).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let r = http.get(&project).bearer_auth("ya29.never-issued").send().await.unwrap();
+        assert_eq!(r.status(), 401);
     }
 }

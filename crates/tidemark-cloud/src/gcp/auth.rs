@@ -201,11 +201,16 @@ pub async fn check(resp: reqwest::Response, op: &str, target: &str) -> Result<re
         return Ok(resp);
     }
     let body = resp.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<serde_json::Value>(&body)
+    Err(google_error(status.as_u16(), &body, op, target))
+}
+
+/// The error of a refused Google API call (`status`, its `body`), naming the call and what to fix.
+pub fn google_error(status: u16, body: &str, op: &str, target: &str) -> Error {
+    let message = serde_json::from_str::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v.get("error")?.get("message")?.as_str().map(str::to_string))
         .unwrap_or_else(|| body.lines().next().unwrap_or("").to_string());
-    Err(match status.as_u16() {
+    match status {
         404 => Error::NotFound { path: format!("{target} ({message})") },
         412 => Error::PreconditionFailed { path: target.to_string(), current: None },
         401 | 403 => Error::Unauthorized {
@@ -215,7 +220,7 @@ pub async fn check(resp: reqwest::Response, op: &str, target: &str) -> Result<re
             Error::Unavailable { message: format!("{op} {target}: Google answered {s}: {message}") }
         }
         s => Error::internal(format!("{op} {target}: Google answered {s}: {message}")),
-    })
+    }
 }
 
 pub fn transport(op: &str, target: &str, endpoint: &str, e: reqwest::Error) -> Error {

@@ -28,7 +28,7 @@ use tidemark_core::remote::RemoteConf;
 use tidemark_core::subscription::{EventNotifications, EventTypes, ManagedResources, Topology};
 use tidemark_core::{Error, Result};
 
-use super::auth::{Auth, check, transport};
+use super::auth::{Auth, google_error, transport};
 
 const PUBLISHER: &str = "roles/pubsub.publisher";
 const SUBSCRIBER: &str = "roles/pubsub.subscriber";
@@ -37,6 +37,11 @@ const DELIVERY_ATTEMPTS: std::ops::RangeInclusive<u32> = 5..=100;
 /// How long Pub/Sub waits for an acknowledgement before redelivering (the consumer extends it
 /// per message to its visibility option).
 const ACK_DEADLINE_SECS: u64 = 60;
+/// How often one Google request (or IAM read-modify-write) is tried before its answer stands.
+const GOOGLE_ATTEMPTS: u32 = 5;
+/// How long a notification configuration waits for a new publisher grant to take effect:
+/// Google's IAM documents a change as usually effective within 60 s, at most 7 minutes.
+const PROPAGATION_WAIT: Duration = Duration::from_secs(180);
 
 pub struct GcsNotifications {
     http: reqwest::Client,
@@ -143,27 +148,13 @@ impl GcsNotifications {
         (op, target): (&str, &str),
         missing_ok: bool,
     ) -> Result<Option<Value>> {
-        let (endpoint, auth) = if url.starts_with(&self.storage) {
-            (&self.storage, &self.storage_auth)
-        } else if url.starts_with(&self.pubsub) {
-            (&self.pubsub, &self.pubsub_auth)
-        } else {
-            (&self.resource_manager, &self.storage_auth)
-        };
-        let mut rb = self.http.request(method, &url);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let rb = auth.apply(&self.http, rb).await?;
-        let resp = rb.send().await.map_err(|e| transport(op, target, endpoint, e))?;
-        if missing_ok && resp.status() == reqwest::StatusCode::NOT_FOUND {
+        let (status, text) = self.send(&method, &url, body.as_ref(), (op, target)).await?;
+        if missing_ok && status == 404 {
             return Ok(None);
         }
-        let resp = check(resp, op, target).await?;
-        if resp.status() == reqwest::StatusCode::NO_CONTENT {
-            return Ok(Some(Value::Null));
+        if !(200..300).contains(&status) {
+            return Err(google_error(status, &text, op, target));
         }
-        let text = resp.text().await.map_err(|e| transport(op, target, endpoint, e))?;
         if text.trim().is_empty() {
             return Ok(Some(Value::Null));
         }
@@ -172,14 +163,71 @@ impl GcsNotifications {
             .map_err(|e| Error::internal(format!("{op} {target}: the answer is not JSON ({e})")))
     }
 
-    /// The bucket's Cloud Storage service agent, which publishes its notifications.
+    /// One request, retried as Google's retry guidance says: 429 always (the request was not
+    /// served), 500/502/503/504 when repeating it cannot do it twice — every call here but a
+    /// notification configuration's insert, which would make a second configuration — after 1,
+    /// 2, 4, 8 s. What it finally answers is returned, whatever its status.
+    async fn send(
+        &self,
+        method: &Method,
+        url: &str,
+        body: Option<&Value>,
+        (op, target): (&str, &str),
+    ) -> Result<(u16, String)> {
+        let (endpoint, auth) = if url.starts_with(&self.storage) {
+            (&self.storage, &self.storage_auth)
+        } else if url.starts_with(&self.pubsub) {
+            (&self.pubsub, &self.pubsub_auth)
+        } else {
+            (&self.resource_manager, &self.storage_auth)
+        };
+        let repeatable = !(*method == Method::POST && url.contains("/notificationConfigs"));
+        let mut attempt = 1;
+        loop {
+            let mut rb = self.http.request(method.clone(), url);
+            if let Some(b) = body {
+                rb = rb.json(b);
+            }
+            let rb = auth.apply(&self.http, rb).await?;
+            let resp = rb.send().await.map_err(|e| transport(op, target, endpoint, e))?;
+            let status = resp.status().as_u16();
+            let text = resp.text().await.map_err(|e| transport(op, target, endpoint, e))?;
+            let again = status == 429 || (repeatable && matches!(status, 500 | 502 | 503 | 504));
+            if !again || attempt >= GOOGLE_ATTEMPTS {
+                return Ok((status, text));
+            }
+            let wait = Duration::from_secs(1 << (attempt - 1));
+            tracing::info!(
+                op,
+                target,
+                status,
+                attempt,
+                wait_ms = wait.as_millis() as u64,
+                "Google asked to wait; trying again"
+            );
+            tokio::time::sleep(wait).await;
+            attempt += 1;
+        }
+    }
+
+    /// The Cloud Storage service agent of the bucket's own project — which publishes its
+    /// notifications, and may be another project than `-gcs.project` (where the topic is): the
+    /// bucket's `projectNumber`, then that project's `serviceAccount`.
     async fn service_agent(&self) -> Result<String> {
-        let url = format!("{}/storage/v1/projects/{}/serviceAccount", self.storage, self.project);
+        let target = format!("gs://{}", self.bucket);
+        let url = format!("{}/storage/v1/b/{}?fields=projectNumber", self.storage, self.bucket);
+        let b =
+            self.call(Method::GET, url, None, ("reading the project of", &target), false).await?.unwrap_or_default();
+        let number = b["projectNumber"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| Error::internal(format!("Cloud Storage answered no projectNumber for {target}: {b}")))?;
+        let url = format!("{}/storage/v1/projects/{number}/serviceAccount", self.storage);
         let v = self
-            .call(Method::GET, url, None, ("reading the Cloud Storage service agent of", &self.project), false)
+            .call(Method::GET, url, None, ("reading the Cloud Storage service agent of project", number), false)
             .await?;
         v.and_then(|v| v.get("email_address").and_then(Value::as_str).map(str::to_string)).ok_or_else(|| {
-            Error::internal(format!("the service agent of project {} has no email_address", self.project))
+            Error::internal(format!("the Cloud Storage service agent of project {number} has no email_address"))
         })
     }
 
@@ -212,12 +260,38 @@ impl GcsNotifications {
     /// whether the policy changed. The policy's etag makes a concurrent change fail rather than
     /// be overwritten.
     async fn role(&self, topic: &str, role: &str, member: &str, grant: bool) -> Result<bool> {
+        // Another writer between the read and the write: the write is refused (409 `ABORTED`),
+        // and the whole read-modify-write is done again, as Google's IAM reference asks.
+        let mut attempt = 1;
+        loop {
+            match self.role_once(topic, role, member, grant).await? {
+                Some(changed) => return Ok(changed),
+                None if attempt < GOOGLE_ATTEMPTS => {
+                    let wait = Duration::from_millis(500 << (attempt - 1));
+                    tracing::info!(topic, attempt, "the access policy changed meanwhile; reading it again");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                None => {
+                    return Err(Error::Unavailable {
+                        message: format!(
+                            "changing the access policy of {topic}: it changed under every one of {GOOGLE_ATTEMPTS} \
+                             attempts (409 ABORTED); run the command again"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// One read-modify-write of `role()`; `None` when the policy changed between the two.
+    async fn role_once(&self, topic: &str, role: &str, member: &str, grant: bool) -> Result<Option<bool>> {
         // A GET (`GET /v1/{resource}:getIamPolicy`, Pub/Sub's REST reference); setIamPolicy is a POST.
         let get = format!("{}/v1/{topic}:getIamPolicy", self.pubsub);
         let Some(mut policy) =
             self.call(Method::GET, get, None, ("reading the access policy of", topic), !grant).await?
         else {
-            return Ok(false);
+            return Ok(Some(false));
         };
         if !policy.is_object() {
             policy = json!({});
@@ -230,7 +304,7 @@ impl GcsNotifications {
             .iter()
             .any(|b| b["role"] == role && b["members"].as_array().is_some_and(|m| m.iter().any(|x| x == member)));
         if had == grant {
-            return Ok(false);
+            return Ok(Some(false));
         }
         if grant {
             match list.iter_mut().find(|b| b["role"] == role) {
@@ -246,15 +320,14 @@ impl GcsNotifications {
             list.retain(|b| b["members"].as_array().is_none_or(|m| !m.is_empty()));
         }
         let set = format!("{}/v1/{topic}:setIamPolicy", self.pubsub);
-        self.call(
-            Method::POST,
-            set,
-            Some(json!({ "policy": policy })),
-            ("changing the access policy of", topic),
-            !grant,
-        )
-        .await?;
-        Ok(true)
+        let what = ("changing the access policy of", topic);
+        let (status, text) = self.send(&Method::POST, &set, Some(&json!({ "policy": policy })), what).await?;
+        match status {
+            200..300 => Ok(Some(true)),
+            409 => Ok(None),
+            404 if !grant => Ok(Some(false)),
+            _ => Err(google_error(status, &text, what.0, what.1)),
+        }
     }
 }
 
@@ -313,8 +386,10 @@ impl EventNotifications for GcsNotifications {
         };
         // 2. Cloud Storage may publish to it.
         let agent = format!("serviceAccount:{}", self.service_agent().await?);
-        if self.role(&topic, PUBLISHER, &agent, true).await? && self.existing_topic.is_some() {
+        let granted = self.role(&topic, PUBLISHER, &agent, true).await?;
+        if granted && self.existing_topic.is_some() {
             managed.publisher_binding = Some(topic.clone());
+            managed.publisher_member = Some(agent.clone());
         }
         // 3. The dead-letter topic and the subscription that keeps its messages, which Pub/Sub's
         // service agent may publish to.
@@ -354,10 +429,36 @@ impl EventNotifications for GcsNotifications {
         }
         let url = format!("{}/storage/v1/b/{}/notificationConfigs", self.storage, self.bucket);
         let target = format!("gs://{}", self.bucket);
-        let made = self
-            .call(Method::POST, url, Some(config), ("adding a notification configuration to", &target), false)
-            .await?
-            .unwrap_or_default();
+        let what = ("adding a notification configuration to", target.as_str());
+        // A role just granted takes a while to reach Cloud Storage, which refuses the
+        // configuration (403, "does not have permission to publish") until it has: waited for,
+        // within a bound. A refusal of a role granted earlier (not just now) fails at once.
+        let began = std::time::Instant::now();
+        let mut wait = Duration::from_secs(2);
+        let made = loop {
+            let (status, text) = self.send(&Method::POST, &url, Some(&config), what).await?;
+            if (200..300).contains(&status) {
+                break serde_json::from_str::<Value>(&text).unwrap_or_default();
+            }
+            let propagating = status == 403 && text.contains("permission to publish");
+            if !(granted && propagating) || began.elapsed() >= PROPAGATION_WAIT {
+                let mut e = google_error(status, &text, what.0, what.1);
+                if granted && propagating {
+                    e = Error::Unavailable {
+                        message: format!(
+                            "{e} — {} s after the publisher role on {topic} was granted to {agent}: IAM has not \
+                             propagated yet (Google allows up to 7 minutes); run the command again",
+                            PROPAGATION_WAIT.as_secs()
+                        ),
+                    };
+                }
+                return Err(e);
+            }
+            tracing::info!(%topic, %agent, wait_ms = wait.as_millis() as u64,
+                "Cloud Storage does not see the publisher role yet (IAM propagation); trying again");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(30));
+        };
         let id = made.get("id").and_then(Value::as_str).ok_or_else(|| {
             Error::internal(format!("the notification configuration of {target} came back without an id: {made}"))
         })?;
@@ -377,9 +478,14 @@ impl EventNotifications for GcsNotifications {
         self.remove(&mut managed.dead_letter_queue_arn, "removing the topic").await?;
         managed.max_receives = None;
         if let Some(topic) = managed.publisher_binding.clone() {
-            let agent = format!("serviceAccount:{}", self.service_agent().await?);
+            let agent = match managed.publisher_member.clone() {
+                Some(m) => m,
+                // (Recorded by an older version without the member: the bucket's agent now.)
+                None => format!("serviceAccount:{}", self.service_agent().await?),
+            };
             self.role(&topic, PUBLISHER, &agent, false).await?;
             managed.publisher_binding = None;
+            managed.publisher_member = None;
         }
         self.remove(&mut managed.pubsub_topic, "removing the topic").await?;
         Ok(())
