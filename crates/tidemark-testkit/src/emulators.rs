@@ -210,6 +210,14 @@ impl PubSub {
             return Some(PubSub { host, _owned: None });
         }
         if !std::path::Path::new(PUBSUB_EMULATOR).exists() {
+            // Under CI a missing emulator fails the run, as every other missing emulator does:
+            // a suite that skipped the GCS event tests must not pass for one that ran them.
+            if std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0") {
+                panic!(
+                    "the Pub/Sub emulator is not on this machine ({PUBSUB_EMULATOR}) and CI is set: the GCS event tests \
+                     cannot run (install the Google Cloud SDK's pubsub-emulator component, or unset CI to skip them)"
+                );
+            }
             eprintln!(
                 "\n*** SKIPPING: the Pub/Sub emulator is not on this machine ({PUBSUB_EMULATOR}); GCS event tests did not run ***\n"
             );
