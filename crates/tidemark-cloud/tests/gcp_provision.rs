@@ -78,7 +78,8 @@ async fn provisioning_with_a_service_account_waits_out_propagation_races_and_thr
         assert!(scopes[0].iter().any(|x| x.ends_with(&format!("/auth/{s}"))), "{s} in {scopes:?}");
     }
 
-    notifications.teardown(&mut managed).await.expect("torn down");
+    let done = notifications.teardown(&mut managed).await.expect("torn down");
+    assert!(done.iter().any(|d| d.starts_with("removed topic")), "{done:?}");
     assert!(managed.is_empty(), "{managed:?}");
     assert!(double.notifications(&bucket).is_empty());
 }

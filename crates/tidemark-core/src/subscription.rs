@@ -307,8 +307,10 @@ pub trait EventNotifications: Send + Sync {
     ) -> crate::Result<String>;
 
     /// Removes what `managed` lists, clearing each resource as it goes; after an error,
-    /// `managed` is what remains. Shared resources others still use are left to them.
-    async fn teardown(&self, managed: &mut ManagedResources) -> crate::Result<()>;
+    /// `managed` is what remains. Shared resources others still use are left to them. Returns
+    /// what was done, one phrase each — what was removed, and what was kept and why — so the
+    /// operator is told which happened, never "removed unless…".
+    async fn teardown(&self, managed: &mut ManagedResources) -> crate::Result<Vec<String>>;
 }
 
 pub const SUBSCRIPTIONS_DIR: &str = "/etc/tidemark/remote_events/subscriptions";

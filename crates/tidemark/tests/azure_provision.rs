@@ -109,7 +109,8 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     assert_eq!(arm.faults_left(), 0, "the 429s and the 409 were answered, and retried");
     assert_eq!(arm.system_topics().len(), 2, "ours found on the second page, not made again");
     assert_eq!(arm.event_subscriptions().len(), 2);
-    ok(sh("remote.events.disable -dir=/mnt/az2 -teardown"));
+    let out = ok(sh("remote.events.disable -dir=/mnt/az2 -teardown"));
+    assert!(out.contains("kept system topic") && out.contains("did not make it"), "{out}");
     assert_eq!(arm.system_topics().len(), 2, "kept for the first subscription");
     assert_eq!(arm.event_subscriptions().len(), 1);
 
@@ -172,7 +173,8 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     .await;
 
     let out = ok(sh("remote.events.disable -dir=/mnt/az -teardown"));
-    assert!(!out.is_empty());
+    assert!(out.contains("removed system topic") && out.contains("no event subscription left"), "{out}");
+    assert!(out.contains("with the 1 message(s) it still held"), "the poison queue's message said: {out}");
     assert!(arm.event_subscriptions().is_empty(), "all of it removed");
     let left: Vec<_> = arm.system_topics().iter().map(|t| t["name"].as_str().unwrap_or_default().to_string()).collect();
     assert_eq!(left, ["aaa-another-accounts"], "the topic Tidemark made removed, another's kept");

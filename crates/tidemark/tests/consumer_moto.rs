@@ -85,7 +85,7 @@ async fn a_message_that_never_applies_is_dead_lettered_and_shown() {
     eventually("applied after the poison message", || ok(sh("fs.ls /mnt/data")).contains("after.txt"));
 
     let torn = ok(sh("remote.events.disable -dir=/mnt/data -teardown"));
-    assert!(torn.contains(&format!("dead-letter queue {dead}")), "{torn}");
+    assert!(torn.contains(&format!("dead-letter queue {dead} with the 1 message(s) it still held")), "{torn}");
     let queues: Vec<String> = sqs.list_queues().send().await.unwrap().queue_urls().to_vec();
     assert!(!queues.contains(&dead) && !queues.contains(&queue), "{queues:?}");
 }

@@ -147,7 +147,8 @@ async fn gcs_events_are_provisioned_consumed_and_torn_down() {
     assert!(kept_doc[0]["managed"]["notification_id"].is_string(), "{kept_doc}");
     ok(sh(&format!("remote.configure -name=g -gcs.endpoint={}", double.endpoint)));
     let out = ok(sh("remote.events.disable -dir=/mnt/g -teardown"));
-    assert!(out.contains("teardown") || out.contains("removed"), "{out}");
+    assert!(out.contains("removed subscription") && out.contains("removed topic"), "{out}");
+    assert!(out.contains("with the 1 message(s) it still held"), "the dead letter said: {out}");
     assert!(double.notifications(&bucket).is_empty());
     assert!(!exists(&ps, &sub).await && !exists(&ps, &topic).await, "subscription and topic removed");
     assert!(!exists(&ps, &kept).await && !exists(&ps, &dead).await, "dead-letter topic and subscription removed");
@@ -169,7 +170,8 @@ async fn gcs_events_are_provisioned_consumed_and_torn_down() {
     let doc: serde_json::Value = serde_json::from_str(&ok(sh("remote.events.list -json"))).unwrap();
     let sub = doc[0]["managed"]["pubsub_subscription"].as_str().unwrap().to_string();
     assert!(doc[0]["managed"]["pubsub_topic"].is_null(), "an existing topic is not Tidemark's");
-    ok(sh("remote.events.disable -dir=/mnt/g -teardown"));
+    let out = ok(sh("remote.events.disable -dir=/mnt/g -teardown"));
+    assert!(out.contains("took back the publisher role on the shared topic"), "{out}");
     assert!(!exists(&ps, &sub).await, "the subscription removed");
     assert!(exists(&ps, &shared).await, "the shared topic kept");
     assert!(double.notifications(&bucket).is_empty());

@@ -261,7 +261,8 @@ async fn two_clusters_share_a_bucket_through_sns_fanout() {
     assert!(receive_key(queues[1].clone(), "both.txt").await, "cluster two receives");
 
     // Cluster one leaves; cluster two keeps receiving through the shared topic.
-    ok(run_shell(bin(), &clusters[0].addr, "remote.events.disable -dir=/mnt/data -teardown", &[]));
+    let torn = ok(run_shell(bin(), &clusters[0].addr, "remote.events.disable -dir=/mnt/data -teardown", &[]));
+    assert!(torn.contains("kept the shared topic") && torn.contains("1 other subscription(s)"), "{torn}");
     assert_eq!(
         notifications.configuration().await.unwrap().topic_configurations().len(),
         1,
@@ -272,7 +273,8 @@ async fn two_clusters_share_a_bucket_through_sns_fanout() {
     assert!(!sqs.list_queues().send().await.unwrap().queue_urls().contains(&queues[0]), "cluster one's queue is gone");
 
     // The last one out removes the topic and the bucket's configuration.
-    ok(run_shell(bin(), &clusters[1].addr, "remote.events.disable -dir=/mnt/data -teardown", &[]));
+    let torn = ok(run_shell(bin(), &clusters[1].addr, "remote.events.disable -dir=/mnt/data -teardown", &[]));
+    assert!(torn.contains("removed the shared topic") && torn.contains("no subscriber left"), "{torn}");
     assert!(notifications.configuration().await.unwrap().topic_configurations().is_empty());
     let sdk = tidemark_cloud::aws::s3::sdk_config(&conf).await.unwrap();
     let sns = aws_sdk_sns::Client::new(&sdk);

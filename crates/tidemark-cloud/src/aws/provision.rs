@@ -291,6 +291,23 @@ impl S3Notifications {
     }
 
     /// Deletes a queue; one already gone is fine.
+    /// How many messages the queue at `url` holds (visible and in flight), if it can be read.
+    async fn depth(&self, url: &str) -> Option<u64> {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        let out = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(A::ApproximateNumberOfMessages)
+            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .ok()?;
+        let attrs = out.attributes()?;
+        let n = |a: A| attrs.get(&a).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Some(n(A::ApproximateNumberOfMessages) + n(A::ApproximateNumberOfMessagesNotVisible))
+    }
+
     async fn delete_queue(&self, url: &str) -> Result<()> {
         match self.sqs.delete_queue().queue_url(url).send().await {
             Ok(_) => Ok(()),
@@ -582,8 +599,10 @@ impl S3Notifications {
     }
 
     /// Removes what `managed` lists — Tidemark's configuration (others survive), then its queue —
-    /// clearing each as it goes: after an error, `managed` is what remains.
-    pub async fn teardown_all(&self, managed: &mut ManagedResources) -> Result<()> {
+    /// clearing each as it goes: after an error, `managed` is what remains. Returns what was
+    /// done, one phrase each.
+    pub async fn teardown_all(&self, managed: &mut ManagedResources) -> Result<Vec<String>> {
+        let mut done = Vec::new();
         // Fan-out: this cluster's subscription first; the shared topic and its configuration
         // go only when no other subscriber remains.
         if let Some(sub) = managed.subscription_arn.clone() {
@@ -597,6 +616,7 @@ impl S3Notifications {
                 }
             }
             managed.subscription_arn = None;
+            done.push(format!("removed SNS subscription {sub}"));
         }
         if let Some(topic) = managed.topic_arn.clone() {
             let others = self
@@ -618,14 +638,22 @@ impl S3Notifications {
                     .send()
                     .await
                     .map_err(|e| sns_err("DeleteTopic", &topic, e.into_service_error()))?;
+                done.push(format!(
+                    "removed the shared topic {topic} and its notification configuration (no subscriber left)"
+                ));
+            } else {
+                done.push(format!(
+                    "kept the shared topic {topic} and its notification configuration: {others} other subscription(s) still use it"
+                ));
             }
             // Shared resources still in use by others are theirs now: forget them either way.
             managed.notification_id = None;
             managed.topic_arn = None;
         }
-        if managed.notification_id.is_some() {
-            self.remove_configuration(managed.notification_id.as_deref()).await?;
+        if let Some(id) = managed.notification_id.clone() {
+            self.remove_configuration(Some(&id)).await?;
             managed.notification_id = None;
+            done.push(format!("removed the bucket's notification configuration {id:?} (the others kept)"));
         }
         // EventBridge: the rule's target, then the rule, before the queue it sends to.
         if let Some(rule) = managed.rule_name.clone() {
@@ -648,11 +676,16 @@ impl S3Notifications {
                 }
             }
             managed.rule_name = None;
+            done.push(format!("removed EventBridge rule {rule} and its target"));
         }
         if managed.eventbridge_turned_on {
             // Off again only if no other rule of Tidemark's needs it; others' rules are not
             // Tidemark's to know, which is why it stays on when Tidemark did not turn it on.
-            if !self.other_rules_need_eventbridge(None).await? {
+            if self.other_rules_need_eventbridge(None).await? {
+                done.push(
+                    "kept the bucket's EventBridge delivery on: another rule of Tidemark's still needs it".to_string(),
+                );
+            } else {
                 let current = self.configuration().await?;
                 let off = NotificationConfiguration::builder()
                     .set_queue_configurations(Some(current.queue_configurations().to_vec()))
@@ -660,6 +693,7 @@ impl S3Notifications {
                     .set_lambda_function_configurations(Some(current.lambda_function_configurations().to_vec()))
                     .build();
                 self.put_configuration(off).await?;
+                done.push("turned the bucket's EventBridge delivery off (Tidemark had turned it on)".to_string());
             }
             managed.eventbridge_turned_on = false;
         }
@@ -667,15 +701,23 @@ impl S3Notifications {
             self.delete_queue(&url).await?;
             managed.queue_url = None;
             managed.queue_arn = None;
+            done.push(format!("deleted queue {url}"));
         }
-        // After the queue whose redrive policy names it.
+        // After the queue whose redrive policy names it; what it still holds is said, as it
+        // goes with it.
         if let Some(url) = managed.dead_letter_queue_url.clone() {
+            let held = self.depth(&url).await;
             self.delete_queue(&url).await?;
             managed.dead_letter_queue_url = None;
             managed.dead_letter_queue_arn = None;
+            done.push(match held {
+                Some(0) => format!("deleted dead-letter queue {url} (empty)"),
+                Some(n) => format!("deleted dead-letter queue {url} with the {n} message(s) it still held"),
+                None => format!("deleted dead-letter queue {url} (how many messages it held could not be read)"),
+            });
         }
         managed.max_receives = None;
-        Ok(())
+        Ok(done)
     }
 
     /// Removes the bucket's queue or topic configuration with this id; others stay.
@@ -720,7 +762,7 @@ impl EventNotifications for S3Notifications {
         }
     }
 
-    async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
+    async fn teardown(&self, managed: &mut ManagedResources) -> Result<Vec<String>> {
         self.teardown_all(managed).await
     }
 }

@@ -398,6 +398,19 @@ impl AzureNotifications {
         }
     }
 
+    /// How many messages the queue `name` holds (its approximate count), if it can be read.
+    async fn held(&self, name: &str) -> Option<u64> {
+        let rb = self.queues.request(
+            Method::GET,
+            &format!("/{}", encode_path(name)),
+            &[("comp", "metadata".into())],
+            &[],
+            0,
+        );
+        let resp = self.queues.send(rb, "GetQueueMetadata", &format!("azure-queue:{name}")).await.ok()?;
+        resp.headers().get("x-ms-approximate-messages-count").and_then(|v| v.to_str().ok()?.parse().ok())
+    }
+
     /// Every item of the collection `id`, page by page: Resource Manager answers a list in pages
     /// (`value`, and `nextLink` while more follow), however few it holds. A missing collection
     /// is empty.
@@ -499,10 +512,12 @@ impl EventNotifications for AzureNotifications {
         Ok(queue_name.to_string())
     }
 
-    async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
+    async fn teardown(&self, managed: &mut ManagedResources) -> Result<Vec<String>> {
+        let mut done = Vec::new();
         if let Some(id) = managed.event_subscription.clone() {
             self.arm(Method::DELETE, &id, EVENT_GRID_API, None, true).await?;
             managed.event_subscription = None;
+            done.push(format!("removed event subscription {id}"));
         }
         if let Some(topic) = managed.system_topic.clone() {
             if managed.system_topic_created {
@@ -511,7 +526,15 @@ impl EventNotifications for AzureNotifications {
                 let subs = self.arm_list(&format!("{topic}/eventSubscriptions"), EVENT_GRID_API).await?;
                 if subs.is_empty() {
                     self.arm(Method::DELETE, &topic, EVENT_GRID_API, None, true).await?;
+                    done.push(format!("removed system topic {topic} (Tidemark made it; no event subscription left)"));
+                } else {
+                    done.push(format!(
+                        "kept system topic {topic}, which Tidemark made: {} other event subscription(s) still use it",
+                        subs.len()
+                    ));
                 }
+            } else {
+                done.push(format!("kept system topic {topic}: this subscription found it, did not make it"));
             }
             managed.system_topic = None;
             managed.system_topic_created = false;
@@ -519,13 +542,20 @@ impl EventNotifications for AzureNotifications {
         if let Some(q) = managed.queue_url.clone() {
             self.queue(&q, false).await?;
             managed.queue_url = None;
+            done.push(format!("deleted queue {q}"));
         }
         if let Some(q) = managed.dead_letter_queue_url.clone() {
+            let held = self.held(&q).await;
             self.queue(&q, false).await?;
             managed.dead_letter_queue_url = None;
             managed.max_receives = None;
+            done.push(match held {
+                Some(0) => format!("deleted poison queue {q} (empty)"),
+                Some(n) => format!("deleted poison queue {q} with the {n} message(s) it still held"),
+                None => format!("deleted poison queue {q} (how many messages it held could not be read)"),
+            });
         }
-        Ok(())
+        Ok(done)
     }
 }
 

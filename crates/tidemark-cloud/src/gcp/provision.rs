@@ -24,6 +24,7 @@ use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{Value, json};
 
+use tidemark_core::events::EventSource;
 use tidemark_core::remote::RemoteConf;
 use tidemark_core::subscription::{EventNotifications, EventTypes, ManagedResources, Topology};
 use tidemark_core::{Error, Result};
@@ -55,6 +56,9 @@ pub struct GcsNotifications {
     pubsub_auth: Auth,
     /// Cloud Resource Manager, for the project's number.
     resource_manager: String,
+    /// The remote's configuration, for a Pub/Sub source of its own (a count of what a
+    /// subscription holds, pulled as receives pull).
+    conf: RemoteConf,
 }
 
 /// The GCS event types that carry `events` (see docs/SEMANTICS.md "Event names": a metadata
@@ -136,6 +140,7 @@ impl GcsNotifications {
                 .unwrap_or("https://cloudresourcemanager.googleapis.com")
                 .trim_end_matches('/')
                 .to_string(),
+            conf: conf.clone(),
         })
     }
 
@@ -236,13 +241,21 @@ impl GcsNotifications {
         self.call(Method::PUT, format!("{}/v1/{name}", self.pubsub), Some(body), (what, name), false).await.map(drop)
     }
 
-    /// Deletes the Pub/Sub resource `slot` names, forgiving one already gone, then forgets it.
-    async fn remove(&self, slot: &mut Option<String>, what: &str) -> Result<()> {
-        if let Some(name) = slot.clone() {
-            self.call(Method::DELETE, format!("{}/v1/{name}", self.pubsub), None, (what, &name), true).await?;
-            *slot = None;
-        }
-        Ok(())
+    /// Deletes the Pub/Sub resource `slot` names, forgiving one already gone, then forgets it;
+    /// its name, if there was one.
+    async fn remove(&self, slot: &mut Option<String>, what: &str) -> Result<Option<String>> {
+        let Some(name) = slot.clone() else { return Ok(None) };
+        self.call(Method::DELETE, format!("{}/v1/{name}", self.pubsub), None, (what, &name), true).await?;
+        *slot = None;
+        Ok(Some(name))
+    }
+
+    /// How many messages the subscription holds, as a pull of it sees them (up to 1,000, given
+    /// back at once: Pub/Sub's API counts nothing), pulled as receives pull. `None` if it cannot
+    /// be read.
+    async fn held(&self, subscription: &str) -> Option<u64> {
+        let source = super::PubSubSource::open(&self.conf, subscription).ok()?.with_dead_letter(Some(subscription));
+        source.dead_lettered().await.ok().flatten()
     }
 
     /// The Pub/Sub service agent of the project, which forwards dead letters.
@@ -466,16 +479,30 @@ impl EventNotifications for GcsNotifications {
         Ok(sub)
     }
 
-    async fn teardown(&self, managed: &mut ManagedResources) -> Result<()> {
+    async fn teardown(&self, managed: &mut ManagedResources) -> Result<Vec<String>> {
+        let mut done = Vec::new();
         if let Some(id) = managed.notification_id.clone() {
             let url = format!("{}/storage/v1/b/{}/notificationConfigs/{id}", self.storage, self.bucket);
             let target = format!("notification configuration {id} of gs://{}", self.bucket);
             self.call(Method::DELETE, url, None, ("removing the", &target), true).await?;
             managed.notification_id = None;
+            done.push(format!("removed the {target} (the others kept)"));
         }
-        self.remove(&mut managed.pubsub_subscription, "removing the subscription").await?;
-        self.remove(&mut managed.dead_letter_queue_url, "removing the subscription").await?;
-        self.remove(&mut managed.dead_letter_queue_arn, "removing the topic").await?;
+        if let Some(s) = self.remove(&mut managed.pubsub_subscription, "removing the subscription").await? {
+            done.push(format!("removed subscription {s}"));
+        }
+        if let Some(s) = managed.dead_letter_queue_url.clone() {
+            let held = self.held(&s).await;
+            self.remove(&mut managed.dead_letter_queue_url, "removing the subscription").await?;
+            done.push(match held {
+                Some(0) => format!("removed dead-letter subscription {s} (empty)"),
+                Some(n) => format!("removed dead-letter subscription {s} with the {n} message(s) it still held"),
+                None => format!("removed dead-letter subscription {s} (how many messages it held could not be read)"),
+            });
+        }
+        if let Some(t) = self.remove(&mut managed.dead_letter_queue_arn, "removing the topic").await? {
+            done.push(format!("removed dead-letter topic {t}"));
+        }
         managed.max_receives = None;
         if let Some(topic) = managed.publisher_binding.clone() {
             let agent = match managed.publisher_member.clone() {
@@ -486,9 +513,14 @@ impl EventNotifications for GcsNotifications {
             self.role(&topic, PUBLISHER, &agent, false).await?;
             managed.publisher_binding = None;
             managed.publisher_member = None;
+            done.push(format!(
+                "took back the publisher role on the shared topic {topic} from {agent} (the topic kept)"
+            ));
         }
-        self.remove(&mut managed.pubsub_topic, "removing the topic").await?;
-        Ok(())
+        if let Some(t) = self.remove(&mut managed.pubsub_topic, "removing the topic").await? {
+            done.push(format!("removed topic {t}"));
+        }
+        Ok(done)
     }
 }
 

@@ -222,7 +222,7 @@ async fn provision_direct(
     let url = match provisioned {
         Ok(url) => url,
         Err(e) => {
-            if let Err(undo) = notifications.teardown(&mut managed).await {
+            if let Err(undo) = notifications.teardown(&mut managed).await.map(drop) {
                 return Err(CmdError::Failed(format!(
                     "{e}; and taking back what was created failed too ({undo}); still there: {managed:?}"
                 )));
@@ -511,6 +511,7 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
     }
     let mut doc = doc;
     let mut version = version;
+    let mut done = Vec::new();
     if !doc.managed.is_empty() {
         let (mapping, _) =
             read_json::<MountMapping>(&*ctx.filer, system_paths::MOUNT_MAPPING).await?.unwrap_or_default();
@@ -525,7 +526,8 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
             .ok_or_else(|| CmdError::Failed(format!("the remote {storage:?} is not configured")))?;
         let notifications = capability(&conf, &doc.identity.bucket, &dir, None).await?;
         let mut left = doc.managed.clone();
-        if let Err(e) = notifications.teardown(&mut left).await {
+        let torn = notifications.teardown(&mut left).await;
+        if let Err(e) = &torn {
             // Keep the document, with what remains, so the teardown can be retried.
             doc.managed = left.clone();
             doc.updated_at_ms = now_ms();
@@ -535,6 +537,7 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
                 "teardown stopped part-way ({e}); still provisioned: {left:?}; the subscription is kept: run remote.events.disable -dir={dir} -teardown again"
             )));
         }
+        done = torn.unwrap_or_default();
     }
     ctx.filer
         .delete(
@@ -556,40 +559,7 @@ pub async fn disable(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), CmdE
             doc.identity.queue
         )?;
     } else {
-        let m = &doc.managed;
-        let mut removed = Vec::new();
-        if let Some(s) = &m.subscription_arn {
-            removed.push(format!("SNS subscription {s}"));
-        }
-        if let Some(id) = &m.notification_id
-            && m.topic_arn.is_none()
-        {
-            removed.push(format!("the bucket's notification configuration {id:?} (the others kept)"));
-        }
-        if let Some(r) = &m.rule_name {
-            removed.push(format!("EventBridge rule {r} and its target"));
-        }
-        if let Some(q) = &m.queue_url {
-            removed.push(format!("queue {q}"));
-        }
-        if let Some(q) = &m.dead_letter_queue_url {
-            removed.push(format!("dead-letter queue {q}"));
-        }
-        let shared = match &m.topic_arn {
-            Some(t) => format!(
-                "; the shared topic {t} and its notification configuration were removed too unless another cluster still subscribes"
-            ),
-            None => String::new(),
-        };
-        let eventbridge = if m.eventbridge_turned_on {
-            "; the bucket's EventBridge delivery, which Tidemark turned on, was turned off unless another rule of Tidemark's \
-             still needs it"
-        } else if m.rule_name.is_some() {
-            "; the bucket's EventBridge delivery was on before and stays on"
-        } else {
-            ""
-        };
-        writeln!(out, "events disabled on {dir}: removed {}{shared}{eventbridge}", removed.join(", "))?;
+        writeln!(out, "events disabled on {dir}: {}", done.join("; "))?;
     }
     Ok(())
 }
