@@ -137,7 +137,7 @@ impl Worker {
                 _ = tokio::time::sleep(beat) => {}
             }
         }
-        self.drain(running, undelivered, collector).await;
+        self.drain(running, undelivered, collector, beat).await;
     }
 
     async fn deliver(&self, undelivered: &mut Vec<JobReport>) {
@@ -156,22 +156,27 @@ impl Worker {
         mut running: HashMap<String, Running>,
         mut undelivered: Vec<JobReport>,
         collector: Arc<Collector>,
+        beat: Duration,
     ) {
         tracing::info!(worker = %self.config.worker_id, slices = running.len(), "draining: ending slices cleanly");
-        let hb = Heartbeat {
-            running: running.values().map(|r| r.job.clone()).collect(),
-            draining: true,
-            samples: collector.take(),
-        };
-        let _ = self.admin.heartbeat(&self.config.worker_id, &hb).await;
         for r in running.values() {
             let _ = r.cancel.send(true);
         }
-        for (_, r) in running.drain() {
-            match r.task.await {
-                Ok(report) => undelivered.push(report),
-                Err(e) => tracing::error!(job = %r.job.id, error = %e, "a slice task panicked"),
+        // A slice ends once its receive in flight has come back (up to its long-poll wait):
+        // meanwhile the worker keeps beating, draining, so the admin does not take it for dead
+        // and hand its slices to another worker while they are still being ended here.
+        loop {
+            collect_finished(&mut running, &mut undelivered).await;
+            let hb = Heartbeat {
+                running: running.values().map(|r| r.job.clone()).collect(),
+                draining: true,
+                samples: collector.take(),
+            };
+            let _ = self.admin.heartbeat(&self.config.worker_id, &hb).await;
+            if running.is_empty() {
+                break;
             }
+            tokio::time::sleep(beat.min(Duration::from_millis(500))).await;
         }
         self.deliver(&mut undelivered).await;
         let _ = self.admin.leave(&self.config.worker_id).await;
