@@ -8,7 +8,8 @@
 //! Topic Event Subscriptions — Create Or Update, Delete, Get, List by Resource Group; and
 //! "Track asynchronous Azure operations" and "Understand how Azure Resource Manager throttles
 //! requests" for the protocol): `api-version` required (400 `MissingApiVersionParameter`), a
-//! bearer token required (401 `AuthenticationFailed`), 404 `ResourceNotFound` /
+//! bearer token required (401 `AuthenticationFailed`) and issued for Resource Manager's audience
+//! (401 `InvalidAuthenticationTokenAudience` for a token of another resource's), 404 `ResourceNotFound` /
 //! `ParentResourceNotFound`, one system topic per source (400, as Azure refuses a second), an
 //! event subscription's destination and filter checked (a `StorageQueue` destination on a known
 //! account; `subjectBeginsWith` under `/blobServices/default/`).
@@ -49,7 +50,8 @@ struct Arm {
     topics: BTreeMap<String, Value>,
     /// resource id (lower-cased) -> resource
     event_subscriptions: BTreeMap<String, Value>,
-    tokens: Vec<String>,
+    /// token -> the scope it was issued for
+    tokens: BTreeMap<String, String>,
     /// operation id -> operation
     operations: BTreeMap<String, Operation>,
     faults: Faults,
@@ -300,11 +302,21 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             "The api-version query parameter (?api-version=) is required for all requests.",
         );
     }
-    if !bearer.is_some_and(|t| s.arm.lock().unwrap().tokens.contains(&t)) {
+    let scope = bearer.and_then(|t| s.arm.lock().unwrap().tokens.get(&t).cloned());
+    let Some(scope) = scope else {
         return error(
             StatusCode::UNAUTHORIZED,
             "AuthenticationFailed",
             "Authentication failed. The 'Authorization' header is missing or invalid.",
+        );
+    };
+    // A token for another resource (storage, Graph) is not one for Resource Manager.
+    let audience = scope.trim_end_matches("/.default").trim_end_matches('/');
+    if audience != "https://management.azure.com" && audience != format!("http://{host}") {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "InvalidAuthenticationTokenAudience",
+            &format!("The access token has been obtained for wrong audience or resource '{audience}'."),
         );
     }
     {
@@ -383,7 +395,8 @@ fn token(s: &Shared, path: &str, body: &[u8]) -> Response {
         return (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret provided."}))).into_response();
     }
     let token = format!("arm-token-{}", s.arm.lock().unwrap().tokens.len() + 1);
-    s.arm.lock().unwrap().tokens.push(token.clone());
+    let scope = form.get("scope").cloned().unwrap_or_default();
+    s.arm.lock().unwrap().tokens.insert(token.clone(), scope);
     (StatusCode::OK, axum::Json(json!({"token_type": "Bearer", "expires_in": 3599, "access_token": token})))
         .into_response()
 }
@@ -705,5 +718,52 @@ fn topics(
             }
         }
         _ => error(StatusCode::NOT_FOUND, "InvalidResourceType", "not served by the double"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Resource Manager refuses what Azure refuses before any resource is looked at: a request
+    /// without `api-version` (400 `MissingApiVersionParameter`), without a token (401
+    /// `AuthenticationFailed`), and with a token for another audience — here Azure Storage's
+    /// (401 `InvalidAuthenticationTokenAudience`).
+    #[tokio::test]
+    async fn requests_resource_manager_refuses_are_refused() {
+        let double = AzureArmDouble::start("t1", "app", "secret", &[("acct", "westeurope")]);
+        let http = reqwest::Client::new();
+        let token = async |scope: &str| {
+            let r = http
+                .post(format!("{}/t1/oauth2/v2.0/token", double.endpoint))
+                .form(&[
+                    ("grant_type", "client_credentials"),
+                    ("client_id", "app"),
+                    ("client_secret", "secret"),
+                    ("scope", scope),
+                ])
+                .send()
+                .await
+                .unwrap();
+            r.json::<Value>().await.unwrap()["access_token"].as_str().unwrap().to_string()
+        };
+        let account = format!(
+            "{}/subscriptions/s/resourceGroups/g/providers/Microsoft.Storage/storageAccounts/acct",
+            double.endpoint
+        );
+        let code = async |r: reqwest::Response| {
+            (r.status().as_u16(), r.json::<Value>().await.unwrap()["error"]["code"].clone())
+        };
+        let right = token(&format!("{}/.default", double.endpoint)).await;
+        let r = http.get(&account).bearer_auth(&right).send().await.unwrap();
+        assert_eq!(code(r).await, (400, json!("MissingApiVersionParameter")));
+        let with_api = format!("{account}?api-version=2023-01-01");
+        let r = http.get(&with_api).send().await.unwrap();
+        assert_eq!(code(r).await, (401, json!("AuthenticationFailed")));
+        let storage = token("https://storage.azure.com/.default").await;
+        let r = http.get(&with_api).bearer_auth(&storage).send().await.unwrap();
+        assert_eq!(code(r).await, (401, json!("InvalidAuthenticationTokenAudience")));
+        let r = http.get(&with_api).bearer_auth(&right).send().await.unwrap();
+        assert_eq!(r.status(), 200);
     }
 }
