@@ -380,6 +380,7 @@ pub async fn run(
                 clock,
                 prefetch: None,
                 recent: Some(&recent),
+                max_receives: None,
             };
             let expected = queue.0.lock().unwrap_or_else(|p| p.into_inner()).ready.len() as u64;
             let mut counters = Counters::default();

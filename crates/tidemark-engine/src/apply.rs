@@ -55,6 +55,9 @@ pub struct ApplyContext<'a> {
     /// The HEADs this slice made, so a notification one of them already answered needs no
     /// other (see [`crate::recent`]); `None`: every key is HEADed.
     pub recent: Option<&'a RecentHeads>,
+    /// After how many receives the queue dead-letters a message (`-maxReceives` of what Tidemark
+    /// provisioned); `None`: unknown (a queue of the user's own) or none.
+    pub max_receives: Option<u32>,
 }
 
 /// Per-subscription counters, as the status blob and `/metrics` show them.
@@ -404,7 +407,18 @@ pub async fn apply_batch(
     for d in &deliveries {
         match decode(ctx.provider, d) {
             Decoded::Malformed { reason } => {
-                tracing::warn!(source = %source.describe(), %reason, receive_count = d.receive_count, "malformed message left to redeliver");
+                // Said as what happens next: the queue delivers it again, or — its last receive —
+                // moves it to the dead-letter queue.
+                match ctx.max_receives {
+                    Some(max) if d.receive_count >= max => tracing::warn!(
+                        source = %source.describe(), %reason, receive_count = d.receive_count, max_receives = max,
+                        "malformed message, its last receive: it goes to the dead-letter queue next"
+                    ),
+                    _ => tracing::warn!(
+                        source = %source.describe(), %reason, receive_count = d.receive_count,
+                        max_receives = ctx.max_receives, "malformed message left to redeliver"
+                    ),
+                }
                 counters.fail("malformed message");
                 needs.push(None);
             }

@@ -31,6 +31,10 @@ pub const STATUS_DIR: &str = "/etc/tidemark/remote_events/status";
 
 /// How often a tailing slice refreshes its status blob (when its counters moved).
 const STATUS_EVERY: Duration = Duration::from_secs(2);
+/// How often a tailing slice reads its dead-letter queue's depth, so the DEAD shown is current
+/// rather than as of the slice's start (a message moves there between two receives, on the
+/// queue's side, without any counter of the slice's changing).
+const DEPTH_EVERY: Duration = Duration::from_secs(30);
 
 /// The most deliveries gathered into one applied batch when the queue has a backlog. A batch's
 /// writes are one transaction, so a larger batch costs fewer commits per event (in process:
@@ -371,6 +375,7 @@ impl Slice<'_> {
             clock: self.clock,
             prefetch: prefetch.as_ref(),
             recent: Some(&recent),
+            max_receives: self.doc.managed.max_receives,
         };
         status.state = SliceState::Tailing;
         match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {
@@ -380,6 +385,7 @@ impl Slice<'_> {
         let deadline = tokio::time::Instant::now() + self.length;
         // The status blob is refreshed while tailing, when the counters moved, at most this often.
         let mut published = (tokio::time::Instant::now(), status.counters.clone());
+        let mut depth_read = tokio::time::Instant::now();
         let end = loop {
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -422,7 +428,17 @@ impl Slice<'_> {
                     Err(e) => return Err(e),
                 }
             }
-            if published.0.elapsed() >= STATUS_EVERY && published.1 != status.counters {
+            let mut depth_changed = false;
+            if depth_read.elapsed() >= DEPTH_EVERY {
+                depth_read = tokio::time::Instant::now();
+                if let Some(n) = self.dead_lettered().await
+                    && status.dead_lettered != Some(n)
+                {
+                    status.dead_lettered = Some(n);
+                    depth_changed = true;
+                }
+            }
+            if published.0.elapsed() >= STATUS_EVERY && (published.1 != status.counters || depth_changed) {
                 match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {
                     Err(e @ Error::Fenced { .. }) => break lost(&e),
                     r => r?,

@@ -90,6 +90,7 @@ impl World {
             clock: &clock,
             prefetch: None,
             recent: None,
+            max_receives: None,
         };
         let want = c.applied + n;
         let deadline = Instant::now() + Duration::from_secs(20);

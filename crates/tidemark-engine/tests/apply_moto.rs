@@ -92,6 +92,7 @@ async fn pump(w: &World, storage: &dyn RemoteStorage, counters: &mut Counters, u
         clock: &clock,
         prefetch: None,
         recent: None,
+        max_receives: None,
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while !until(counters) {
@@ -274,6 +275,7 @@ async fn a_lost_lease_stops_the_batch_and_acknowledges_nothing() {
         clock: &clock,
         prefetch: None,
         recent: None,
+        max_receives: None,
     };
     let batch = w.source.receive(10, Duration::from_secs(5)).await.unwrap();
     assert_eq!(batch.len(), 1);
@@ -353,6 +355,7 @@ async fn a_slow_batch_keeps_its_messages_invisible_with_heartbeats() {
         clock: &clock,
         prefetch: None,
         recent: None,
+        max_receives: None,
     };
     let other = SqsSource::new(w.sqs.clone(), w.queue_url.clone());
     let (report, stolen) = tokio::join!(apply_batch(&*w.filer, &slow, &w.source, &ctx, batch, &mut c), async {

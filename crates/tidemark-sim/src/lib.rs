@@ -817,6 +817,7 @@ impl World {
             clock: &self.clock,
             prefetch: None,
             recent: Some(&self.workers[w].recent),
+            max_receives: None,
         };
         let gen_ = fence.generation;
         match apply_batch(&*filer, &*self.remote, &*self.queue, &ctx, batch, &mut self.counters).await {

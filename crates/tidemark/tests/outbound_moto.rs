@@ -111,6 +111,7 @@ async fn uploads_echoes_deletes_and_resumes() {
         clock: &clock,
         prefetch: None,
         recent: None,
+        max_receives: None,
     };
     let mut counters = Counters::default();
     let deadline = Instant::now() + Duration::from_secs(20);

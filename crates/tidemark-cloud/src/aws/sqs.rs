@@ -77,10 +77,19 @@ impl SqsSource {
     }
 
     fn error<E: ProvideErrorMetadata + std::error::Error + 'static>(&self, op: &str, e: SdkError<E>) -> Error {
+        self.error_on(&self.queue_url, op, e)
+    }
+
+    /// The error of `op` on the queue `q` (this source's queue, or its dead-letter queue).
+    fn error_on<E: ProvideErrorMetadata + std::error::Error + 'static>(
+        &self,
+        q: &str,
+        op: &str,
+        e: SdkError<E>,
+    ) -> Error {
         let code = e.code().unwrap_or_default().to_string();
         let detail = e.message().unwrap_or_default().to_string();
         let status = e.raw_response().map(|r| r.status().as_u16());
-        let q = &self.queue_url;
         match (&e, status, code.as_str()) {
             (SdkError::DispatchFailure(d), _, _) => Error::Unavailable {
                 message: format!(
@@ -131,7 +140,7 @@ impl EventSource for SqsSource {
             .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
             .send()
             .await
-            .map_err(|e| self.error("GetQueueAttributes", e))?;
+            .map_err(|e| self.error_on(url, "GetQueueAttributes", e))?;
         let n = out
             .attributes()
             .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages))
