@@ -63,6 +63,11 @@ pub enum Error {
     #[error("{path}: archived in storage class {storage_class}: {}", crate::remote::archived_hint(.storage_class))]
     Archived { path: String, storage_class: String },
 
+    /// The bucket refuses this cluster the object's bytes for good — encrypted with a
+    /// customer-provided key (SSE-C), or with a KMS key the cluster may not use — and says why.
+    #[error("{path}: cannot be read: {reason}")]
+    Unreadable { path: String, reason: String },
+
     /// A write larger than where its content goes can hold (the data directory's free space,
     /// an object store's largest object), refused before its body was read.
     #[error("{path}: too large: {message}")]
@@ -103,6 +108,7 @@ impl Error {
             Error::Unauthorized { .. } => "unauthorized",
             Error::CrossMount { .. } => "cross_mount",
             Error::Archived { .. } => "archived",
+            Error::Unreadable { .. } => "unreadable",
             Error::TooLarge { .. } => "too_large",
             Error::Unavailable { .. } => "unavailable",
             Error::Io { .. } => "io",

@@ -389,6 +389,8 @@ pub mod object_attrs {
     pub const EXPIRES: &str = "s3.expires";
     pub const STORAGE_CLASS: &str = "s3.storage-class";
     pub const RESTORE: &str = "s3.restore";
+    /// Why the bucket refuses this cluster the object's bytes (see `ObjectHeaders::unreadable`).
+    pub const UNREADABLE: &str = "s3.unreadable";
     /// Set where the headers above are those of the object the entry describes, as a HEAD, an
     /// event's HEAD or an upload's answer gave them. A listing carries none: an entry made from
     /// one has not seen its object's headers, and the filer asks the bucket for them once, at
@@ -427,8 +429,9 @@ pub mod object_attrs {
     /// file, so not shown as the file's metadata.
     const OWN_METADATA_PREFIX: &str = "tidemark-";
 
-    const HEADERS: [&str; 9] = [
+    const HEADERS: [&str; 10] = [
         HEADERS_SEEN,
+        UNREADABLE,
         CONTENT_TYPE,
         CONTENT_ENCODING,
         CONTENT_DISPOSITION,
@@ -451,7 +454,13 @@ pub mod object_attrs {
             expires: get(EXPIRES),
             storage_class: get(STORAGE_CLASS),
             restore: get(RESTORE),
+            unreadable: get(UNREADABLE),
         }
+    }
+
+    /// Why the object cannot be read by this cluster, if the bucket refused it for good.
+    pub fn unreadable(ext: &BTreeMap<String, String>) -> Option<&str> {
+        ext.get(UNREADABLE).map(String::as_str)
     }
 
     /// The user metadata kept in `ext`.
@@ -491,6 +500,7 @@ pub mod object_attrs {
                 (EXPIRES, &h.expires),
                 (STORAGE_CLASS, &h.storage_class),
                 (RESTORE, &h.restore),
+                (UNREADABLE, &h.unreadable),
             ];
             for (k, v) in pairs {
                 if let Some(v) = v {

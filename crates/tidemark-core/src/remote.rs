@@ -58,7 +58,19 @@ pub struct ObjectHeaders {
     /// `x-ms-archive-status`), as the provider gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<String>,
+    /// Why this cluster may not read the object, where the bucket refuses it for good (a key
+    /// encrypted with a customer-provided key, a KMS key the cluster may not use): reads fail at
+    /// once with this reason, not with bytes of an older version. `None`: readable, as far as
+    /// anyone knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
 }
+
+/// The reason an object encrypted with a customer-provided key is unreadable (SSE-C: the key
+/// is the writer's, never the cluster's).
+pub const SSE_C_REASON: &str = "encrypted with a customer-provided key (SSE-C)";
+/// The reason an object whose KMS key the cluster may not use is unreadable.
+pub const KMS_DENIED_REASON: &str = "access to its KMS key denied";
 
 /// Whether an object of `storage_class`, in restore state `restore`, cannot be read until it is
 /// restored: S3's GLACIER and DEEP_ARCHIVE (not GLACIER_IR, read at once) without a finished

@@ -24,7 +24,7 @@ use tidemark_core::decide::{DecideCtx, RemoteSide, SkipReason};
 use tidemark_core::events::{Decoded, Delivery, EventSource, Provider, decode};
 use tidemark_core::keymap::{KeyMap, Mapped};
 use tidemark_core::model::Fence;
-use tidemark_core::remote::Mount;
+use tidemark_core::remote::{Mount, ObjectHeaders};
 use tidemark_core::{Clock, Error, Filer, RemoteObject, RemoteStorage, Result};
 
 use crate::recent::RecentHeads;
@@ -85,6 +85,10 @@ pub struct Counters {
     /// `a` and the key `a/b`, or the reverse): brought in once what is in the way goes.
     #[serde(default)]
     pub shadowed: u64,
+    /// Objects the bucket refuses this cluster for good (SSE-C, a KMS key denied): their
+    /// entries are marked unreadable.
+    #[serde(default)]
+    pub unreadable: u64,
     /// Lag from the event's time to its apply, over applied events: last and largest.
     pub last_lag_ms: Option<i64>,
     pub max_lag_ms: Option<i64>,
@@ -144,6 +148,13 @@ fn write_failed(e: Error) -> Result<String> {
 }
 
 /// Whether a failure of the bucket is worth retrying the message for.
+/// The object `key` as the bucket lists it (size, ETag, time: what a listing gives without
+/// reading it), or `None` if it is not there.
+async fn listed(storage: &dyn RemoteStorage, key: &str) -> Result<Option<RemoteObject>> {
+    let page = storage.list(key, None, None, 1).await?;
+    Ok(page.objects.into_iter().find(|o| o.key == key))
+}
+
 fn transient_head(e: &Error) -> bool {
     matches!(e, Error::Unavailable { .. } | Error::Io { .. } | Error::Internal { .. } | Error::Unauthorized { .. })
 }
@@ -205,6 +216,26 @@ async fn apply_keys(
                 asked.push((key, m, local));
                 objects.push(object);
             }
+            // Refused for good: an outcome, not a retry. The entry shows the object as the
+            // bucket lists it, marked unreadable with the reason (no bytes of an older version
+            // are served for it), and the message is acknowledged.
+            Err(Error::Unreadable { reason, .. }) => match listed(storage, &key).await {
+                Ok(object) => {
+                    if object.is_some() {
+                        counters.unreadable += 1;
+                        tracing::warn!(%key, %reason, "the bucket refuses this object's bytes: marked unreadable");
+                    }
+                    asked.push((key, m, local));
+                    objects.push(object.map(|mut o| {
+                        o.headers = Some(ObjectHeaders { unreadable: Some(reason), ..Default::default() });
+                        o
+                    }));
+                }
+                Err(e) if transient_head(&e) => {
+                    out.push((key, KeyResult::Transient(format!("listing an unreadable object: {e}"))));
+                }
+                Err(e) => return Err(e),
+            },
             Err(e) if transient_head(&e) => out.push((key, KeyResult::Transient(format!("HEAD failed: {e}")))),
             Err(e) => return Err(e),
         }

@@ -91,7 +91,7 @@ pub fn status_of(e: &Error) -> StatusCode {
         Error::InvalidPath { .. } | Error::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
         Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
         Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
-        Error::Archived { .. } => StatusCode::FORBIDDEN,
+        Error::Archived { .. } | Error::Unreadable { .. } => StatusCode::FORBIDDEN,
         Error::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -56,19 +56,24 @@ impl LocalFiler {
         if entry.content != Content::Remote || !clean || object_attrs::headers_seen(&entry.extended) {
             return entry;
         }
-        let object = match self.remotes.head(self.store.as_ref(), &entry).await {
-            Ok(Some(o)) => o,
-            Ok(None) => return entry,
+        let mut n = entry.to_new();
+        match self.remotes.head(self.store.as_ref(), &entry).await {
+            Ok(Some(object)) if entry.remote.as_ref().is_some_and(|r| r.etag == object.etag) => {
+                object_attrs::refresh(&mut n.extended, &object, true);
+            }
+            Ok(_) => return entry,
+            // Refused for good: recorded, so reads fail at once with the reason and no HEAD is
+            // asked again for it.
+            Err(Error::Unreadable { reason, .. }) => {
+                tracing::warn!(path = %entry.path, %reason, "the bucket refuses this object's bytes: marked unreadable");
+                n.extended.insert(object_attrs::UNREADABLE.to_string(), reason);
+                n.extended.insert(object_attrs::HEADERS_SEEN.to_string(), "1".to_string());
+            }
             Err(e) => {
                 tracing::debug!(path = %entry.path, error = %e, "asking the bucket for an object's headers failed");
                 return entry;
             }
-        };
-        if entry.remote.as_ref().is_none_or(|r| r.etag != object.etag) {
-            return entry;
         }
-        let mut n = entry.to_new();
-        object_attrs::refresh(&mut n.extended, &object, true);
         let txn = Txn::put(&entry.path, n, tidemark_core::Origin::Remote)
             .with_precondition(Precondition::Version(entry.version));
         match self.apply(txn).await {
@@ -711,6 +716,9 @@ impl Filer for LocalFiler {
                     futures::stream::once(futures::future::ready(Ok(bytes.slice(r)))).boxed()
                 }
                 Content::Remote => {
+                    if let Some(reason) = tidemark_core::model::object_attrs::unreadable(&entry.extended) {
+                        return Err(Error::Unreadable { path: p.into(), reason: reason.to_string() });
+                    }
                     if let Some(r) = range {
                         check_range(p, entry.size, r)?;
                     }

@@ -149,6 +149,8 @@ pub(crate) fn errno(e: &Error) -> Errno {
         Error::Unauthorized { .. } => Errno::EACCES,
         // "No data available": the bytes are in the bucket's archive until restored.
         Error::Archived { .. } => Errno::ENODATA,
+        // The bucket refuses this cluster the bytes for good (SSE-C, a KMS key denied).
+        Error::Unreadable { .. } => Errno::EACCES,
         Error::TooLarge { .. } => Errno::EFBIG,
         _ => Errno::EIO,
     }

@@ -12,6 +12,7 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use tidemark_core::model::{Content, Entry, MD5_ATTR, NewEntry, Origin, Precondition, Txn};
 use tidemark_core::remote::MountMapping;
+use tidemark_core::remote::SSE_C_REASON;
 use tidemark_core::remote::system_paths::MOUNT_MAPPING;
 use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions, path};
 use tidemark_engine::docs;
@@ -122,6 +123,16 @@ fn s3_err(e: Error) -> S3Error {
         // 403, as S3 answers a GET of an object not yet restored; clients do not retry it.
         Error::Archived { .. } => (S3ErrorCode::InvalidObjectState, e.to_string()),
         Error::TooLarge { .. } => (S3ErrorCode::EntityTooLarge, e.to_string()),
+        // What S3 itself answers a GET of such an object without its key: 400 InvalidRequest for
+        // a customer-provided key, 403 AccessDenied for a KMS key the caller may not use.
+        Error::Unreadable { reason, .. } if reason.contains(SSE_C_REASON) => (
+            S3ErrorCode::InvalidRequest,
+            format!(
+                "The object was stored using a form of Server Side Encryption. The correct parameters must be provided \
+                 to retrieve the object. ({e})"
+            ),
+        ),
+        Error::Unreadable { .. } => (S3ErrorCode::AccessDenied, e.to_string()),
         Error::Unauthorized { .. } => {
             (S3ErrorCode::InternalError, format!("the gateway's filer refused it: {e} (check the gateway's --token)"))
         }
@@ -2098,6 +2109,10 @@ impl S3 for Gateway {
         let ask = read_ask!(i);
         let found = self.locate(&i.bucket, &i.key, i.version_id.as_deref()).await?;
         let e = found.entry;
+        // A HEAD of an object the bucket refuses this cluster is refused as the bucket refuses it.
+        if let Some(reason) = tidemark_core::model::object_attrs::unreadable(&e.extended) {
+            return Err(s3_err(Error::Unreadable { path: found.path.clone(), reason: reason.to_string() }));
+        }
         let dec = self.decrypting(&e, customer.as_ref())?;
         ask.check(&e)?;
         let range = i.range.as_ref().map(|r| satisfiable(r, e.size)).transpose()?;

@@ -12,7 +12,9 @@ use aws_sdk_s3::primitives::ByteStream as AwsBody;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use tidemark_core::remote::{ListPage, ObjectHeaders, RemoteConf, RemoteObject, normalize_etag};
+use tidemark_core::remote::{
+    KMS_DENIED_REASON, ListPage, ObjectHeaders, RemoteConf, RemoteObject, SSE_C_REASON, normalize_etag,
+};
 use tidemark_core::{ByteRange, ByteStream, Error, RemoteStorage, Result};
 
 /// Sets what a reader gets back about an object (its headers and user metadata) on a PutObject
@@ -144,6 +146,15 @@ impl S3Storage {
                 // The error does not say which class; the reader names it from the entry.
                 storage_class: ARCHIVAL.into(),
             },
+            // Refused for good, with a reason the reader is given (never bytes of another
+            // version): a customer-provided key the cluster does not have, a KMS key it may not
+            // use. Before the credentials: both answer like a refusal of them.
+            (_, Some(400), "InvalidRequest") if detail.contains("Server Side Encryption") => {
+                Error::Unreadable { path: target, reason: SSE_C_REASON.into() }
+            }
+            (_, Some(403), _) if code.starts_with("KMS.") || kms_refusal(&detail) => {
+                Error::Unreadable { path: target, reason: format!("{KMS_DENIED_REASON} ({code}: {detail})") }
+            }
             (_, _, "NoSuchBucket") => Error::NotFound {
                 path: format!(
                     "bucket {:?} of remote {:?} (it does not exist; check -remote=)",
@@ -189,6 +200,12 @@ fn copy_source_key(key: &str) -> String {
     out
 }
 
+/// Whether a 403's message is KMS refusing the key the object was encrypted with.
+fn kms_refusal(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("kms:") || m.contains("kms key") || m.contains("customer master key")
+}
+
 /// The storage class named in an archived-object error when the reader does not know which.
 pub const ARCHIVAL: &str = "GLACIER or DEEP_ARCHIVE";
 
@@ -225,12 +242,28 @@ impl RemoteStorage for S3Storage {
                     // A HEAD leaves the header out for STANDARD; a listing names it.
                     storage_class: Some(h.storage_class().map_or("STANDARD", |c| c.as_str()).to_string()),
                     restore: h.restore().map(str::to_string),
+                    unreadable: None,
                 }),
             })),
-            Err(e) => match self.error("HeadObject", key, e) {
-                Error::NotFound { path } if !path.starts_with("bucket ") => Ok(None),
-                other => Err(other),
-            },
+            Err(e) => {
+                // A HEAD's refusal has no body, so no code: 400 or 403 may be an object refused
+                // for good (SSE-C, KMS) or credentials refused for everything. One byte's GET
+                // says which, with S3's code and message.
+                let refused = matches!(e.raw_response().map(|r| r.status().as_u16()), Some(400 | 403));
+                match self.error("HeadObject", key, e) {
+                    Error::NotFound { path } if !path.starts_with("bucket ") => Ok(None),
+                    other if refused => {
+                        match self.client.get_object().bucket(&self.bucket).key(key).range("bytes=0-0").send().await {
+                            Err(g) => match self.error("GetObject", key, g) {
+                                e @ Error::Unreadable { .. } => Err(e),
+                                _ => Err(other),
+                            },
+                            Ok(_) => Err(other),
+                        }
+                    }
+                    other => Err(other),
+                }
+            }
         }
     }
 

@@ -135,6 +135,7 @@ impl BlobProperties {
             expires: None,
             storage_class: v(&self.access_tier),
             restore: v(&self.archive_status),
+            unreadable: None,
         }
     }
 }
@@ -228,6 +229,7 @@ impl RemoteStorage for AzureBlobStorage {
                 expires: None,
                 storage_class: get("x-ms-access-tier").map(str::to_string),
                 restore: get("x-ms-archive-status").map(str::to_string),
+                unreadable: None,
             }),
         }))
     }

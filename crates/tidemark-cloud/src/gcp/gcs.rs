@@ -112,6 +112,7 @@ impl ObjectResource {
                 expires: None,
                 storage_class: self.storage_class,
                 restore: None,
+                unreadable: None,
             }),
         }
     }
