@@ -66,9 +66,15 @@ pub struct ObjectHeaders {
     pub unreadable: Option<String>,
 }
 
-/// The reason an object encrypted with a customer-provided key is unreadable (SSE-C: the key
-/// is the writer's, never the cluster's).
+/// What the reason of every object encrypted with a customer-provided key says (the key is the
+/// writer's, never the cluster's), whatever the provider calls it.
+pub const CUSTOMER_KEY_REASON: &str = "encrypted with a customer-provided key";
+/// S3's (SSE-C).
 pub const SSE_C_REASON: &str = "encrypted with a customer-provided key (SSE-C)";
+/// Cloud Storage's (a customer-supplied encryption key, CSEK).
+pub const CSEK_REASON: &str = "encrypted with a customer-provided key (CSEK)";
+/// Azure Blob Storage's (a customer-provided key, CPK).
+pub const CPK_REASON: &str = "encrypted with a customer-provided key (CPK)";
 /// The reason an object whose KMS key the cluster may not use is unreadable.
 pub const KMS_DENIED_REASON: &str = "access to its KMS key denied";
 

@@ -11,8 +11,8 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use tidemark_core::model::{Content, Entry, MD5_ATTR, NewEntry, Origin, Precondition, Txn};
+use tidemark_core::remote::CUSTOMER_KEY_REASON;
 use tidemark_core::remote::MountMapping;
-use tidemark_core::remote::SSE_C_REASON;
 use tidemark_core::remote::system_paths::MOUNT_MAPPING;
 use tidemark_core::{ByteRange, DeleteOptions, Error, Filer, WriteOptions, path};
 use tidemark_engine::docs;
@@ -125,7 +125,7 @@ fn s3_err(e: Error) -> S3Error {
         Error::TooLarge { .. } => (S3ErrorCode::EntityTooLarge, e.to_string()),
         // What S3 itself answers a GET of such an object without its key: 400 InvalidRequest for
         // a customer-provided key, 403 AccessDenied for a KMS key the caller may not use.
-        Error::Unreadable { reason, .. } if reason.contains(SSE_C_REASON) => (
+        Error::Unreadable { reason, .. } if reason.contains(CUSTOMER_KEY_REASON) => (
             S3ErrorCode::InvalidRequest,
             format!(
                 "The object was stored using a form of Server Side Encryption. The correct parameters must be provided \

@@ -220,6 +220,14 @@ impl AzureClient {
                 Error::PreconditionFailed { path: target.into(), current: None }
             }
             (_, "BlobArchived") => Error::Archived { path: target.into(), storage_class: "Archive".into() },
+            // Refused for good, with the reason (Azure names it in `x-ms-error-code`, a HEAD too).
+            (_, "BlobUsesCustomerSpecifiedEncryption") => {
+                Error::Unreadable { path: target.into(), reason: tidemark_core::remote::CPK_REASON.into() }
+            }
+            (_, c) if c.starts_with("KeyVault") => Error::Unreadable {
+                path: target.into(),
+                reason: format!("{} ({code}: {message})", tidemark_core::remote::KMS_DENIED_REASON),
+            },
             (StatusCode::FORBIDDEN, _) | (StatusCode::UNAUTHORIZED, _) => Error::Unauthorized {
                 message: format!(
                     "{op} {target} was refused ({code}: {message}); check the account key or SAS token of remote {:?}",

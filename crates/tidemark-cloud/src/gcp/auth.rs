@@ -211,6 +211,10 @@ pub fn google_error(status: u16, body: &str, op: &str, target: &str) -> Error {
         .and_then(|v| v.get("error")?.get("message")?.as_str().map(str::to_string))
         .unwrap_or_else(|| body.lines().next().unwrap_or("").to_string());
     match status {
+        // An object encrypted with a customer-supplied key, read without it: refused for good.
+        400 if message.contains("customer-supplied encryption key") => {
+            Error::Unreadable { path: target.to_string(), reason: tidemark_core::remote::CSEK_REASON.into() }
+        }
         404 => Error::NotFound { path: format!("{target} ({message})") },
         412 => Error::PreconditionFailed { path: target.to_string(), current: None },
         401 | 403 => Error::Unauthorized {
@@ -230,5 +234,25 @@ pub fn transport(op: &str, target: &str, endpoint: &str, e: reqwest::Error) -> E
     }
     Error::Unavailable {
         message: format!("{op} {target}: cannot reach {endpoint} ({cause}); check the remote's endpoint"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A download of a customer-encrypted object without its key is refused for good, with the
+    /// reason; another 400 stays what it was.
+    #[test]
+    fn a_customer_key_refusal_is_unreadable() {
+        let body = r#"{"error":{"code":400,"message":"The target object is encrypted by a customer-supplied encryption key."}}"#;
+        match google_error(400, body, "GetObject", "gs://b/k") {
+            Error::Unreadable { reason, .. } => assert_eq!(reason, tidemark_core::remote::CSEK_REASON),
+            other => panic!("{other:?}"),
+        }
+        assert!(!matches!(
+            google_error(400, r#"{"error":{"message":"Invalid argument"}}"#, "x", "y"),
+            Error::Unreadable { .. }
+        ));
     }
 }

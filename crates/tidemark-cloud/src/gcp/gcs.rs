@@ -69,6 +69,10 @@ struct ObjectResource {
     cache_control: Option<String>,
     #[serde(default)]
     storage_class: Option<String>,
+    /// Set on an object encrypted with a customer-supplied key (CSEK), whose bytes this
+    /// cluster cannot read: its metadata and listing say so.
+    #[serde(default)]
+    customer_encryption: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -112,7 +116,7 @@ impl ObjectResource {
                 expires: None,
                 storage_class: self.storage_class,
                 restore: None,
-                unreadable: None,
+                unreadable: self.customer_encryption.is_some().then(|| tidemark_core::remote::CSEK_REASON.to_string()),
             }),
         }
     }
@@ -358,4 +362,21 @@ fn object_resource(key: &str, metadata: BTreeMap<String, String>, headers: &Obje
         }
     }
     meta
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An object encrypted with a customer-supplied key says so in its metadata and listing
+    /// (`customerEncryption`): its headers carry the reason it cannot be read here.
+    #[test]
+    fn a_customer_encrypted_object_is_unreadable() {
+        let doc = r#"{"name":"a","size":"3","generation":"7","customerEncryption":{"encryptionAlgorithm":"AES256","keySha256":"k"}}"#;
+        let o: ObjectResource = serde_json::from_str(doc).unwrap();
+        let headers = o.into_object(true).headers.unwrap();
+        assert_eq!(headers.unreadable.as_deref(), Some(tidemark_core::remote::CSEK_REASON));
+        let plain: ObjectResource = serde_json::from_str(r#"{"name":"a","size":"3","generation":"7"}"#).unwrap();
+        assert_eq!(plain.into_object(true).headers.unwrap().unreadable, None);
+    }
 }
