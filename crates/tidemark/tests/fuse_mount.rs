@@ -179,7 +179,12 @@ with open('{t_s}/rw/f', 'rb') as again:
     assert again.read() == two
 \""
     ));
-    assert!(counter(&rw, "local opens") >= 3, "{}", rw.counters());
+    // The handle opened before the write was served from the filer's file (the second local
+    // open, after the first `cmp`). Whether an open right after the writer's close is one too
+    // depends on whether that close's upload has been recorded yet — under load it may not have,
+    // and the open reads the new bytes through the mount's spool instead: both are right, and the
+    // bytes are checked above either way.
+    assert!(counter(&rw, "local opens") >= 2, "{}", rw.counters());
     let plain = Mounted::start(&server.addr, &t.join("plain"), &["--read-only", "--no-passthrough"]);
     let reads = counter(&plain, "reads");
     sh(&format!("cmp <(printf two; tail -c +4 '{t_s}/old') '{t_s}/plain/f'"));

@@ -5,8 +5,9 @@
 //! outcome, not a retry — the entry shows the object as the bucket lists it, marked unreadable;
 //! `fs.cat` fails at once naming SSE-C (never the old bytes), the gateway answers a GET 400
 //! `InvalidRequest` with S3's message and a HEAD 400, it is counted, and the message is
-//! acknowledged (nothing failed, nothing dead-lettered). A new SSE-C object appears by events, as
-//! unreadable.
+//! acknowledged (nothing failed, nothing dead-lettered); through the mount `cat` is refused
+//! EACCES ("Permission denied") while `stat` shows the new size. A new SSE-C object appears by
+//! events, as unreadable.
 
 use std::path::Path;
 
@@ -85,6 +86,25 @@ async fn an_object_encrypted_with_a_customer_key_is_marked_unreadable_never_serv
     let head = gw.client().head_object().bucket("enc").key("doc.txt").send().await.unwrap_err();
     assert_eq!(head.raw_response().map(|r| r.status().as_u16()), Some(400), "{head:?}");
 
+    // Through the mount, with ordinary tools: the object's size, and EACCES for its bytes.
+    let mnt = tmp.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = Mounted(
+        TidemarkProcess::start_quiet(
+            bin(),
+            &tmp.path().join("mount.log"),
+            &["mount", "--filer", &server.addr, mnt.to_str().unwrap()],
+            |l| l.contains("mounted"),
+        ),
+        mnt.clone(),
+    );
+    let file = mnt.join("buckets/enc/doc.txt");
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 17, "the SSE-C version's size");
+    let cat = std::process::Command::new("cat").arg(&file).output().unwrap();
+    assert!(!cat.status.success(), "never the old bytes: {:?}", cat.stdout);
+    assert!(String::from_utf8_lossy(&cat.stderr).contains("Permission denied"), "{cat:?}");
+    drop(mounted);
+
     // A new SSE-C object appears by events, as unreadable.
     put("new.bin", b"never readable here", Some(&key)).await;
     eventually("the new SSE-C object listed", || ok(sh("fs.ls /buckets/enc")).contains("new.bin"));
@@ -98,4 +118,15 @@ async fn an_object_encrypted_with_a_customer_key_is_marked_unreadable_never_serv
         doc[0]["status"]["counters"]["unreadable"].as_u64() == Some(2)
     });
     assert_eq!(counters["failed"].as_u64().unwrap_or(0), 0, "{counters}");
+}
+
+/// A running `tidemark mount`, killed and its mount point cleared on drop (after a failed
+/// assertion too).
+struct Mounted(TidemarkProcess, std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        self.0.kill();
+        let _ = std::process::Command::new("fusermount3").arg("-uz").arg(&self.1).output();
+    }
 }
