@@ -1003,8 +1003,9 @@ fn pjdfstest_passes_what_the_namespace_supports() {
         "rename::updates_link_parent",
     ];
     // Passes, but not always on a loaded machine: the 2 GiB file of one write at its end sends
-    // its zeros to the filer at close (20–35 s in a debug build); with the whole suite on two
-    // cores it once failed with EIO (#51 leaves sending holes as holes to be done).
+    // its zeros to the filer at close (12 s in a debug build when idle, 42 s before the filer's
+    // zero check and MD5 were made fast); with the whole suite on two cores it once failed with
+    // EIO (#51 leaves sending holes as holes to be done).
     const MAY_FAIL: &[&str] = &["open::interact_2gb"];
     const SKIPS: &[&str] = &[
         // A read-only remount (`allow_remount = false`: the suite would remount the mount).
