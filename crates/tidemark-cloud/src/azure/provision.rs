@@ -400,15 +400,7 @@ impl AzureNotifications {
 
     /// How many messages the queue `name` holds (its approximate count), if it can be read.
     async fn held(&self, name: &str) -> Option<u64> {
-        let rb = self.queues.request(
-            Method::GET,
-            &format!("/{}", encode_path(name)),
-            &[("comp", "metadata".into())],
-            &[],
-            0,
-        );
-        let resp = self.queues.send(rb, "GetQueueMetadata", &format!("azure-queue:{name}")).await.ok()?;
-        resp.headers().get("x-ms-approximate-messages-count").and_then(|v| v.to_str().ok()?.parse().ok())
+        super::queue::approximate_count(&self.queues, name).await.ok().flatten()
     }
 
     /// Every item of the collection `id`, page by page: Resource Manager answers a list in pages

@@ -179,6 +179,14 @@ impl AzureQueueSource {
     }
 }
 
+/// How many messages the queue `name` holds, as its metadata counts them (Get Queue Metadata's
+/// `x-ms-approximate-messages-count`).
+pub(crate) async fn approximate_count(client: &AzureClient, name: &str) -> Result<Option<u64>> {
+    let rb = client.request(Method::GET, &format!("/{}", encode_path(name)), &[("comp", "metadata".into())], &[], 0);
+    let resp = client.send(rb, "GetQueueMetadata", &format!("azure-queue:{name}")).await?;
+    Ok(resp.headers().get("x-ms-approximate-messages-count").and_then(|v| v.to_str().ok()?.parse().ok()))
+}
+
 fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
@@ -195,15 +203,7 @@ impl EventSource for AzureQueueSource {
 
     async fn dead_lettered(&self) -> Result<Option<u64>> {
         let Some((poison, _)) = &self.poison else { return Ok(None) };
-        let rb = self.client.request(
-            Method::GET,
-            &format!("/{}", encode_path(poison)),
-            &[("comp", "metadata".into())],
-            &[],
-            0,
-        );
-        let resp = self.client.send(rb, "GetQueueMetadata", &format!("azure-queue:{poison}")).await?;
-        Ok(resp.headers().get("x-ms-approximate-messages-count").and_then(|v| v.to_str().ok()?.parse().ok()))
+        approximate_count(&self.client, poison).await
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
