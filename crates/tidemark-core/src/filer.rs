@@ -173,6 +173,10 @@ pub struct WriteOptions {
     /// ([`Txn::dir_times`](crate::model::Txn::dir_times)).
     #[serde(default)]
     pub dir_times: bool,
+    /// The body holds only these ranges of the file; the rest is zeros
+    /// ([`sparse`](crate::sparse)). `declared_len` is then the body's length, not the file's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sparse: Option<crate::sparse::Sparse>,
 }
 
 impl Default for WriteOptions {
@@ -187,6 +191,7 @@ impl Default for WriteOptions {
             uid: None,
             gid: None,
             dir_times: false,
+            sparse: None,
         }
     }
 }

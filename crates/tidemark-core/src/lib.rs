@@ -17,6 +17,7 @@ pub mod model;
 pub mod path;
 pub mod remote;
 pub mod secrets;
+pub mod sparse;
 pub mod store;
 pub mod subscription;
 

@@ -18,7 +18,7 @@ use tidemark_core::{ByteRange, ByteStream, ChangedMidRead, DeleteOptions, Error,
 
 use crate::http::{
     AcquireRequest, CacheStatusRequest, ENTRY_HEADER, EXTENDED_HEADER, MAX_EXTENDED_BYTES, MAX_STATUS_PATHS,
-    PathsRequest, ReleaseRequest, RenewRequest,
+    PathsRequest, ReleaseRequest, RenewRequest, SPARSE_HEADER,
 };
 
 /// A client of one filer, or of several filers of one cluster (`A,B,C`): a request goes to the
@@ -518,6 +518,9 @@ impl Filer for HttpFiler {
         }
         if let Some(ext) = &extended {
             rb = rb.header(EXTENDED_HEADER, ext);
+        }
+        if let Some(layout) = &opts.sparse {
+            rb = rb.header(SPARSE_HEADER, layout.to_header());
         }
         let resp = match rb.body(reqwest::Body::wrap_stream(body)).send().await {
             Ok(r) => r,

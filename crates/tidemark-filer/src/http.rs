@@ -48,6 +48,9 @@ use crate::scope::{AdminScope, DataScope};
 
 /// On a content PUT: the extended attributes that replace the entry's (base64 of a JSON object).
 pub const EXTENDED_HEADER: &str = "x-tidemark-extended";
+/// A write's body holds only the file's data ranges this header names
+/// ([`Sparse::to_header`](tidemark_core::sparse::Sparse::to_header)).
+pub const SPARSE_HEADER: &str = "x-tidemark-sparse";
 
 /// The most bytes of extended attributes a write may carry.
 pub const MAX_EXTENDED_BYTES: usize = 8 * 1024;
@@ -533,6 +536,13 @@ async fn write(
         None => None,
         Some(h) => Some(decode_extended(h.as_bytes()).map_err(bad_request)?),
     };
+    let sparse = match headers.get(SPARSE_HEADER) {
+        None => None,
+        Some(h) => {
+            let v = h.to_str().map_err(|_| bad_request(format!("{SPARSE_HEADER} is not text")))?;
+            Some(tidemark_core::sparse::Sparse::parse(v)?)
+        }
+    };
     let opts = WriteOptions {
         precondition,
         mode: q.mode,
@@ -543,6 +553,7 @@ async fn write(
         uid: q.uid,
         gid: q.gid,
         dir_times: q.dir_times,
+        sparse,
     };
     let idle = tidemark_core::filer::body_idle_limit();
     // Whether the write failed because the body stalled: that is the client's 408, not our 500.

@@ -787,6 +787,10 @@ impl Filer for LocalFiler {
         if let Some(len) = opts.declared_len {
             self.blobs.room_for(p, len)?;
         }
+        let body = match opts.sparse.clone() {
+            Some(layout) => tidemark_core::sparse::expand(body, layout),
+            None => body,
+        };
         let StoredContent { stored, md5 } = self.blobs.store(body).await?;
         let stored_at = std::time::Instant::now();
         if matches!(stored, Stored::Blob { .. }) {

@@ -86,7 +86,37 @@ both!(
     a_renamed_file_keeps_its_bytes_and_a_replaced_one_lets_go,
     renames_under_a_remote_mount_are_in_place_where_it_syncs_and_refused_elsewhere,
     hard_links_answer_as_their_file_and_keep_its_bytes_until_the_last_name,
+    a_sparse_write_sends_its_data_and_stores_the_whole_file,
 );
+
+/// A write that sends only its data ranges (the mount's upload of a file with holes) stores
+/// the whole file: zeros in the holes, its MD5 the whole file's; a body that disagrees with its
+/// layout stores nothing.
+async fn a_sparse_write_sends_its_data_and_stores_the_whole_file(s: &Setup) {
+    use tidemark_core::sparse::Sparse;
+    let f = &*s.filer;
+    let size = 5 << 20;
+    let layout = Sparse::new(size, vec![(0, 3), (3 << 20, 4), (size - 1, 1)]).unwrap();
+    let opts = WriteOptions { sparse: Some(layout.clone()), ..Default::default() };
+    let e = f.write("/sparse/f", body(b"abcdefgh"), opts).await.unwrap();
+    let mut whole = vec![0u8; size as usize];
+    whole[..3].copy_from_slice(b"abc");
+    whole[3 << 20..(3 << 20) + 4].copy_from_slice(b"defg");
+    whole[size as usize - 1] = b'h';
+    assert_eq!(e.size, size);
+    let md5: String = {
+        use md5::Digest;
+        md5::Md5::digest(&whole).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    assert_eq!(e.extended.get(tidemark_core::model::MD5_ATTR), Some(&md5), "the MD5 of the whole file");
+    assert!(read_all(f, "/sparse/f", None).await == whole, "holes read as zeros");
+    // A body longer or shorter than its ranges is refused, and the file kept as it was.
+    for wrong in [&b"abcdefg"[..], b"abcdefghi"] {
+        let opts = WriteOptions { sparse: Some(layout.clone()), ..Default::default() };
+        assert!(f.write("/sparse/f", body(wrong), opts).await.is_err(), "{} bytes refused", wrong.len());
+        assert_eq!(f.stat("/sparse/f").await.unwrap().unwrap().version, e.version);
+    }
+}
 
 async fn write_and_read_small_and_large_files(s: &Setup) {
     let f = &*s.filer;
@@ -556,6 +586,19 @@ async fn malformed_requests_get_a_4xx_json_error_naming_the_problem() {
         assert_eq!(json["error"]["code"], code, "{method} {pq}: {json}");
         let message = json["message"].as_str().unwrap();
         assert!(message.contains(mentions), "{method} {pq}: {message:?} should mention {mentions:?}");
+    }
+    // A sparse layout that is not one: refused before the body, naming the layout.
+    for layout in ["banana", "10;4+2;5+1", "10;9+5"] {
+        let r = reqwest::Client::new()
+            .put(format!("http://{addr}/api/v1/content?path=/sp"))
+            .header(http::SPARSE_HEADER, layout)
+            .body("xx")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{layout}");
+        let json: serde_json::Value = r.json().await.unwrap();
+        assert!(json["message"].as_str().unwrap().contains("sparse"), "{layout}: {json}");
     }
 }
 

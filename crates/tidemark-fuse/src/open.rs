@@ -263,6 +263,74 @@ pub(crate) fn spool_stream(f: Arc<std::fs::File>) -> ByteStream {
     .boxed()
 }
 
+/// The holes worth sending as holes: fewer bytes of them are sent whole.
+const SPARSE_MIN_HOLES: u64 = 1 << 20;
+
+/// The filer reads a sparse body's holes back as zeros and hashes them before it answers: the
+/// time it is allowed for that, at a rate a loaded machine keeps (MD5 runs at several hundred
+/// MB/s when idle).
+fn hashing_allowance(holes: u64) -> std::time::Duration {
+    const RATE: u64 = 32 << 20;
+    std::time::Duration::from_millis(holes.saturating_mul(1000) / RATE)
+}
+
+/// The spool's layout for a sparse upload: its size and its data ranges, found with
+/// `SEEK_DATA`/`SEEK_HOLE` — or `None` where a sparse body is not worth it (holes under
+/// [`SPARSE_MIN_HOLES`]) or not possible (more ranges than a layout names, a file system that
+/// does not know holes).
+pub(crate) fn sparse_layout(f: &std::fs::File) -> Option<tidemark_core::sparse::Sparse> {
+    let size = f.metadata().ok()?.len();
+    let fd = f.as_raw_fd();
+    let seek = |at: u64, whence: i32| {
+        let r = unsafe { libc::lseek(fd, at as libc::off_t, whence) };
+        (r >= 0).then_some(r as u64)
+    };
+    let mut data = Vec::new();
+    let mut at = 0;
+    while at < size {
+        // ENXIO: no data after `at`.
+        let Some(start) = seek(at, libc::SEEK_DATA) else { break };
+        let end = seek(start, libc::SEEK_HOLE)?.min(size);
+        if start >= end {
+            break;
+        }
+        if data.len() == tidemark_core::sparse::MAX_RANGES {
+            return None;
+        }
+        data.push((start, end - start));
+        at = end;
+    }
+    let layout = tidemark_core::sparse::Sparse::new(size, data).ok()?;
+    (size - layout.data_len() >= SPARSE_MIN_HOLES).then_some(layout)
+}
+
+/// The spool's bytes in `layout`'s data ranges, one after the other. A range the spool no
+/// longer holds whole (a truncate while the upload moves) is sent as zeros: the body always
+/// matches its layout, and the spool, left dirty, is stored again.
+pub(crate) fn sparse_stream(f: Arc<std::fs::File>, layout: &tidemark_core::sparse::Sparse) -> ByteStream {
+    const PART: u64 = 1 << 20;
+    let parts: Vec<(u64, u64)> = layout
+        .data
+        .iter()
+        .flat_map(|&(off, len)| (0..len.div_ceil(PART)).map(move |i| (off + i * PART, PART.min(len - i * PART))))
+        .collect();
+    futures::stream::iter(parts)
+        .map(move |(at, len)| {
+            let mut buf = vec![0u8; len as usize];
+            let mut done = 0;
+            while done < buf.len() {
+                match f.read_at(&mut buf[done..], at + done as u64) {
+                    Ok(0) => break, // the rest stays zeros
+                    Ok(n) => done += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Bytes::from(buf))
+        })
+        .boxed()
+}
+
 fn new_spool() -> Result<std::fs::File, Errno> {
     tempfile::tempfile().map_err(|e| {
         tracing::warn!(error = %e, "cannot make a spool file (in TMPDIR)");
@@ -544,10 +612,26 @@ impl TidemarkFs {
             }
         };
         let progress = Progress::default();
-        let body = progress.counting(spool_stream(spool));
+        // A file with holes (a write far past its end, a punched hole) sends its data only.
+        let sparse = sparse_layout(&spool);
+        let body = match &sparse {
+            Some(layout) => {
+                progress.allow(hashing_allowance(layout.size - layout.data_len()));
+                progress.counting(sparse_stream(spool, layout))
+            }
+            None => progress.counting(spool_stream(spool)),
+        };
+        let counters = self.counters.clone();
+        let body = body
+            .inspect(move |part| {
+                if let Ok(b) = part {
+                    counters.sent.fetch_add(b.len() as u64, Ordering::Relaxed);
+                }
+            })
+            .boxed();
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         // The file's mtime is when its bytes last changed, not when they were stored.
-        let opts = WriteOptions { mtime_ms, ..Default::default() };
+        let opts = WriteOptions { mtime_ms, sparse, ..Default::default() };
         let e = self.call_within("write", self.filer.write(&path, body, opts), Errno::EAGAIN, &progress)?;
         {
             let mut s = f.state();
@@ -711,5 +795,40 @@ mod tests {
         assert!(named(&gone, 12, id.ino, false).open().is_err(), "a blob gone");
         let elsewhere = dir.path().join("not-here").join("object");
         assert!(named(&elsewhere, 12, id.ino, true).open().is_err(), "a cache on another machine");
+    }
+
+    /// A spool with holes is uploaded as its data ranges (the tmp file system here knows holes:
+    /// a punched hole reads as one), and their bytes — zeros where the spool shrank meanwhile.
+    #[test]
+    fn a_spool_with_holes_is_sent_as_its_data() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(b"head", 0).unwrap();
+        f.write_all_at(b"tail", (8 << 20) - 4).unwrap();
+        let Some(layout) = sparse_layout(&f) else {
+            eprintln!("this file system keeps no holes: nothing to check");
+            return;
+        };
+        assert_eq!(layout.size, 8 << 20);
+        assert_eq!(layout.data_len() % 4096, 0, "whole blocks: {layout:?}");
+        assert!(layout.data_len() < 1 << 20 && layout.data.len() == 2, "{layout:?}");
+        let f = Arc::new(f);
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let body: Vec<u8> = rt.block_on(async {
+            let parts: Vec<Bytes> = sparse_stream(f.clone(), &layout).map(|p| p.unwrap()).collect().await;
+            parts.concat()
+        });
+        assert_eq!(body.len() as u64, layout.data_len());
+        assert!(body.starts_with(b"head") && body.ends_with(b"tail"));
+        // Shrunk while it is sent: the layout's ranges still come whole.
+        f.set_len(2).unwrap();
+        let n: u64 = rt.block_on(
+            sparse_stream(f.clone(), &layout).map(|p| p.unwrap().len() as u64).fold(0, |a, b| async move { a + b }),
+        );
+        assert_eq!(n, layout.data_len());
+        // Few holes: sent whole.
+        let dense = tempfile::tempfile().unwrap();
+        dense.write_all_at(&vec![1u8; 1 << 20], 0).unwrap();
+        dense.write_all_at(b"x", (1 << 20) + 4096).unwrap();
+        assert!(sparse_layout(&dense).is_none());
     }
 }

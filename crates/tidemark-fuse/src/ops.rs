@@ -39,16 +39,19 @@ pub struct Counters {
     /// Opens whose reads the mount answers from the filer's file (no passthrough: a
     /// read-write mount beside its filer).
     pub local: AtomicU64,
+    /// The bytes of file content uploaded to the filer (a sparse file's data, not its holes).
+    pub sent: AtomicU64,
 }
 
 impl Counters {
     pub fn line(&self) -> String {
         format!(
-            "filer calls: {} listings, {} stats, {} reads, {} writes; {} invalidations; {} passthrough opens, {} local opens",
+            "filer calls: {} listings, {} stats, {} reads, {} writes; {} bytes sent; {} invalidations; {} passthrough opens, {} local opens",
             self.lists.load(Ordering::Relaxed),
             self.stats.load(Ordering::Relaxed),
             self.reads.load(Ordering::Relaxed),
             self.writes.load(Ordering::Relaxed),
+            self.sent.load(Ordering::Relaxed),
             self.invalidations.load(Ordering::Relaxed),
             self.passthrough.load(Ordering::Relaxed),
             self.local.load(Ordering::Relaxed)
@@ -1301,17 +1304,27 @@ pub(crate) struct Progress {
     start: std::time::Instant,
     /// Milliseconds after `start` of the last part taken.
     last_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Milliseconds the filer may take beyond the timeout, for work it does after the body.
+    allowance_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Progress {
     fn default() -> Self {
-        Progress { start: std::time::Instant::now(), last_ms: Default::default() }
+        Progress { start: std::time::Instant::now(), last_ms: Default::default(), allowance_ms: Default::default() }
     }
 }
 
 impl Progress {
     fn last(&self) -> std::time::Instant {
-        self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+        let ms = self.last_ms.load(Ordering::Relaxed) + self.allowance_ms.load(Ordering::Relaxed);
+        self.start + Duration::from_millis(ms)
+    }
+
+    /// Gives the filer `more` time beyond the timeout to answer (work it does after the last
+    /// part of the body, such as hashing a sparse body's holes).
+    pub(crate) fn allow(&self, more: Duration) {
+        let ms = u64::try_from(more.as_millis()).unwrap_or(u64::MAX);
+        self.allowance_ms.fetch_add(ms, Ordering::Relaxed);
     }
 
     /// `body`, noting each part the filer takes of it.
