@@ -127,6 +127,58 @@ pub struct ReconcileBench {
     /// Where to put the namespace (default: a temporary directory, removed afterwards).
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// Each LIST page answered after this many milliseconds (a real bucket: 50–200 ms).
+    #[arg(long, default_value_t = 0)]
+    list_latency_ms: u64,
+    /// Key ranges listed at once (`-listRanges`). With --list-latency-ms, the no-change
+    /// reconcile is also run with one range, in the same run, for the ratio.
+    #[arg(long, default_value_t = tidemark_engine::listing::DEFAULT_RANGES)]
+    ranges: usize,
+}
+
+/// The memory bucket with each LIST page answered after a delay, as a real bucket's round trip.
+struct Delayed {
+    inner: MemoryStorage,
+    delay: std::time::Duration,
+}
+
+#[async_trait::async_trait]
+impl tidemark_core::RemoteStorage for Delayed {
+    fn describe(&self) -> String {
+        format!("memory (LIST after {:?})", self.delay)
+    }
+    async fn stat(&self, key: &str) -> tidemark_core::Result<Option<tidemark_core::remote::RemoteObject>> {
+        self.inner.stat(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        token: Option<&str>,
+        max: usize,
+    ) -> tidemark_core::Result<tidemark_core::remote::ListPage> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.list(prefix, after, token, max).await
+    }
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<tidemark_core::ByteRange>,
+        if_etag: Option<&str>,
+    ) -> tidemark_core::Result<tidemark_core::ByteStream> {
+        self.inner.get(key, range, if_etag).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        metadata: std::collections::BTreeMap<String, String>,
+    ) -> tidemark_core::Result<tidemark_core::remote::RemoteObject> {
+        self.inner.put(key, body, metadata).await
+    }
+    async fn delete(&self, key: &str) -> tidemark_core::Result<()> {
+        self.inner.delete(key).await
+    }
 }
 
 /// Peak resident memory of this process (VmHWM) in KiB, and a way to reset it (Linux).
@@ -177,12 +229,13 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let dir = b.data_dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
     let filer = LocalFiler::open(DataDir::open(&dir).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-    let bucket = MemoryStorage::default();
+    let bucket =
+        Delayed { inner: MemoryStorage::default(), delay: std::time::Duration::from_millis(b.list_latency_ms) };
     let setup = Instant::now();
     for i in 0..b.objects {
         // Two levels of directories, 100 files each at the bottom: a realistic shape.
         let key = format!("data/{:03}/{:03}/obj-{i:08}.bin", i / 10_000, (i / 100) % 100);
-        bucket.insert(&key, Bytes::from_static(b"x"), Default::default()).map_err(|e| e.to_string())?;
+        bucket.inner.insert(&key, Bytes::from_static(b"x"), Default::default()).map_err(|e| e.to_string())?;
     }
     let mount = Mount {
         dir: "/mnt/bench".into(),
@@ -191,14 +244,20 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
     };
     filer.apply(Txn::put(&mount.dir, NewEntry::dir(0), Origin::System)).await.map_err(|e| e.to_string())?;
     println!(
-        "bench reconcile: {} objects in the memory bucket (set up in {:.1} s), page size {}",
+        "bench reconcile: {} objects in the memory bucket (set up in {:.1} s), page size {}, LIST pages after {} ms, {} key ranges at once",
         b.objects,
         setup.elapsed().as_secs_f64(),
-        b.page_size
+        b.page_size,
+        b.list_latency_ms,
+        b.ranges
     );
     println!("  rss after set-up: {}", mib(current_rss_kib()));
-    let opts = ReconcileOptions { page_size: b.page_size, ..Default::default() };
-    for pass in ["baseline import", "no-change reconcile"] {
+    let mut passes = vec![("baseline import", b.ranges), ("no-change reconcile", b.ranges)];
+    if b.list_latency_ms > 0 && b.ranges > 1 {
+        passes.push(("no-change reconcile, one range", 1));
+    }
+    for (pass, ranges) in passes {
+        let opts = ReconcileOptions { page_size: b.page_size, ranges, ..Default::default() };
         reset_peak_rss();
         let before = current_rss_kib();
         let t = Instant::now();

@@ -86,6 +86,9 @@ impl<R: RemoteStorage> RemoteStorage for TimedRemote<R> {
     async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
         self.1.list.time(self.0.list(prefix, start_after, page, max)).await
     }
+    fn lists_from_anywhere(&self) -> bool {
+        self.0.lists_from_anywhere()
+    }
     async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream> {
         self.0.get(key, range, if_etag).await
     }

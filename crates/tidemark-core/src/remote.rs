@@ -138,6 +138,13 @@ pub trait RemoteStorage: Send + Sync + 'static {
     /// `start_after` applies to the first page.
     async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage>;
 
+    /// Whether the store itself begins a listing at `start_after` (one request, wherever it
+    /// is), so that a listing can be split into key ranges listed at once. Azure has no such
+    /// parameter (its listings skip on the client's side), so it lists as one range.
+    fn lists_from_anywhere(&self) -> bool {
+        true
+    }
+
     /// The object's bytes (or `range` of them). With `if_etag`, fails with `PreconditionFailed`
     /// when the object is no longer that version, rather than return other bytes.
     async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream>;

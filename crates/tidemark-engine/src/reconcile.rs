@@ -46,11 +46,21 @@ pub struct ReconcileOptions {
     pub cluster_id: Option<String>,
     /// Write with this fence (a slice's lease).
     pub fence: Option<Fence>,
+    /// Key ranges of the bucket listed at once (`-listRanges`; 1: one sequential stream of
+    /// pages). See [`listing`](crate::listing).
+    pub ranges: usize,
 }
 
 impl Default for ReconcileOptions {
     fn default() -> Self {
-        ReconcileOptions { delete: true, dry_run: false, page_size: 1000, cluster_id: None, fence: None }
+        ReconcileOptions {
+            delete: true,
+            dry_run: false,
+            page_size: 1000,
+            cluster_id: None,
+            fence: None,
+            ranges: crate::listing::DEFAULT_RANGES,
+        }
     }
 }
 
@@ -64,6 +74,9 @@ pub enum Item {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReconcileReport {
     pub objects_listed: u64,
+    /// LIST requests made of the bucket, and the key ranges they listed.
+    pub list_requests: u64,
+    pub list_ranges: u64,
     pub entries_scanned: u64,
     pub created: u64,
     pub updated: u64,
@@ -101,8 +114,10 @@ impl ReconcileReport {
         let refused: u64 = self.rejected_keys.values().sum();
         let refused_detail: Vec<String> = self.rejected_keys.iter().map(|(k, v)| format!("{k} {v}")).collect();
         format!(
-            "{} objects listed; created {}, updated {}, deleted {}, skipped {}{}; {} keys refused{}; in {:.1} s",
+            "{} objects listed ({} LIST requests, {} key ranges); created {}, updated {}, deleted {}, skipped {}{}; {} keys refused{}; in {:.1} s",
             self.objects_listed,
+            self.list_requests,
+            self.list_ranges,
             self.created,
             self.updated,
             self.deleted,
@@ -438,17 +453,23 @@ impl<'a> Run<'a> {
             Some(marker) => marker,
             None => self.map.prefix().to_string(), // the mount's own directory
         };
+        // The bucket's side: its key ranges listed at once, handed out in key order.
+        let mut listing = crate::listing::Listing::new(storage, &prefix, page, opts.ranges);
         let mut remote: Cursor<RemoteObject> = Cursor::new();
         let mut local: Cursor<Entry> = Cursor::new();
         local.done = dir != self.mount_dir && filer.stat(dir).await?.is_none_or(|e| !e.is_dir());
 
         loop {
             if remote.buf.is_empty() && !remote.done {
-                let p = storage.list(&prefix, None, remote.next.as_deref(), page).await?;
-                self.report.objects_listed += p.objects.len() as u64;
-                remote.buf.extend(p.objects);
-                remote.done = p.next.is_none();
-                remote.next = p.next;
+                let p = listing.next_page().await;
+                (self.report.list_requests, self.report.list_ranges) = (listing.requests, listing.splits);
+                match p? {
+                    Some(objects) => {
+                        self.report.objects_listed += objects.len() as u64;
+                        remote.buf.extend(objects);
+                    }
+                    None => remote.done = true,
+                }
             }
             if local.buf.is_empty() && !local.done {
                 let p = filer.scan(dir, local.next.as_deref(), page).await?;

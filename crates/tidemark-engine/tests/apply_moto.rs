@@ -199,6 +199,9 @@ impl RemoteStorage for Interfering {
     async fn list(&self, p: &str, a: Option<&str>, t: Option<&str>, m: usize) -> tidemark_core::Result<ListPage> {
         self.inner.list(p, a, t, m).await
     }
+    fn lists_from_anywhere(&self) -> bool {
+        self.inner.lists_from_anywhere()
+    }
     async fn get(&self, k: &str, r: Option<ByteRange>, e: Option<&str>) -> tidemark_core::Result<ByteStream> {
         self.inner.get(k, r, e).await
     }

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use tidemark_cloud::memory::MemoryStorage;
 use tidemark_core::decide::SkipReason;
 use tidemark_core::model::{Content, EntryKind};
@@ -38,6 +39,10 @@ async fn sync(w: &World, opts: &ReconcileOptions) -> (ReconcileReport, Vec<Item>
     let mut items = Vec::new();
     let report = reconcile(&*w.filer, &w.bucket, &w.mount, opts, &mut |i: &Item| items.push(i.clone())).await.unwrap();
     (report, items)
+}
+
+fn body(s: &str) -> ByteStream {
+    futures::stream::iter([Ok(Bytes::copy_from_slice(s.as_bytes()))]).boxed()
 }
 
 fn put(w: &World, key: &str, body: &str) {
@@ -299,4 +304,218 @@ async fn a_subtree_reconcile_decides_one_path_and_what_is_below_it() {
     // A whole reconcile afterwards agrees: nothing left to do.
     let (last, _) = sync(&w, &opts).await;
     assert_eq!((last.created, last.updated, last.deleted), (0, 0, 0), "{last:?}");
+}
+
+/// The listing in key ranges at once (`listing::Listing`) hands out exactly the keys a single
+/// sequential stream of pages gives, in the same order, whatever the keyspace — flat, deep,
+/// skewed into one prefix, hostile (`..`, `//`, control characters, non-ASCII, the last code
+/// point) — the prefix, the page size and the bound on ranges; and it splits when it can.
+#[test]
+fn a_listing_in_key_ranges_is_the_sequential_listing() {
+    use proptest::prelude::*;
+    use tidemark_engine::listing::Listing;
+    let piece = prop::sample::select(vec![
+        "a",
+        "b",
+        "z",
+        "0",
+        "9",
+        "/",
+        "//",
+        "..",
+        " ",
+        "+",
+        "%2F",
+        "é",
+        "日本",
+        "\u{1}",
+        "\u{7f}",
+        "\u{10FFFF}",
+        "a/b/",
+        "k000",
+        "k001",
+        "k999",
+        "~",
+    ]);
+    let key = prop::collection::vec(piece, 1..6).prop_map(|p| p.concat());
+    let skewed = prop::collection::vec(prop::sample::select(vec!["0", "1", "2", "9"]), 1..5)
+        .prop_map(|p| format!("logs/2026/{}", p.concat()));
+    let keys = prop::collection::btree_set(prop_oneof![key, skewed], 0..120);
+    let prefix = prop::sample::select(vec!["", "a", "a/", "logs/", "logs/2026/1", "nothing"]);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let cfg = ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() };
+    proptest!(cfg, |(keys in keys, prefix in prefix, page in 1usize..6, ranges in 1usize..9)| {
+        let bucket = MemoryStorage::default();
+        for k in &keys {
+            bucket.insert(k, Bytes::from_static(b"x"), BTreeMap::new()).unwrap();
+        }
+        let want: Vec<String> = keys.iter().filter(|k| k.starts_with(prefix)).cloned().collect();
+        let (got, requests, splits) = rt.block_on(async {
+            let mut l = Listing::new(&bucket, prefix, page, ranges);
+            let mut got = Vec::new();
+            while let Some(p) = l.next_page().await.unwrap() {
+                assert!(!p.is_empty() && p.len() <= page, "a page of {} keys", p.len());
+                got.extend(p.into_iter().map(|o| o.key));
+            }
+            (got, l.requests, l.splits)
+        });
+        prop_assert_eq!(&got, &want, "prefix {:?}, page {}, ranges {}", prefix, page, ranges);
+        prop_assert!(ranges > 1 || splits == 1, "one range when asked for one");
+        // Every range lists at least once; past that, a request is a page of keys or the end
+        // of a range.
+        prop_assert!(requests <= (want.len() / page) as u64 + 2 * splits, "{} requests, {} splits", requests, splits);
+    });
+}
+
+/// A whole reconcile with its listing in key ranges decides and writes exactly what the
+/// sequential one does, item by item in the same order, over random buckets and namespaces.
+#[tokio::test]
+async fn a_reconcile_in_key_ranges_decides_as_the_sequential_one() {
+    let alphabet = ["a", "a-b", "a0", "b", "a/b", "a/c", "a/b/c", "b/x", "c d", "ü", "z/1", "z/2", "z/3", "..", "x//y"];
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let label = |items: &[Item]| -> Vec<String> {
+        items
+            .iter()
+            .map(|i| match i {
+                Item::Path { path, outcome } => format!("{path} {}", outcome.label()),
+                Item::RejectedKey { key, reason } => format!("{key:?} {}", reason.as_str()),
+            })
+            .collect()
+    };
+    for round in 0..60 {
+        let (seq, par) = (world("").await, world("").await);
+        let mut keys = Vec::new();
+        for k in alphabet {
+            if next() % 2 == 0 {
+                keys.push(k);
+            }
+        }
+        let page = (next() % 3 + 1) as usize;
+        // A namespace that already holds some of it, and a local-only file.
+        for w in [&seq, &par] {
+            for k in &keys {
+                put(w, k, k);
+            }
+            let opts = ReconcileOptions { page_size: page, ranges: 1, ..Default::default() };
+            sync(w, &opts).await;
+            w.filer.write("/mnt/data/local-only", body("mine"), WriteOptions::default()).await.unwrap();
+        }
+        let mut changed = Vec::new();
+        for k in alphabet {
+            match next() % 3 {
+                0 => changed.push((k, None)),
+                1 => changed.push((k, Some(format!("{k}{k}")))),
+                _ => {}
+            }
+        }
+        for w in [&seq, &par] {
+            for (k, v) in &changed {
+                match v {
+                    None => {
+                        let _ = w.bucket.remove(k);
+                    }
+                    Some(v) => put(w, k, v),
+                }
+            }
+        }
+        let (r1, i1) = sync(&seq, &ReconcileOptions { page_size: page, ranges: 1, ..Default::default() }).await;
+        let (r8, i8) = sync(&par, &ReconcileOptions { page_size: page, ranges: 8, ..Default::default() }).await;
+        assert_eq!(label(&i1), label(&i8), "round {round}, page {page}");
+        assert_eq!(files(&seq).await, files(&par).await, "round {round}, page {page}");
+        assert_eq!((r1.changes(), r1.objects_listed), (r8.changes(), r8.objects_listed), "round {round}");
+        assert_eq!(r1.list_ranges, 1, "{}", r1.summary());
+    }
+}
+
+/// A bucket whose LIST answers after a delay, counting the LISTs in flight at once.
+struct Slow {
+    inner: MemoryStorage,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl tidemark_core::RemoteStorage for Slow {
+    fn describe(&self) -> String {
+        "slow:".into()
+    }
+    async fn stat(&self, key: &str) -> tidemark_core::Result<Option<tidemark_core::remote::RemoteObject>> {
+        self.inner.stat(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        token: Option<&str>,
+        max: usize,
+    ) -> tidemark_core::Result<tidemark_core::remote::ListPage> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(n, SeqCst);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        self.now.fetch_sub(1, SeqCst);
+        self.inner.list(prefix, after, token, max).await
+    }
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<tidemark_core::ByteRange>,
+        if_etag: Option<&str>,
+    ) -> tidemark_core::Result<ByteStream> {
+        self.inner.get(key, range, if_etag).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        metadata: BTreeMap<String, String>,
+    ) -> tidemark_core::Result<tidemark_core::remote::RemoteObject> {
+        self.inner.put(key, body, metadata).await
+    }
+    async fn delete(&self, key: &str) -> tidemark_core::Result<()> {
+        self.inner.delete(key).await
+    }
+}
+
+/// Flat (`k0000`…), skewed (almost everything under one prefix) and deep keyspaces are listed
+/// as several ranges at once, never more than the bound, and as one stream when the bound is 1.
+#[tokio::test]
+async fn keyspaces_of_every_shape_are_listed_in_ranges_at_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tidemark_engine::listing::Listing;
+    let flat: Vec<String> = (0..2000).map(|i| format!("k{i:04}")).collect();
+    let skewed: Vec<String> =
+        (0..2000).map(|i| if i % 100 == 0 { format!("a{i}") } else { format!("logs/2026/12/{i:05}.json") }).collect();
+    let deep: Vec<String> = (0..2000).map(|i| format!("{}/{}/{}/f{i}", i % 3, i % 7, i % 11)).collect();
+    for (shape, keys) in [("flat", flat), ("skewed", skewed), ("deep", deep)] {
+        let slow = Slow { inner: MemoryStorage::default(), now: Default::default(), most: Default::default() };
+        for k in &keys {
+            slow.inner.insert(k, Bytes::from_static(b"x"), BTreeMap::new()).unwrap();
+        }
+        let mut want = keys.clone();
+        want.sort();
+        for ranges in [1, 8] {
+            slow.most.store(0, SeqCst);
+            let mut l = Listing::new(&slow, "", 50, ranges);
+            let mut got = Vec::new();
+            while let Some(p) = l.next_page().await.unwrap() {
+                got.extend(p.into_iter().map(|o| o.key));
+            }
+            assert!(got == want, "{shape}, {ranges} ranges: the same keys in the same order");
+            let most = slow.most.load(SeqCst);
+            eprintln!("{shape}, {ranges} ranges: {} LISTs, {} ranges, at most {most} at once", l.requests, l.splits);
+            if ranges == 1 {
+                assert_eq!((most, l.splits, l.requests), (1, 1, 40), "{shape}: one stream of 40 pages");
+            } else {
+                assert!(most > 1 && most <= ranges, "{shape}: {most} LISTs at once");
+                assert!(l.requests <= 2 * 40 + 8, "{shape}: {} LISTs for 40 pages", l.requests);
+            }
+        }
+    }
 }

@@ -329,6 +329,9 @@ impl RemoteStorage for SimRemote {
     async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
         self.inner.list(prefix, start_after, page, max).await
     }
+    fn lists_from_anywhere(&self) -> bool {
+        self.inner.lists_from_anywhere()
+    }
     async fn get(&self, key: &str, range: Option<ByteRange>, if_etag: Option<&str>) -> Result<ByteStream> {
         self.inner.get(key, range, if_etag).await
     }

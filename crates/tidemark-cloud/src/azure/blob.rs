@@ -234,6 +234,10 @@ impl RemoteStorage for AzureBlobStorage {
         }))
     }
 
+    fn lists_from_anywhere(&self) -> bool {
+        false // List Blobs has only its own opaque `marker`
+    }
+
     async fn list(&self, prefix: &str, start_after: Option<&str>, page: Option<&str>, max: usize) -> Result<ListPage> {
         let mut q = vec![
             ("restype", "container".to_string()),

@@ -295,12 +295,18 @@ pub static ALL: &[Command] = &[
     },
     Command {
         name: "remote.meta.sync",
-        synopsis: "-dir=/mnt/data [-delete=true] [-dryRun] [-quiet]",
+        synopsis: "-dir=/mnt/data [-delete=true] [-dryRun] [-quiet] [-listRanges=16]",
         summary: "reconcile a mount's metadata with its bucket (a full diff)",
         details: "Prints `path (create|update|delete|skip: reason)` for every change and notable skip (every path with\n\
-                  -dryRun), then a summary. Local-only and locally written entries are never touched.",
+                  -dryRun), then a summary. Local-only and locally written entries are never touched.\n\
+                  The bucket is listed as up to -listRanges key ranges at once (S3, GCS, local; Azure lists as one):\n\
+                  the same keys in the same order as one stream of pages, at the bucket's parallel rate.",
         flags: &[
             flag("dir", "the mounted directory"),
+            flag(
+                "listRanges",
+                "key ranges of the bucket listed at once, 1 to 256 (default 16; 1: one stream of pages)",
+            ),
             switch("delete", "delete entries whose object is gone (default true; -delete=false keeps them)"),
             switch("dryRun", "decide and print, write nothing"),
             switch("quiet", "print only the summary"),

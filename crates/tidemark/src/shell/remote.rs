@@ -340,7 +340,14 @@ pub async fn meta_sync(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), Cm
     };
     let dry_run = args.is_set("dryRun");
     let quiet = args.is_set("quiet");
-    let opts = ReconcileOptions { delete: args.bool_or("delete", true), dry_run, ..Default::default() };
+    let ranges = match args.get("listRanges") {
+        None => tidemark_engine::listing::DEFAULT_RANGES,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => n,
+            _ => return Err(CmdError::Usage(format!("-listRanges={v:?}: give a number from 1 to 256"))),
+        },
+    };
+    let opts = ReconcileOptions { delete: args.bool_or("delete", true), dry_run, ranges, ..Default::default() };
     let report = run_sync(ctx, &mount, &opts, dry_run, quiet, out).await?;
     writeln!(out, "{}{}", if dry_run { "dry run, nothing written: " } else { "" }, report.summary())?;
     Ok(())
