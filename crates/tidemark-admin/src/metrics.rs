@@ -103,6 +103,20 @@ impl Collector for Live {
             }
         }
         let mut m = enc.encode_descriptor(
+            "tidemark_remote_requests",
+            "Requests the subscription's slices made of its bucket, by operation (HEAD, LIST, GET, ...).",
+            None,
+            MetricType::Counter,
+        )?;
+        for v in &snap.subscriptions {
+            let Some(status) = &v.status else { continue };
+            for (op, n) in &status.counters.requests {
+                let mut l = labels(&v.doc.dir, &v.doc.fingerprint);
+                l.push(("op".into(), label(op)));
+                ConstCounter::new(*n).encode(m.encode_family(&l)?)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
             "tidemark_subscription_state",
             "1 for the state the subscription's last status blob records (idle, reconciling, tailing, errored).",
             None,

@@ -489,6 +489,7 @@ async fn slice_run(
         length: Duration::from_secs(120),
         lease_ttl: Duration::from_secs(30),
         observer: &observer,
+        requests: None,
     };
     let t = Instant::now();
     let outcome = slice.run(observer.done.notified()).await.map_err(err)?;

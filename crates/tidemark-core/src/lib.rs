@@ -16,6 +16,7 @@ pub mod keymap;
 pub mod model;
 pub mod path;
 pub mod remote;
+pub mod requests;
 pub mod secrets;
 pub mod sparse;
 pub mod store;

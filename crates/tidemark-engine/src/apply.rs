@@ -89,6 +89,10 @@ pub struct Counters {
     /// entries are marked unreadable.
     #[serde(default)]
     pub unreadable: u64,
+    /// Requests the slices made of the bucket, by operation (`HEAD`, `LIST`, `GET`, ...:
+    /// [`requests`](tidemark_core::requests)), since the subscription began.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, u64>,
     /// Lag from the event's time to its apply, over applied events: last and largest.
     pub last_lag_ms: Option<i64>,
     pub max_lag_ms: Option<i64>,

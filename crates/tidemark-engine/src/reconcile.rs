@@ -77,6 +77,9 @@ pub struct ReconcileReport {
     /// LIST requests made of the bucket, and the key ranges they listed.
     pub list_requests: u64,
     pub list_ranges: u64,
+    /// Every request made of the bucket, by operation, where the caller counted them (its
+    /// storage a [`Counted`](tidemark_core::requests::Counted) one); else empty.
+    pub requests: BTreeMap<String, u64>,
     pub entries_scanned: u64,
     pub created: u64,
     pub updated: u64,
@@ -114,9 +117,8 @@ impl ReconcileReport {
         let refused: u64 = self.rejected_keys.values().sum();
         let refused_detail: Vec<String> = self.rejected_keys.iter().map(|(k, v)| format!("{k} {v}")).collect();
         format!(
-            "{} objects listed ({} LIST requests, {} key ranges); created {}, updated {}, deleted {}, skipped {}{}; {} keys refused{}; in {:.1} s",
+            "{} objects listed in {} key ranges; created {}, updated {}, deleted {}, skipped {}{}; {} keys refused{}; requests: {}; in {:.1} s",
             self.objects_listed,
-            self.list_requests,
             self.list_ranges,
             self.created,
             self.updated,
@@ -125,6 +127,11 @@ impl ReconcileReport {
             if detail.is_empty() { String::new() } else { format!(" ({})", detail.join(", ")) },
             refused,
             if refused_detail.is_empty() { String::new() } else { format!(" ({})", refused_detail.join(", ")) },
+            if self.requests.is_empty() {
+                format!("LIST {}", self.list_requests)
+            } else {
+                tidemark_core::requests::Requests::line(&self.requests)
+            },
             self.duration_ms as f64 / 1000.0
         )
     }

@@ -11,6 +11,7 @@
 //! as never reconciled and runs a baseline before it tails. Every write of the slice — entries,
 //! marker, status — carries the lease's fence.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_core::events::{EventSource, Provider};
 use tidemark_core::model::{Content, Fence, NewEntry, Origin, Txn};
 use tidemark_core::remote::Mount;
+use tidemark_core::requests::Requests;
 use tidemark_core::subscription::SubscriptionDoc;
 use tidemark_core::{Clock, Error, Filer, RemoteStorage, Result};
 
@@ -179,6 +181,9 @@ pub struct Slice<'a> {
     pub length: Duration,
     pub lease_ttl: Duration,
     pub observer: &'a dyn SliceObserver,
+    /// The requests `storage` makes, counted (a [`Counted`](tidemark_core::requests::Counted)
+    /// storage's): added to the subscription's counters as the slice publishes them.
+    pub requests: Option<&'a Requests>,
 }
 
 /// Runs `work` while keeping the lease (just taken or renewed): renews it every third of its ttl.
@@ -253,12 +258,14 @@ impl Slice<'_> {
         };
         // The lease is renewed beside the whole body (a receive from a slow queue, a baseline
         // reconcile of a large bucket and a batch against a slow store can each outlast it).
-        let body = self.body(&fence, &mut status, &mut cancel);
+        let mut seen = self.requests.map(Requests::snapshot).unwrap_or_default();
+        let body = self.body(&fence, &mut status, &mut seen, &mut cancel);
         let result = match keeping_lease(self.filer, &fence, self.lease_ttl, body).await {
             Err(e @ Error::Fenced { .. }) => Ok(lost(&e)),
             r => r,
         };
         status.slice_ended_at_ms = Some(self.clock.now_ms());
+        self.fold_requests(&mut seen, &mut status.counters);
         status.dead_lettered = self.dead_lettered().await.or(status.dead_lettered);
         let mut outcome = match result {
             Ok(end) => {
@@ -306,10 +313,22 @@ impl Slice<'_> {
         }
     }
 
+    /// Adds the requests made since `seen` to `counters`.
+    fn fold_requests(&self, seen: &mut BTreeMap<String, u64>, counters: &mut Counters) {
+        let Some(r) = self.requests else { return };
+        let now = r.snapshot();
+        for (op, n) in &now {
+            let before = seen.get(op).copied().unwrap_or(0);
+            *counters.requests.entry(op.clone()).or_default() += n.saturating_sub(before);
+        }
+        *seen = now;
+    }
+
     async fn body(
         &self,
         fence: &Fence,
         status: &mut StatusBlob,
+        seen: &mut BTreeMap<String, u64>,
         cancel: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     ) -> Result<SliceEnd> {
         let fp = &self.doc.fingerprint;
@@ -438,6 +457,7 @@ impl Slice<'_> {
                     depth_changed = true;
                 }
             }
+            self.fold_requests(seen, &mut status.counters);
             if published.0.elapsed() >= STATUS_EVERY && (published.1 != status.counters || depth_changed) {
                 match put_fenced(self.filer, &status_path(fp), status, fence, self.clock.now_ms()).await {
                     Err(e @ Error::Fenced { .. }) => break lost(&e),

@@ -105,6 +105,7 @@ async fn a_new_identity_runs_its_baseline_then_tails_and_a_repointed_one_runs_it
                 holder,
                 length: Duration::from_secs(4),
                 observer: &tidemark_engine::slice::NoObserver,
+                requests: None,
                 lease_ttl: Duration::from_secs(10),
             };
             s.run(std::future::pending()).await
@@ -204,6 +205,7 @@ async fn work_that_outlasts_the_lease_keeps_it() {
         holder: "worker-a",
         length: Duration::from_secs(8),
         observer: &tidemark_engine::slice::NoObserver,
+        requests: None,
         lease_ttl: Duration::from_secs(2),
     };
     let out = slice.run(std::future::pending()).await.unwrap();
@@ -232,6 +234,7 @@ async fn a_cancelled_slice_gives_back_what_its_poll_in_flight_brought() {
         holder,
         length: Duration::from_secs(length),
         observer: &tidemark_engine::slice::NoObserver,
+        requests: None,
         lease_ttl: Duration::from_secs(10),
     };
     // The first slice runs its baseline, then long-polls; it is cancelled mid-poll, and the

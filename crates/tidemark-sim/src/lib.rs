@@ -72,6 +72,9 @@ pub enum Variant {
     /// whatever its path and bytes — so a copy of an upload, or an older upload restored by
     /// copy, is skipped.
     EchoByVersion,
+    /// A reconcile's listing in key ranges starts each range after its first key instead of at
+    /// it (a range boundary off by one): the first key of every range but the first is lost.
+    RangeBoundary,
 }
 
 #[derive(Debug, Clone)]
@@ -861,6 +864,7 @@ impl World {
             length: Duration::from_secs(30),
             lease_ttl: LEASE_TTL,
             observer: &tidemark_engine::slice::NoObserver,
+            requests: None,
         };
         // The counters the slice starts from (its status blob): what it adds is this slice's.
         let before = tidemark_engine::docs::read_json::<tidemark_engine::slice::StatusBlob>(
@@ -1008,6 +1012,9 @@ impl World {
     }
 
     fn bucket_view(&self) -> Arc<dyn RemoteStorage> {
+        if self.cfg.variant == Variant::RangeBoundary {
+            return Arc::new(wrappers::LosingRangeStarts(Arc::new(self.bucket.clone())));
+        }
         Arc::new(self.bucket.clone())
     }
 

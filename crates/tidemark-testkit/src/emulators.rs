@@ -91,11 +91,40 @@ impl Moto {
         Self::launch(true)
     }
 
+    /// A private moto that records every request it serves in `file` (moto's recorder: one
+    /// JSON object a line, with `method` and `url`), to compare what Tidemark counted with what
+    /// the server saw.
+    pub fn recording(file: &std::path::Path) -> Moto {
+        Self::launch_with(false, Some(file))
+    }
+
+    /// The requests a [`recording`](Self::recording) moto served since `file` was last emptied:
+    /// (method, URL path and query).
+    pub fn recorded(file: &std::path::Path) -> Vec<(String, String)> {
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| {
+                let url = v["url"].as_str().unwrap_or_default();
+                let path = url.split_once("://").map_or(url, |(_, rest)| rest.find('/').map_or("/", |i| &rest[i..]));
+                (v["method"].as_str().unwrap_or_default().to_string(), path.to_string())
+            })
+            .collect()
+    }
+
     fn launch(auth: bool) -> Moto {
+        Self::launch_with(auth, None)
+    }
+
+    fn launch_with(auth: bool, recording: Option<&std::path::Path>) -> Moto {
         let port = free_port();
         let mut cmd = Command::new("python3");
         if auth {
             cmd.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        }
+        if let Some(file) = recording {
+            cmd.env("MOTO_ENABLE_RECORDING", "True").env("MOTO_RECORDER_FILEPATH", file);
         }
         let child = cmd
             .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])

@@ -56,7 +56,12 @@ async fn run_slice(
         .ok_or_else(|| {
             Error::invalid_argument(format!("the remote {:?} of {} is not configured", mount.location.storage, doc.dir))
         })?;
-    let storage = tidemark_cloud::open_storage(&conf, &mount.location.bucket, &settings.local_roots).await?;
+    // Every request the slice makes of the bucket is counted in the subscription's counters.
+    let requests = tidemark_core::requests::Requests::default();
+    let storage = tidemark_core::requests::Counted::new(
+        tidemark_cloud::open_storage(&conf, &mount.location.bucket, &settings.local_roots).await?,
+        requests.clone(),
+    );
     let visibility = Duration::from_secs(doc.options.visibility_timeout_secs);
     let (source, provider) =
         tidemark_cloud::open_event_source(&conf, &doc.identity, &doc.managed, visibility, &settings.local_roots)
@@ -64,7 +69,7 @@ async fn run_slice(
     let cluster = cluster_id(filer).await?;
     let slice = Slice {
         filer,
-        storage: &*storage,
+        storage: &storage,
         source: &*source,
         clock: &SystemClock,
         doc: &doc,
@@ -75,6 +80,7 @@ async fn run_slice(
         length: Duration::from_secs(doc.options.slice_secs.max(1)),
         lease_ttl: settings.lease_ttl,
         observer,
+        requests: Some(&requests),
     };
     let mut cancel = cancel;
     slice

@@ -174,7 +174,9 @@ async fn run_sync(
     quiet: bool,
     out: Out<'_>,
 ) -> Result<ReconcileReport, CmdError> {
-    let storage = open(ctx, &mount.location).await?;
+    // Every request to the bucket counted, for the summary.
+    let requests = tidemark_core::requests::Requests::default();
+    let storage = tidemark_core::requests::Counted::new(open(ctx, &mount.location).await?, requests.clone());
     let expected = if quiet { 0 } else { ctx.filer.count(&mount.dir, None).await.unwrap_or(0) };
     let bar = progress(quiet, expected);
     let mut lines: Vec<String> = Vec::new();
@@ -199,14 +201,16 @@ async fn run_sync(
             }
         }
     };
-    let result = reconcile(&*ctx.filer, &*storage, mount, opts, &mut sink).await;
+    let result = reconcile(&*ctx.filer, &storage, mount, opts, &mut sink).await;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     for l in lines {
         writeln!(out, "{l}")?;
     }
-    Ok(result?)
+    let mut report = result?;
+    report.requests = requests.snapshot();
+    Ok(report)
 }
 
 async fn open(
