@@ -103,7 +103,7 @@ pub struct CacheOutcome {
 }
 
 /// A filer's cache counters since it started, and its state now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheStats {
     /// Chunks served from the cache.
     pub hits: u64,
@@ -135,6 +135,11 @@ pub struct CacheStats {
     /// 0: the cache is off and every read goes to the bucket.
     pub budget_bytes: u64,
     pub chunk_bytes: u64,
+    /// The filer's own requests to buckets (the cache's GETs and header HEADs, the outbound
+    /// sync's PUTs, COPYs and DELETEs), by remote and operation
+    /// ([`requests`](crate::requests)).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub remote_requests: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
 }
 
 /// The chunks a read of `offset..offset + length` of a `size`-byte object touches.

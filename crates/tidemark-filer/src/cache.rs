@@ -491,6 +491,7 @@ impl ContentCache {
             resident_chunks: get(&c.resident_chunks),
             budget_bytes: self.inner.config.budget_bytes,
             chunk_bytes: self.inner.config.chunk_bytes,
+            remote_requests: self.inner.remotes.requests(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! The filer's Prometheus `/metrics`: the content cache's counters and gauges.
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
@@ -47,6 +48,17 @@ pub fn render(s: &CacheStats) -> Result<String, std::fmt::Error> {
     for (name, help, v) in gauges {
         r.register(name, help.trim_end_matches('.'), ConstGauge::new(v as i64));
     }
+    let requests = Family::<Vec<(String, String)>, Counter>::default();
+    for (remote, ops) in &s.remote_requests {
+        for (op, n) in ops {
+            requests.get_or_create(&vec![("remote".into(), remote.clone()), ("op".into(), op.clone())]).inc_by(*n);
+        }
+    }
+    r.register(
+        "tidemark_remote_requests",
+        "The filer's requests to buckets (the cache's GETs and HEADs, the outbound sync's writes), by remote and operation",
+        requests,
+    );
     let mut out = String::new();
     encode(&mut out, &r)?;
     Ok(out)
@@ -58,8 +70,10 @@ mod tests {
 
     #[test]
     fn renders_every_figure() {
-        let s = CacheStats { hits: 3, misses: 1, resident_bytes: 42, budget_bytes: 100, ..Default::default() };
+        let mut s = CacheStats { hits: 3, misses: 1, resident_bytes: 42, budget_bytes: 100, ..Default::default() };
+        s.remote_requests.entry("s3".into()).or_default().insert("GET".into(), 7);
         let text = render(&s).unwrap();
+        assert!(text.contains(r#"tidemark_remote_requests_total{remote="s3",op="GET"} 7"#), "{text}");
         assert!(text.contains("tidemark_cache_hits_total 3"), "{text}");
         assert!(text.contains("tidemark_cache_misses_total 1"), "{text}");
         assert!(text.contains("tidemark_cache_resident_bytes 42"), "{text}");

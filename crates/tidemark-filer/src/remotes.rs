@@ -1,7 +1,7 @@
 //! The filer's view of its remote mounts: reading the mount mapping and remote configurations
 //! from the namespace, and keeping one storage client per configuration for lazy reads.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +15,7 @@ use tidemark_core::filer::{Reopened, resuming};
 use tidemark_core::keymap::KeyMap;
 use tidemark_core::model::Entry;
 use tidemark_core::remote::{MountMapping, RemoteConf, RemoteObject, system_paths};
+use tidemark_core::requests::{Counted, Requests};
 use tidemark_core::{ByteRange, ByteStream, Error, MetaStore, RemoteStorage, Result};
 
 /// Reads a JSON system document; `None` if it does not exist.
@@ -42,12 +43,20 @@ pub struct Remotes {
     resumed: Arc<AtomicU64>,
     /// HEADs asking for the headers of objects whose entries came from a listing.
     header_heads: AtomicU64,
+    /// Every request to the buckets of each remote, by operation.
+    requests: Mutex<BTreeMap<String, Requests>>,
 }
 
 impl Remotes {
     /// How many GETs resumed a stream that broke mid-object, since the filer started.
     pub fn resumed(&self) -> u64 {
         self.resumed.load(Ordering::Relaxed)
+    }
+
+    /// The requests made of each remote's buckets, by operation, since the filer started.
+    pub fn requests(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+        let all = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        all.iter().map(|(remote, r)| (remote.clone(), r.snapshot())).collect()
     }
 
     /// How many HEADs asked for the headers of objects whose entries came from a listing.
@@ -80,7 +89,10 @@ impl Remotes {
         }
         let roots = self.local_roots.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let opening = std::time::Instant::now();
-        let s = tidemark_cloud::open_storage(conf, bucket, &roots).await?;
+        let requests =
+            self.requests.lock().unwrap_or_else(|p| p.into_inner()).entry(conf.name.clone()).or_default().clone();
+        let s: Arc<dyn RemoteStorage> =
+            Arc::new(Counted::new(tidemark_cloud::open_storage(conf, bucket, &roots).await?, requests));
         tracing::debug!(storage = %conf.name, bucket, ms = opening.elapsed().as_secs_f64() * 1e3, "bucket client opened");
         self.clients.lock().map_err(|_| Error::internal("remote clients poisoned"))?.insert(key, s.clone());
         Ok(s)

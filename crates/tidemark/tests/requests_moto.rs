@@ -76,4 +76,23 @@ async fn a_reconciles_requests_are_counted_as_the_bucket_served_them() {
         assert_eq!(others.len(), served, "only LISTs: {others:?}");
         assert_eq!(counted(summary, "HEAD") + counted(summary, "GET"), 0, "{summary}");
     }
+
+    // The filer's own requests: reads of two files fetch them through its content cache.
+    std::fs::write(&recording, b"").unwrap();
+    let filer = tidemark_filer::HttpFiler::new(&server.addr, None).unwrap();
+    let before = tidemark_core::Filer::cache_stats(&filer).await.unwrap().remote_requests;
+    for k in ["data/00/00000.json", "data/05/00005.json"] {
+        assert_eq!(ok(sh(&format!("fs.cat /mnt/b/{}", &k["data/".len()..]))), "x");
+    }
+    let after = tidemark_core::Filer::cache_stats(&filer).await.unwrap().remote_requests;
+    let of = |m: &std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>, op: &str| {
+        m.get("m").and_then(|ops| ops.get(op)).copied().unwrap_or(0)
+    };
+    let recorded = Moto::recorded(&recording);
+    let gets = recorded.iter().filter(|(m, p)| m == "GET" && p.starts_with(&format!("/{bucket}/data/"))).count();
+    let heads = recorded.iter().filter(|(m, p)| m == "HEAD" && p.starts_with(&format!("/{bucket}/"))).count();
+    eprintln!("reads: the filer counted {after:?} (before {before:?}); moto served {gets} GETs, {heads} HEADs");
+    assert_eq!((of(&after, "GET") - of(&before, "GET")) as usize, gets, "GETs");
+    assert_eq!((of(&after, "HEAD") - of(&before, "HEAD")) as usize, heads, "HEADs");
+    assert!(gets >= 2, "each file fetched: {recorded:?}");
 }
