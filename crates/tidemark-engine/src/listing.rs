@@ -217,16 +217,24 @@ const ALPHABETS: [&str; 7] = [
     " !\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~",
 ];
 
+/// The pages a part cut from a range is guessed to hold, at least: each part costs a LIST more
+/// than its pages (its last page ends short, or it lists nothing), so parts of a page or two
+/// would nearly double the requests — and on a server that answers LISTs one at a time (moto)
+/// the time. Eight keeps that under an eighth, and a bucket large enough for its listing to be
+/// the wall still splits into as many parts as the bound allows.
+const PART_PAGES: u128 = 8;
+
 /// Up to `n` keys, ascending, strictly between `last` and `hi` (`None`: no bound), at which to
 /// cut the rest of a range whose full page is `page` (its keys in order). The keys beyond are
 /// guessed to lie as densely as the page's: the few characters from just before where its keys
 /// differ are read as a number, each position in the smallest alphabet that holds what the page
-/// had there (digits, hex, letters, …); cuts are at two pages' span past the last key, then
-/// four, eight — parts of about 2, 2, 4, … pages and the rest, each cut again when it fills a
-/// page (unless it has fewer than about four pages left: no cut). Where that does not apply
-/// (characters outside printable ASCII, a page of one key) the cuts halve the way from the bound
-/// towards the last key instead ([`between`]). A cut past the keys costs one LIST of an empty
-/// range; a cut never changes which keys are listed, only how the work is shared.
+/// had there (digits, hex, letters, …); cuts are at [`PART_PAGES`] pages' span past the last
+/// key, then twice that, four times — parts of about 8, 8, 16, … pages and the rest, each cut
+/// again when it fills a page (unless it has fewer than about 16 pages left: no cut). Where
+/// that does not apply (characters outside printable ASCII, a page of one key) one cut halves
+/// the way from the last key to the bound instead ([`between`]). A cut past the keys costs one
+/// LIST of an empty range; a cut never changes which keys are listed, only how the work is
+/// shared.
 pub fn cuts(page: &[&str], hi: Option<&str>, n: usize) -> Vec<String> {
     const POSITIONS: usize = 6;
     let (Some(first), Some(last)) = (page.first(), page.last()) else { return Vec::new() };
@@ -280,10 +288,10 @@ pub fn cuts(page: &[&str], hi: Option<&str>, n: usize) -> Vec<String> {
                 let t: Vec<char> = h.chars().skip(from).take(POSITIONS).collect();
                 number(&t)
             });
-            if left.is_some_and(|h| h.saturating_sub(l) < 4 * span) {
+            if left.is_some_and(|h| h.saturating_sub(l) < 2 * PART_PAGES * span) {
                 return out;
             }
-            let mut step = 2 * span;
+            let mut step = PART_PAGES * span;
             while out.len() < n {
                 let Some(v) = l.checked_add(step).filter(|v| *v < max) else { break };
                 let key = key_of(v);
@@ -299,14 +307,9 @@ pub fn cuts(page: &[&str], hi: Option<&str>, n: usize) -> Vec<String> {
             }
         }
     }
-    // Halving from the bound: nearest last.
-    let mut top = hi.map(str::to_string);
-    while out.len() < n {
-        let Some(m) = between(last, top.as_deref()) else { break };
-        top = Some(m.clone());
-        out.push(m);
-    }
-    out.reverse();
+    // Halfway to the bound: one cut, as nothing says where the keys lie (each guess past them
+    // costs a LIST).
+    out.extend(between(last, hi).filter(|_| n > 0));
     out
 }
 
