@@ -88,11 +88,14 @@ pub struct Config {
     /// Whether users also rename and hard-link (property 6). Off, like `copies`, only to replay
     /// runs recorded before they existed.
     pub links: bool,
+    /// Keys per LIST page of the reconciles (3; 1 puts the cuts of a listing in key ranges
+    /// among the six keys — the boundary variant always uses 1).
+    pub reconcile_page: usize,
 }
 
 impl Config {
     pub fn new(seed: u64) -> Self {
-        Config { seed, steps: 120, variant: Variant::Correct, copies: true, links: true }
+        Config { seed, steps: 120, variant: Variant::Correct, copies: true, links: true, reconcile_page: 3 }
     }
 }
 
@@ -909,7 +912,9 @@ impl World {
         let opts = ReconcileOptions {
             fence: Some(fence),
             cluster_id: Some("sim-cluster".into()),
-            page_size: 3,
+            // Pages of one key for the boundary variant: its listing is cut between the keys
+            // (with pages of 3, six keys fill too few pages for a cut to land among them).
+            page_size: if self.cfg.variant == Variant::RangeBoundary { 1 } else { self.cfg.reconcile_page },
             ..Default::default()
         };
         let mut items = Vec::new();
