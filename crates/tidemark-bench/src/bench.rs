@@ -136,51 +136,6 @@ pub struct ReconcileBench {
     ranges: usize,
 }
 
-/// The memory bucket with each LIST page answered after a delay, as a real bucket's round trip.
-struct Delayed {
-    inner: MemoryStorage,
-    delay: std::time::Duration,
-}
-
-#[async_trait::async_trait]
-impl tidemark_core::RemoteStorage for Delayed {
-    fn describe(&self) -> String {
-        format!("memory (LIST after {:?})", self.delay)
-    }
-    async fn stat(&self, key: &str) -> tidemark_core::Result<Option<tidemark_core::remote::RemoteObject>> {
-        self.inner.stat(key).await
-    }
-    async fn list(
-        &self,
-        prefix: &str,
-        after: Option<&str>,
-        token: Option<&str>,
-        max: usize,
-    ) -> tidemark_core::Result<tidemark_core::remote::ListPage> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.list(prefix, after, token, max).await
-    }
-    async fn get(
-        &self,
-        key: &str,
-        range: Option<tidemark_core::ByteRange>,
-        if_etag: Option<&str>,
-    ) -> tidemark_core::Result<tidemark_core::ByteStream> {
-        self.inner.get(key, range, if_etag).await
-    }
-    async fn put(
-        &self,
-        key: &str,
-        body: Bytes,
-        metadata: std::collections::BTreeMap<String, String>,
-    ) -> tidemark_core::Result<tidemark_core::remote::RemoteObject> {
-        self.inner.put(key, body, metadata).await
-    }
-    async fn delete(&self, key: &str) -> tidemark_core::Result<()> {
-        self.inner.delete(key).await
-    }
-}
-
 /// Peak resident memory of this process (VmHWM) in KiB, and a way to reset it (Linux).
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -229,8 +184,9 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let dir = b.data_dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
     let filer = LocalFiler::open(DataDir::open(&dir).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    // Each LIST page answered after the latency, as a real bucket's round trip.
     let bucket =
-        Delayed { inner: MemoryStorage::default(), delay: std::time::Duration::from_millis(b.list_latency_ms) };
+        tidemark_testkit::SlowLists::new(MemoryStorage::default(), std::time::Duration::from_millis(b.list_latency_ms));
     let setup = Instant::now();
     for i in 0..b.objects {
         // Two levels of directories, 100 files each at the bottom: a realistic shape.

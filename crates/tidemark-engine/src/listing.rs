@@ -47,6 +47,13 @@ struct Range {
     done: bool,
 }
 
+impl Range {
+    /// The keys after `after` up to and including `through`, not yet asked for.
+    fn new(id: u64, after: Option<String>, through: Option<String>) -> Range {
+        Range { id, after, through, token: None, pages: VecDeque::new(), full_pages: 0, asking: false, done: false }
+    }
+}
+
 /// The listing of the keys under a prefix, as disjoint ranges listed at once.
 pub struct Listing<'a> {
     storage: &'a dyn RemoteStorage,
@@ -67,22 +74,12 @@ impl<'a> Listing<'a> {
     /// sequential stream of pages).
     pub fn new(storage: &'a dyn RemoteStorage, prefix: &str, page: usize, ranges: usize) -> Self {
         let max_ranges = if storage.lists_from_anywhere() { ranges.max(1) } else { 1 };
-        let first = Range {
-            id: 0,
-            after: None,
-            through: None,
-            token: None,
-            pages: VecDeque::new(),
-            full_pages: 0,
-            asking: false,
-            done: false,
-        };
         Listing {
             storage,
             prefix: prefix.to_string(),
             page: page.max(1),
             max_ranges,
-            ranges: VecDeque::from([first]),
+            ranges: VecDeque::from([Range::new(0, None, None)]),
             asked: FuturesUnordered::new(),
             next_id: 1,
             requests: 0,
@@ -178,28 +175,16 @@ impl<'a> Listing<'a> {
         if full && !r.done && room && r.full_pages >= if r.id == 0 { 1 } else { 2 } {
             let keys: Vec<&str> =
                 r.pages.back().map(|p| p.iter().map(|o| o.key.as_str()).collect()).unwrap_or_default();
-            let mut cuts = cuts(&keys, r.through.as_deref(), self.max_ranges - held);
-            if cuts.is_empty() {
-                return;
-            }
-            cuts.reverse(); // farthest first, as below
-            let Some(nearest) = cuts.last().cloned() else { return };
-            let mut through = r.through.replace(nearest);
-            // Nearest first: (cut_k, cut_k-1], ..., (cut_1, through].
-            for (at, k) in (i + 1..).zip((0..cuts.len()).rev()) {
-                let upper = Range {
-                    id: self.next_id,
-                    after: Some(cuts[k].clone()),
-                    through: if k == 0 { through.take() } else { Some(cuts[k - 1].clone()) },
-                    token: None,
-                    pages: VecDeque::new(),
-                    full_pages: 0,
-                    asking: false,
-                    done: false,
-                };
+            let cuts = cuts(&keys, r.through.as_deref(), self.max_ranges - held);
+            let Some(nearest) = cuts.first().cloned() else { return };
+            // This range now ends at the nearest cut; the parts above it are (cut_1, cut_2], …,
+            // (cut_n, the range's old end].
+            let old_through = r.through.replace(nearest);
+            let ends = cuts.iter().skip(1).cloned().map(Some).chain([old_through]);
+            for (at, (after, through)) in (i + 1..).zip(cuts.iter().cloned().zip(ends)) {
+                self.ranges.insert(at, Range::new(self.next_id, Some(after), through));
                 self.next_id += 1;
                 self.splits += 1;
-                self.ranges.insert(at, upper);
             }
         }
     }

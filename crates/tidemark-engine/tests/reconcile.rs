@@ -433,82 +433,31 @@ async fn a_reconcile_in_key_ranges_decides_as_the_sequential_one() {
     }
 }
 
-/// A bucket whose LIST answers after a delay, counting the LISTs in flight at once.
-struct Slow {
-    inner: MemoryStorage,
-    now: std::sync::atomic::AtomicUsize,
-    most: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl tidemark_core::RemoteStorage for Slow {
-    fn describe(&self) -> String {
-        "slow:".into()
-    }
-    async fn stat(&self, key: &str) -> tidemark_core::Result<Option<tidemark_core::remote::RemoteObject>> {
-        self.inner.stat(key).await
-    }
-    async fn list(
-        &self,
-        prefix: &str,
-        after: Option<&str>,
-        token: Option<&str>,
-        max: usize,
-    ) -> tidemark_core::Result<tidemark_core::remote::ListPage> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let n = self.now.fetch_add(1, SeqCst) + 1;
-        self.most.fetch_max(n, SeqCst);
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        self.now.fetch_sub(1, SeqCst);
-        self.inner.list(prefix, after, token, max).await
-    }
-    async fn get(
-        &self,
-        key: &str,
-        range: Option<tidemark_core::ByteRange>,
-        if_etag: Option<&str>,
-    ) -> tidemark_core::Result<ByteStream> {
-        self.inner.get(key, range, if_etag).await
-    }
-    async fn put(
-        &self,
-        key: &str,
-        body: Bytes,
-        metadata: BTreeMap<String, String>,
-    ) -> tidemark_core::Result<tidemark_core::remote::RemoteObject> {
-        self.inner.put(key, body, metadata).await
-    }
-    async fn delete(&self, key: &str) -> tidemark_core::Result<()> {
-        self.inner.delete(key).await
-    }
-}
-
 /// Flat (`k0000`…), skewed (almost everything under one prefix) and deep keyspaces are listed
 /// as several ranges at once, never more than the bound, and as one stream when the bound is 1.
 #[tokio::test]
 async fn keyspaces_of_every_shape_are_listed_in_ranges_at_once() {
-    use std::sync::atomic::Ordering::SeqCst;
     use tidemark_engine::listing::Listing;
     let flat: Vec<String> = (0..2000).map(|i| format!("k{i:04}")).collect();
     let skewed: Vec<String> =
         (0..2000).map(|i| if i % 100 == 0 { format!("a{i}") } else { format!("logs/2026/12/{i:05}.json") }).collect();
     let deep: Vec<String> = (0..2000).map(|i| format!("{}/{}/{}/f{i}", i % 3, i % 7, i % 11)).collect();
     for (shape, keys) in [("flat", flat), ("skewed", skewed), ("deep", deep)] {
-        let slow = Slow { inner: MemoryStorage::default(), now: Default::default(), most: Default::default() };
+        let slow = tidemark_testkit::SlowLists::new(MemoryStorage::default(), std::time::Duration::from_millis(5));
         for k in &keys {
             slow.inner.insert(k, Bytes::from_static(b"x"), BTreeMap::new()).unwrap();
         }
         let mut want = keys.clone();
         want.sort();
         for ranges in [1, 8] {
-            slow.most.store(0, SeqCst);
+            slow.reset();
             let mut l = Listing::new(&slow, "", 50, ranges);
             let mut got = Vec::new();
             while let Some(p) = l.next_page().await.unwrap() {
                 got.extend(p.into_iter().map(|o| o.key));
             }
             assert!(got == want, "{shape}, {ranges} ranges: the same keys in the same order");
-            let most = slow.most.load(SeqCst);
+            let most = slow.most_at_once();
             eprintln!("{shape}, {ranges} ranges: {} LISTs, {} ranges, at most {most} at once", l.requests, l.splits);
             if ranges == 1 {
                 assert_eq!((most, l.splits, l.requests), (1, 1, 40), "{shape}: one stream of 40 pages");

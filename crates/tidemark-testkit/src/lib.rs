@@ -7,6 +7,7 @@ pub mod emulators;
 pub mod fsx;
 pub mod gcp_double;
 pub mod process;
+pub mod slow_lists;
 pub mod sse_c;
 pub mod throttle;
 pub mod tls;
@@ -15,6 +16,7 @@ pub use azure_double::AzureArmDouble;
 pub use emulators::{Azurite, FakeGcs, Moto, Postgres, PubSub, unique_name};
 pub use gcp_double::GcpDouble;
 pub use process::{LogsOnFailure, TidemarkProcess, eventually, fails, free_port, ok, run_shell};
+pub use slow_lists::SlowLists;
 pub use sse_c::SseCProxy;
 pub use throttle::{Shape, shaping_proxy, throttling_proxy};
 
