@@ -1238,6 +1238,15 @@ fn the_sequences_the_model_test_once_failed_on_agree() {
                 Fstat { slot: 0 },
             ],
         ),
+        (
+            "a utime on an unlinked open file with nothing unsaved is kept",
+            vec![
+                Create { path: 0, excl: false },
+                Unlink { path: 0 },
+                Utime { slot: Some(0), path: 0, secs: 1_000_000 },
+                Fstat { slot: 0 },
+            ],
+        ),
     ];
     for (what, ops) in sequences {
         if let Err(e) = bench.run(&ops, Bugs::default()) {

@@ -226,6 +226,33 @@ fn at(t: TimeOrNow) -> i64 {
     }
 }
 
+/// Applies the attributes `set` names to `e`; `mtime` is the time still to store (none when
+/// it went to an open file's unsaved changes). Sets nothing when `set` names no attribute.
+fn set_attrs(e: &mut Entry, set: &SetAttr, mtime: Option<TimeOrNow>) {
+    if set.mode.is_none() && set.uid.is_none() && set.gid.is_none() && set.atime.is_none() && mtime.is_none() {
+        return;
+    }
+    if let Some(m) = set.mode {
+        e.mode = m & 0o7777;
+    }
+    if set.uid.is_some() {
+        e.posix.uid = set.uid;
+    }
+    if set.gid.is_some() {
+        e.posix.gid = set.gid;
+    }
+    // Every change of attributes is a change of status.
+    e.posix.ctime_ms = Some(ms_of(SystemTime::now()));
+    // The atime is kept apart only once set: until then it reads as the mtime.
+    let atime_before = e.posix.atime_ms.unwrap_or(e.mtime_ms);
+    if let Some(t) = mtime {
+        e.mtime_ms = at(t);
+    }
+    if set.atime.is_some() || mtime.is_some() {
+        e.posix.atime_ms = Some(set.atime.map_or(atime_before, at));
+    }
+}
+
 fn name_of(name: &OsStr) -> Result<&str, Errno> {
     let n = name.to_str().ok_or(Errno::EINVAL)?;
     match path::segment_problem(n) {
@@ -666,33 +693,22 @@ impl TidemarkFs {
                 }
             }
         }
+        // A file whose name went while it was open has its attributes only here, in memory.
+        if let Some(h) = &handle {
+            let mut s = h.file.state();
+            if let Some((_, e)) = s.unlinked.as_mut() {
+                set_attrs(e, &set, mtime);
+            }
+        }
         if let Some(a) = handle.as_ref().and_then(|h| self.unlinked_attr_of(&h.file)) {
             return Ok(a);
         }
         attrs |= mtime.is_some();
         let mut e = self.stat(&p)?;
         if attrs {
-            let mut n = e.to_new();
-            if let Some(m) = set.mode {
-                n.mode = m & 0o7777;
-            }
-            if set.uid.is_some() {
-                n.posix.uid = set.uid;
-            }
-            if set.gid.is_some() {
-                n.posix.gid = set.gid;
-            }
-            // Every change of attributes is a change of status.
-            n.posix.ctime_ms = Some(ms_of(SystemTime::now()));
-            // The atime is kept apart only once set: until then it reads as the mtime.
-            let atime_before = e.posix.atime_ms.unwrap_or(e.mtime_ms);
-            if let Some(t) = mtime {
-                n.mtime_ms = at(t);
-            }
-            if set.atime.is_some() || mtime.is_some() {
-                n.posix.atime_ms = Some(set.atime.map_or(atime_before, at));
-            }
-            e = self.put_entry(&e.path.clone(), n, Precondition::Version(e.version))?;
+            let mut changed = e.clone();
+            set_attrs(&mut changed, &set, mtime);
+            e = self.put_entry(&e.path.clone(), changed.to_new(), Precondition::Version(e.version))?;
         }
         self.overlay(&mut e);
         Ok(self.attr(&e))
