@@ -134,6 +134,29 @@ pub struct ReconcileBench {
     /// reconcile is also run with one range, in the same run, for the ratio.
     #[arg(long, default_value_t = tidemark_engine::listing::DEFAULT_RANGES)]
     ranges: usize,
+    /// The keyspace's shape: `dirs` (two levels of directories, 100 files each at the bottom),
+    /// `flat` (numbered keys, no `/`) or `hex` (random hexadecimal names).
+    #[arg(long, value_enum, default_value_t = KeyShape::Dirs)]
+    keys: KeyShape,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum KeyShape {
+    Dirs,
+    Flat,
+    Hex,
+}
+
+impl KeyShape {
+    /// The `i`th key, under the mount's `data/`.
+    fn key(self, i: usize) -> String {
+        match self {
+            KeyShape::Dirs => format!("data/{:03}/{:03}/obj-{i:08}.bin", i / 10_000, (i / 100) % 100),
+            KeyShape::Flat => format!("data/obj-{i:08}.bin"),
+            // A fixed odd multiplier: distinct names in no order, the same in every run.
+            KeyShape::Hex => format!("data/{:016x}", (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        }
+    }
 }
 
 /// Peak resident memory of this process (VmHWM) in KiB, and a way to reset it (Linux).
@@ -189,8 +212,7 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
         tidemark_testkit::SlowLists::new(MemoryStorage::default(), std::time::Duration::from_millis(b.list_latency_ms));
     let setup = Instant::now();
     for i in 0..b.objects {
-        // Two levels of directories, 100 files each at the bottom: a realistic shape.
-        let key = format!("data/{:03}/{:03}/obj-{i:08}.bin", i / 10_000, (i / 100) % 100);
+        let key = b.keys.key(i);
         bucket.inner.insert(&key, Bytes::from_static(b"x"), Default::default()).map_err(|e| e.to_string())?;
     }
     let mount = Mount {
@@ -200,8 +222,9 @@ async fn reconcile_bench(b: ReconcileBench) -> Result<(), String> {
     };
     filer.apply(Txn::put(&mount.dir, NewEntry::dir(0), Origin::System)).await.map_err(|e| e.to_string())?;
     println!(
-        "bench reconcile: {} objects in the memory bucket (set up in {:.1} s), page size {}, LIST pages after {} ms, {} key ranges at once",
+        "bench reconcile: {} objects ({:?} keys) in the memory bucket (set up in {:.1} s), page size {}, LIST pages after {} ms, {} key ranges at once",
         b.objects,
+        b.keys,
         setup.elapsed().as_secs_f64(),
         b.page_size,
         b.list_latency_ms,

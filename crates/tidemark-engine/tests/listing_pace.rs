@@ -11,15 +11,18 @@ use bytes::Bytes;
 use tidemark_cloud::memory::MemoryStorage;
 use tidemark_engine::listing::Listing;
 
+/// The `i`th key of a keyspace.
+type KeyOf = fn(usize) -> String;
+
 #[tokio::test(start_paused = true)]
 #[ignore]
 async fn pace() {
     let n: usize = std::env::var("KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    let shapes: Vec<(&str, Box<dyn Fn(usize) -> String>)> = vec![
+    let shapes: [(&str, KeyOf); 3] = [
         // `tidemark-bench reconcile`'s keys: directories of 100 keys whose names no page foresees.
-        ("bench", Box::new(|i| format!("data/{:03}/{:03}/obj-{i:08}.bin", i / 10_000, (i / 100) % 100))),
-        ("flat", Box::new(|i| format!("k{i:08}"))),
-        ("hex", Box::new(|i| format!("{:016x}", (i as u64).wrapping_mul(0x9E3779B97F4A7C15)))),
+        ("bench", |i| format!("data/{:03}/{:03}/obj-{i:08}.bin", i / 10_000, (i / 100) % 100)),
+        ("flat", |i| format!("k{i:08}")),
+        ("hex", |i| format!("{:016x}", (i as u64).wrapping_mul(0x9E3779B97F4A7C15))),
     ];
     let only = std::env::var("SHAPES").unwrap_or_default();
     for (shape, key) in shapes {
