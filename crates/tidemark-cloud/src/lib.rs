@@ -144,6 +144,7 @@ pub async fn open_event_source(
     managed: &tidemark_core::subscription::ManagedResources,
     visibility: std::time::Duration,
     roots: &local::LocalRoots,
+    requests: &tidemark_core::requests::Requests,
 ) -> Result<(Box<dyn tidemark_core::events::EventSource>, tidemark_core::events::Provider)> {
     use tidemark_core::events::Provider;
     let queue = identity.queue.as_str();
@@ -152,18 +153,21 @@ pub async fn open_event_source(
             let source = aws::sqs::SqsSource::connect(conf, queue)
                 .await?
                 .with_visibility(visibility)
-                .with_dead_letter(managed.dead_letter_queue_url.as_deref());
+                .with_dead_letter(managed.dead_letter_queue_url.as_deref())
+                .with_requests(requests.clone());
             Ok((Box::new(source), Provider::S3))
         }
         StorageKind::Gcs => {
             let source = gcp::PubSubSource::open(conf, queue)?
                 .with_visibility(visibility)
-                .with_dead_letter(managed.dead_letter_queue_url.as_deref());
+                .with_dead_letter(managed.dead_letter_queue_url.as_deref())
+                .with_requests(requests.clone());
             Ok((Box::new(source), Provider::Gcs))
         }
         StorageKind::Azure => {
             let source = azure::AzureQueueSource::open(conf, queue, visibility)?
-                .with_poison(managed.dead_letter_queue_url.as_deref(), managed.max_receives);
+                .with_poison(managed.dead_letter_queue_url.as_deref(), managed.max_receives)
+                .with_requests(requests.clone());
             Ok((Box::new(source), Provider::Azure))
         }
         StorageKind::Local if queue == local_events::WATCH_QUEUE => {

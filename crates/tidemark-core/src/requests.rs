@@ -5,6 +5,13 @@
 //! request of the operation it is named for (`LIST`, `HEAD`, `GET`, `PUT`, `DELETE`, `COPY`),
 //! except `MULTIPART`, an upload in parts (several requests: its start, each part, its end).
 //! A provider's own retries of a failed request are not counted again.
+//!
+//! A subscription's queue is counted by its source, at each request it sends: [`RECEIVE`] (SQS
+//! `ReceiveMessage`, Pub/Sub `pull`, Azure `GetMessages`), [`ACK`] (`DeleteMessageBatch` of up
+//! to 10, `acknowledge`, Azure's `DeleteMessage` of one), [`VISIBILITY`]
+//! (`ChangeMessageVisibility`, `modifyAckDeadline`, `UpdateMessage`: an extension or a release),
+//! [`DEPTH`] (reading the dead-letter queue's depth) and [`SEND`] (Azure: a message moved to the
+//! poison queue).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +23,17 @@ use crate::ByteRange;
 use crate::error::Result;
 use crate::filer::ByteStream;
 use crate::remote::{ListPage, ObjectHeaders, PART, RemoteObject, RemoteStorage};
+
+/// A receive of messages from a queue (one request, however many messages it returns).
+pub const RECEIVE: &str = "RECEIVE";
+/// An acknowledgement: the messages deleted from the queue (one request per batch sent).
+pub const ACK: &str = "ACK";
+/// A message's visibility changed: kept longer, or given back.
+pub const VISIBILITY: &str = "VISIBILITY";
+/// The depth of a dead-letter queue read.
+pub const DEPTH: &str = "DEPTH";
+/// A message sent to a queue.
+pub const SEND: &str = "SEND";
 
 /// Requests by operation. Cloning shares the counts.
 #[derive(Debug, Clone, Default)]

@@ -113,6 +113,32 @@ impl Moto {
             .collect()
     }
 
+    /// The JSON-protocol actions a [`recording`](Self::recording) moto served since `file` was
+    /// last emptied, in order: `ReceiveMessage` for a request with `X-Amz-Target:
+    /// AmazonSQS.ReceiveMessage` (SQS, SNS on the query protocol: the body's `Action=`).
+    pub fn recorded_actions(file: &std::path::Path) -> Vec<String> {
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| {
+                let headers = v["headers"].as_object()?;
+                let target = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("x-amz-target"));
+                if let Some((_, t)) = target {
+                    return Some(t.as_str()?.rsplit('.').next()?.to_string());
+                }
+                let body = v["body"].as_str()?;
+                let body = if v["body_encoded"].as_bool() == Some(true) {
+                    String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, body).ok()?)
+                        .ok()?
+                } else {
+                    body.to_string()
+                };
+                body.split('&').find_map(|kv| kv.strip_prefix("Action=")).map(str::to_string)
+            })
+            .collect()
+    }
+
     fn launch(auth: bool) -> Moto {
         Self::launch_with(auth, None)
     }

@@ -56,16 +56,23 @@ async fn run_slice(
         .ok_or_else(|| {
             Error::invalid_argument(format!("the remote {:?} of {} is not configured", mount.location.storage, doc.dir))
         })?;
-    // Every request the slice makes of the bucket is counted in the subscription's counters.
+    // Every request the slice makes of the bucket and of its queue is counted in the
+    // subscription's counters.
     let requests = tidemark_core::requests::Requests::default();
     let storage = tidemark_core::requests::Counted::new(
         tidemark_cloud::open_storage(&conf, &mount.location.bucket, &settings.local_roots).await?,
         requests.clone(),
     );
     let visibility = Duration::from_secs(doc.options.visibility_timeout_secs);
-    let (source, provider) =
-        tidemark_cloud::open_event_source(&conf, &doc.identity, &doc.managed, visibility, &settings.local_roots)
-            .await?;
+    let (source, provider) = tidemark_cloud::open_event_source(
+        &conf,
+        &doc.identity,
+        &doc.managed,
+        visibility,
+        &settings.local_roots,
+        &requests,
+    )
+    .await?;
     let cluster = cluster_id(filer).await?;
     let slice = Slice {
         filer,

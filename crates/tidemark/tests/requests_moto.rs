@@ -96,3 +96,61 @@ async fn a_reconciles_requests_are_counted_as_the_bucket_served_them() {
     assert_eq!((of(&after, "HEAD") - of(&before, "HEAD")) as usize, heads, "HEADs");
     assert!(gets >= 2, "each file fetched: {recorded:?}");
 }
+
+/// A subscription's queue requests are counted as SQS served them: receives (one each, however
+/// many messages), acknowledgements (one per batch of up to 10), visibility changes (an
+/// extension and a release) and the dead-letter queue's depth — each equal to moto's recording.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queues_requests_are_counted_as_the_queue_served_them() {
+    use std::time::Duration;
+    use tidemark_core::events::EventSource;
+    use tidemark_core::requests::{self, Requests};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let recording = tmp.path().join("moto-requests.jsonl");
+    let moto = Moto::recording(&recording);
+    let conf = moto.conf("m");
+    let sqs = tidemark_cloud::aws::sqs::client(&conf).await.unwrap();
+    let queue = |name: String| {
+        let sqs = sqs.clone();
+        async move { sqs.create_queue().queue_name(name).send().await.unwrap().queue_url().unwrap().to_string() }
+    };
+    let url = queue(unique_name("events")).await;
+    let dead = queue(unique_name("events-dead")).await;
+    for i in 0..13 {
+        sqs.send_message().queue_url(&url).message_body(format!("m{i}")).send().await.unwrap();
+    }
+    std::fs::write(&recording, b"").unwrap();
+
+    let counted = Requests::default();
+    let source = tidemark_cloud::aws::sqs::SqsSource::connect(&conf, &url)
+        .await
+        .unwrap()
+        .with_dead_letter(Some(&dead))
+        .with_requests(counted.clone());
+    let mut got = Vec::new();
+    while got.len() < 13 {
+        got.extend(source.receive(10, Duration::from_secs(1)).await.unwrap());
+    }
+    source.extend(&got[0].ack_id, Duration::from_secs(60)).await.unwrap();
+    source.release(&got[1].ack_id, Duration::ZERO).await.unwrap();
+    // Eleven acknowledgements: two batches.
+    let ids: Vec<String> = got[2..].iter().map(|d| d.ack_id.clone()).collect();
+    let report = source.ack(&ids).await.unwrap();
+    assert_eq!(report.acked.len(), 11, "{report:?}");
+    assert_eq!(source.dead_lettered().await.unwrap(), Some(0));
+
+    let served = Moto::recorded_actions(&recording);
+    let of = |action: &str| served.iter().filter(|a| *a == action).count() as u64;
+    let counts = counted.snapshot();
+    let mine = |op: &str| counts.get(op).copied().unwrap_or(0);
+    eprintln!("counted {counts:?}; moto served {served:?}");
+    assert_eq!(mine(requests::RECEIVE), of("ReceiveMessage"), "receives");
+    assert!(mine(requests::RECEIVE) >= 2, "13 messages take two receives at least");
+    assert_eq!(mine(requests::ACK), of("DeleteMessageBatch"), "acknowledgements");
+    assert_eq!(mine(requests::ACK), 2, "11 acknowledgements are two batches");
+    assert_eq!(mine(requests::VISIBILITY), of("ChangeMessageVisibility"), "visibility changes");
+    assert_eq!(mine(requests::VISIBILITY), 2, "an extension and a release");
+    assert_eq!(mine(requests::DEPTH), of("GetQueueAttributes"), "depth reads");
+    assert_eq!(counts.values().sum::<u64>(), served.len() as u64, "nothing else asked: {served:?}");
+}

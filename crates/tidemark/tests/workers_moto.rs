@@ -252,6 +252,10 @@ async fn two_workers_tail_across_slices_through_a_pause_and_a_kill() {
     assert!(c["applied"].as_u64() <= c["received"].as_u64(), "{c}");
     // Every HEAD the slices asked of the bucket is counted with the subscription.
     assert!(c["requests"]["HEAD"].as_u64().is_some_and(|n| n > 0), "{c}");
+    // And every request of the queue: receives, and acknowledgements of what was applied.
+    for op in ["RECEIVE", "ACK"] {
+        assert!(c["requests"][op].as_u64().is_some_and(|n| n > 0), "{op}: {c}");
+    }
     let metrics = get(&a, "/metrics").await;
     for m in [
         "tidemark_remote_requests_total{",

@@ -13,6 +13,7 @@ use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeN
 use bytes::Bytes;
 
 use tidemark_core::events::{AckReport, Delivery, EventSource};
+use tidemark_core::requests::{self, Requests};
 
 use crate::receive_backoff::ReceiveBackoff;
 use tidemark_core::remote::RemoteConf;
@@ -33,6 +34,7 @@ pub struct SqsSource {
     visibility: Option<Duration>,
     /// The dead-letter queue Tidemark provisioned beside the queue, whose depth it reports.
     dead_letter: Option<String>,
+    requests: Requests,
 }
 
 /// An SQS client for a remote: `sqs_endpoint` if set, else the remote's `endpoint`.
@@ -53,7 +55,14 @@ impl SqsSource {
             backoff: ReceiveBackoff::default(),
             visibility: None,
             dead_letter: None,
+            requests: Requests::default(),
         }
+    }
+
+    /// Counts each request to the queue in `requests` (see [`tidemark_core::requests`]).
+    pub fn with_requests(mut self, requests: Requests) -> Self {
+        self.requests = requests;
+        self
     }
 
     /// Reports the depth of this dead-letter queue.
@@ -133,6 +142,7 @@ impl EventSource for SqsSource {
 
     async fn dead_lettered(&self) -> Result<Option<u64>> {
         let Some(url) = &self.dead_letter else { return Ok(None) };
+        self.requests.count(requests::DEPTH);
         let out = self
             .client
             .get_queue_attributes()
@@ -154,6 +164,7 @@ impl EventSource for SqsSource {
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         self.backoff.pause().await;
+        self.requests.count(requests::RECEIVE);
         let out = self
             .client
             .receive_message()
@@ -200,6 +211,7 @@ impl EventSource for SqsSource {
                 .map(|(i, id)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(id).build())
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| Error::internal(format!("building DeleteMessageBatch: {e}")))?;
+            self.requests.count(requests::ACK);
             let out = self
                 .client
                 .delete_message_batch()
@@ -226,6 +238,7 @@ impl EventSource for SqsSource {
     }
 
     async fn extend(&self, ack_id: &str, by: Duration) -> Result<()> {
+        self.requests.count(requests::VISIBILITY);
         self.client
             .change_message_visibility()
             .queue_url(&self.queue_url)

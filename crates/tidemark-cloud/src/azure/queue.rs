@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use tidemark_core::events::{AckReport, Delivery, EventSource};
 use tidemark_core::remote::RemoteConf;
+use tidemark_core::requests::{self, Requests};
 use tidemark_core::{Error, Result};
 
 use crate::receive_backoff::ReceiveBackoff;
@@ -54,6 +55,7 @@ pub struct AzureQueueSource {
     /// The poison queue and the dequeue count past which a message moves there (Azure has no
     /// redrive policy: the consumer moves it, as Azure Functions do).
     poison: Option<(String, u32)>,
+    requests: Requests,
 }
 
 /// `ack_id` = message id + `\n` + the pop receipt it was delivered with.
@@ -73,7 +75,14 @@ impl AzureQueueSource {
             receipts: Mutex::default(),
             backoff: ReceiveBackoff::default(),
             poison: None,
+            requests: Requests::default(),
         })
+    }
+
+    /// Counts each request to the queue in `requests` (see [`tidemark_core::requests`]).
+    pub fn with_requests(mut self, requests: Requests) -> Self {
+        self.requests = requests;
+        self
     }
 
     /// Messages dequeued more than `max_receives` times move to the queue `poison`.
@@ -98,6 +107,7 @@ impl AzureQueueSource {
                 body.len() as u64,
             )
             .body(body);
+        self.requests.count(requests::SEND);
         self.client.send(rb, "PutMessage", &format!("azure-queue:{poison}")).await?;
         let rb = self.client.request(
             Method::DELETE,
@@ -106,6 +116,7 @@ impl AzureQueueSource {
             &[],
             0,
         );
+        self.requests.count(requests::ACK);
         match self.client.send(rb, "DeleteMessage", &self.target()).await {
             Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),
@@ -169,6 +180,7 @@ impl AzureQueueSource {
             &[],
             0,
         );
+        self.requests.count(requests::VISIBILITY);
         let resp = self.client.send(rb, "UpdateMessage", &self.target()).await?;
         if let Some(new) = resp.headers().get("x-ms-popreceipt").and_then(|v| v.to_str().ok())
             && let Ok(mut r) = self.receipts.lock()
@@ -203,6 +215,7 @@ impl EventSource for AzureQueueSource {
 
     async fn dead_lettered(&self) -> Result<Option<u64>> {
         let Some((poison, _)) = &self.poison else { return Ok(None) };
+        self.requests.count(requests::DEPTH);
         approximate_count(&self.client, poison).await
     }
 
@@ -220,6 +233,7 @@ impl EventSource for AzureQueueSource {
                 &[],
                 0,
             );
+            self.requests.count(requests::RECEIVE);
             let result = match self.client.send(rb, "GetMessages", &self.target()).await {
                 Ok(resp) => resp.text().await.map_err(|e| Error::Unavailable { message: format!("GetMessages: {e}") }),
                 Err(e) => Err(e),
@@ -269,6 +283,7 @@ impl EventSource for AzureQueueSource {
                 &[],
                 0,
             );
+            self.requests.count(requests::ACK);
             match self.client.send(rb, "DeleteMessage", &self.target()).await {
                 Ok(_) => report.acked.push(ack_id.clone()),
                 // Already deleted, or redelivered with a new receipt: gone from our hands.

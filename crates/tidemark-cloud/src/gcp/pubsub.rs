@@ -22,6 +22,7 @@ use serde_json::json;
 
 use tidemark_core::events::{AckReport, Delivery, EventSource};
 use tidemark_core::remote::RemoteConf;
+use tidemark_core::requests::{self, Requests};
 use tidemark_core::{Error, Result, parse_rfc3339_ms};
 
 use crate::receive_backoff::ReceiveBackoff;
@@ -52,6 +53,7 @@ pub struct PubSubSource {
     visibility: Option<Duration>,
     /// The Pub/Sub emulator, whose pull is polled (see the module's comment).
     emulated: bool,
+    requests: Requests,
 }
 
 /// The most dead letters one count looks at (a pull's limit).
@@ -132,7 +134,14 @@ impl PubSubSource {
             backoff: ReceiveBackoff::default(),
             dead_letter: None,
             visibility: None,
+            requests: Requests::default(),
         })
+    }
+
+    /// Counts each request to Pub/Sub in `requests` (see [`tidemark_core::requests`]).
+    pub fn with_requests(mut self, requests: Requests) -> Self {
+        self.requests = requests;
+        self
     }
 
     /// Each pulled message's ack deadline is set to `visibility` (at most Pub/Sub's 600 s).
@@ -158,6 +167,11 @@ impl PubSubSource {
 
     async fn send(&self, rb: reqwest::RequestBuilder, subscription: &str, verb: &str) -> Result<reqwest::Response> {
         let rb = self.auth.apply(&self.http, rb).await?;
+        self.requests.count(match verb {
+            "pull" => requests::RECEIVE,
+            "acknowledge" => requests::ACK,
+            _ => requests::VISIBILITY, // modifyAckDeadline
+        });
         let resp = rb.send().await.map_err(|e| transport(verb, subscription, &self.endpoint, e))?;
         check(resp, verb, subscription).await
     }
