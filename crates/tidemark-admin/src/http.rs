@@ -215,7 +215,11 @@ fn page(admin: &Admin, html: String) -> Html<String> {
 async fn subscriptions_page(State(s): State<AppState>) -> Html<String> {
     let a = &s.admin;
     let snap = a.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone();
-    let html = crate::ui::subscriptions(&snap, &a.sched(), &a.config.filer_label, now_ms());
+    let html = {
+        let rates = a.rates.lock().unwrap_or_else(|p| p.into_inner());
+        let costs = crate::ui::Costs { rates: &rates, prices: &a.config.prices };
+        crate::ui::subscriptions(&snap, &a.sched(), &costs, &a.config.filer_label, now_ms())
+    };
     page(a, html)
 }
 

@@ -20,6 +20,7 @@
 
 mod http;
 mod metrics;
+pub mod rates;
 pub mod scheduler;
 mod snapshot;
 mod ui;
@@ -45,6 +46,8 @@ pub struct AdminConfig {
     /// How long the active admin's lease lasts: a standby takes over at most this long after
     /// the active admin stopped renewing it.
     pub lease_ttl: Duration,
+    /// What requests cost, for the page's per-hour figures.
+    pub prices: tidemark_core::requests::Prices,
 }
 
 impl Default for AdminConfig {
@@ -55,6 +58,7 @@ impl Default for AdminConfig {
             filer_label: String::new(),
             advertise: String::new(),
             lease_ttl: Duration::from_secs(10),
+            prices: tidemark_core::requests::Prices::list(),
         }
     }
 }
@@ -85,6 +89,7 @@ pub struct Admin {
     scheduler: Arc<Mutex<Scheduler>>,
     snapshot: Arc<RwLock<Snapshot>>,
     metrics: metrics::Metrics,
+    rates: Mutex<rates::RequestRates>,
     config: AdminConfig,
     started_ms: i64,
 }
@@ -104,6 +109,7 @@ impl Admin {
             metrics: metrics::Metrics::new(snapshot.clone(), scheduler.clone()),
             scheduler,
             snapshot,
+            rates: Mutex::default(),
             config,
             started_ms: now_ms(),
         })
@@ -233,6 +239,15 @@ impl Admin {
             for gone in s.expire(now) {
                 tracing::warn!(worker = %gone, "worker stopped heart-beating; dropped, its slices are proposed again");
             }
+        }
+        {
+            let mut rates = self.rates.lock().unwrap_or_else(|p| p.into_inner());
+            for v in &snap.subscriptions {
+                let counts = v.status.as_ref().map(|s| s.counters.requests.clone()).unwrap_or_default();
+                rates.record(&v.doc.fingerprint, now, &counts);
+            }
+            let live: Vec<&str> = snap.subscriptions.iter().map(|v| v.doc.fingerprint.as_str()).collect();
+            rates.retain(&live);
         }
         *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = snap;
         Ok(())

@@ -3,6 +3,7 @@
 
 use tidemark_core::jobs::{JOB_TYPES_DOC, JobTypes};
 use tidemark_core::model::Lease;
+use tidemark_core::remote::{MountMapping, RemoteConf, StorageKind, system_paths};
 use tidemark_core::subscription::{SUBSCRIPTIONS_DIR, SubscriptionDoc};
 use tidemark_core::{Error, Filer, Result};
 use tidemark_engine::docs::read_json;
@@ -13,6 +14,8 @@ pub struct SubscriptionView {
     pub doc: SubscriptionDoc,
     pub status: Option<StatusBlob>,
     pub lease: Option<Lease>,
+    /// The kind of its mount's remote (`None`: no longer a mount, or its remote unreadable).
+    pub kind: Option<StorageKind>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -30,6 +33,9 @@ pub async fn read(filer: &dyn Filer) -> Result<Snapshot> {
         read_at_ms: crate::now_ms(),
         ..Default::default()
     };
+    // Each subscription's provider, through its mount's remote (read once a pass).
+    let mapping = read_json::<MountMapping>(filer, system_paths::MOUNT_MAPPING).await?.map(|(m, _)| m);
+    let mut kinds: std::collections::HashMap<String, Option<StorageKind>> = Default::default();
     let mut after: Option<String> = None;
     loop {
         let page = match filer.list(SUBSCRIPTIONS_DIR, after.as_deref(), 1000).await {
@@ -54,7 +60,23 @@ pub async fn read(filer: &dyn Filer) -> Result<Snapshot> {
                 }
             };
             let lease = filer.lease_get(&lease_name(&doc.fingerprint)).await?;
-            snap.subscriptions.push(SubscriptionView { doc, status, lease });
+            let remote = mapping.as_ref().and_then(|m| m.find_dir(&doc.dir)).map(|m| m.location.storage.clone());
+            let kind = match remote {
+                None => None,
+                Some(r) => match kinds.get(&r) {
+                    Some(k) => *k,
+                    None => {
+                        let k = read_json::<RemoteConf>(filer, &system_paths::remote_conf(&r))
+                            .await
+                            .ok()
+                            .flatten()
+                            .map(|(c, _)| c.kind);
+                        kinds.insert(r, k);
+                        k
+                    }
+                },
+            };
+            snap.subscriptions.push(SubscriptionView { doc, status, lease, kind });
         }
         match page.next {
             Some(n) => after = Some(n),

@@ -117,7 +117,57 @@ fn page(title: &str, active: &str, body: &str, filer: &str) -> String {
     )
 }
 
-pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i64) -> String {
+/// What the subscriptions' requests cost: their rates, and the prices.
+pub struct Costs<'a> {
+    pub rates: &'a crate::rates::RequestRates,
+    pub prices: &'a tidemark_core::requests::Prices,
+}
+
+impl Costs<'_> {
+    /// The cell of a subscription's requests per hour and their price at `kind`'s prices.
+    fn cell(&self, fingerprint: &str, kind: Option<tidemark_core::remote::StorageKind>) -> String {
+        use tidemark_core::remote::StorageKind;
+        let Some((rate, span_ms)) = self.rates.per_hour(fingerprint) else {
+            return "<span class=\"muted\" data-field=\"requests-per-hour\">not seen long enough yet</span>".into();
+        };
+        let ops: Vec<String> =
+            rate.iter().filter(|(_, n)| **n >= 0.5).map(|(op, n)| format!("{op} {}", n.round() as u64)).collect();
+        let ops = if ops.is_empty() { "none".to_string() } else { ops.join(", ") };
+        let provider = match kind {
+            Some(StorageKind::S3) => Some("s3"),
+            Some(StorageKind::Gcs) => Some("gcs"),
+            Some(StorageKind::Azure) => Some("azure"),
+            Some(StorageKind::Local) | None => None,
+        };
+        let price = match provider {
+            None => "<span class=\"muted\">no price (not a cloud bucket)</span>".to_string(),
+            Some(p) => {
+                let (usd, unpriced) = self.prices.cost(p, &rate);
+                let missing = if unpriced.is_empty() {
+                    String::new()
+                } else {
+                    format!(" <span class=\"muted\">(no price for {})</span>", escape(&unpriced.join(", ")))
+                };
+                format!("<span data-field=\"cost-per-hour\">${usd:.4}</span>/h at {p} list prices{missing}")
+            }
+        };
+        format!(
+            "<span data-field=\"requests-per-hour\">{ops}</span><br>{price}<br><span class=\"muted\">over the last {}</span>",
+            span(span_ms)
+        )
+    }
+}
+
+/// `42 min`, `1 h`, `35 s`.
+fn span(ms: i64) -> String {
+    match ms / 1000 {
+        s if s < 120 => format!("{s} s"),
+        s if s < 3600 => format!("{} min", s / 60),
+        _ => "1 h".into(),
+    }
+}
+
+pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, costs: &Costs, filer: &str, now_ms: i64) -> String {
     let mut b = String::new();
     if !sched.enabled() {
         b.push_str("<p class=\"empty\" id=\"job-type-off\">The <code>remote_events</code> job type is disabled: no slices run. \
@@ -135,7 +185,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
     }
     b.push_str("<table id=\"subscriptions\"><thead><tr><th>Directory</th><th>Topology</th><th>Queue</th><th>Bucket / prefix</th>\
                 <th>Events</th><th>State</th><th>Received</th><th>Applied</th><th>Failed</th><th>Echo suppressed</th><th title=\"keys a file or directory stands in the way of\">Shadowed</th><th title=\"messages waiting in the dead-letter queue\">Dead letters</th>\
-                <th>Ignored</th><th>Lag (last / max)</th><th>Last reconcile</th><th>Lease</th><th>Slice</th><th>Last error</th>\
+                <th>Ignored</th><th title=\"requests to the bucket and the queue, per hour, and their price\">Requests / hour</th><th>Lag (last / max)</th><th>Last reconcile</th><th>Lease</th><th>Slice</th><th>Last error</th>\
                 </tr></thead><tbody>");
     for v in &snap.subscriptions {
         let d = &v.doc;
@@ -204,7 +254,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
              <td data-field=\"events\">{events}</td><td><span data-field=\"state\" class=\"state {state}\">{state}</span></td>\
              <td class=\"num\" data-field=\"received\">{rec}</td><td class=\"num\" data-field=\"applied\">{app}</td>\
              <td class=\"num\" data-field=\"failed\">{fail}</td><td class=\"num\" data-field=\"echo_suppressed\">{echo}</td><td class=\"num\" data-field=\"shadowed\">{shadowed}</td><td class=\"num\" data-field=\"dead_lettered\">{dead}</td>\
-             <td class=\"num\" data-field=\"ignored\">{ign}</td><td class=\"num\" data-field=\"lag\">{lag_last} / {lag_max}</td>\
+             <td class=\"num\" data-field=\"ignored\">{ign}</td><td data-field=\"requests\">{requests}</td><td class=\"num\" data-field=\"lag\">{lag_last} / {lag_max}</td>\
              <td>{reconcile}</td><td>{lease}</td><td>{slice}</td><td class=\"err\" data-field=\"last-error\">{error}</td></tr>",
             fp = escape(&d.fingerprint),
             dir = escape(&d.dir),
@@ -220,6 +270,7 @@ pub fn subscriptions(snap: &Snapshot, sched: &Scheduler, filer: &str, now_ms: i6
             shadowed = c.shadowed,
             dead = v.status.as_ref().and_then(|s| s.dead_lettered).map_or("–".to_string(), |n| n.to_string()),
             ign = c.ignored,
+            requests = costs.cell(&d.fingerprint, v.kind),
             lag_last = lag(c.last_lag_ms),
             lag_max = lag(c.max_lag_ms),
             error = error.map(|e| escape(&e)).unwrap_or_default(),
@@ -357,9 +408,32 @@ mod tests {
     }
 
     #[test]
+    fn requests_per_hour_are_shown_with_their_price() {
+        use tidemark_core::remote::StorageKind;
+        let mut rates = crate::rates::RequestRates::default();
+        let prices = tidemark_core::requests::Prices::list();
+        let costs = |r: &crate::rates::RequestRates, k| Costs { rates: r, prices: &prices }.cell("fp", k);
+        assert!(costs(&rates, Some(StorageKind::S3)).contains("not seen long enough yet"));
+        let at = |list: u64, head: u64, recv: u64| -> std::collections::BTreeMap<String, u64> {
+            [("LIST".into(), list), ("HEAD".into(), head), ("RECEIVE".into(), recv)].into()
+        };
+        rates.record("fp", 0, &at(0, 0, 0));
+        rates.record("fp", 1_800_000, &at(500, 5_000, 1_000));
+        // Half an hour: 1,000 LISTs, 10,000 HEADs and 2,000 receives an hour — $0.005 + $0.004 + $0.0008.
+        let s3 = costs(&rates, Some(StorageKind::S3));
+        assert!(s3.contains("HEAD 10000, LIST 1000, RECEIVE 2000"), "{s3}");
+        assert!(s3.contains("$0.0098</span>/h at s3 list prices") && s3.contains("30 min"), "{s3}");
+        let azure = costs(&rates, Some(StorageKind::Azure));
+        assert!(azure.contains("(no price for RECEIVE)"), "{azure}");
+        assert!(costs(&rates, Some(StorageKind::Local)).contains("not a cloud bucket"));
+    }
+
+    #[test]
     fn empty_pages_say_what_to_do() {
         let s = Scheduler::new(Default::default());
-        let html = subscriptions(&Snapshot::default(), &s, "127.0.0.1:8888", 0);
+        let (rates, prices) = (crate::rates::RequestRates::default(), tidemark_core::requests::Prices::list());
+        let costs = Costs { rates: &rates, prices: &prices };
+        let html = subscriptions(&Snapshot::default(), &s, &costs, "127.0.0.1:8888", 0);
         assert!(html.contains("id=\"no-subscriptions\"") && html.contains("remote.events.enable"));
         assert!(workers(&s, "f", 0).contains("tidemark worker --admin"));
         assert!(job_types(&s, 0, "f").contains("Disable"));

@@ -65,6 +65,118 @@ pub fn add(into: &mut BTreeMap<String, u64>, more: &BTreeMap<String, u64>) {
     }
 }
 
+/// What requests cost: US dollars per 1,000 requests, by provider (`s3`, `gcs`, `azure`, as
+/// [`crate::remote::StorageKind`] names them) and operation. [`Prices::list`] holds the
+/// providers' published list prices (docs/SEMANTICS.md, "Requests are counted", names each
+/// source); an operator's own
+/// (a negotiated rate, another region or storage class) replace them, operation by operation,
+/// with [`Prices::with_overrides`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prices(BTreeMap<String, BTreeMap<String, f64>>);
+
+impl Prices {
+    /// The list prices, per 1,000 requests. S3 Standard: `PUT`, `COPY`, `LIST` (and the parts of
+    /// a `MULTIPART`, counted here as one) $0.005, `GET` and `HEAD` $0.0004, `DELETE` free; SQS
+    /// standard queues $0.40 a million requests, whatever the action. GCS Standard: class A
+    /// (`PUT`, `COPY`, `LIST`, `MULTIPART`) $0.005, class B (`GET`, `HEAD`) $0.0004, `DELETE`
+    /// free; Pub/Sub charges for the bytes it moves, not per request ($0). Azure: Microsoft's
+    /// sample prices for the hot tier (writes and lists $0.055, reads $0.0044 per 10,000);
+    /// queue operations are not priced here (give yours).
+    pub fn list() -> Prices {
+        let table: [(&str, &[(&str, f64)]); 3] = [
+            (
+                "s3",
+                &[
+                    ("LIST", 0.005),
+                    ("PUT", 0.005),
+                    ("COPY", 0.005),
+                    ("MULTIPART", 0.005),
+                    ("GET", 0.0004),
+                    ("HEAD", 0.0004),
+                    ("DELETE", 0.0),
+                    (RECEIVE, 0.0004),
+                    (ACK, 0.0004),
+                    (VISIBILITY, 0.0004),
+                    (DEPTH, 0.0004),
+                    (SEND, 0.0004),
+                ],
+            ),
+            (
+                "gcs",
+                &[
+                    ("LIST", 0.005),
+                    ("PUT", 0.005),
+                    ("COPY", 0.005),
+                    ("MULTIPART", 0.005),
+                    ("GET", 0.0004),
+                    ("HEAD", 0.0004),
+                    ("DELETE", 0.0),
+                    (RECEIVE, 0.0),
+                    (ACK, 0.0),
+                    (VISIBILITY, 0.0),
+                ],
+            ),
+            (
+                "azure",
+                &[
+                    ("LIST", 0.0055),
+                    ("PUT", 0.0055),
+                    ("COPY", 0.0055),
+                    ("MULTIPART", 0.0055),
+                    ("GET", 0.00044),
+                    ("HEAD", 0.00044),
+                    ("DELETE", 0.0),
+                ],
+            ),
+        ];
+        Prices(
+            table
+                .iter()
+                .map(|(p, ops)| (p.to_string(), ops.iter().map(|(op, usd)| (op.to_string(), *usd)).collect()))
+                .collect(),
+        )
+    }
+
+    /// These prices with `json`'s in their place: `{"s3": {"LIST": 0.0054, "GET": 0.00043}}`
+    /// (dollars per 1,000 requests). Anything else is refused, naming what is wrong.
+    pub fn with_overrides(mut self, json: &str) -> std::result::Result<Prices, String> {
+        let given: BTreeMap<String, BTreeMap<String, f64>> = serde_json::from_str(json).map_err(|e| {
+            format!(
+                "request prices: {e}; expected {{\"s3\": {{\"LIST\": 0.005, ...}}, ...}} in dollars per 1,000 requests"
+            )
+        })?;
+        for (provider, ops) in given {
+            if crate::remote::StorageKind::parse(&provider).is_none_or(|k| k == crate::remote::StorageKind::Local) {
+                return Err(format!("request prices: {provider:?} is not a provider (s3, gcs or azure)"));
+            }
+            for (op, usd) in ops {
+                if !(usd.is_finite() && usd >= 0.0) {
+                    return Err(format!(
+                        "request prices: {provider} {op} = {usd}: give dollars per 1,000 requests, 0 or more"
+                    ));
+                }
+                self.0.entry(provider.clone()).or_default().insert(op, usd);
+            }
+        }
+        Ok(self)
+    }
+
+    /// What `counts` of `provider`'s requests cost in dollars, and which of its operations
+    /// have no price (not counted in it).
+    pub fn cost(&self, provider: &str, counts: &BTreeMap<String, f64>) -> (f64, Vec<String>) {
+        let table = self.0.get(provider);
+        let mut usd = 0.0;
+        let mut unpriced = Vec::new();
+        for (op, n) in counts.iter().filter(|(_, n)| **n > 0.0) {
+            match table.and_then(|t| t.get(op)) {
+                Some(p) => usd += p * n / 1000.0,
+                None => unpriced.push(op.clone()),
+            }
+        }
+        (usd, unpriced)
+    }
+}
+
 /// A storage whose requests are counted in `requests`.
 pub struct Counted<S> {
     inner: S,
@@ -165,5 +277,29 @@ where
     ) -> Result<RemoteObject> {
         self.requests.count("COPY");
         self.inner.copy(from, to, if_etag, metadata, headers).await
+    }
+}
+
+#[cfg(test)]
+mod price_tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_priced_per_thousand_and_overridden_by_operation() {
+        let p = Prices::list();
+        let counts: BTreeMap<String, f64> =
+            [("LIST".to_string(), 2000.0), ("HEAD".into(), 10_000.0), ("DELETE".into(), 5.0)].into();
+        let (usd, unpriced) = p.cost("s3", &counts);
+        assert!((usd - (2.0 * 0.005 + 10.0 * 0.0004)).abs() < 1e-12, "{usd}");
+        assert!(unpriced.is_empty());
+        let q: BTreeMap<String, f64> = [(RECEIVE.to_string(), 1000.0)].into();
+        assert_eq!(p.cost("azure", &q).1, vec![RECEIVE.to_string()], "Azure's queue has no list price here");
+        let mine = p.clone().with_overrides(r#"{"s3": {"LIST": 0.01}, "azure": {"RECEIVE": 0.0001}}"#).unwrap();
+        assert!((mine.cost("s3", &counts).0 - (2.0 * 0.01 + 10.0 * 0.0004)).abs() < 1e-12);
+        assert!(mine.cost("azure", &q).1.is_empty());
+        for bad in [r#"{"local": {"LIST": 1}}"#, r#"{"s3": {"LIST": -1}}"#, r#"{"s3": 3}"#, "not json"] {
+            let e = p.clone().with_overrides(bad).unwrap_err();
+            assert!(e.starts_with("request prices: "), "{e}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The roles' command-line arguments and how each one starts.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
@@ -109,6 +109,11 @@ pub struct ServerArgs {
     /// Address the admin (Admin UI, /metrics, the worker API) listens on.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:23646")]
     admin_addr: SocketAddr,
+    /// Prices of requests for the Admin UI's per-hour figures, replacing the providers' list
+    /// prices operation by operation: a JSON file such as `{"s3": {"LIST": 0.0054, "GET":
+    /// 0.00043}}`, in dollars per 1,000 requests.
+    #[arg(long, value_name = "FILE")]
+    request_prices: Option<PathBuf>,
     /// Address the S3 gateway listens on (`off`: no gateway). Its buckets are the directories
     /// under /buckets. Beyond loopback it needs an access key (s3.configure) first.
     #[arg(long, value_name = "HOST:PORT|off", default_value = "127.0.0.1:8333", value_parser = parse_s3_addr)]
@@ -240,6 +245,11 @@ pub struct AdminArgs {
     /// admin: default the address it listens on.
     #[arg(long, value_name = "URL")]
     advertise: Option<String>,
+    /// Prices of requests for the Admin UI's per-hour figures, replacing the providers' list
+    /// prices operation by operation: a JSON file such as `{"s3": {"LIST": 0.0054, "GET":
+    /// 0.00043}}`, in dollars per 1,000 requests.
+    #[arg(long, value_name = "FILE")]
+    request_prices: Option<PathBuf>,
     /// The workers' token (the filer's --cluster-token): accepted on the worker API only.
     #[arg(long = "cluster-token", env = "TIDEMARK_CLUSTER_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
@@ -555,6 +565,14 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     }
 }
 
+/// The list prices of requests, with the operator's file (`--request-prices`) in their place.
+fn request_prices(file: Option<&Path>) -> Result<tidemark_core::requests::Prices, String> {
+    let list = tidemark_core::requests::Prices::list();
+    let Some(file) = file else { return Ok(list) };
+    let text = std::fs::read_to_string(file).map_err(|e| format!("--request-prices {}: {e}", file.display()))?;
+    list.with_overrides(&text).map_err(|e| format!("--request-prices {}: {e}", file.display()))
+}
+
 fn fail(code: i32, message: impl std::fmt::Display) -> i32 {
     eprintln!("error: {message}");
     code
@@ -646,6 +664,10 @@ pub async fn run_server(a: ServerArgs) -> i32 {
     }
     let mut tokens = match a.common.tokens() {
         Ok(t) => t,
+        Err(e) => return fail(2, e),
+    };
+    let prices = match request_prices(a.request_prices.as_deref()) {
+        Ok(p) => p,
         Err(e) => return fail(2, e),
     };
     if let Err(e) = tidemark_admin::check_bind(a.admin_addr, a.common.token.as_deref()) {
@@ -744,6 +766,7 @@ pub async fn run_server(a: ServerArgs) -> i32 {
         tidemark_admin::AdminConfig {
             filer_label: filer_bound.clone(),
             advertise: format!("{scheme}://{admin_bound}"),
+            prices,
             ..Default::default()
         },
     );
@@ -897,6 +920,10 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
     if let Err(e) = tidemark_admin::check_bind(a.addr, a.token.as_deref()) {
         return fail(2, e);
     }
+    let prices = match request_prices(a.request_prices.as_deref()) {
+        Ok(p) => p,
+        Err(e) => return fail(2, e),
+    };
     let tls = match a.tls.acceptor(&[a.addr]) {
         Ok(t) => t,
         Err(e) => return fail(2, e),
@@ -925,6 +952,7 @@ pub async fn run_admin(a: AdminArgs) -> i32 {
         },
         advertise: a.advertise.clone().unwrap_or_else(|| format!("{scheme}://{bound}")),
         lease_ttl: std::time::Duration::from_secs(a.lease_ttl),
+        prices,
         ..Default::default()
     };
     let admin = tidemark_admin::Admin::new(filer, config);

@@ -256,6 +256,16 @@ async fn two_workers_tail_across_slices_through_a_pause_and_a_kill() {
     for op in ["RECEIVE", "ACK"] {
         assert!(c["requests"][op].as_u64().is_some_and(|n| n > 0), "{op}: {c}");
     }
+    // The Admin UI shows the requests per hour and their price at S3's list prices (once the
+    // restarted admin has seen them for 10 s).
+    eventually("the requests per hour on the Admin UI", Duration::from_secs(30), async || {
+        let page = get(&a, "/subscriptions").await;
+        page.contains("data-field=\"cost-per-hour\">$") && page.contains("at s3 list prices")
+    })
+    .await;
+    let page = get(&a, "/subscriptions").await;
+    let cell = page.split("data-field=\"requests-per-hour\">").nth(1).unwrap().split('<').next().unwrap();
+    eprintln!("requests per hour: {cell}");
     let metrics = get(&a, "/metrics").await;
     for m in [
         "tidemark_remote_requests_total{",
