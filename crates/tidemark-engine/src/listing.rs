@@ -35,6 +35,10 @@ use tidemark_core::{RemoteStorage, Result};
 /// ranges hold at most 128 pages, and fill them with 16 parts of [`PART_PAGES`] at once.
 pub const AHEAD: usize = 8;
 
+/// The parts the listing's first full page cuts: spans doubling from [`PART_PAGES`], as nothing
+/// yet says how far the keys reach (a small bucket costs a LIST or two past its keys, no more).
+const FIRST_CUTS: usize = 4;
+
 /// The default bound on ranges listed at once.
 pub const DEFAULT_RANGES: usize = 16;
 
@@ -199,7 +203,9 @@ impl<'a> Listing<'a> {
             let keys: Vec<&str> =
                 r.pages.back().map(|p| p.iter().map(|o| o.key.as_str()).collect()).unwrap_or_default();
             // Where more than one guess in five landed past the keys, parts reach further.
-            let cuts = cuts(&keys, r.through.as_deref(), self.max_ranges - listing, 4 * self.missed > self.found);
+            let first = r.id == 0 && r.full_pages == 1;
+            let n = if first { FIRST_CUTS.min(self.max_ranges - listing) } else { self.max_ranges - listing };
+            let cuts = cuts(&keys, r.through.as_deref(), n, first || 4 * self.missed > self.found);
             let Some(nearest) = cuts.first().cloned() else { return };
             // This range now ends at the nearest cut; the parts above it are (cut_1, cut_2], …,
             // (cut_n, the range's old end].
