@@ -14,7 +14,7 @@
 //! Pages are used in key order, so the work in flight must lie within that window of pages
 //! ahead of their use: parts are short ([`PART_PAGES`]) and the rest of a range stays one part,
 //! cut again when it is reached. Measured on tokio's paused clock (`tests/listing_pace.rs`,
-//! 1,000,000 keys, 100 ms a page, 16 ranges): 7.7 s flat keys, 8.8 s random hex keys, 20.3 s
+//! 1,000,000 keys, 100 ms a page, 16 ranges): 7.7 s flat keys, 8.4 s random hex keys, 20.3 s
 //! directories whose names the cuts cannot foresee, against 100 s as one stream.
 //!
 //! A range's upper bound is applied here (a LIST has no end key on S3): its listing stops at the
@@ -235,7 +235,7 @@ const ALPHABETS: [&str; 7] = [
 /// The pages a part cut from a range is guessed to hold. Each part costs a LIST more than its
 /// pages (its last page ends short, or it lists nothing), so short parts cost requests; but
 /// parts must be short for [`AHEAD`]'s window to hold a part per range. Four: at 1,000,000 keys
-/// 3% more LISTs than one stream (flat keys; 10% random hex; 51% directories the cuts cannot
+/// 3% more LISTs than one stream (flat keys; 13% random hex; 50% directories the cuts cannot
 /// foresee, where half the guesses land past the keys).
 const PART_PAGES: u128 = 4;
 
