@@ -33,8 +33,9 @@ pub async fn read(filer: &dyn Filer) -> Result<Snapshot> {
         read_at_ms: crate::now_ms(),
         ..Default::default()
     };
-    // Each subscription's provider, through its mount's remote (read once a pass).
-    let mapping = read_json::<MountMapping>(filer, system_paths::MOUNT_MAPPING).await?.map(|(m, _)| m);
+    // Each subscription's provider, through its mount's remote (read once a pass, and only
+    // when there is a subscription).
+    let mut mapping: Option<Option<MountMapping>> = None;
     let mut kinds: std::collections::HashMap<String, Option<StorageKind>> = Default::default();
     let mut after: Option<String> = None;
     loop {
@@ -60,7 +61,14 @@ pub async fn read(filer: &dyn Filer) -> Result<Snapshot> {
                 }
             };
             let lease = filer.lease_get(&lease_name(&doc.fingerprint)).await?;
-            let remote = mapping.as_ref().and_then(|m| m.find_dir(&doc.dir)).map(|m| m.location.storage.clone());
+            if mapping.is_none() {
+                mapping = Some(read_json::<MountMapping>(filer, system_paths::MOUNT_MAPPING).await?.map(|(m, _)| m));
+            }
+            let remote = mapping
+                .as_ref()
+                .and_then(|m| m.as_ref())
+                .and_then(|m| m.find_dir(&doc.dir))
+                .map(|m| m.location.storage.clone());
             let kind = match remote {
                 None => None,
                 Some(r) => match kinds.get(&r) {

@@ -83,56 +83,25 @@ impl Prices {
     /// sample prices for the hot tier (writes and lists $0.055, reads $0.0044 per 10,000);
     /// queue operations are not priced here (give yours).
     pub fn list() -> Prices {
-        let table: [(&str, &[(&str, f64)]); 3] = [
-            (
-                "s3",
-                &[
-                    ("LIST", 0.005),
-                    ("PUT", 0.005),
-                    ("COPY", 0.005),
-                    ("MULTIPART", 0.005),
-                    ("GET", 0.0004),
-                    ("HEAD", 0.0004),
-                    ("DELETE", 0.0),
-                    (RECEIVE, 0.0004),
-                    (ACK, 0.0004),
-                    (VISIBILITY, 0.0004),
-                    (DEPTH, 0.0004),
-                    (SEND, 0.0004),
-                ],
-            ),
-            (
-                "gcs",
-                &[
-                    ("LIST", 0.005),
-                    ("PUT", 0.005),
-                    ("COPY", 0.005),
-                    ("MULTIPART", 0.005),
-                    ("GET", 0.0004),
-                    ("HEAD", 0.0004),
-                    ("DELETE", 0.0),
-                    (RECEIVE, 0.0),
-                    (ACK, 0.0),
-                    (VISIBILITY, 0.0),
-                ],
-            ),
-            (
-                "azure",
-                &[
-                    ("LIST", 0.0055),
-                    ("PUT", 0.0055),
-                    ("COPY", 0.0055),
-                    ("MULTIPART", 0.0055),
-                    ("GET", 0.00044),
-                    ("HEAD", 0.00044),
-                    ("DELETE", 0.0),
-                ],
-            ),
-        ];
+        // (provider, the writing and listing class, the reading class, the queue's requests).
+        let table =
+            [("s3", 0.005, 0.0004, Some(0.0004)), ("gcs", 0.005, 0.0004, Some(0.0)), ("azure", 0.0055, 0.00044, None)];
+        const WRITES: [&str; 4] = ["LIST", "PUT", "COPY", "MULTIPART"];
+        const READS: [&str; 2] = ["GET", "HEAD"];
+        const QUEUE: [&str; 5] = [RECEIVE, ACK, VISIBILITY, DEPTH, SEND];
         Prices(
             table
-                .iter()
-                .map(|(p, ops)| (p.to_string(), ops.iter().map(|(op, usd)| (op.to_string(), *usd)).collect()))
+                .into_iter()
+                .map(|(provider, writes, reads, queue)| {
+                    let ops = WRITES
+                        .iter()
+                        .map(|op| (op.to_string(), writes))
+                        .chain(READS.iter().map(|op| (op.to_string(), reads)))
+                        .chain([("DELETE".to_string(), 0.0)])
+                        .chain(queue.into_iter().flat_map(|usd| QUEUE.iter().map(move |op| (op.to_string(), usd))))
+                        .collect();
+                    (provider.to_string(), ops)
+                })
                 .collect(),
         )
     }
