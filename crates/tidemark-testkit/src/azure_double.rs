@@ -1,6 +1,5 @@
 //! A test double for Azure Resource Manager, which no emulator serves (Azurite serves the
-//! storage data plane only): the Microsoft Entra token endpoint for a service principal
-//! (client credentials) and the Resource Manager operations Tidemark provisions Event Grid
+//! storage data plane only): the Microsoft Entra token endpoint and the Resource Manager operations Tidemark provisions Event Grid
 //! delivery with — a storage account's `GET`, Event Grid `systemTopics` and their
 //! `eventSubscriptions` (list, get, create or update, delete).
 //!
@@ -26,6 +25,23 @@
 //! `Retry-After`) and 409 `AnotherOperationInProgress` on the next requests, and an operation
 //! that fails after it was accepted.
 //!
+//! **Microsoft Entra ID**, as "Microsoft identity platform and the OAuth 2.0 client credentials
+//! flow" (learn.microsoft.com, entra/identity-platform/v2-oauth2-client-creds-grant-flow)
+//! describes it: `POST /{tenant}/oauth2/v2.0/token` with `grant_type=client_credentials`, a
+//! `scope` of `RESOURCE/.default`, and either the service principal's `client_secret` or a
+//! `client_assertion` (`urn:ietf:params:oauth:client-assertion-type:jwt-bearer`) — a federated token a
+//! test registered (workload identity federation); unknown tenant 400 `AADSTS90002`, wrong
+//! secret 401 `AADSTS7000215`, an assertion no federated credential matches 400 `AADSTS70021`,
+//! a scope without `/.default` 400 `AADSTS1002012`. And a managed identity's endpoint as App
+//! Service and Container Apps serve it ("Managed identities for App Service and Azure Functions",
+//! REST endpoint reference): `GET /msi/token?api-version=2019-08-01&resource=R` with the
+//! `X-IDENTITY-HEADER` secret (400 without it), `expires_on` a string of epoch seconds.
+//! Tokens are JWTs with the claims Azure Storage checks (`iss` `https://sts.windows.net/TENANT/`,
+//! `aud`, `nbf`, `exp`), so Azurite's OAuth mode takes the storage audience's; their lifetime is
+//! a test's choice ([`AzureArmDouble::token_lifetime`]), and Resource Manager refuses an expired
+//! one (401 `ExpiredAuthenticationToken`). Everything is served over HTTPS (its [`TestCa`]):
+//! Microsoft's identity libraries refuse an authority that is not.
+//!
 //! Lists are paged (`nextLink`, `$skiptoken`) a page of one item at a time, so a client that
 //! reads only the first page misses the rest; `deliveries` compares subjects without case
 //! unless the filter's `isSubjectCaseSensitive` says otherwise, as Event Grid does. It delivers
@@ -41,6 +57,9 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::TestCa;
+use crate::gcp_double::serve_tls_in_thread;
+
 /// How long each long-running operation takes here.
 pub const OPERATION_TIME: Duration = Duration::from_millis(300);
 
@@ -50,8 +69,16 @@ struct Arm {
     topics: BTreeMap<String, Value>,
     /// resource id (lower-cased) -> resource
     event_subscriptions: BTreeMap<String, Value>,
-    /// token -> the scope it was issued for
-    tokens: BTreeMap<String, String>,
+    /// token -> the scope it was issued for, and when it expires
+    tokens: BTreeMap<String, (String, Instant)>,
+    /// (how, audience) of every token issued: `client_secret`, `workload_identity`, `managed_identity`
+    issued: Vec<(String, String)>,
+    /// client id -> the federated tokens its federated credentials accept
+    federated: BTreeMap<String, Vec<String>>,
+    /// The `X-IDENTITY-HEADER` the managed identity endpoint wants.
+    identity_header: Option<String>,
+    /// How long tokens issued from now on last.
+    lifetime: Option<Duration>,
     /// operation id -> operation
     operations: BTreeMap<String, Operation>,
     faults: Faults,
@@ -171,10 +198,14 @@ struct Shared {
 }
 
 pub struct AzureArmDouble {
-    /// Use it as `-azure.arm_endpoint` and `-azure.login_endpoint`.
+    /// `https://127.0.0.1:PORT`: use it as `-azure.arm_endpoint` and `-azure.login_endpoint`.
     pub endpoint: String,
+    /// The certificates it serves with: a client trusts `tls.ca` (`SSL_CERT_FILE` for a
+    /// Tidemark process); Azurite's OAuth mode can serve `tls.cert`/`tls.key` too.
+    pub tls: TestCa,
     shared: Arc<Shared>,
     _stop: tokio::sync::oneshot::Sender<()>,
+    _certs: tempfile::TempDir,
 }
 
 impl AzureArmDouble {
@@ -189,8 +220,41 @@ impl AzureArmDouble {
             arm: Mutex::default(),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
-        let (endpoint, stop) = crate::gcp_double::serve_in_thread(app);
-        AzureArmDouble { endpoint, shared, _stop: stop }
+        let certs = tempfile::tempdir().expect("a directory for the double's certificates");
+        let tls = TestCa::new(certs.path());
+        let (endpoint, stop) = serve_tls_in_thread(app, &tls);
+        AzureArmDouble { endpoint, tls, shared, _stop: stop, _certs: certs }
+    }
+
+    /// A client that trusts the double (and Azurite serving its certificate).
+    pub fn client(&self) -> reqwest::Client {
+        let pem = std::fs::read(&self.tls.ca).expect("the CA's certificate");
+        reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(&pem).expect("a PEM certificate")])
+            .build()
+            .expect("an HTTPS client")
+    }
+
+    /// Tokens issued from now on last `lifetime` (Entra's are about an hour).
+    pub fn token_lifetime(&self, lifetime: Duration) {
+        self.shared.arm.lock().unwrap().lifetime = Some(lifetime);
+    }
+
+    /// Workload identity federation: `client_id` accepts `token` as its client assertion.
+    pub fn federate(&self, client_id: &str, token: &str) {
+        self.shared.arm.lock().unwrap().federated.entry(client_id.into()).or_default().push(token.into());
+    }
+
+    /// The managed identity endpoint (`ENDPOINT/msi/token`, for `IDENTITY_ENDPOINT`) answers
+    /// requests that carry `header` as `X-IDENTITY-HEADER`.
+    pub fn managed_identity(&self, header: &str) -> String {
+        self.shared.arm.lock().unwrap().identity_header = Some(header.into());
+        format!("{}/msi/token", self.endpoint)
+    }
+
+    /// (how, audience) of every token issued so far.
+    pub fn issued(&self) -> Vec<(String, String)> {
+        self.shared.arm.lock().unwrap().issued.clone()
     }
 
     /// The system topics, as the double holds them (operations due by now ended).
@@ -291,9 +355,13 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string);
     let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("127.0.0.1").to_string();
+    let identity_header = req.headers().get("x-identity-header").and_then(|v| v.to_str().ok()).map(str::to_string);
     let body = axum::body::to_bytes(req.into_body(), 1 << 20).await.unwrap_or_default();
     if path.ends_with("/oauth2/v2.0/token") {
         return token(&s, &path, &body);
+    }
+    if path == "/msi/token" {
+        return managed_token(&s, &query, identity_header.as_deref());
     }
     if !query.split('&').any(|kv| kv.starts_with("api-version=") && kv.len() > "api-version=".len()) {
         return error(
@@ -303,7 +371,16 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         );
     }
     let scope = bearer.and_then(|t| s.arm.lock().unwrap().tokens.get(&t).cloned());
-    let Some(scope) = scope else {
+    if let Some((_, expires)) = &scope
+        && Instant::now() >= *expires
+    {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "ExpiredAuthenticationToken",
+            "The access token expiry UTC time is earlier than current UTC time.",
+        );
+    }
+    let Some((scope, _)) = scope else {
         return error(
             StatusCode::UNAUTHORIZED,
             "AuthenticationFailed",
@@ -312,7 +389,7 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
     };
     // A token for another resource (storage, Graph) is not one for Resource Manager.
     let audience = scope.trim_end_matches("/.default").trim_end_matches('/');
-    if audience != "https://management.azure.com" && audience != format!("http://{host}") {
+    if audience != "https://management.azure.com" && audience != format!("https://{host}") {
         return error(
             StatusCode::UNAUTHORIZED,
             "InvalidAuthenticationTokenAudience",
@@ -341,7 +418,7 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let lower: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
     let l: Vec<&str> = lower.iter().map(String::as_str).collect();
-    let origin = format!("http://{host}");
+    let origin = format!("https://{host}");
     match l.as_slice() {
         ["subscriptions", _, "providers", "microsoft.eventgrid", "locations", _, which, op]
             if method == Method::GET && (*which == "operationsstatus" || *which == "operationresults") =>
@@ -377,6 +454,13 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
     }
 }
 
+fn entra_error(status: StatusCode, error: &str, description: &str) -> Response {
+    let code: u32 =
+        description.trim_start_matches("AADSTS").split(':').next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, axum::Json(json!({"error": error, "error_description": description, "error_codes": [code]})))
+        .into_response()
+}
+
 fn token(s: &Shared, path: &str, body: &[u8]) -> Response {
     let form: BTreeMap<String, String> = String::from_utf8_lossy(body)
         .split('&')
@@ -385,20 +469,120 @@ fn token(s: &Shared, path: &str, body: &[u8]) -> Response {
         .collect();
     let tenant = path.trim_start_matches('/').split('/').next().unwrap_or("");
     if tenant != s.tenant {
-        return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "invalid_request", "error_description": format!("AADSTS90002: Tenant '{tenant}' not found.")}))).into_response();
+        return entra_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("AADSTS90002: Tenant '{tenant}' not found."),
+        );
     }
-    let ok = form.get("grant_type").map(String::as_str) == Some("client_credentials")
-        && form.get("client_id") == Some(&s.client_id)
-        && form.get("client_secret") == Some(&s.client_secret)
-        && form.get("scope").is_some_and(|sc| sc.ends_with("/.default"));
-    if !ok {
-        return (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret provided."}))).into_response();
+    if form.get("grant_type").map(String::as_str) != Some("client_credentials") {
+        return entra_error(
+            StatusCode::BAD_REQUEST,
+            "unsupported_grant_type",
+            "AADSTS70003: The app requested an unsupported grant type.",
+        );
     }
-    let token = format!("arm-token-{}", s.arm.lock().unwrap().tokens.len() + 1);
     let scope = form.get("scope").cloned().unwrap_or_default();
-    s.arm.lock().unwrap().tokens.insert(token.clone(), scope);
-    (StatusCode::OK, axum::Json(json!({"token_type": "Bearer", "expires_in": 3599, "access_token": token})))
+    if !scope.ends_with("/.default") || scope.contains(' ') {
+        return entra_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_scope",
+            "AADSTS1002012: The provided value for scope is not valid. Client credential flows must have a scope value with /.default suffixed to the resource identifier.",
+        );
+    }
+    let client = form.get("client_id").cloned().unwrap_or_default();
+    let how = match (form.get("client_secret"), form.get("client_assertion_type"), form.get("client_assertion")) {
+        (Some(secret), None, None) => {
+            if client != s.client_id || *secret != s.client_secret {
+                return entra_error(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_client",
+                    "AADSTS7000215: Invalid client secret provided.",
+                );
+            }
+            "client_secret"
+        }
+        (None, Some(kind), Some(assertion)) if kind == "urn:ietf:params:oauth:client-assertion-type:jwt-bearer" => {
+            let arm = s.arm.lock().unwrap();
+            if !arm.federated.get(&client).is_some_and(|ts| ts.contains(assertion)) {
+                return entra_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_client",
+                    "AADSTS70021: No matching federated identity record found for presented assertion.",
+                );
+            }
+            "workload_identity"
+        }
+        _ => {
+            return entra_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "AADSTS7000218: The request body must contain the following parameter: 'client_assertion' or 'client_secret'.",
+            );
+        }
+    };
+    let (access_token, lifetime) = issue(s, how, &client, scope.trim_end_matches("/.default"));
+    (
+        StatusCode::OK,
+        axum::Json(json!({
+            "token_type": "Bearer", "expires_in": lifetime.as_secs(), "ext_expires_in": lifetime.as_secs(),
+            "access_token": access_token,
+        })),
+    )
         .into_response()
+}
+
+/// The managed identity endpoint of App Service and Container Apps (api-version 2019-08-01).
+fn managed_token(s: &Shared, query: &str, header: Option<&str>) -> Response {
+    let want = s.arm.lock().unwrap().identity_header.clone();
+    if want.is_none() || header != want.as_deref() {
+        return entra_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "The X-IDENTITY-HEADER header is missing or wrong.",
+        );
+    }
+    let q: BTreeMap<String, String> =
+        query.split('&').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), percent_decode(v))).collect();
+    if q.get("api-version").map(String::as_str) != Some("2019-08-01") {
+        return entra_error(StatusCode::BAD_REQUEST, "invalid_request", "api-version 2019-08-01 is required.");
+    }
+    let Some(resource) = q.get("resource").filter(|r| !r.is_empty()) else {
+        return entra_error(StatusCode::BAD_REQUEST, "invalid_request", "The resource parameter is required.");
+    };
+    let client = q.get("client_id").cloned().unwrap_or_else(|| "system-assigned".into());
+    let (access_token, lifetime) = issue(s, "managed_identity", &client, resource.trim_end_matches('/'));
+    let expires_on = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap() + lifetime;
+    (
+        StatusCode::OK,
+        axum::Json(json!({
+            "access_token": access_token, "expires_on": expires_on.as_secs().to_string(), "resource": resource,
+            "token_type": "Bearer", "client_id": client,
+        })),
+    )
+        .into_response()
+}
+
+/// A token for `audience`: a JWT with the claims Azure Storage checks, signed with a key only
+/// the double knows (Azurite checks claims, not signatures; Resource Manager here looks it up).
+fn issue(s: &Shared, how: &str, client: &str, audience: &str) -> (String, Duration) {
+    let mut arm = s.arm.lock().unwrap();
+    let lifetime = arm.lifetime.unwrap_or(Duration::from_secs(3599));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let claims = json!({
+        "aud": audience, "iss": format!("https://sts.windows.net/{}/", s.tenant), "iat": now, "nbf": now - 60,
+        "exp": now + lifetime.as_secs(), "tid": s.tenant, "appid": client, "oid": format!("oid-{client}"),
+        "jti": format!("{}", arm.issued.len() + 1),
+    });
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(b"the azure double's signing key").expect("an HMAC key"),
+    )
+    .expect("a signed token");
+    arm.issued.push((how.to_string(), audience.to_string()));
+    arm.tokens.insert(token.clone(), (format!("{audience}/.default"), Instant::now() + lifetime));
+    (token, lifetime)
 }
 
 fn percent_decode(v: &str) -> String {
@@ -732,7 +916,7 @@ mod tests {
     #[tokio::test]
     async fn requests_resource_manager_refuses_are_refused() {
         let double = AzureArmDouble::start("t1", "app", "secret", &[("acct", "westeurope")]);
-        let http = reqwest::Client::new();
+        let http = double.client();
         let token = async |scope: &str| {
             let r = http
                 .post(format!("{}/t1/oauth2/v2.0/token", double.endpoint))

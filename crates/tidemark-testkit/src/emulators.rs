@@ -223,9 +223,24 @@ impl Azurite {
     }
 
     pub fn start() -> Azurite {
+        Self::start_with(None)
+    }
+
+    /// Azurite in its OAuth mode, over HTTPS with `tls`'s server certificate (OAuth needs
+    /// HTTPS): it takes Microsoft Entra ID bearer tokens — checking their issuer, audience and
+    /// times, not their signature — besides shared keys. Endpoints are `https://`.
+    pub fn start_oauth(tls: &crate::TestCa) -> Azurite {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&crate::TestCa>) -> Azurite {
         let bin = repo_root().join(".tools/node_modules/.bin/azurite");
         let (blob, queue, table) = (free_port(), free_port(), free_port());
-        let child = Command::new(&bin)
+        let mut command = Command::new(&bin);
+        if let Some(tls) = tls {
+            command.args(["--oauth", "basic"]).arg("--cert").arg(&tls.cert).arg("--key").arg(&tls.key);
+        }
+        let child = command
             .args(["--blobHost", "127.0.0.1", "--blobPort", &blob.to_string()])
             .args(["--queueHost", "127.0.0.1", "--queuePort", &queue.to_string()])
             .args(["--tableHost", "127.0.0.1", "--tablePort", &table.to_string()])
@@ -238,11 +253,24 @@ impl Azurite {
                 panic!("cannot start {} ({e}): run ./scripts/setup.sh, which installs it", bin.display())
             });
         let owned = Owned(child);
-        wait_answering(blob, "azurite (blob)");
-        wait_answering(queue, "azurite (queue)");
+        let scheme = if tls.is_some() {
+            // Its TLS answers no plain request: listening is what there is to wait for.
+            for (port, what) in [(blob, "azurite (blob)"), (queue, "azurite (queue)")] {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                    assert!(Instant::now() < deadline, "{what} did not listen on port {port} within 60 s");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            "https"
+        } else {
+            wait_answering(blob, "azurite (blob)");
+            wait_answering(queue, "azurite (queue)");
+            "http"
+        };
         Azurite {
-            blob_endpoint: format!("http://127.0.0.1:{blob}/{}", Self::ACCOUNT),
-            queue_endpoint: format!("http://127.0.0.1:{queue}/{}", Self::ACCOUNT),
+            blob_endpoint: format!("{scheme}://127.0.0.1:{blob}/{}", Self::ACCOUNT),
+            queue_endpoint: format!("{scheme}://127.0.0.1:{queue}/{}", Self::ACCOUNT),
             _owned: Some(owned),
         }
     }

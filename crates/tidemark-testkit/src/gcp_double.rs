@@ -110,6 +110,31 @@ pub(crate) fn serve_in_thread(app: axum::Router) -> (String, tokio::sync::onesho
     (endpoint, stop)
 }
 
+/// [`serve_in_thread`] over HTTPS, with `tls`'s server certificate: `https://127.0.0.1:PORT`.
+pub(crate) fn serve_tls_in_thread(
+    app: axum::Router,
+    tls: &crate::TestCa,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let acceptor = tidemark_http::tls::acceptor(&tls.cert, &tls.key).expect("the test CA's server certificate");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port for a test double");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let endpoint = format!("https://{}", listener.local_addr().expect("its address"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+            let service = tidemark_http::tower(app);
+            let limits = tidemark_http::Limits::default();
+            let _ = tidemark_http::serve(listener, service, limits, Some(acceptor), async move {
+                let _ = stopped.await;
+            })
+            .await;
+        });
+    });
+    (endpoint, stop)
+}
+
 impl GcpDouble {
     /// `storage`: fake-gcs-server's URL; `pubsub`: the Pub/Sub emulator's URL.
     pub fn start(storage: &str, pubsub: &str) -> GcpDouble {

@@ -19,6 +19,7 @@ pub use process::{LogsOnFailure, TidemarkProcess, eventually, fails, free_port, 
 pub use slow_lists::SlowLists;
 pub use sse_c::SseCProxy;
 pub use throttle::{Shape, shaping_proxy, throttling_proxy};
+pub use tls::TestCa;
 
 use tidemark_core::model::{ChangeRecord, Entry};
 

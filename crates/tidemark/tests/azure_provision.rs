@@ -43,8 +43,11 @@ async fn azure_event_grid_delivery_is_provisioned_consumed_and_torn_down() {
     blobs.put("photos/before.txt", Bytes::from_static(b"before"), Default::default()).await.unwrap();
 
     let tmp = tempfile::tempdir().unwrap();
-    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
-    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    // The double serves HTTPS (Microsoft's identity library refuses an authority that does not):
+    // the server trusts its CA.
+    let ca = arm.tls.ca.to_str().unwrap();
+    let server = TidemarkProcess::server_with_env(bin(), &tmp.path().join("data"), &[], &[("SSL_CERT_FILE", ca)]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[("SSL_CERT_FILE", ca)]);
     ok(sh(&format!(
         "remote.configure -name=az -type=azure -azure.account={} -azure.account_key={} -azure.blob_endpoint={} -azure.queue_endpoint={}",
         Azurite::ACCOUNT,

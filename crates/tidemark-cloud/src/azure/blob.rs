@@ -21,14 +21,20 @@ pub const SETTINGS: &[(&str, &str)] = &[
     ("account_key", "the account's shared key (base64)"),
     ("sas_token", "a SAS token, instead of the account key"),
     (
+        "identity",
+        "how to sign in: shared_key, sas, client_secret, workload_identity, managed_identity or azure_cli \
+         (default: what is configured, in that order; see docs/SEMANTICS.md \"Who Tidemark is to the cloud\")",
+    ),
+    ("federated_token_file", "workload identity: the federated token's file (default $AZURE_FEDERATED_TOKEN_FILE)"),
+    (
         "blob_endpoint",
         "blob endpoint URL (default https://ACCOUNT.blob.core.windows.net; Azurite: http://127.0.0.1:10000/devstoreaccount1)",
     ),
     ("queue_endpoint", "queue endpoint URL, for events (default https://ACCOUNT.queue.core.windows.net)"),
     ("subscription_id", "the Azure subscription of the storage account, to provision Event Grid delivery"),
     ("resource_group", "the resource group of the storage account, to provision Event Grid delivery"),
-    ("tenant_id", "the Microsoft Entra tenant of the service principal that provisions Event Grid delivery"),
-    ("client_id", "the service principal's application (client) id"),
+    ("tenant_id", "the Microsoft Entra tenant of the identity (service principal or workload identity)"),
+    ("client_id", "the identity's application (client) id; with managed_identity, a user-assigned identity's"),
     ("client_secret", "the service principal's client secret"),
     ("arm_endpoint", "Azure Resource Manager (default https://management.azure.com)"),
     ("login_endpoint", "Microsoft Entra sign-in (default https://login.microsoftonline.com)"),

@@ -1,5 +1,5 @@
-//! A small Azure Storage REST client: Shared Key signing (or a SAS token), the `x-ms-*` headers,
-//! and error bodies turned into Tidemark errors that say what to fix.
+//! A small Azure Storage REST client: Shared Key signing, a SAS token or a Microsoft Entra ID
+//! bearer token ([`super::identity`]), the `x-ms-*` headers, and error bodies turned into Tidemark errors that say what to fix.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -13,6 +13,7 @@ use sha2::Sha256;
 use tidemark_core::remote::RemoteConf;
 use tidemark_core::{Error, Result};
 
+use super::identity::{self, Entra, STORAGE_SCOPE, Way};
 use crate::{REQUEST_TIMEOUT, STALL_TIMEOUT};
 
 pub const API_VERSION: &str = "2021-08-06";
@@ -46,6 +47,9 @@ pub fn encode_query(v: &str) -> String {
 enum Auth {
     SharedKey(Vec<u8>),
     Sas(String),
+    /// Bearer tokens for Azure Storage's audience (the API version sent, 2021-08-06, takes them:
+    /// OAuth needs 2017-11-09 or later).
+    Entra(Entra),
 }
 
 /// One storage service endpoint (blob or queue) of one account.
@@ -78,18 +82,6 @@ impl AzureClient {
         let url = reqwest::Url::parse(&endpoint)
             .map_err(|e| Error::invalid_argument(format!("bad -azure.{service}_endpoint {endpoint:?}: {e}")))?;
         let base_path = url.path().trim_end_matches('/').to_string();
-        let auth = match (conf.setting("account_key"), conf.setting("sas_token")) {
-            (Some(k), _) => Auth::SharedKey(STANDARD.decode(k).map_err(|_| {
-                Error::invalid_argument(format!("remote {:?}: -azure.account_key is not base64", conf.name))
-            })?),
-            (None, Some(sas)) => Auth::Sas(sas.trim_start_matches('?').to_string()),
-            (None, None) => {
-                return Err(Error::invalid_argument(format!(
-                    "remote {:?}: set -azure.account_key or -azure.sas_token",
-                    conf.name
-                )));
-            }
-        };
         // No deadline for a whole request here: a download lasts as long as its blob takes (and
         // its reader reads); [`Self::send`] gives every other request one.
         let http = reqwest::Client::builder()
@@ -97,11 +89,37 @@ impl AzureClient {
             .read_timeout(STALL_TIMEOUT)
             .build()
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        let way = identity::data_plane_way(conf)?;
+        let setting = |name: &str| {
+            conf.setting(name).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "remote {:?}: -azure.identity={} needs -azure.{name}",
+                    conf.name,
+                    way.name()
+                ))
+            })
+        };
+        let auth = match way {
+            Way::SharedKey => Auth::SharedKey(STANDARD.decode(setting("account_key")?).map_err(|_| {
+                Error::invalid_argument(format!("remote {:?}: -azure.account_key is not base64", conf.name))
+            })?),
+            Way::Sas => Auth::Sas(setting("sas_token")?.trim_start_matches('?').to_string()),
+            _ => Auth::Entra(Entra::new(conf, way, http.clone())?),
+        };
         Ok(AzureClient { http, account: account.to_string(), endpoint, base_path, auth, remote: conf.name.clone() })
     }
 
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// How this client signs its requests.
+    pub fn way(&self) -> Way {
+        match &self.auth {
+            Auth::SharedKey(_) => Way::SharedKey,
+            Auth::Sas(_) => Way::Sas,
+            Auth::Entra(e) => e.way,
+        }
     }
 
     /// A signed request for `path` (already encoded, starting with `/`) and `query` pairs.
@@ -184,6 +202,10 @@ impl AzureClient {
     /// [`Self::send`] without its deadline: for a download, which ends only when its reader has
     /// read it all (a stall still ends it: `STALL_TIMEOUT`).
     pub async fn send_unbounded(&self, rb: RequestBuilder, op: &str, target: &str) -> Result<Response> {
+        let rb = match &self.auth {
+            Auth::Entra(entra) => rb.bearer_auth(entra.token(STORAGE_SCOPE).await?),
+            _ => rb,
+        };
         let resp = rb.send().await.map_err(|e| {
             let mut cause: &dyn std::error::Error = &e;
             while let Some(inner) = cause.source() {
@@ -230,7 +252,8 @@ impl AzureClient {
             },
             (StatusCode::FORBIDDEN, _) | (StatusCode::UNAUTHORIZED, _) => Error::Unauthorized {
                 message: format!(
-                    "{op} {target} was refused ({code}: {message}); check the account key or SAS token of remote {:?}",
+                    "{op} {target} was refused ({code}: {message}); check {} of remote {:?}",
+                    self.way().what_to_check(),
                     self.remote
                 ),
             },

@@ -1,9 +1,10 @@
 //! Azure Storage: Blob (remote storage) and Queue (the Event Grid delivery queue), over the REST
-//! API with Shared Key or SAS authentication. Works against Azure and Azurite (path-style
+//! API with Shared Key, SAS or Microsoft Entra ID bearer tokens ([`identity`]). Works against Azure and Azurite (path-style
 //! endpoints such as `http://127.0.0.1:10000/devstoreaccount1`).
 
 pub mod blob;
 pub mod client;
+pub mod identity;
 pub mod provision;
 pub mod queue;
 

@@ -2,8 +2,9 @@
 //! storage queue (and its poison queue), the storage account's Event Grid system topic (the
 //! existing one — Azure allows one per account — or a new one), and an event subscription of
 //! this cluster's on it that delivers the container's blob events under the mount's prefix to
-//! the queue. Through Azure Resource Manager, signed in as a service principal (client
-//! credentials). The queue exists before the event subscription, so nothing is delivered to
+//! the queue. Through Azure Resource Manager, signed in with a Microsoft Entra ID identity
+//! ([`super::identity::arm_way`]: a service principal, a workload or managed identity, the Azure
+//! CLI). The queue exists before the event subscription, so nothing is delivered to
 //! nothing. Event Grid's creates and deletes are long-running operations: each is followed to
 //! its end (see [`AzureNotifications::arm`]), so a failure after Resource Manager accepted the
 //! request is seen, and the teardown's "is any event subscription left?" does not count the one
@@ -22,6 +23,7 @@ use tidemark_core::subscription::{EventNotifications, EventTypes, ManagedResourc
 use tidemark_core::{Error, Result};
 
 use super::client::{AzureClient, encode_path};
+use super::identity::{self, Entra};
 
 const EVENT_GRID_API: &str = "2022-06-15";
 const STORAGE_API: &str = "2023-01-01";
@@ -86,12 +88,8 @@ pub struct AzureNotifications {
     container: String,
     subscription_id: String,
     resource_group: String,
-    tenant_id: String,
-    client_id: String,
-    client_secret: String,
+    identity: Entra,
     arm: String,
-    login: String,
-    token: tokio::sync::Mutex<Option<String>>,
 }
 
 /// The Event Grid event types that carry `events` (docs/SEMANTICS.md "Event names": a rename is
@@ -120,7 +118,8 @@ fn setting(conf: &RemoteConf, name: &str) -> Result<String> {
     conf.setting(name).map(str::to_string).ok_or_else(|| {
         Error::invalid_argument(format!(
             "remote {:?} has no -azure.{name}: provisioning Event Grid delivery needs -azure.subscription_id, \
-             -azure.resource_group and a service principal (-azure.tenant_id, -azure.client_id, -azure.client_secret) \
+             -azure.resource_group and a Microsoft Entra ID identity (a service principal: -azure.tenant_id, \
+             -azure.client_id, -azure.client_secret; or -azure.identity=managed_identity|workload_identity|azure_cli) \
              allowed to create Event Grid resources on the storage account; or pass -queue= for a queue Event Grid \
              already delivers to",
             conf.name
@@ -136,27 +135,23 @@ impl AzureNotifications {
             .timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        let account = setting(conf, "account")?;
+        let subscription_id = setting(conf, "subscription_id")?;
+        let resource_group = setting(conf, "resource_group")?;
+        let identity = Entra::new(conf, identity::arm_way(conf)?, http.clone())?;
         Ok(AzureNotifications {
             http,
             queues,
-            account: setting(conf, "account")?,
+            account,
             container: container.to_string(),
-            subscription_id: setting(conf, "subscription_id")?,
-            resource_group: setting(conf, "resource_group")?,
-            tenant_id: setting(conf, "tenant_id")?,
-            client_id: setting(conf, "client_id")?,
-            client_secret: setting(conf, "client_secret")?,
+            subscription_id,
+            resource_group,
+            identity,
             arm: conf
                 .setting("arm_endpoint")
                 .unwrap_or("https://management.azure.com")
                 .trim_end_matches('/')
                 .to_string(),
-            login: conf
-                .setting("login_endpoint")
-                .unwrap_or("https://login.microsoftonline.com")
-                .trim_end_matches('/')
-                .to_string(),
-            token: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -174,39 +169,9 @@ impl AzureNotifications {
         )
     }
 
-    /// A token for Resource Manager (client credentials), kept for the provisioning's length.
+    /// A token for Resource Manager, whose audience is its endpoint.
     async fn token(&self) -> Result<String> {
-        let mut cached = self.token.lock().await;
-        if let Some(t) = cached.as_ref() {
-            return Ok(t.clone());
-        }
-        let url = format!("{}/{}/oauth2/v2.0/token", self.login, self.tenant_id);
-        let resp = self
-            .http
-            .post(&url)
-            .form(&[
-                ("grant_type", "client_credentials"),
-                ("client_id", self.client_id.as_str()),
-                ("client_secret", self.client_secret.as_str()),
-                ("scope", &format!("{}/.default", self.arm)),
-            ])
-            .send()
-            .await
-            .map_err(|e| Error::Unavailable { message: format!("signing in at {url}: {e}") })?;
-        let status = resp.status();
-        let body: Value = resp.json().await.unwrap_or_default();
-        let Some(token) = body["access_token"].as_str().filter(|_| status.is_success()) else {
-            let why = body["error_description"].as_str().or(body["error"].as_str()).unwrap_or("no token");
-            return Err(Error::Unauthorized {
-                message: format!(
-                    "signing in as the service principal {} of tenant {} was refused ({status}: {why}); check -azure.tenant_id, \
-                     -azure.client_id and -azure.client_secret",
-                    self.client_id, self.tenant_id
-                ),
-            });
-        };
-        *cached = Some(token.to_string());
-        Ok(token.to_string())
+        self.identity.token(&format!("{}/.default", self.arm)).await
     }
 
     /// One Resource Manager call on `id` (a resource id, or a whole URL: a list's `nextLink`),

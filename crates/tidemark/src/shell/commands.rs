@@ -67,9 +67,16 @@ pub static ALL: &[Command] = &[
                   gcs:   -gcs.endpoint -gcs.service_account_json | -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
                   \x20      -gcs.resource_manager_endpoint -gcs.emulator=true (the emulators: no credentials; an\n\
                   \x20      endpoint alone never turns credentials off)\n\
-                  azure: -azure.account -azure.account_key | -azure.sas_token -azure.blob_endpoint -azure.queue_endpoint\n\
-                  \x20      (to provision events) -azure.subscription_id -azure.resource_group -azure.tenant_id\n\
-                  \x20      -azure.client_id -azure.client_secret -azure.arm_endpoint -azure.login_endpoint\n\
+                  azure: -azure.account -azure.blob_endpoint -azure.queue_endpoint, and one way to sign in:\n\
+                  \x20      -azure.account_key | -azure.sas_token (the data plane only), or a Microsoft Entra ID identity\n\
+                  \x20      (the data plane and Resource Manager) chosen by -azure.identity=client_secret (-azure.tenant_id\n\
+                  \x20      -azure.client_id -azure.client_secret) | workload_identity (-azure.federated_token_file, or\n\
+                  \x20      AKS's AZURE_* variables) | managed_identity (-azure.client_id: a user-assigned one) | azure_cli;\n\
+                  \x20      without -azure.identity: the key, the SAS, a client secret, a federated token file, a managed\n\
+                  \x20      identity endpoint (IDENTITY_ENDPOINT), in that order; the data role the identity needs is\n\
+                  \x20      Storage Blob Data Contributor (and, for events, Storage Queue Data Message Processor/Sender)\n\
+                  \x20      (to provision events) -azure.subscription_id -azure.resource_group -azure.arm_endpoint\n\
+                  \x20      -azure.login_endpoint\n\
                   local: -local.root (the directory whose subdirectories are the buckets)\n\
                   example: remote.configure -name=aws1 -type=s3 -s3.region=eu-west-1 -s3.access_key=AK -s3.secret_key=SK",
         flags: &[
@@ -106,6 +113,11 @@ pub static ALL: &[Command] = &[
             flag("azure.account", "the storage account name"),
             flag("azure.account_key", "the account's shared key (base64)"),
             flag("azure.sas_token", "a SAS token, instead of the account key"),
+            flag(
+                "azure.identity",
+                "shared_key, sas, client_secret, workload_identity, managed_identity or azure_cli (default: inferred)",
+            ),
+            flag("azure.federated_token_file", "workload identity: the federated token's file"),
             flag("azure.blob_endpoint", "blob endpoint URL (default https://ACCOUNT.blob.core.windows.net)"),
             flag(
                 "azure.queue_endpoint",
@@ -113,8 +125,8 @@ pub static ALL: &[Command] = &[
             ),
             flag("azure.subscription_id", "the storage account's Azure subscription, to provision Event Grid delivery"),
             flag("azure.resource_group", "the storage account's resource group, to provision Event Grid delivery"),
-            flag("azure.tenant_id", "the tenant of the service principal that provisions Event Grid delivery"),
-            flag("azure.client_id", "the service principal's application (client) id"),
+            flag("azure.tenant_id", "the Microsoft Entra tenant of the identity"),
+            flag("azure.client_id", "the identity's application (client) id (managed_identity: a user-assigned one)"),
             flag("azure.client_secret", "the service principal's client secret"),
             flag("azure.arm_endpoint", "Azure Resource Manager (default https://management.azure.com)"),
             flag("azure.login_endpoint", "Microsoft Entra sign-in (default https://login.microsoftonline.com)"),

@@ -124,10 +124,14 @@ pub async fn configure(ctx: &Context, args: Args, out: Out<'_>) -> Result<(), Cm
     }
     if kind == StorageKind::Azure && !settings.contains_key("account") {
         return Err(usage(
-            "an azure remote needs -azure.account=NAME and -azure.account_key=KEY (or -azure.sas_token)",
+            "an azure remote needs -azure.account=NAME, and a way to sign in: -azure.account_key=KEY, -azure.sas_token \
+             or a Microsoft Entra ID identity (see -azure.identity in remote.configure -h)",
         ));
     }
     let conf = RemoteConf { name: name.to_string(), kind, settings };
+    if kind == StorageKind::Azure {
+        tidemark_cloud::azure::identity::check(&conf).map_err(|e| usage(e.to_string()))?;
+    }
     write_json(filer, &path, &conf, existing.map(|(_, v)| v)).await.map_err(|e| match e {
         Error::PreconditionFailed { .. } => {
             CmdError::Failed(format!("remote {name:?} was changed concurrently; run the command again"))
