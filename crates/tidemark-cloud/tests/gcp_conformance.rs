@@ -15,7 +15,7 @@ use tidemark_core::RemoteStorage;
 use tidemark_core::events::{Decoded, EventKind, EventSource, gcs};
 use tidemark_core::remote::{RemoteConf, StorageKind};
 use tidemark_testkit::emulators::http_request;
-use tidemark_testkit::{FakeGcs, PubSub, unique_name};
+use tidemark_testkit::{FakeGcs, GcpDouble, PubSub, unique_name};
 
 fn conf(gcs_endpoint: &str, pubsub_host: Option<&str>) -> RemoteConf {
     let mut settings = vec![
@@ -167,70 +167,64 @@ async fn gcs_notifications_finalize_metadata_update_and_delete() {
     assert!(finalized >= 2, "both writes finalize: {seen:?}");
 }
 
-/// A service account key is exchanged for a token (a signed JWT, RS256) at its token endpoint,
-/// once, and the token is reused. The endpoint here is a stand-in that checks the request.
+/// A service account key signs its own JWT (Google's `google-cloud-auth`, AIP-4111) carrying
+/// Tidemark's scopes, reused while it is valid; a custom endpoint (here the double in front of
+/// fake-gcs-server, standing in for a regional or Private Service Connect one) is still sent the
+/// remote's credentials: only -gcs.emulator=true turns them off. A credentials file of a type
+/// Tidemark does not take, or a missing one, is refused naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_service_account_key_is_exchanged_for_a_cached_token() {
-    use std::io::{Read, Write};
+async fn a_service_account_key_signs_its_own_token_with_tidemarks_scopes() {
     let fake = FakeGcs::get(None);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let token_uri = format!("http://{}/token", listener.local_addr().unwrap());
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen_calls = calls.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut s) = stream else { return };
-            let mut buf = vec![0u8; 16 * 1024];
-            let n = s.read(&mut buf).unwrap_or(0);
-            let req = String::from_utf8_lossy(&buf[..n]).into_owned();
-            let body = req.split("\r\n\r\n").nth(1).unwrap_or("");
-            let ok = body.contains("grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer")
-                && body.split("assertion=").nth(1).is_some_and(|jwt| {
-                    let parts: Vec<&str> = jwt.split('.').collect();
-                    let decode = |p: &str| {
-                        base64::engine::general_purpose::URL_SAFE_NO_PAD
-                            .decode(p)
-                            .ok()
-                            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    };
-                    let (header, claims) =
-                        (parts.first().and_then(|p| decode(p)), parts.get(1).and_then(|p| decode(p)));
-                    parts.len() == 3
-                        && header.is_some_and(|h| h["alg"] == "RS256")
-                        && claims.is_some_and(|c| {
-                            c["iss"] == "tidemark-test@tidemark-test.iam.gserviceaccount.com"
-                                && c["scope"].as_str().is_some_and(|s| s.contains("devstorage"))
-                                && c["aud"].as_str().is_some_and(|a| a.ends_with("/token"))
-                        })
-                });
-            seen_calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let (status, answer) = if ok {
-                ("200 OK", r#"{"access_token":"tok-123","expires_in":3600,"token_type":"Bearer"}"#)
-            } else {
-                ("400 Bad Request", r#"{"error":{"message":"bad assertion"}}"#)
-            };
-            let _ = write!(
-                s,
-                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-                answer.len()
-            );
-        }
-    });
-    let mut key: serde_json::Value = serde_json::from_str(include_str!("data/test-service-account.json")).unwrap();
-    key["token_uri"] = serde_json::Value::String(token_uri);
-    // A custom endpoint (here fake-gcs-server's, standing in for a regional or Private Service
-    // Connect one) is still sent the remote's credentials: only -gcs.emulator=true turns them off.
-    let mut c = conf(&fake.endpoint, None);
+    let double = GcpDouble::start(&fake.endpoint, "http://127.0.0.1:9");
+    let key = include_str!("data/test-service-account.json");
+    let mut c = conf(&double.endpoint, None);
     c.settings.remove("emulator");
     c.settings.insert("service_account_json".into(), key.to_string());
     let storage = GcsStorage::open(&c, &unique_name("sa")).unwrap();
     storage.create_bucket().await.expect("the token was accepted");
     storage.put("k", Bytes::from_static(b"v"), Default::default()).await.unwrap();
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "one exchange, then the cached token");
+    storage.stat("k").await.unwrap().expect("the object");
+    assert_eq!(double.ways(), ["self_signed"], "one self-signed token, reused");
+    let scopes = double.scopes_issued().concat();
+    assert!(scopes.iter().any(|s| s.ends_with("/devstorage.read_write")), "{scopes:?}");
+    assert!(scopes.iter().any(|s| s.ends_with("/pubsub")), "{scopes:?}");
 
     c.settings.insert("service_account_json".into(), "/no/such/key.json".into());
     let err = GcsStorage::open(&c, "b").err().expect("a missing key file is refused").to_string();
     assert!(err.contains("/no/such/key.json"), "{err}");
+    c.settings.insert("service_account_json".into(), r#"{"type": "api_key"}"#.into());
+    let err = GcsStorage::open(&c, "b").err().expect("not a credentials file Tidemark takes").to_string();
+    assert!(err.contains("\"api_key\"") && err.contains("external_account"), "{err}");
+}
+
+/// Workload identity federation: an external account's credentials file (its subject token in
+/// a file, as Kubernetes or another cloud writes it) is exchanged at the Security Token Service
+/// for a Google access token, by `google-cloud-auth`; a subject token the pool does not trust is
+/// refused, said with what to check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_account_is_exchanged_at_sts() {
+    let fake = FakeGcs::get(None);
+    let double = GcpDouble::start(&fake.endpoint, "http://127.0.0.1:9");
+    let tmp = tempfile::tempdir().unwrap();
+    let subject = tmp.path().join("subject-token");
+    std::fs::write(&subject, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ0aWRlbWFyayJ9.c2ln").unwrap();
+    let audience = "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/p/providers/k8s";
+    let file = serde_json::json!({
+        "type": "external_account", "audience": audience,
+        "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+        "token_url": format!("{}/v1/token", double.endpoint),
+        "credential_source": {"file": subject.to_str().unwrap()},
+    });
+    let mut c = conf(&double.endpoint, None);
+    c.settings.remove("emulator");
+    c.settings.insert("service_account_json".into(), file.to_string());
+    let err = GcsStorage::open(&c, &unique_name("wif")).unwrap().create_bucket().await.unwrap_err().to_string();
+    assert!(err.contains("invalid_grant") && err.contains("Application Default Credentials"), "{err}");
+    double.federate(audience, &std::fs::read_to_string(&subject).unwrap());
+    let storage = GcsStorage::open(&c, &unique_name("wif")).unwrap();
+    storage.create_bucket().await.expect("the exchanged token was accepted");
+    storage.put("k", Bytes::from_static(b"v"), Default::default()).await.unwrap();
+    assert_eq!(double.ways(), ["sts"], "{:?}", double.ways());
 }
 
 /// Credentials are turned off only by `-gcs.emulator=true`, never by an endpoint: a custom
@@ -243,7 +237,7 @@ async fn only_the_emulator_setting_turns_credentials_off() {
     c.settings.remove("emulator");
     let storage = GcsStorage::open(&c, &unique_name("noauth")).unwrap();
     let err = storage.create_bucket().await.expect_err("no credentials, and no metadata server here").to_string();
-    assert!(err.contains("no Google credentials") && err.contains("-gcs.emulator=true"), "{err}");
+    assert!(err.contains("Application Default Credentials") && err.contains("-gcs.emulator=true"), "{err}");
 
     let mut c = conf(&fake.endpoint, None);
     c.settings.insert("access_token".into(), "ya29.token".into());

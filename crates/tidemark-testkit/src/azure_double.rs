@@ -585,7 +585,7 @@ fn issue(s: &Shared, how: &str, client: &str, audience: &str) -> (String, Durati
     (token, lifetime)
 }
 
-fn percent_decode(v: &str) -> String {
+pub(crate) fn percent_decode(v: &str) -> String {
     let bytes = v.replace('+', " ").into_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -9,7 +9,22 @@
 //!   method the reference does not give (a POST to `getIamPolicy`) is a 404, as Google answers;
 //! - Cloud Resource Manager: `projects.get` (`GET /v1/projects/P`), for the project's number;
 //! - Google's OAuth 2.0 token endpoint for a service account (`POST /token`, the JWT bearer
-//!   grant), and the scopes its tokens carry.
+//!   grant), and the scopes its tokens carry; a service account's **self-signed JWT** used as the
+//!   bearer token itself, as Google accepts it for its APIs ("AIP-4111: Self-signed JWT": RS256,
+//!   `iss` = `sub` = the account's email, a `scope` claim, at most an hour between `iat` and
+//!   `exp`) — how `google-cloud-auth` signs in with a key;
+//! - the **metadata server** of a Google Cloud machine, or GKE's workload identity's
+//!   ("About VM metadata": `GET /computeMetadata/v1/instance/service-accounts/default/token`,
+//!   `?scopes=` comma-separated, only with `Metadata-Flavor: Google`, 403 without; the answer
+//!   carries `Metadata-Flavor: Google`) — reached through `GCE_METADATA_HOST`;
+//! - **Security Token Service** token exchange for workload identity federation ("Method:
+//!   token", sts.googleapis.com `POST /v1/token`, RFC 8693: `grant_type` token-exchange, the
+//!   pool provider's `audience`, `subject_token` and its type, `requested_token_type`
+//!   access_token, `scope`): a subject token a test registered ([`GcpDouble::federate`]) for
+//!   that audience, else 400 `invalid_grant`.
+//!
+//! Every token the double issues expires ([`GcpDouble::token_lifetime`]; Google's last an hour)
+//! and is refused 401 once it has.
 //!
 //! They follow Google's published REST reference: the same paths, bodies, status codes and
 //! error shapes (`{"error": {"code", "message", "status"?}}`), 404 for an unknown bucket or
@@ -66,6 +81,14 @@ struct Doubled {
     changed: HashMap<String, (Value, std::time::Instant)>,
     /// token -> the scopes it carries
     tokens: HashMap<String, Vec<String>>,
+    /// token -> when it expires
+    expiries: HashMap<String, std::time::Instant>,
+    /// How long tokens issued from now on last (default 3,599 s).
+    lifetime: Option<std::time::Duration>,
+    /// (audience, subject token) pairs STS exchanges.
+    federated: Vec<(String, String)>,
+    /// How each token was got: `key`, `self_signed`, `metadata`, `sts`.
+    ways: Vec<String>,
     /// The next requests answered 429.
     throttled: u32,
     /// The next `setIamPolicy`s preceded by another writer's change.
@@ -176,6 +199,28 @@ impl GcpDouble {
         self.shared.state.lock().unwrap().refused_unpropagated
     }
 
+    /// Tokens issued from now on last `lifetime`.
+    pub fn token_lifetime(&self, lifetime: std::time::Duration) {
+        self.shared.state.lock().unwrap().lifetime = Some(lifetime);
+    }
+
+    /// Workload identity federation: STS exchanges `subject_token` for the pool provider
+    /// `audience` (`//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`).
+    pub fn federate(&self, audience: &str, subject_token: &str) {
+        self.shared.state.lock().unwrap().federated.push((audience.into(), subject_token.into()));
+    }
+
+    /// How each token seen was got, in order: `key` (the JWT bearer grant), `self_signed`,
+    /// `metadata`, `sts`.
+    pub fn ways(&self) -> Vec<String> {
+        self.shared.state.lock().unwrap().ways.clone()
+    }
+
+    /// `host:port`, for `GCE_METADATA_HOST`.
+    pub fn metadata_host(&self) -> String {
+        self.endpoint.trim_start_matches("http://").to_string()
+    }
+
     /// The scopes of every token issued, in order.
     pub fn scopes_issued(&self) -> Vec<Vec<String>> {
         let st = self.shared.state.lock().unwrap();
@@ -211,10 +256,104 @@ fn token(s: &Shared, body: &[u8]) -> Response {
             .into_response();
     };
     let scopes: Vec<String> = claims["scope"].as_str().unwrap_or("").split_whitespace().map(str::to_string).collect();
+    let (token, lifetime) = issue(s, "key", scopes);
+    ok(json!({"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}))
+}
+
+/// A new access token carrying `scopes`, got `way`; and its lifetime in seconds.
+fn issue(s: &Shared, way: &str, scopes: Vec<String>) -> (String, u64) {
     let mut st = s.state.lock().unwrap();
+    let lifetime = st.lifetime.unwrap_or(std::time::Duration::from_secs(3599));
     let token = format!("ya29.double-{}", st.tokens.len() + 1);
     st.tokens.insert(token.clone(), scopes);
-    ok(json!({"access_token": token, "expires_in": 3599, "token_type": "Bearer"}))
+    st.expiries.insert(token.clone(), std::time::Instant::now() + lifetime);
+    st.ways.push(way.into());
+    (token, lifetime.as_secs())
+}
+
+fn form_of(body: &[u8]) -> BTreeMap<String, String> {
+    String::from_utf8_lossy(body)
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), crate::azure_double::percent_decode(v)))
+        .collect()
+}
+
+/// The metadata server's token for the machine's default service account.
+fn metadata_token(s: &Shared, headers: &HeaderMap, query: &str) -> Response {
+    if headers.get("metadata-flavor").and_then(|v| v.to_str().ok()) != Some("Google") {
+        return (StatusCode::FORBIDDEN, "Missing Metadata-Flavor:Google header.").into_response();
+    }
+    let scopes: Vec<String> = form_of(query.as_bytes())
+        .get("scopes")
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|| vec!["https://www.googleapis.com/auth/cloud-platform".into()]);
+    let (token, lifetime) = issue(s, "metadata", scopes);
+    let mut r = ok(json!({"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}));
+    r.headers_mut().insert("metadata-flavor", "Google".parse().unwrap());
+    r
+}
+
+/// Security Token Service's token exchange (workload identity federation).
+fn sts_token(s: &Shared, body: &[u8]) -> Response {
+    let form = form_of(body);
+    let bad = |description: &str| {
+        (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "invalid_request", "error_description": description})))
+            .into_response()
+    };
+    if form.get("grant_type").map(String::as_str) != Some("urn:ietf:params:oauth:grant-type:token-exchange") {
+        return bad("Invalid value for \"grant_type\".");
+    }
+    if form.get("requested_token_type").map(String::as_str) != Some("urn:ietf:params:oauth:token-type:access_token") {
+        return bad("Invalid value for \"requested_token_type\".");
+    }
+    let (Some(audience), Some(subject), Some(_)) =
+        (form.get("audience"), form.get("subject_token"), form.get("subject_token_type"))
+    else {
+        return bad("audience, subject_token and subject_token_type are required.");
+    };
+    let known = s.state.lock().unwrap().federated.iter().any(|(a, t)| a == audience && t == subject);
+    if !known {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": "invalid_grant", "error_description": "The audience in ID Token does not match the expected audience."})),
+        )
+            .into_response();
+    }
+    let scopes = form.get("scope").map(|s| s.split_whitespace().map(str::to_string).collect()).unwrap_or_default();
+    let (token, lifetime) = issue(s, "sts", scopes);
+    ok(json!({"access_token": token, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+        "token_type": "Bearer", "expires_in": lifetime}))
+}
+
+/// A service account's self-signed JWT (AIP-4111), as Google checks one: its scopes, or why
+/// it is refused. (Its signature is not checked: the double holds no public keys.)
+fn self_signed(token: &str) -> std::result::Result<Vec<String>, &'static str> {
+    use base64::Engine;
+    let part = |i: usize| {
+        token
+            .split('.')
+            .nth(i)
+            .and_then(|p| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(p).ok())
+            .and_then(|p| serde_json::from_slice::<Value>(&p).ok())
+    };
+    let (Some(header), Some(claims)) = (part(0), part(1)) else { return Err("not a JWT") };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let (iat, exp) = (claims["iat"].as_u64().unwrap_or(0), claims["exp"].as_u64().unwrap_or(0));
+    let email = claims["iss"].as_str().unwrap_or_default();
+    if header["alg"] != "RS256" || header["kid"].as_str().is_none_or(str::is_empty) {
+        return Err("not signed with a service account key (RS256, kid)");
+    }
+    if !email.ends_with(".iam.gserviceaccount.com") || claims["sub"] != email {
+        return Err("iss and sub are not the service account's email");
+    }
+    // An hour at most, with Google's allowance for clock skew (its own library signs iat 10 s
+    // early and exp 10 s late).
+    if exp <= now || iat > now + 300 || exp.saturating_sub(iat) > 3600 + 300 {
+        return Err("expired, not yet valid, or valid for more than an hour");
+    }
+    let scopes: Vec<String> = claims["scope"].as_str().unwrap_or("").split_whitespace().map(str::to_string).collect();
+    if scopes.is_empty() { Err("no scope claim") } else { Ok(scopes) }
 }
 
 /// Google's check of the caller: `None` to serve the request; else the refusal. No token is the
@@ -222,12 +361,30 @@ fn token(s: &Shared, body: &[u8]) -> Response {
 /// API — as Google answers: 401 `UNAUTHENTICATED`, 403 `ACCESS_TOKEN_SCOPE_INSUFFICIENT`.
 fn identity(s: &Shared, headers: &HeaderMap, path: &str) -> Option<Response> {
     let bearer = headers.get("authorization")?.to_str().ok()?.strip_prefix("Bearer ")?.to_string();
-    let st = s.state.lock().unwrap();
+    let mut st = s.state.lock().unwrap();
+    if st.expiries.get(&bearer).is_some_and(|e| std::time::Instant::now() >= *e) {
+        return Some(error(
+            StatusCode::UNAUTHORIZED,
+            "Request had invalid authentication credentials: the access token expired.",
+        ));
+    }
+    let mut why = "";
+    if !st.tokens.contains_key(&bearer) {
+        match self_signed(&bearer) {
+            Ok(scopes) => {
+                st.tokens.insert(bearer.clone(), scopes);
+                st.ways.push("self_signed".into());
+            }
+            Err(e) => why = e,
+        }
+    }
     let Some(scopes) = st.tokens.get(&bearer) else {
         return Some(error(
             StatusCode::UNAUTHORIZED,
-            "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid \
-             authentication credential.",
+            &format!(
+                "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other \
+                 valid authentication credential. (the double: {why})"
+            ),
         ));
     };
     const AUTH: &str = "https://www.googleapis.com/auth/";
@@ -278,6 +435,13 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
     };
     if method == Method::POST && path == "/token" {
         return token(&s, &body);
+    }
+    if method == Method::POST && path == "/v1/token" {
+        return sts_token(&s, &body);
+    }
+    if method == Method::GET && path == "/computeMetadata/v1/instance/service-accounts/default/token" {
+        let query = path_and_query.split_once('?').map(|(_, q)| q).unwrap_or("");
+        return metadata_token(&s, &headers, query);
     }
     if let Some(refused) = identity(&s, &headers, &path) {
         return refused;

@@ -1,108 +1,66 @@
-//! Bearer tokens for Google APIs.
+//! Bearer tokens for Google APIs, from Google's own `google-cloud-auth`: Application Default
+//! Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's file, the metadata server of a Google
+//! Cloud machine or of GKE's workload identity), or a credentials file given in the remote's
+//! settings — a service account key, an authorized user, an external account (workload identity
+//! federation: a token from AWS, Azure, Kubernetes or any OIDC provider exchanged at Google's
+//! STS), or an impersonated service account. The crate caches each token and refreshes it before
+//! it expires.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
+use google_cloud_auth::credentials::{
+    AccessTokenCredentials, external_account, impersonated, service_account, user_account,
+};
 use reqwest::RequestBuilder;
-use serde::Deserialize;
 
 use tidemark_core::remote::RemoteConf;
 use tidemark_core::{Error, Result};
-
-const METADATA_TOKEN: &str =
-    "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token";
 
 pub enum Auth {
     /// An emulator: no credentials.
     None,
     /// A token given in the configuration.
     Static(String),
-    /// A service account key: a signed JWT exchanged for an access token, cached.
-    ServiceAccount { key: Box<ServiceAccountKey>, cache: Mutex<Option<(String, Instant)>> },
-    /// The metadata server of a Google Cloud machine, cached until shortly before expiry.
-    Metadata(Mutex<Option<(String, Instant)>>),
-}
-
-/// The parts of a service account key file Tidemark uses.
-#[derive(Deserialize, Clone)]
-pub struct ServiceAccountKey {
-    pub client_email: String,
-    pub private_key: String,
-    #[serde(default = "default_token_uri")]
-    pub token_uri: String,
-}
-
-fn default_token_uri() -> String {
-    "https://oauth2.googleapis.com/token".into()
+    /// Google's credentials: where they came from (for errors), and the credentials.
+    Google { from: String, credentials: AccessTokenCredentials },
 }
 
 /// What Tidemark asks for: objects (read and write), Pub/Sub, and reading projects (Resource
 /// Manager's `projects.get`, for the project's number when dead letters are provisioned: its
 /// reference accepts `cloudplatformprojects.readonly`, the narrowest scope that reads a project).
-const SCOPES: &str = "https://www.googleapis.com/auth/devstorage.read_write https://www.googleapis.com/auth/pubsub \
-                      https://www.googleapis.com/auth/cloudplatformprojects.readonly";
+pub const SCOPES: [&str; 3] = [
+    "https://www.googleapis.com/auth/devstorage.read_write",
+    "https://www.googleapis.com/auth/pubsub",
+    "https://www.googleapis.com/auth/cloudplatformprojects.readonly",
+];
 
-#[derive(serde::Serialize)]
-struct Claims<'a> {
-    iss: &'a str,
-    scope: &'a str,
-    aud: &'a str,
-    iat: u64,
-    exp: u64,
-}
-
-impl ServiceAccountKey {
-    /// Reads `service_account_json`: the key file's path, or the JSON itself.
-    pub fn load(setting: &str) -> Result<Self> {
-        let text = if setting.trim_start().starts_with('{') {
-            setting.to_string()
-        } else {
-            std::fs::read_to_string(setting)
-                .map_err(|e| Error::invalid_argument(format!("-gcs.service_account_json: reading {setting}: {e}")))?
-        };
-        serde_json::from_str(&text).map_err(|e| {
-            Error::invalid_argument(format!("-gcs.service_account_json is not a service account key: {e}"))
-        })
-    }
-
-    /// The signed JWT assertion of the OAuth 2.0 JWT bearer flow.
-    pub fn assertion(&self, now_secs: u64) -> Result<String> {
-        let claims = Claims {
-            iss: &self.client_email,
-            scope: SCOPES,
-            aud: &self.token_uri,
-            iat: now_secs,
-            exp: now_secs + 3600,
-        };
-        let key = jsonwebtoken::EncodingKey::from_rsa_pem(self.private_key.as_bytes()).map_err(|e| {
-            Error::invalid_argument(format!("the service account's private_key is not an RSA PEM key: {e}"))
-        })?;
-        jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256), &claims, &key)
-            .map_err(|e| Error::internal(format!("signing the service account assertion: {e}")))
-    }
-}
-
-async fn cached_or<F>(cache: &Mutex<Option<(String, Instant)>>, fetch: F) -> Result<String>
-where
-    F: std::future::Future<Output = Result<TokenResponse>>,
-{
-    if let Some((t, until)) = cache.lock().ok().and_then(|c| c.clone())
-        && Instant::now() < until
-    {
-        return Ok(t);
-    }
-    let token = fetch.await?;
-    let until = Instant::now() + Duration::from_secs(token.expires_in.saturating_sub(60));
-    if let Ok(mut c) = cache.lock() {
-        *c = Some((token.access_token.clone(), until));
-    }
-    Ok(token.access_token)
-}
-
-#[derive(Deserialize)]
-struct TokenResponse {
-    access_token: String,
-    expires_in: u64,
+/// Reads `service_account_json` (the file's path, or the JSON itself): any credentials file
+/// Google's tools write, told apart by its `type`.
+fn credentials_file(setting: &str) -> Result<AccessTokenCredentials> {
+    let text = if setting.trim_start().starts_with('{') {
+        setting.to_string()
+    } else {
+        std::fs::read_to_string(setting)
+            .map_err(|e| Error::invalid_argument(format!("-gcs.service_account_json: reading {setting}: {e}")))?
+    };
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::invalid_argument(format!("-gcs.service_account_json is not a credentials file: {e}")))?;
+    let built = match json["type"].as_str().unwrap_or_default() {
+        "service_account" => service_account::Builder::new(json)
+            .with_access_specifier(service_account::AccessSpecifier::from_scopes(SCOPES))
+            .build_access_token_credentials(),
+        "authorized_user" => user_account::Builder::new(json).with_scopes(SCOPES).build_access_token_credentials(),
+        "external_account" => external_account::Builder::new(json).with_scopes(SCOPES).build_access_token_credentials(),
+        "impersonated_service_account" => {
+            impersonated::Builder::new(json).with_scopes(SCOPES).build_access_token_credentials()
+        }
+        other => {
+            return Err(Error::invalid_argument(format!(
+                "-gcs.service_account_json: a credentials file of type {other:?} is not one Tidemark takes: give a \
+                 service_account key, an authorized_user, an external_account (workload identity federation) or an \
+                 impersonated_service_account file"
+            )));
+        }
+    };
+    built.map_err(|e| Error::invalid_argument(format!("-gcs.service_account_json: {e}")))
 }
 
 /// Whether the remote's endpoints are the emulators (`-gcs.emulator=true`: fake-gcs-server,
@@ -121,8 +79,8 @@ pub fn emulator(conf: &RemoteConf) -> Result<bool> {
 
 impl Auth {
     /// In order: none for an emulator (`emulator`: `-gcs.emulator=true`, or Pub/Sub's
-    /// `PUBSUB_EMULATOR_HOST`), a configured token, a service account key, else the metadata
-    /// server of a Google Cloud machine. An emulator with credentials configured is a
+    /// `PUBSUB_EMULATOR_HOST`), a configured token, a configured credentials file, else
+    /// Application Default Credentials. An emulator with credentials configured is a
     /// contradiction, refused.
     pub fn from_conf(conf: &RemoteConf, emulator: bool) -> Result<Auth> {
         let configured = ["access_token", "service_account_json"].into_iter().find(|s| conf.setting(s).is_some());
@@ -137,59 +95,38 @@ impl Auth {
         if let Some(t) = conf.setting("access_token") {
             return Ok(Auth::Static(t.to_string()));
         }
-        if let Some(sa) = conf.setting("service_account_json") {
-            return Ok(Auth::ServiceAccount { key: Box::new(ServiceAccountKey::load(sa)?), cache: Mutex::new(None) });
+        if let Some(file) = conf.setting("service_account_json") {
+            return Ok(Auth::Google { from: "-gcs.service_account_json".into(), credentials: credentials_file(file)? });
         }
-        Ok(Auth::Metadata(Mutex::new(None)))
+        let credentials = google_cloud_auth::credentials::Builder::default()
+            .with_scopes(SCOPES)
+            .build_access_token_credentials()
+            .map_err(|e| Error::invalid_argument(format!("Google's Application Default Credentials: {e}")))?;
+        Ok(Auth::Google { from: "Application Default Credentials".into(), credentials })
     }
 
-    pub async fn apply(&self, http: &reqwest::Client, rb: RequestBuilder) -> Result<RequestBuilder> {
+    pub async fn apply(&self, _http: &reqwest::Client, rb: RequestBuilder) -> Result<RequestBuilder> {
         match self {
             Auth::None => Ok(rb),
             Auth::Static(t) => Ok(rb.bearer_auth(t)),
-            Auth::Metadata(cache) => {
-                let token = cached_or(cache, async {
-                    let resp = http
-                        .get(METADATA_TOKEN)
-                        .header("Metadata-Flavor", "Google")
-                        .timeout(Duration::from_secs(5))
-                        .send()
-                        .await
-                        .map_err(|e| Error::Unauthorized {
-                            message: format!(
-                                "no Google credentials: set -gcs.service_account_json or -gcs.access_token, or run on a Google Cloud machine (metadata server: {e}); for the emulators, set -gcs.emulator=true"
-                            ),
-                        })?;
-                    resp.json().await.map_err(|e| Error::Unauthorized { message: format!("the metadata server's token answer is unreadable: {e}") })
-                })
-                .await?;
-                Ok(rb.bearer_auth(token))
-            }
-            Auth::ServiceAccount { key, cache } => {
-                let token = cached_or(cache, async {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or(0);
-                    let assertion = key.assertion(now)?;
-                    let resp = http
-                        .post(&key.token_uri)
-                        .form(&[
-                            ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
-                            ("assertion", assertion.as_str()),
-                        ])
-                        .timeout(Duration::from_secs(10))
-                        .send()
-                        .await
-                        .map_err(|e| transport("token exchange", &key.client_email, &key.token_uri, e))?;
-                    let resp = check(resp, "token exchange for", &key.client_email).await?;
-                    resp.json().await.map_err(|e| Error::Unauthorized {
-                        message: format!("the token endpoint's answer is unreadable: {e}"),
-                    })
-                })
-                .await?;
-                Ok(rb.bearer_auth(token))
-            }
+            Auth::Google { from, credentials } => match credentials.access_token().await {
+                Ok(t) => Ok(rb.bearer_auth(t.token)),
+                Err(e) => {
+                    let mut why = e.to_string();
+                    let mut cause = std::error::Error::source(&e);
+                    while let Some(c) = cause {
+                        why.push_str(&format!(": {c}"));
+                        cause = c.source();
+                    }
+                    let message = format!(
+                        "getting a Google access token ({from}) failed: {why}; without -gcs.service_account_json or \
+                         -gcs.access_token, Tidemark uses Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, \
+                         gcloud's application-default login, or the metadata server of a Google Cloud machine); for \
+                         the emulators, set -gcs.emulator=true"
+                    );
+                    Err(if e.is_transient() { Error::Unavailable { message } } else { Error::Unauthorized { message } })
+                }
+            },
         }
     }
 }

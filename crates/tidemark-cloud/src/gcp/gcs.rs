@@ -21,7 +21,13 @@ pub const SETTINGS: &[(&str, &str)] = &[
         "endpoint",
         "the Cloud Storage endpoint (default https://storage.googleapis.com; fake-gcs-server: http://127.0.0.1:PORT)",
     ),
-    ("access_token", "an OAuth2 access token (default: the metadata server of a Google Cloud machine)"),
+    (
+        "service_account_json",
+        "a Google credentials file (its path, or the JSON): a service account key, an authorized user, an external \
+         account (workload identity federation) or an impersonated service account (default: Application Default \
+         Credentials — GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default login, the metadata server)",
+    ),
+    ("access_token", "an OAuth2 access token, used as given (never refreshed)"),
     (
         "emulator",
         "true: the endpoints are emulators (fake-gcs-server, the Pub/Sub emulator) — no credentials are sent and Pub/Sub \

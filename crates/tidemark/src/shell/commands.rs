@@ -66,7 +66,9 @@ pub static ALL: &[Command] = &[
                   \x20      -s3.force_path_style -s3.sqs_endpoint -s3.sns_endpoint -s3.events_endpoint\n\
                   gcs:   -gcs.endpoint -gcs.service_account_json | -gcs.access_token -gcs.pubsub_endpoint -gcs.project\n\
                   \x20      -gcs.resource_manager_endpoint -gcs.emulator=true (the emulators: no credentials; an\n\
-                  \x20      endpoint alone never turns credentials off)\n\
+                  \x20      endpoint alone never turns credentials off); without -gcs.service_account_json or\n\
+                  \x20      -gcs.access_token: Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's\n\
+                  \x20      application-default login, the metadata server of a Google Cloud machine or GKE pod)\n\
                   azure: -azure.account -azure.blob_endpoint -azure.queue_endpoint, and one way to sign in:\n\
                   \x20      -azure.account_key | -azure.sas_token (the data plane only), or a Microsoft Entra ID identity\n\
                   \x20      (the data plane and Resource Manager) chosen by -azure.identity=client_secret (-azure.tenant_id\n\
@@ -97,7 +99,8 @@ pub static ALL: &[Command] = &[
             flag("gcs.endpoint", "Cloud Storage endpoint (default https://storage.googleapis.com)"),
             flag(
                 "gcs.service_account_json",
-                "a service account key: its JSON file's path (default: the metadata server)",
+                "a Google credentials file: a service account key, authorized user, external account (workload \
+                 identity federation) or impersonated service account (default: Application Default Credentials)",
             ),
             flag("gcs.access_token", "an OAuth2 access token, instead of a service account"),
             flag(
