@@ -197,6 +197,27 @@ async fn a_service_account_key_signs_its_own_token_with_tidemarks_scopes() {
     assert!(err.contains("\"api_key\"") && err.contains("external_account"), "{err}");
 }
 
+/// An authorized user (gcloud's `auth application-default login` file): its refresh token is
+/// exchanged at the token endpoint the file names, for a token with Tidemark's scopes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorized_users_refresh_token_is_exchanged() {
+    let fake = FakeGcs::get(None);
+    let double = GcpDouble::start(&fake.endpoint, "http://127.0.0.1:9");
+    double.authorize_user("1//double-refresh-token");
+    let file = serde_json::json!({
+        "type": "authorized_user", "client_id": "123.apps.googleusercontent.com", "client_secret": "d-not-a-secret",
+        "refresh_token": "1//double-refresh-token", "token_uri": format!("{}/token", double.endpoint),
+    });
+    let mut c = conf(&double.endpoint, None);
+    c.settings.remove("emulator");
+    c.settings.insert("service_account_json".into(), file.to_string());
+    let storage = GcsStorage::open(&c, &unique_name("user")).unwrap();
+    storage.create_bucket().await.expect("the refreshed token was accepted");
+    storage.put("k", Bytes::from_static(b"v"), Default::default()).await.unwrap();
+    assert_eq!(double.ways(), ["user"]);
+    assert!(double.scopes_issued().concat().iter().any(|s| s.ends_with("/devstorage.read_write")));
+}
+
 /// Workload identity federation: an external account's credentials file (its subject token in
 /// a file, as Kubernetes or another cloud writes it) is exchanged at the Security Token Service
 /// for a Google access token, by `google-cloud-auth`; a subject token the pool does not trust is

@@ -8,8 +8,8 @@
 //!   (`/v1/projects/P/topics/T:...`) and the same of subscriptions — the emulator answers 501; a
 //!   method the reference does not give (a POST to `getIamPolicy`) is a 404, as Google answers;
 //! - Cloud Resource Manager: `projects.get` (`GET /v1/projects/P`), for the project's number;
-//! - Google's OAuth 2.0 token endpoint for a service account (`POST /token`, the JWT bearer
-//!   grant), and the scopes its tokens carry; a service account's **self-signed JWT** used as the
+//! - Google's OAuth 2.0 token endpoint (`POST /token`): a service account's JWT bearer grant, an
+//!   authorized user's refresh token, and the scopes its tokens carry; a service account's **self-signed JWT** used as the
 //!   bearer token itself, as Google accepts it for its APIs ("AIP-4111: Self-signed JWT": RS256,
 //!   `iss` = `sub` = the account's email, a `scope` claim, at most an hour between `iat` and
 //!   `exp`) — how `google-cloud-auth` signs in with a key;
@@ -87,8 +87,10 @@ struct Doubled {
     lifetime: Option<std::time::Duration>,
     /// (audience, subject token) pairs STS exchanges.
     federated: Vec<(String, String)>,
-    /// How each token was got: `key`, `self_signed`, `metadata`, `sts`.
+    /// How each token was got: `key`, `self_signed`, `metadata`, `sts`, `user`.
     ways: Vec<String>,
+    /// Refresh tokens of authorized users the token endpoint takes.
+    refresh_tokens: Vec<String>,
     /// The next requests answered 429.
     throttled: u32,
     /// The next `setIamPolicy`s preceded by another writer's change.
@@ -210,6 +212,11 @@ impl GcpDouble {
         self.shared.state.lock().unwrap().federated.push((audience.into(), subject_token.into()));
     }
 
+    /// An authorized user whose `refresh_token` the token endpoint (`ENDPOINT/token`) refreshes.
+    pub fn authorize_user(&self, refresh_token: &str) {
+        self.shared.state.lock().unwrap().refresh_tokens.push(refresh_token.into());
+    }
+
     /// How each token seen was got, in order: `key` (the JWT bearer grant), `self_signed`,
     /// `metadata`, `sts`.
     pub fn ways(&self) -> Vec<String> {
@@ -241,6 +248,32 @@ fn token(s: &Shared, body: &[u8]) -> Response {
     use base64::Engine;
     let form = String::from_utf8_lossy(body);
     let field = |name: &str| form.split('&').find_map(|kv| kv.strip_prefix(&format!("{name}=")[..]));
+    // An authorized user's refresh token (gcloud's application-default login), as Google's
+    // OAuth 2.0 endpoint takes it ("Refreshing an access token", developers.google.com/identity),
+    // form-encoded or, as Google's endpoint also accepts, JSON.
+    let json_body: Option<BTreeMap<String, String>> = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
+        Some(v.as_object()?.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+    });
+    let refresh = json_body.as_ref().is_some_and(|j| j.get("grant_type").map(String::as_str) == Some("refresh_token"));
+    if refresh || field("grant_type") == Some("refresh_token") {
+        let f = json_body.unwrap_or_else(|| form_of(body));
+        let known = s.state.lock().unwrap().refresh_tokens.iter().any(|t| Some(t) == f.get("refresh_token"));
+        if !known || f.get("client_id").is_none() || f.get("client_secret").is_none() {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(
+                    json!({"error": "invalid_grant", "error_description": "Token has been expired or revoked."}),
+                ),
+            )
+                .into_response();
+        }
+        let scopes = f
+            .get("scope")
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_else(|| vec!["https://www.googleapis.com/auth/cloud-platform".to_string()]);
+        let (token, lifetime) = issue(s, "user", scopes);
+        return ok(json!({"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}));
+    }
     if field("grant_type") != Some("urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer") {
         return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "unsupported_grant_type"}))).into_response();
     }

@@ -54,15 +54,61 @@ async fn entra_identities_sign_in_to_the_data_plane_and_resource_manager_and_tok
         .unwrap();
     arm.federate("app-2", &std::fs::read_to_string(&federated).unwrap());
     let msi = arm.managed_identity("identity-header-secret");
+    // The Azure CLI, as `azure_identity` runs it (`az account get-access-token -o json --scope
+    // S`): a stand-in `az` on the PATH that answers with a token the double issued, in the CLI's
+    // output format, and notes that it ran.
+    let cli_token: serde_json::Value = arm
+        .client()
+        .post(format!("{}/tenant-1/oauth2/v2.0/token", arm.endpoint))
+        .form(&[
+            ("grant_type", "client_credentials"),
+            ("client_id", "app-1"),
+            ("client_secret", "app-secret-0123456789"),
+            ("scope", "https://storage.azure.com/.default"),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let expires_on = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 300;
+    let answer = serde_json::json!({"accessToken": cli_token["access_token"], "expires_on": expires_on,
+        "tokenType": "Bearer", "tenant": "tenant-1"});
+    let fake_bin = tmp.path().join("bin");
+    std::fs::create_dir(&fake_bin).unwrap();
+    std::fs::write(tmp.path().join("az-answer.json"), answer.to_string()).unwrap();
+    let ran = tmp.path().join("az-ran");
+    let az = fake_bin.join("az");
+    std::fs::write(
+        &az,
+        format!(
+            "#!/bin/sh
+echo \"$@\" >> {}
+cat {}
+",
+            ran.display(),
+            tmp.path().join("az-answer.json").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&az, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", fake_bin.display(), std::env::var("PATH").unwrap_or_default());
     let server = TidemarkProcess::server_with_env(
         bin(),
         &tmp.path().join("data"),
         &[],
-        &[("SSL_CERT_FILE", &ca), ("IDENTITY_ENDPOINT", &msi), ("IDENTITY_HEADER", "identity-header-secret")],
+        &[
+            ("SSL_CERT_FILE", &ca),
+            ("IDENTITY_ENDPOINT", &msi),
+            ("IDENTITY_HEADER", "identity-header-secret"),
+            ("PATH", &path),
+        ],
     );
     // `remote.mount` lists the bucket from the shell's own process: it signs in as the shell's
-    // identity (here the same app's managed identity as the server's).
-    let identity_env = [("IDENTITY_ENDPOINT", msi.as_str()), ("IDENTITY_HEADER", "identity-header-secret")];
+    // identity (here the same app's managed identity and CLI as the server's).
+    let identity_env =
+        [("IDENTITY_ENDPOINT", msi.as_str()), ("IDENTITY_HEADER", "identity-header-secret"), ("PATH", path.as_str())];
     let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &identity_env);
     let endpoints = format!(
         "-azure.account={} -azure.blob_endpoint={} -azure.queue_endpoint={} -azure.login_endpoint={3} \
@@ -146,6 +192,16 @@ async fn entra_identities_sign_in_to_the_data_plane_and_resource_manager_and_tok
     ok(sh(&format!("remote.mount -dir=/mnt/mi -remote=mi/{container}/photos")));
     assert_eq!(ok(sh("fs.cat /mnt/mi/before.txt")), "before");
     assert!(storage_tokens(&arm, "managed_identity") >= 1, "{:?}", arm.issued());
+
+    // The account `az login` signed in, chosen explicitly.
+    ok(sh(&format!("remote.configure -name=cli -type=azure {endpoints} -azure.identity=azure_cli")));
+    ok(sh(&format!("remote.mount -dir=/mnt/cli -remote=cli/{container}/photos")));
+    assert_eq!(ok(sh("fs.cat /mnt/cli/before.txt")), "before");
+    let asked = std::fs::read_to_string(&ran).unwrap();
+    assert!(
+        asked.contains("account get-access-token") && asked.contains("https://storage.azure.com/.default"),
+        "{asked}"
+    );
 
     // Refusals say what was refused and what to check; nothing is mounted.
     ok(sh(&format!(
