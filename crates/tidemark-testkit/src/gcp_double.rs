@@ -258,7 +258,7 @@ fn token(s: &Shared, body: &[u8]) -> Response {
     if refresh || field("grant_type") == Some("refresh_token") {
         let f = json_body.unwrap_or_else(|| form_of(body));
         let known = s.state.lock().unwrap().refresh_tokens.iter().any(|t| Some(t) == f.get("refresh_token"));
-        if !known || f.get("client_id").is_none() || f.get("client_secret").is_none() {
+        if !known || !f.contains_key("client_id") || !f.contains_key("client_secret") {
             return (
                 StatusCode::BAD_REQUEST,
                 axum::Json(
