@@ -218,6 +218,38 @@ async fn an_authorized_users_refresh_token_is_exchanged() {
     assert!(double.scopes_issued().concat().iter().any(|s| s.ends_with("/devstorage.read_write")));
 }
 
+/// Impersonation (gcloud's `--impersonate-service-account` file): the source credentials (here
+/// an authorized user) get a token, which IAM Credentials' `generateAccessToken` turns into the
+/// target service account's, with Tidemark's scopes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impersonated_service_accounts_token_is_generated_from_the_source_credentials() {
+    let fake = FakeGcs::get(None);
+    let double = GcpDouble::start(&fake.endpoint, "http://127.0.0.1:9");
+    double.authorize_user("1//double-refresh-token");
+    let file = serde_json::json!({
+        "type": "impersonated_service_account",
+        "service_account_impersonation_url": format!(
+            "{}/v1/projects/-/serviceAccounts/tidemark@p.iam.gserviceaccount.com:generateAccessToken",
+            double.endpoint
+        ),
+        "source_credentials": {
+            "type": "authorized_user", "client_id": "123.apps.googleusercontent.com",
+            "client_secret": "d-not-a-secret", "refresh_token": "1//double-refresh-token",
+            "token_uri": format!("{}/token", double.endpoint),
+        },
+        "delegates": [],
+    });
+    let mut c = conf(&double.endpoint, None);
+    c.settings.remove("emulator");
+    c.settings.insert("service_account_json".into(), file.to_string());
+    let storage = GcsStorage::open(&c, &unique_name("imp")).unwrap();
+    storage.create_bucket().await.expect("the impersonated token was accepted");
+    storage.put("k", Bytes::from_static(b"v"), Default::default()).await.unwrap();
+    assert_eq!(double.ways(), ["user", "impersonated"]);
+    let last = double.scopes_issued();
+    assert!(last.iter().any(|s| s.iter().any(|s| s.ends_with("/devstorage.read_write"))), "{last:?}");
+}
+
 /// Workload identity federation: an external account's credentials file (its subject token in
 /// a file, as Kubernetes or another cloud writes it) is exchanged at the Security Token Service
 /// for a Google access token, by `google-cloud-auth`; a subject token the pool does not trust is

@@ -23,6 +23,11 @@
 //!   access_token, `scope`): a subject token a test registered ([`GcpDouble::federate`]) for
 //!   that audience, else 400 `invalid_grant`.
 //!
+//! - IAM Credentials' `generateAccessToken` for impersonation (`POST
+//!   /v1/projects/-/serviceAccounts/EMAIL:generateAccessToken`, a body of `scope` and `lifetime`,
+//!   the caller's token needing `cloud-platform` or `iam`; the answer's `accessToken` and
+//!   RFC 3339 `expireTime`).
+//!
 //! Every token the double issues expires ([`GcpDouble::token_lifetime`]; Google's last an hour)
 //! and is refused 401 once it has.
 //!
@@ -218,7 +223,7 @@ impl GcpDouble {
     }
 
     /// How each token seen was got, in order: `key` (the JWT bearer grant), `self_signed`,
-    /// `metadata`, `sts`.
+    /// `metadata`, `sts`, `user` (a refresh token), `impersonated`.
     pub fn ways(&self) -> Vec<String> {
         self.shared.state.lock().unwrap().ways.clone()
     }
@@ -325,6 +330,35 @@ fn metadata_token(s: &Shared, headers: &HeaderMap, query: &str) -> Response {
     let mut r = ok(json!({"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}));
     r.headers_mut().insert("metadata-flavor", "Google".parse().unwrap());
     r
+}
+
+/// IAM Credentials' `generateAccessToken`: a token of `email`, for a caller whose own token may
+/// act for it.
+fn impersonate(s: &Shared, headers: &HeaderMap, email: &str, body: &[u8]) -> Response {
+    let bearer = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let scopes = bearer.and_then(|b| {
+        let st = s.state.lock().unwrap();
+        let live = st.expiries.get(b).is_none_or(|e| std::time::Instant::now() < *e);
+        st.tokens.get(b).filter(|_| live).cloned()
+    });
+    let Some(scopes) = scopes else {
+        return error(StatusCode::UNAUTHORIZED, "Request had invalid authentication credentials.");
+    };
+    const AUTH: &str = "https://www.googleapis.com/auth/";
+    if !scopes.iter().any(|sc| sc == &format!("{AUTH}cloud-platform") || sc == &format!("{AUTH}iam")) {
+        return error(StatusCode::FORBIDDEN, "Request had insufficient authentication scopes.");
+    }
+    if !email.ends_with(".iam.gserviceaccount.com") {
+        return error(StatusCode::NOT_FOUND, &format!("Service account {email} not found."));
+    }
+    let asked: Value = serde_json::from_slice(body).unwrap_or_default();
+    let Some(wanted) = asked["scope"].as_array().filter(|a| !a.is_empty()) else {
+        return error(StatusCode::BAD_REQUEST, "scope must be set.");
+    };
+    let wanted = wanted.iter().filter_map(|v| v.as_str().map(str::to_string)).collect();
+    let (token, lifetime) = issue(s, "impersonated", wanted);
+    let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + lifetime;
+    ok(json!({"accessToken": token, "expireTime": tidemark_core::clock::format_rfc3339_ms(expires as i64 * 1000)}))
 }
 
 /// Security Token Service's token exchange (workload identity federation).
@@ -471,6 +505,13 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
     }
     if method == Method::POST && path == "/v1/token" {
         return sts_token(&s, &body);
+    }
+    if method == Method::POST
+        && let Some(email) = path
+            .strip_prefix("/v1/projects/-/serviceAccounts/")
+            .and_then(|rest| rest.strip_suffix(":generateAccessToken"))
+    {
+        return impersonate(&s, &headers, email, &body);
     }
     if method == Method::GET && path == "/computeMetadata/v1/instance/service-accounts/default/token" {
         let query = path_and_query.split_once('?').map(|(_, q)| q).unwrap_or("");

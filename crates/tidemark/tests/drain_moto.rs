@@ -31,11 +31,8 @@ async fn a_draining_worker_keeps_heart_beating_until_its_slice_has_ended() {
     s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let filer = TidemarkProcess::start(
-        bin(),
-        &data,
-        &["filer", "--data-dir", data.to_str().unwrap(), "--addr", "127.0.0.1:0"],
-    );
+    let filer =
+        TidemarkProcess::start(bin(), &data, &["filer", "--data-dir", data.to_str().unwrap(), "--addr", "127.0.0.1:0"]);
     let admin = TidemarkProcess::start(
         bin(),
         &tmp.path().join("admin"),
