@@ -80,6 +80,10 @@ async fn a_message_that_never_applies_is_dead_lettered_and_shown() {
     });
     let status = subscription(&server.addr)["status"].clone();
     assert!(status["counters"]["failed"].as_u64().unwrap() >= 2, "{status}");
+    // The log says what happens next at each receive: redelivered, then (the last) dead-lettered.
+    let log = server.stderr();
+    assert!(log.contains("malformed message left to redeliver"), "{log}");
+    assert!(log.contains("malformed message, its last receive: it goes to the dead-letter queue next"), "{log}");
     // And the queue goes on: a put after it is applied.
     s3.put("after.txt", Bytes::from_static(b"after"), Default::default()).await.unwrap();
     eventually("applied after the poison message", || ok(sh("fs.ls /mnt/data")).contains("after.txt"));
@@ -118,4 +122,38 @@ async fn a_change_made_as_the_server_stops_is_seen_right_after_it_restarts() {
     let took = t.elapsed();
     eprintln!("a change made as the server stopped was visible {took:?} after the restart");
     assert!(took < Duration::from_secs(5), "visible {took:?} after the restart, not after the visibility timeout");
+}
+
+/// The dead-letter depth shown is current while a long slice tails: read every 30 s, not only
+/// at the slice's start and end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letter_depth_is_read_again_while_a_slice_tails() {
+    let moto = Moto::get();
+    let conf = moto.conf("s3");
+    let bucket = unique_name("dldepth");
+    let s3 = S3Storage::connect(&conf, &bucket).await.unwrap();
+    s3.client().create_bucket().bucket(&bucket).send().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TidemarkProcess::server(bin(), &tmp.path().join("data"), &[]);
+    let sh = |cmd: &str| run_shell(bin(), &server.addr, cmd, &[]);
+    ok(sh(&moto.configure_command("s3")));
+    ok(sh(&format!("remote.mount -dir=/mnt/data -remote=s3/{bucket}")));
+    ok(sh("remote.events.enable -dir=/mnt/data -maxReceives=2 -visibility=1 -slice=180s"));
+    eventually("tailing", || subscription(&server.addr)["status"]["state"] == "tailing");
+    let started = subscription(&server.addr)["status"]["slice_started_at_ms"].clone();
+    let queue = subscription(&server.addr)["managed"]["queue_url"].as_str().unwrap().to_string();
+    let sqs = client(&conf).await.unwrap();
+    sqs.send_message().queue_url(&queue).message_body("not an S3 notification").send().await.unwrap();
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs(60);
+    loop {
+        let status = subscription(&server.addr)["status"].clone();
+        if status["dead_lettered"] == 1 {
+            assert_eq!(status["slice_started_at_ms"], started, "seen within the same slice: {status}");
+            eprintln!("dead-letter depth shown {:?} after the message was sent", t.elapsed());
+            break;
+        }
+        assert!(Instant::now() < deadline, "the depth not shown within 60 s: {status}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
