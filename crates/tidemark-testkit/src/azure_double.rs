@@ -58,7 +58,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::TestCa;
-use crate::gcp_double::serve_tls_in_thread;
+use crate::doubles::{form_of, serve_in_thread};
 
 /// How long each long-running operation takes here.
 pub const OPERATION_TIME: Duration = Duration::from_millis(300);
@@ -222,7 +222,7 @@ impl AzureArmDouble {
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
         let certs = tempfile::tempdir().expect("a directory for the double's certificates");
         let tls = TestCa::new(certs.path());
-        let (endpoint, stop) = serve_tls_in_thread(app, &tls);
+        let (endpoint, stop) = serve_in_thread(app, Some(&tls));
         AzureArmDouble { endpoint, tls, shared, _stop: stop, _certs: certs }
     }
 
@@ -462,11 +462,7 @@ fn entra_error(status: StatusCode, error: &str, description: &str) -> Response {
 }
 
 fn token(s: &Shared, path: &str, body: &[u8]) -> Response {
-    let form: BTreeMap<String, String> = String::from_utf8_lossy(body)
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), percent_decode(v)))
-        .collect();
+    let form = form_of(body);
     let tenant = path.trim_start_matches('/').split('/').next().unwrap_or("");
     if tenant != s.tenant {
         return entra_error(
@@ -542,8 +538,7 @@ fn managed_token(s: &Shared, query: &str, header: Option<&str>) -> Response {
             "The X-IDENTITY-HEADER header is missing or wrong.",
         );
     }
-    let q: BTreeMap<String, String> =
-        query.split('&').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), percent_decode(v))).collect();
+    let q = form_of(query.as_bytes());
     if q.get("api-version").map(String::as_str) != Some("2019-08-01") {
         return entra_error(StatusCode::BAD_REQUEST, "invalid_request", "api-version 2019-08-01 is required.");
     }
@@ -583,25 +578,6 @@ fn issue(s: &Shared, how: &str, client: &str, audience: &str) -> (String, Durati
     arm.issued.push((how.to_string(), audience.to_string()));
     arm.tokens.insert(token.clone(), (format!("{audience}/.default"), Instant::now() + lifetime));
     (token, lifetime)
-}
-
-pub(crate) fn percent_decode(v: &str) -> String {
-    let bytes = v.replace('+', " ").into_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Ok(b) = u8::from_str_radix(&String::from_utf8_lossy(&bytes[i + 1..i + 3]), 16)
-        {
-            out.push(b);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// How many items a list's page holds here. Resource Manager pages lists at sizes of its own

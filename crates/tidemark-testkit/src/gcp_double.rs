@@ -59,6 +59,8 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::doubles::{form_of, serve_in_thread};
+
 /// The Cloud Storage service agent of every bucket here: fake-gcs-server reports every bucket
 /// in project number 0.
 pub const SERVICE_AGENT: &str = "service-0@gs-project-accounts.iam.gserviceaccount.com";
@@ -84,10 +86,8 @@ struct Doubled {
     policies: HashMap<String, (Value, u64)>,
     /// topic path -> (the policy before the last change, when that change was made)
     changed: HashMap<String, (Value, std::time::Instant)>,
-    /// token -> the scopes it carries
-    tokens: HashMap<String, Vec<String>>,
-    /// token -> when it expires
-    expiries: HashMap<String, std::time::Instant>,
+    /// token -> the scopes it carries, and when it expires
+    tokens: HashMap<String, (Vec<String>, std::time::Instant)>,
     /// How long tokens issued from now on last (default 3,599 s).
     lifetime: Option<std::time::Duration>,
     /// (audience, subject token) pairs STS exchanges.
@@ -119,52 +119,6 @@ pub struct GcpDouble {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-/// Serves `app` on a free loopback port from a thread of its own (a double works the same under
-/// any test, async or not) until the returned sender is dropped; returns its URL.
-pub(crate) fn serve_in_thread(app: axum::Router) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port for a test double");
-    listener.set_nonblocking(true).expect("non-blocking");
-    let endpoint = format!("http://{}", listener.local_addr().expect("its address"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-    });
-    (endpoint, stop)
-}
-
-/// [`serve_in_thread`] over HTTPS, with `tls`'s server certificate: `https://127.0.0.1:PORT`.
-pub(crate) fn serve_tls_in_thread(
-    app: axum::Router,
-    tls: &crate::TestCa,
-) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let acceptor = tidemark_http::tls::acceptor(&tls.cert, &tls.key).expect("the test CA's server certificate");
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port for a test double");
-    listener.set_nonblocking(true).expect("non-blocking");
-    let endpoint = format!("https://{}", listener.local_addr().expect("its address"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-            let service = tidemark_http::tower(app);
-            let limits = tidemark_http::Limits::default();
-            let _ = tidemark_http::serve(listener, service, limits, Some(acceptor), async move {
-                let _ = stopped.await;
-            })
-            .await;
-        });
-    });
-    (endpoint, stop)
-}
-
 impl GcpDouble {
     /// `storage`: fake-gcs-server's URL; `pubsub`: the Pub/Sub emulator's URL.
     pub fn start(storage: &str, pubsub: &str) -> GcpDouble {
@@ -174,7 +128,7 @@ impl GcpDouble {
             http: reqwest::Client::new(),
             state: Mutex::default(),
         });
-        let (endpoint, stop) = serve_in_thread(axum::Router::new().fallback(handle).with_state(shared.clone()));
+        let (endpoint, stop) = serve_in_thread(axum::Router::new().fallback(handle).with_state(shared.clone()), None);
         GcpDouble { endpoint, shared, _stop: stop }
     }
 
@@ -238,7 +192,7 @@ impl GcpDouble {
         let st = self.shared.state.lock().unwrap();
         let mut tokens: Vec<_> = st.tokens.iter().collect();
         tokens.sort();
-        tokens.into_iter().map(|(_, s)| s.clone()).collect()
+        tokens.into_iter().map(|(_, (scopes, _))| scopes.clone()).collect()
     }
 
     /// The access policy of `topic` (`projects/P/topics/T`), if one was set.
@@ -251,50 +205,45 @@ impl GcpDouble {
 /// carrying the scopes the assertion asks for.
 fn token(s: &Shared, body: &[u8]) -> Response {
     use base64::Engine;
-    let form = String::from_utf8_lossy(body);
-    let field = |name: &str| form.split('&').find_map(|kv| kv.strip_prefix(&format!("{name}=")[..]));
-    // An authorized user's refresh token (gcloud's application-default login), as Google's
-    // OAuth 2.0 endpoint takes it ("Refreshing an access token", developers.google.com/identity),
-    // form-encoded or, as Google's endpoint also accepts, JSON.
-    let json_body: Option<BTreeMap<String, String>> = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
-        Some(v.as_object()?.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
-    });
-    let refresh = json_body.as_ref().is_some_and(|j| j.get("grant_type").map(String::as_str) == Some("refresh_token"));
-    if refresh || field("grant_type") == Some("refresh_token") {
-        let f = json_body.unwrap_or_else(|| form_of(body));
-        let known = s.state.lock().unwrap().refresh_tokens.iter().any(|t| Some(t) == f.get("refresh_token"));
-        if !known || !f.contains_key("client_id") || !f.contains_key("client_secret") {
-            return (
-                StatusCode::BAD_REQUEST,
-                axum::Json(
-                    json!({"error": "invalid_grant", "error_description": "Token has been expired or revoked."}),
-                ),
-            )
-                .into_response();
-        }
-        let scopes = f
-            .get("scope")
-            .map(|s| s.split_whitespace().map(str::to_string).collect())
-            .unwrap_or_else(|| vec!["https://www.googleapis.com/auth/cloud-platform".to_string()]);
-        let (token, lifetime) = issue(s, "user", scopes);
-        return ok(json!({"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}));
-    }
-    if field("grant_type") != Some("urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer") {
-        return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "unsupported_grant_type"}))).into_response();
-    }
-    let claims = field("assertion")
-        .and_then(|jwt| jwt.split('.').nth(1))
-        .and_then(|c| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).ok())
-        .and_then(|c| serde_json::from_slice::<Value>(&c).ok());
-    let Some(claims) = claims.filter(|c| c["iss"].is_string()) else {
-        return (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": "invalid_grant", "error_description": "Invalid JWT"})),
-        )
-            .into_response();
+    // Form-encoded, or, as Google's endpoint also accepts (and `google-cloud-auth` sends a
+    // refresh so), JSON.
+    let f = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            Some(v.as_object()?.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+        })
+        .unwrap_or_else(|| form_of(body));
+    let grant = |description: &str| {
+        (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "invalid_grant", "error_description": description})))
+            .into_response()
     };
-    let scopes: Vec<String> = claims["scope"].as_str().unwrap_or("").split_whitespace().map(str::to_string).collect();
-    let (token, lifetime) = issue(s, "key", scopes);
+    let (way, scopes) = match f.get("grant_type").map(String::as_str) {
+        // An authorized user's refresh token (gcloud's application-default login):
+        // "Refreshing an access token", developers.google.com/identity.
+        Some("refresh_token") => {
+            let known = s.state.lock().unwrap().refresh_tokens.iter().any(|t| Some(t) == f.get("refresh_token"));
+            if !known || !f.contains_key("client_id") || !f.contains_key("client_secret") {
+                return grant("Token has been expired or revoked.");
+            }
+            let scopes = f
+                .get("scope")
+                .map(|s| s.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_else(|| vec!["https://www.googleapis.com/auth/cloud-platform".to_string()]);
+            ("user", scopes)
+        }
+        // A service account's signed assertion (the JWT bearer grant).
+        Some("urn:ietf:params:oauth:grant-type:jwt-bearer") => {
+            let claims = f
+                .get("assertion")
+                .and_then(|jwt| jwt.split('.').nth(1))
+                .and_then(|c| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).ok())
+                .and_then(|c| serde_json::from_slice::<Value>(&c).ok());
+            let Some(claims) = claims.filter(|c| c["iss"].is_string()) else { return grant("Invalid JWT") };
+            ("key", claims["scope"].as_str().unwrap_or("").split_whitespace().map(str::to_string).collect())
+        }
+        _ => return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "unsupported_grant_type"}))).into_response(),
+    };
+    let (token, lifetime) = issue(s, way, scopes);
     ok(json!({"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}))
 }
 
@@ -303,18 +252,9 @@ fn issue(s: &Shared, way: &str, scopes: Vec<String>) -> (String, u64) {
     let mut st = s.state.lock().unwrap();
     let lifetime = st.lifetime.unwrap_or(std::time::Duration::from_secs(3599));
     let token = format!("ya29.double-{}", st.tokens.len() + 1);
-    st.tokens.insert(token.clone(), scopes);
-    st.expiries.insert(token.clone(), std::time::Instant::now() + lifetime);
+    st.tokens.insert(token.clone(), (scopes, std::time::Instant::now() + lifetime));
     st.ways.push(way.into());
     (token, lifetime.as_secs())
-}
-
-fn form_of(body: &[u8]) -> BTreeMap<String, String> {
-    String::from_utf8_lossy(body)
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), crate::azure_double::percent_decode(v)))
-        .collect()
 }
 
 /// The metadata server's token for the machine's default service account.
@@ -335,14 +275,10 @@ fn metadata_token(s: &Shared, headers: &HeaderMap, query: &str) -> Response {
 /// IAM Credentials' `generateAccessToken`: a token of `email`, for a caller whose own token may
 /// act for it.
 fn impersonate(s: &Shared, headers: &HeaderMap, email: &str, body: &[u8]) -> Response {
-    let bearer = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    let scopes = bearer.and_then(|b| {
-        let st = s.state.lock().unwrap();
-        let live = st.expiries.get(b).is_none_or(|e| std::time::Instant::now() < *e);
-        st.tokens.get(b).filter(|_| live).cloned()
-    });
-    let Some(scopes) = scopes else {
-        return error(StatusCode::UNAUTHORIZED, "Request had invalid authentication credentials.");
+    let scopes = match caller_scopes(s, headers) {
+        Some(Ok(scopes)) => scopes,
+        Some(Err(refused)) => return refused,
+        None => return error(StatusCode::UNAUTHORIZED, "Request had invalid authentication credentials."),
     };
     const AUTH: &str = "https://www.googleapis.com/auth/";
     if !scopes.iter().any(|sc| sc == &format!("{AUTH}cloud-platform") || sc == &format!("{AUTH}iam")) {
@@ -393,9 +329,10 @@ fn sts_token(s: &Shared, body: &[u8]) -> Response {
         "token_type": "Bearer", "expires_in": lifetime}))
 }
 
-/// A service account's self-signed JWT (AIP-4111), as Google checks one: its scopes, or why
-/// it is refused. (Its signature is not checked: the double holds no public keys.)
-fn self_signed(token: &str) -> std::result::Result<Vec<String>, &'static str> {
+/// A service account's self-signed JWT (AIP-4111), as Google checks one: its scopes and how
+/// long it has left, or why it is refused. (Its signature is not checked: the double holds no
+/// public keys.)
+fn self_signed(token: &str) -> std::result::Result<(Vec<String>, std::time::Duration), &'static str> {
     use base64::Engine;
     let part = |i: usize| {
         token
@@ -420,39 +357,47 @@ fn self_signed(token: &str) -> std::result::Result<Vec<String>, &'static str> {
         return Err("expired, not yet valid, or valid for more than an hour");
     }
     let scopes: Vec<String> = claims["scope"].as_str().unwrap_or("").split_whitespace().map(str::to_string).collect();
-    if scopes.is_empty() { Err("no scope claim") } else { Ok(scopes) }
+    if scopes.is_empty() { Err("no scope claim") } else { Ok((scopes, std::time::Duration::from_secs(exp - now))) }
+}
+
+/// The scopes of the caller's bearer token: `None` without one; the refusal (401) for a token
+/// that expired or that the double never issued and is no self-signed JWT either.
+fn caller_scopes(s: &Shared, headers: &HeaderMap) -> Option<std::result::Result<Vec<String>, Response>> {
+    let bearer = headers.get("authorization")?.to_str().ok()?.strip_prefix("Bearer ")?.to_string();
+    let mut st = s.state.lock().unwrap();
+    let mut why = "";
+    if !st.tokens.contains_key(&bearer) {
+        match self_signed(&bearer) {
+            Ok((scopes, left)) => {
+                st.tokens.insert(bearer.clone(), (scopes, std::time::Instant::now() + left));
+                st.ways.push("self_signed".into());
+            }
+            Err(e) => why = e,
+        }
+    }
+    Some(match st.tokens.get(&bearer) {
+        Some((_, expires)) if std::time::Instant::now() >= *expires => Err(error(
+            StatusCode::UNAUTHORIZED,
+            "Request had invalid authentication credentials: the access token expired.",
+        )),
+        Some((scopes, _)) => Ok(scopes.clone()),
+        None => Err(error(
+            StatusCode::UNAUTHORIZED,
+            &format!(
+                "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other \
+                 valid authentication credential. (the double: {why})"
+            ),
+        )),
+    })
 }
 
 /// Google's check of the caller: `None` to serve the request; else the refusal. No token is the
 /// emulator case (served); a token must be one the double issued, with a scope that covers the
 /// API — as Google answers: 401 `UNAUTHENTICATED`, 403 `ACCESS_TOKEN_SCOPE_INSUFFICIENT`.
 fn identity(s: &Shared, headers: &HeaderMap, path: &str) -> Option<Response> {
-    let bearer = headers.get("authorization")?.to_str().ok()?.strip_prefix("Bearer ")?.to_string();
-    let mut st = s.state.lock().unwrap();
-    if st.expiries.get(&bearer).is_some_and(|e| std::time::Instant::now() >= *e) {
-        return Some(error(
-            StatusCode::UNAUTHORIZED,
-            "Request had invalid authentication credentials: the access token expired.",
-        ));
-    }
-    let mut why = "";
-    if !st.tokens.contains_key(&bearer) {
-        match self_signed(&bearer) {
-            Ok(scopes) => {
-                st.tokens.insert(bearer.clone(), scopes);
-                st.ways.push("self_signed".into());
-            }
-            Err(e) => why = e,
-        }
-    }
-    let Some(scopes) = st.tokens.get(&bearer) else {
-        return Some(error(
-            StatusCode::UNAUTHORIZED,
-            &format!(
-                "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other \
-                 valid authentication credential. (the double: {why})"
-            ),
-        ));
+    let scopes = match caller_scopes(s, headers)? {
+        Ok(scopes) => scopes,
+        Err(refused) => return Some(refused),
     };
     const AUTH: &str = "https://www.googleapis.com/auth/";
     let needed: &[&str] = if path.starts_with("/storage/") {

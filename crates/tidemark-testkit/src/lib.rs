@@ -3,6 +3,7 @@
 
 pub mod azure_double;
 pub mod browser;
+mod doubles;
 pub mod emulators;
 pub mod fsx;
 pub mod gcp_double;

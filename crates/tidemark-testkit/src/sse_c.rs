@@ -41,7 +41,7 @@ impl SseCProxy {
             encrypted: Mutex::default(),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared);
-        let (endpoint, stop) = crate::gcp_double::serve_in_thread(app);
+        let (endpoint, stop) = crate::doubles::serve_in_thread(app, None);
         SseCProxy { endpoint, _stop: stop }
     }
 }

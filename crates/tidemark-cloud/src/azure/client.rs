@@ -90,20 +90,13 @@ impl AzureClient {
             .build()
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         let way = identity::data_plane_way(conf)?;
-        let setting = |name: &str| {
-            conf.setting(name).ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "remote {:?}: -azure.identity={} needs -azure.{name}",
-                    conf.name,
-                    way.name()
-                ))
-            })
-        };
         let auth = match way {
-            Way::SharedKey => Auth::SharedKey(STANDARD.decode(setting("account_key")?).map_err(|_| {
-                Error::invalid_argument(format!("remote {:?}: -azure.account_key is not base64", conf.name))
-            })?),
-            Way::Sas => Auth::Sas(setting("sas_token")?.trim_start_matches('?').to_string()),
+            Way::SharedKey => {
+                Auth::SharedKey(STANDARD.decode(identity::required(conf, "account_key", way)?).map_err(|_| {
+                    Error::invalid_argument(format!("remote {:?}: -azure.account_key is not base64", conf.name))
+                })?)
+            }
+            Way::Sas => Auth::Sas(identity::required(conf, "sas_token", way)?.trim_start_matches('?').to_string()),
             _ => Auth::Entra(Entra::new(conf, way, http.clone())?),
         };
         Ok(AzureClient { http, account: account.to_string(), endpoint, base_path, auth, remote: conf.name.clone() })

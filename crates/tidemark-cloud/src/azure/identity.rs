@@ -173,7 +173,8 @@ impl std::fmt::Debug for Entra {
     }
 }
 
-fn required<'a>(conf: &'a RemoteConf, name: &str, way: Way) -> Result<&'a str> {
+/// The setting `name` that `way` needs, or an error naming it.
+pub(crate) fn required<'a>(conf: &'a RemoteConf, name: &str, way: Way) -> Result<&'a str> {
     conf.setting(name).ok_or_else(|| {
         Error::invalid_argument(format!("remote {:?}: -azure.identity={} needs -azure.{name}", conf.name, way.name()))
     })

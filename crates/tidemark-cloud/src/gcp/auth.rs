@@ -26,7 +26,7 @@ pub enum Auth {
 /// What Tidemark asks for: objects (read and write), Pub/Sub, and reading projects (Resource
 /// Manager's `projects.get`, for the project's number when dead letters are provisioned: its
 /// reference accepts `cloudplatformprojects.readonly`, the narrowest scope that reads a project).
-pub const SCOPES: [&str; 3] = [
+const SCOPES: [&str; 3] = [
     "https://www.googleapis.com/auth/devstorage.read_write",
     "https://www.googleapis.com/auth/pubsub",
     "https://www.googleapis.com/auth/cloudplatformprojects.readonly",
@@ -105,7 +105,7 @@ impl Auth {
         Ok(Auth::Google { from: "Application Default Credentials".into(), credentials })
     }
 
-    pub async fn apply(&self, _http: &reqwest::Client, rb: RequestBuilder) -> Result<RequestBuilder> {
+    pub async fn apply(&self, rb: RequestBuilder) -> Result<RequestBuilder> {
         match self {
             Auth::None => Ok(rb),
             Auth::Static(t) => Ok(rb.bearer_auth(t)),

@@ -165,7 +165,7 @@ impl GcsStorage {
     /// [`Self::send`] without its deadline: for a download, which ends only when its reader has
     /// read it all (a stall still ends it: `STALL_TIMEOUT`).
     async fn send_unbounded(&self, rb: reqwest::RequestBuilder, op: &str, target: &str) -> Result<reqwest::Response> {
-        let rb = self.auth.apply(&self.http, rb).await?;
+        let rb = self.auth.apply(rb).await?;
         let resp = rb.send().await.map_err(|e| transport(op, target, &self.endpoint, e))?;
         check(resp, op, target).await
     }
@@ -327,7 +327,7 @@ impl RemoteStorage for GcsStorage {
                 .header("content-range", format!("bytes {start}-{}/{size}", taken - 1))
                 .body(part)
                 .timeout(crate::REQUEST_TIMEOUT);
-            let rb = self.auth.apply(&self.http, rb).await?;
+            let rb = self.auth.apply(rb).await?;
             let resp = rb.send().await.map_err(|e| transport("InsertObject (part)", &target, &self.endpoint, e))?;
             // 308: the part taken, more to come.
             if !last && resp.status().as_u16() == 308 {

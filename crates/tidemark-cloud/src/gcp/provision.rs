@@ -193,7 +193,7 @@ impl GcsNotifications {
             if let Some(b) = body {
                 rb = rb.json(b);
             }
-            let rb = auth.apply(&self.http, rb).await?;
+            let rb = auth.apply(rb).await?;
             let resp = rb.send().await.map_err(|e| transport(op, target, endpoint, e))?;
             let status = resp.status().as_u16();
             let text = resp.text().await.map_err(|e| transport(op, target, endpoint, e))?;

@@ -166,7 +166,7 @@ impl PubSubSource {
     }
 
     async fn send(&self, rb: reqwest::RequestBuilder, subscription: &str, verb: &str) -> Result<reqwest::Response> {
-        let rb = self.auth.apply(&self.http, rb).await?;
+        let rb = self.auth.apply(rb).await?;
         self.requests.count(match verb {
             "pull" => requests::RECEIVE,
             "acknowledge" => requests::ACK,
